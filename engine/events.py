@@ -1,0 +1,222 @@
+"""The facts a run emits, one frozen dataclass per fact, holding plain values only.
+
+Plain values (no tensors) let the same event cross a thread boundary, go into a trace file and come back
+equal. ``t_ms`` on every run event is milliseconds since the run started, read after the device finished
+the work it describes, so replay and timelines need nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+
+from engine.params import GenerationParams
+
+FINISH_REASONS = ("eos", "max_tokens", "stopped", "context_full")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the KV formula and the panels need to know about a loaded model."""
+
+    name: str
+    source: str
+    architecture: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    max_context: int
+    dtype: str
+    dtype_bytes: int
+    num_params: int
+    device: str
+    layer_devices: list[str]
+    layer_types: list[str]
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    """Loading or converting a model: ``fraction`` is None while a stage has no measurable progress."""
+
+    stage: str
+    message: str
+    fraction: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelLoaded:
+    model: ModelFacts
+    load_ms: float
+    converted: bool = False
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    run_id: str
+    label: str
+    model: ModelFacts
+    params: GenerationParams
+    prompt: str
+    prompt_ids: list[int]
+    prompt_pieces: list[str]
+    started_at: str
+    t_ms: float = 0.0
+    kind: str = "generate"
+
+
+@dataclass(frozen=True)
+class PrefillDone:
+    """The prompt went through the model in one forward pass. KV norms are per layer and per prompt
+    position (mean over KV heads of the L2 norm of each head's vector)."""
+
+    run_id: str
+    t_ms: float
+    n_tokens: int
+    tokenize_ms: float
+    forward_ms: float
+    kv_bytes_per_layer: list[list[int]]
+    k_norms: list[list[float]] | None = None
+    v_norms: list[list[float]] | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One of the most likely next tokens: probability before (``p_raw``) and after (``p_final``) the
+    temperature / top-k / top-p filters."""
+
+    token_id: int
+    text: str
+    p_raw: float
+    p_final: float
+
+
+@dataclass(frozen=True)
+class TokenStep:
+    """One generated token. Step 0 comes from the prefill's last position (``phase == "prefill"``); every
+    later step is one decode forward pass. ``latency_ms`` is forward plus sampling."""
+
+    run_id: str
+    t_ms: float
+    step: int
+    position: int
+    token_id: int
+    text: str
+    special: bool
+    phase: str
+    latency_ms: float
+    forward_ms: float
+    prob: float
+    raw_prob: float
+    candidates: list[Candidate]
+    kv_bytes_per_layer: list[list[int]]
+    k_norms: list[float] | None = None
+    v_norms: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The llama.cpp-style figures of a run. ``decode_runs`` excludes the first token (it came from the
+    prefill), exactly as llama.cpp's ``eval time ... runs`` does."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    decode_runs: int = 0
+    tokenize_ms: float = 0.0
+    prefill_ms: float = 0.0
+    ttft_ms: float = 0.0
+    decode_ms: float = 0.0
+    total_ms: float = 0.0
+    kv_tokens: int = 0
+    kv_bytes: int = 0
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return _rate(self.prompt_tokens, self.prefill_ms)
+
+    @property
+    def decode_tok_s(self) -> float:
+        return _rate(self.decode_runs, self.decode_ms)
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    run_id: str
+    t_ms: float
+    reason: str
+    summary: RunSummary
+
+
+@dataclass(frozen=True)
+class RunFailed:
+    """The run could not go on. ``summary`` holds what was measured before the failure."""
+
+    run_id: str
+    t_ms: float
+    error: str
+    message: str
+    summary: RunSummary
+
+
+Event = typing.Union[LoadProgress, ModelLoaded, RunStarted, PrefillDone, TokenStep, RunFinished, RunFailed]
+EVENT_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (LoadProgress, ModelLoaded, RunStarted, PrefillDone, TokenStep, RunFinished, RunFailed)
+}
+
+
+def _rate(count: int, ms: float) -> float:
+    return count / (ms / 1000.0) if ms > 0 else 0.0
+
+
+def to_dict(event: object) -> dict:
+    """A JSON-ready dict with a ``type`` key naming the event class."""
+    return {"type": type(event).__name__, **dataclasses.asdict(event)}
+
+
+def from_dict(data: dict) -> object:
+    """The inverse of :func:`to_dict`; unknown types and missing fields raise ``ValueError``."""
+    data = dict(data)
+    name = data.pop("type", None)
+    cls = EVENT_TYPES.get(name)
+    if cls is None:
+        raise ValueError(f"unknown event type {name!r}")
+    return _build(cls, data)
+
+
+def _build(cls: type, data: object) -> object:
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__} must be an object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no field(s) {sorted(unknown)}")
+    try:
+        return cls(**{name: _convert(hints[name], value) for name, value in data.items()})
+    except TypeError as exc:  # a required field is missing
+        raise ValueError(f"{cls.__name__}: {exc}") from None
+
+
+def _convert(hint: object, value: object) -> object:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return None if value is None else _convert(args[0], value)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ValueError(f"expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(hint)
+        return [_convert(item, v) for v in value]
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value

@@ -1,0 +1,252 @@
+"""From what the user typed (``embedded``, a folder, a ``.gguf`` file, a hub id) to a loaded model.
+
+Everything a user can get wrong here ends as a :class:`ModelSourceError` whose message names the problem and
+the fix. Remote code stays off unless the caller opts in for this load.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine import embedded, gguf
+from engine.errors import ModelSourceError
+from engine.events import LoadProgress, ModelFacts, ModelLoaded
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DECODER_LAYER = re.compile(r"(.*\.)?(layers|h|blocks)\.\d+")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+Progress = Callable[[LoadProgress], None]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str       # "embedded" | "folder" | "gguf" | "hub"
+    location: str   # path or hub id
+
+    @property
+    def display(self) -> str:
+        if self.kind == "embedded":
+            return f"{embedded.DISPLAY_NAME} (embedded)"
+        return Path(self.location).name if self.kind != "hub" else self.location
+
+
+def resolve_source(spec: str) -> ModelSource:
+    """Decide what ``spec`` names without loading anything."""
+    spec = (spec or "").strip()
+    if spec in ("", embedded.SPEC):
+        return ModelSource("embedded", str(embedded.embedded_gguf()))
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelSourceError(f"{path} has no config.json: pick a Hugging Face model folder or a .gguf file")
+        return ModelSource("folder", str(path))
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return ModelSource("gguf", str(path))
+        raise ModelSourceError(f"{path} is a file but not a .gguf: pick the folder that holds config.json")
+    looks_like_path = spec.startswith((".", "/", "~")) or "\\" in spec or spec.lower().endswith(".gguf")
+    if HUB_ID.match(spec) and not looks_like_path:
+        return ModelSource("hub", spec)
+    raise ModelSourceError(f"No such file or folder: {spec}")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for a session: the module, its tokenizer, where inputs go, and its facts."""
+
+    model: Any
+    tokenizer: Any
+    device: Any       # torch.device that receives input ids (the embedding's device)
+    facts: ModelFacts
+    load_ms: float
+    converted: bool = False
+
+    def loaded_event(self) -> ModelLoaded:
+        return ModelLoaded(model=self.facts, load_ms=self.load_ms, converted=self.converted)
+
+
+def pick_device(requested: str = "auto") -> Any:
+    import torch
+
+    requested = (requested or "auto").strip().lower()
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        raise ModelSourceError(f"Unknown device {requested!r}: use one of {', '.join(DEVICES)}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelSourceError("CUDA was asked for but no CUDA GPU is available here: pick cpu or auto")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelSourceError("MPS was asked for but is not available here: pick cpu or auto")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ModelSourceError(f"Unsupported device {requested!r}: use one of {', '.join(DEVICES)}")
+    return device
+
+
+def pick_dtype(requested: str, device: Any) -> Any:
+    """``auto`` is bf16 on a CUDA GPU that supports it and fp32 elsewhere (CPUs here have no bf16 units:
+    bf16 prefill was 3x slower than fp32 on the 2-core box)."""
+    import torch
+
+    requested = (requested or "auto").strip().lower()
+    if requested == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    if requested not in DTYPES:
+        raise ModelSourceError(f"Unknown dtype {requested!r}: use one of {', '.join(DTYPES)}")
+    return getattr(torch, requested)
+
+
+def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *,
+         trust_remote_code: bool = False, progress: Progress | None = None,
+         cancelled: Callable[[], bool] | None = None) -> LoadedModel:
+    report = progress or (lambda _p: None)
+    started = time.perf_counter()
+    source = resolve_source(spec)
+    report(LoadProgress("resolve", f"Loading {source.display}", None))
+    import torch  # noqa: F401  (after resolving: a bad path fails before the slow import)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # we report progress ourselves, in the window or on one CLI line
+
+    torch_device = pick_device(device)
+    torch_dtype = pick_dtype(dtype, torch_device)
+    converted = False
+    folder = source.location
+    if source.kind in ("embedded", "gguf"):
+        gguf_path = Path(source.location)
+        converted = not gguf.is_converted(gguf_path)
+        folder = str(gguf.ensure_converted(gguf_path, report, cancelled))
+    elif source.kind == "hub":
+        folder = _hub_snapshot(source.location, report)
+    if cancelled is not None and cancelled():
+        raise ModelSourceError("Loading cancelled")
+    report(LoadProgress("load", f"Loading weights to {torch_device} as {str(torch_dtype).removeprefix('torch.')}",
+                        None))
+    model, tokenizer = _load_folder(folder, torch_device, torch_dtype, trust_remote_code)
+    input_device = model.get_input_embeddings().weight.device
+    name = embedded.DISPLAY_NAME if source.kind == "embedded" else source.display
+    facts = model_facts(model, name=name, source=spec or embedded.SPEC, device=input_device)
+    load_ms = (time.perf_counter() - started) * 1000.0
+    report(LoadProgress("done", f"Loaded {name} on {facts.device} in {load_ms / 1000:.1f} s", 1.0))
+    return LoadedModel(model=model, tokenizer=tokenizer, device=input_device, facts=facts, load_ms=load_ms,
+                       converted=converted)
+
+
+def _load_folder(folder: str, device: Any, dtype: Any, trust_remote_code: bool) -> tuple[Any, Any]:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise ModelSourceError(
+                f"{folder} needs to run code shipped with the model (trust_remote_code). KVScope does not run "
+                "a model's own code unless you allow it for this model.") from None
+        raise ModelSourceError(f"Cannot read {folder}/config.json: {_first_line(exc)}") from None
+    except OSError as exc:
+        raise ModelSourceError(f"Cannot read {folder}/config.json: {_first_line(exc)}") from None
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    if device.type == "cuda":
+        # accelerate spreads a model larger than the GPU over GPU, CPU and disk; a small one stays whole.
+        kwargs["device_map"] = "auto" if device.index is None else {"": str(device)}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(folder, config=config, **kwargs)
+    except MemoryError:
+        raise ModelSourceError(f"Not enough memory to load {folder} as {dtype}: try a smaller dtype or model") \
+            from None
+    except Exception as exc:  # noqa: BLE001  (a broken folder fails in many libraries' ways; say which file)
+        raise ModelSourceError(f"Cannot load the model in {folder}: {type(exc).__name__}: {_first_line(exc)}") \
+            from None
+    if device.type != "cuda":
+        model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def _hub_snapshot(repo_id: str, report: Progress) -> str:
+    """A local folder for a hub id: the cache if it is there, else a download if the hub is reachable."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
+    try:
+        return snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True)
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        pass
+    if not _hub_reachable():
+        raise ModelSourceError(
+            f"{repo_id} is not in the local Hugging Face cache and the hub cannot be reached (offline). "
+            "Download it once with a network connection, or pick a local folder or .gguf file.")
+    report(LoadProgress("download", f"Downloading {repo_id} from the Hugging Face hub", None))
+    try:
+        return snapshot_download(repo_id, allow_patterns=patterns)
+    except Exception as exc:  # noqa: BLE001  (hub errors are many; the user needs the first line)
+        raise ModelSourceError(f"Could not download {repo_id}: {_first_line(exc)}") from None
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    host = re.sub(r"^https?://", "", endpoint).split("/")[0]
+    hostname, _, port = host.partition(":")
+    try:
+        with socket.create_connection((hostname, int(port or 443)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def model_facts(model: Any, *, name: str, source: str, device: Any) -> ModelFacts:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    layers = int(config.num_hidden_layers)
+    layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * layers)
+    sliding = getattr(config, "sliding_window", None) if "sliding_attention" in layer_types else None
+    return ModelFacts(
+        name=name, source=source, architecture=(config.architectures or [type(model).__name__])[0],
+        num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        hidden_size=int(config.hidden_size), vocab_size=int(config.vocab_size),
+        max_context=int(getattr(config, "max_position_embeddings", None) or 2048),
+        dtype=str(model.dtype).removeprefix("torch."), dtype_bytes=int(model.dtype.itemsize),
+        num_params=int(sum(p.numel() for p in model.parameters())), device=str(device),
+        layer_devices=layer_devices(model, layers), layer_types=layer_types,
+        sliding_window=int(sliding) if sliding else None)
+
+
+def layer_devices(model: Any, num_layers: int) -> list[str]:
+    """Where each decoder layer lives. accelerate only records ``hf_device_map`` when it split the model
+    (more than one device, or disk); its keys are module prefixes, so the longest matching prefix wins."""
+    device_map = getattr(model, "hf_device_map", None)
+    if not device_map:
+        return [str(model.device)] * num_layers
+    layer_names = [n for n, _ in model.named_modules() if DECODER_LAYER.fullmatch(n)][:num_layers]
+    out = []
+    for name in layer_names:
+        matches = [k for k in device_map if k == "" or name == k or name.startswith(k + ".")]
+        where = device_map[max(matches, key=len)] if matches else str(model.device)
+        out.append(f"cuda:{where}" if isinstance(where, int) else str(where))
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,80 @@
+"""Generation parameters: one frozen value that checks itself, so a bad value is refused where it is made
+(widget, CLI or API) instead of deep inside a forward pass."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+from engine.errors import ParameterError
+
+MAX_SEED = 2**63 - 1
+MAX_TEMPERATURE = 100.0
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """What one run does. ``temperature == 0`` means greedy; ``top_k == 0`` and ``top_p == 1`` mean "off";
+    ``seed is None`` lets the session pick one and report it, so every run can be repeated."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    kv_cache: bool = True
+    chat_template: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int("max_new_tokens", self.max_new_tokens, low=1)
+        _check_float("temperature", self.temperature)
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ParameterError(
+                f"temperature must be between 0 (greedy) and {MAX_TEMPERATURE:g}, got {self.temperature:g}")
+        _check_int("top_k", self.top_k, low=0)
+        _check_float("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ParameterError(f"top_p must be in (0, 1] (1 = off), got {self.top_p:g}")
+        if self.seed is not None:
+            _check_int("seed", self.seed, low=0, high=MAX_SEED)
+        for name in ("kv_cache", "chat_template"):
+            if not isinstance(getattr(self, name), bool):
+                raise ParameterError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def with_(self, **changes: object) -> GenerationParams:
+        return replace(self, **changes)
+
+    def describe(self) -> str:
+        """A short label for legends: what distinguishes this run from its neighbours."""
+        parts = ["greedy" if self.temperature == 0.0 else f"T={self.temperature:g}"]
+        if self.temperature > 0.0:
+            if self.top_k:
+                parts.append(f"k={self.top_k}")
+            if self.top_p < 1.0:
+                parts.append(f"p={self.top_p:g}")
+            parts.append(f"seed={self.seed}")
+        parts.append("KV on" if self.kv_cache else "KV off")
+        if not self.chat_template:
+            parts.append("raw")
+        return ", ".join(parts)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+def _check_int(name: str, value: object, *, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ParameterError(f"{name} must be a whole number, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high:,}" if high is not None else f"at least {low}"
+        raise ParameterError(f"{name} must be {bound}, got {value:,}")
+
+
+def _check_float(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ParameterError(f"{name} must be a finite number, got {value!r}")

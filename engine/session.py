@@ -1,0 +1,303 @@
+"""The instrumented inference loop: ``prefill`` (one forward pass over the prompt), ``decode_step`` (one
+forward pass per new token over the cached prefix) and ``run`` driving both and emitting events.
+
+The hot loop does the forward pass, sampling and O(layers) bookkeeping only: KV bytes are read from tensor
+metadata (no device work), KV norms are one stacked reduction with one device-to-host copy, and text pieces
+come from an incremental decoder. Everything else (statistics, display) happens in the event consumers.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+
+from engine import kvcache
+from engine.clock import StepClock
+from engine.errors import ParameterError, PromptError
+from engine.events import (Candidate, PrefillDone, RunFailed, RunFinished, RunStarted, RunSummary, TokenStep)
+from engine.models import LoadedModel
+from engine.params import GenerationParams
+from engine.sampling import choose, make_generator
+from engine.textstream import TextStream, pieces
+
+log = logging.getLogger(__name__)
+Sink = Callable[[object], None]
+FaultHook = Callable[[str, int], None]
+
+
+@dataclass
+class _Tally:
+    """What has been measured so far, so a failed run still reports its numbers."""
+
+    prompt_tokens: int = 0
+    tokenize_ms: float = 0.0
+    prefill_ms: float = 0.0
+    ttft_ms: float = 0.0
+    decode_ms: float = 0.0
+    kv_tokens: int = 0
+    kv_bytes: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+
+    def summary(self, total_ms: float) -> RunSummary:
+        generated = len(self.token_ids)
+        return RunSummary(
+            prompt_tokens=self.prompt_tokens, generated_tokens=generated, decode_runs=max(generated - 1, 0),
+            tokenize_ms=self.tokenize_ms, prefill_ms=self.prefill_ms, ttft_ms=self.ttft_ms,
+            decode_ms=self.decode_ms, total_ms=total_ms, kv_tokens=self.kv_tokens, kv_bytes=self.kv_bytes,
+            text="".join(self.text), token_ids=list(self.token_ids))
+
+
+class Session:
+    """A loaded model ready to run prompts, one at a time, from one thread."""
+
+    def __init__(self, loaded: LoadedModel, *, record_kv_norms: bool = True,
+                 fault_hook: FaultHook | None = None) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.device = loaded.device
+        self.facts = loaded.facts
+        self.record_kv_norms = record_kv_norms
+        self.fault_hook = fault_hook
+        self.clock = StepClock(self.device)
+        self._special = set(self.tokenizer.all_special_ids)
+        self._eos = _eos_ids(self.model, self.tokenizer)
+        self._candidate_text: dict[int, str] = {}
+
+    # --- prompt -------------------------------------------------------------------------------------------
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode(self, prompt: str, chat_template: bool = True) -> list[int]:
+        """Prompt ids: through the chat template when asked and the tokenizer has one, else raw text."""
+        if chat_template and self.has_chat_template:
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=False)
+            return list(ids)
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    def check_prompt(self, n_tokens: int) -> None:
+        limit = self.facts.max_context
+        if n_tokens == 0:
+            raise PromptError("The prompt is empty: type something for the model to read")
+        if n_tokens >= limit:
+            raise PromptError(
+                f"The prompt is {n_tokens:,} tokens but the model's context holds {limit:,} (including at least "
+                f"one new token): shorten it by {n_tokens - limit + 1:,} tokens")
+
+    # --- the two phases -----------------------------------------------------------------------------------
+    def prefill(self, input_ids: torch.Tensor, use_cache: bool) -> tuple[torch.Tensor, Any]:
+        """One forward pass over the whole prompt. ``input_ids``: ``[1, n]``; returns last logits ``[V]``
+        and the filled cache (None with the cache off)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config) if use_cache else None
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=use_cache, logits_to_keep=1)
+        return out.logits[0, -1], cache
+
+    def decode_step(self, token: torch.Tensor, position: int, cache: Any,
+                    sequence: torch.Tensor | None) -> torch.Tensor:
+        """One new token. With the cache: feed one token at ``position`` (``[1, 1]``) and attend to the
+        cached keys and values. Without: recompute the whole ``sequence`` (``[1, position + 1]``)."""
+        if cache is not None:
+            out = self.model(input_ids=token.view(1, 1), cache=cache, use_cache=True,
+                             position_ids=torch.tensor([[position]], device=self.device))
+        else:
+            out = self.model(input_ids=sequence, use_cache=False, logits_to_keep=1)
+        return out.logits[0, -1]                                           # [V]
+
+    # --- the run ------------------------------------------------------------------------------------------
+    def run(self, prompt: str, params: GenerationParams, sink: Sink | None = None,
+            cancel: threading.Event | None = None,
+            before_step: Callable[[int], None] | None = None) -> RunFinished | RunFailed:
+        """Generate for ``prompt``, emitting ``RunStarted``, ``PrefillDone``, one ``TokenStep`` per token and
+        ``RunFinished`` (or ``RunFailed``). Bad input raises before any compute. ``cancel`` is checked
+        before every forward pass; ``before_step(step)`` may block (pause, single-step, slow motion)."""
+        emit = sink or (lambda _e: None)
+        t0 = time.perf_counter()
+        if not prompt or not prompt.strip():
+            raise PromptError("The prompt is empty: type something for the model to read")
+        ids = self.encode(prompt, params.chat_template)
+        self.check_prompt(len(ids))
+        if params.top_k > self.facts.vocab_size:
+            raise ParameterError(f"top_k must be at most the vocabulary size ({self.facts.vocab_size:,}), "
+                                 f"got {params.top_k:,} (0 = off)")
+        if params.seed is None:
+            params = params.with_(seed=secrets.randbelow(2**31))
+        tally = _Tally(prompt_tokens=len(ids), tokenize_ms=_since(t0))
+        run_id = uuid.uuid4().hex[:12]
+        emit(RunStarted(
+            run_id=run_id, label=params.describe(), model=self.facts, params=params, prompt=prompt,
+            prompt_ids=ids, prompt_pieces=pieces(self.tokenizer, ids),
+            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), t_ms=_since(t0)))
+        failure: tuple[str, str] | None = None
+        try:
+            with torch.inference_mode():
+                reason = self._generate(run_id, ids, params, emit, cancel, before_step, tally, t0)
+        except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
+            failure = ("out_of_memory",
+                       f"Out of memory after {len(tally.token_ids)} tokens ({_first_line(exc)}). Memory was "
+                       "released: try fewer tokens, a shorter prompt, the KV cache on, or a smaller dtype.")
+        except Exception as exc:  # noqa: BLE001  (the run must end with an event whatever broke)
+            log.exception("run %s failed", run_id)
+            failure = (type(exc).__name__, _first_line(exc))
+        if failure is not None:
+            # Outside the except block: the traceback no longer pins the cache tensors, so they can go.
+            _release_device_memory(self.device)
+            failed = RunFailed(run_id, _since(t0), failure[0], failure[1], tally.summary(_since(t0)))
+            emit(failed)
+            return failed
+        # The summary's text is decoded once from all ids, so a character the run cut in half still shows.
+        tally.text = [self.tokenizer.decode(tally.token_ids, skip_special_tokens=True)]
+        finished = RunFinished(run_id, _since(t0), reason, tally.summary(_since(t0)))
+        emit(finished)
+        return finished
+
+    def _generate(self, run_id: str, ids: list[int], params: GenerationParams, emit: Sink,
+                  cancel: threading.Event | None, before_step: Callable[[int], None] | None,
+                  tally: _Tally, t0: float) -> str:
+        clock, n_layers = self.clock, self.facts.num_layers
+        generator = make_generator(self.device, params.seed)
+        text = TextStream(self.tokenizer)
+        sequence = torch.tensor([ids], device=self.device)                 # [1, n]
+        cancelled = cancel.is_set if cancel is not None else (lambda: False)
+        if cancelled():
+            return "stopped"
+
+        self._fault("prefill", 0)
+        start = clock.mark()
+        logits, cache = self.prefill(sequence, params.kv_cache)
+        forward_end = clock.mark()
+        choice = choose(logits, params, generator)
+        end = clock.mark()
+        forward_ms, latency_ms = clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end)
+        tally.prefill_ms, tally.ttft_ms = forward_ms, _since(t0)
+        kv = kvcache.kv_bytes_per_layer(cache, n_layers)
+        k_norms, v_norms = self._prefill_norms(cache, len(ids))
+        emit(PrefillDone(run_id, _since(t0), len(ids), tally.tokenize_ms, forward_ms, kv, k_norms, v_norms))
+        self._record(tally, cache, kv)
+        position = len(ids)
+        step = 0
+        while True:
+            emit(self._token_step(run_id, t0, step, position, choice, text, "prefill" if step == 0 else "decode",
+                                  latency_ms, forward_ms, kv, cache, tally))
+            token = torch.tensor([choice.token_id], device=self.device)
+            reason = self._stop_reason(choice.token_id, step + 1, position + 1, params)
+            if reason is None and before_step is not None:
+                before_step(step + 1)
+            if reason is None and cancelled():
+                reason = "stopped"
+            if reason is not None:
+                return reason
+            if cache is None:
+                sequence = torch.cat([sequence, token.view(1, 1)], dim=1)     # [1, position + 1]
+            step += 1
+            self._fault("decode", step)
+            start = clock.mark()
+            logits = self.decode_step(token, position, cache, sequence)
+            forward_end = clock.mark()
+            choice = choose(logits, params, generator)
+            end = clock.mark()
+            forward_ms, latency_ms = clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end)
+            tally.decode_ms += latency_ms
+            position += 1
+            kv = kvcache.kv_bytes_per_layer(cache, n_layers)
+            self._record(tally, cache, kv)
+
+    def _token_step(self, run_id: str, t0: float, step: int, position: int, choice: Any, text: TextStream,
+                    phase: str, latency_ms: float, forward_ms: float, kv: list[list[int]], cache: Any,
+                    tally: _Tally) -> TokenStep:
+        piece = text.step(choice.token_id)
+        special = choice.token_id in self._special
+        tally.token_ids.append(choice.token_id)
+        if not special:
+            tally.text.append(piece)
+        k_norms, v_norms = self._step_norms(cache) if phase == "decode" else (None, None)
+        candidates = [Candidate(i, self._piece(i), raw, final) for i, raw, final in
+                      zip(choice.candidate_ids, choice.candidate_raw, choice.candidate_final)]
+        return TokenStep(run_id=run_id, t_ms=_since(t0), step=step, position=position, token_id=choice.token_id,
+                         text=piece, special=special, phase=phase, latency_ms=latency_ms, forward_ms=forward_ms,
+                         prob=choice.prob, raw_prob=choice.raw_prob, candidates=candidates,
+                         kv_bytes_per_layer=kv, k_norms=k_norms, v_norms=v_norms)
+
+    def _stop_reason(self, token_id: int, generated: int, length: int, params: GenerationParams) -> str | None:
+        if token_id in self._eos:
+            return "eos"
+        if generated >= params.max_new_tokens:
+            return "max_tokens"
+        if length >= self.facts.max_context:
+            return "context_full"
+        return None
+
+    def _record(self, tally: _Tally, cache: Any, kv: list[list[int]]) -> None:
+        tally.kv_tokens = kvcache.kv_tokens_held(cache)
+        tally.kv_bytes = sum(k + v for k, v in kv)
+
+    def _fault(self, phase: str, step: int) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(phase, step)
+
+    # --- KV norms (content of the cache, per layer and position) ---------------------------------------------
+    def _prefill_norms(self, cache: Any, n: int) -> tuple[list[list[float]] | None, list[list[float]] | None]:
+        """Mean over KV heads of each head vector's L2 norm, ``[layers][positions]``; sliding layers that
+        hold fewer positions are right-aligned and padded with 0."""
+        if cache is None or not self.record_kv_norms:
+            return None, None
+        rows = [_norms(t) for layer in cache.layers for t in (layer.keys, layer.values)]
+        rows = [[0.0] * (n - len(r)) + r for r in rows]
+        return rows[0::2], rows[1::2]
+
+    def _step_norms(self, cache: Any) -> tuple[list[float] | None, list[float] | None]:
+        if cache is None or not self.record_kv_norms:
+            return None, None
+        last = torch.stack([t[0, :, -1] for layer in cache.layers for t in (layer.keys, layer.values)])
+        values = last.float().norm(dim=-1).mean(dim=-1).tolist()          # [2 * layers]
+        return values[0::2], values[1::2]
+
+    def _piece(self, token_id: int) -> str:
+        text = self._candidate_text.get(token_id)
+        if text is None:
+            text = self._candidate_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+
+def _norms(t: torch.Tensor) -> list[float]:
+    return t[0].float().norm(dim=-1).mean(dim=0).tolist()                   # [kv_heads, s, d] -> [s]
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for value in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def _release_device_memory(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _since(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,45 @@
+"""Token ids to text, one token at a time, never splitting a multi-byte character.
+
+Decoding each id alone breaks UTF-8 characters spread over several byte-level tokens ("日本語 😀" comes out
+as '\ufffd' pieces). A token that ends in the middle of a character gets the empty string and the token that
+completes it carries the whole character, so the pieces always join to ``tokenizer.decode(ids)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TextStream:
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = False) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend = backend
+        self._stream = None
+        if backend is not None:
+            from tokenizers.decoders import DecodeStream
+
+            self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self._ids: list[int] = []
+        self._emitted = ""
+
+    def step(self, token_id: int) -> str:
+        if self._stream is not None:
+            return self._stream.step(self._backend, token_id) or ""
+        return self._step_slow(token_id)
+
+    def _step_slow(self, token_id: int) -> str:
+        """Fallback for tokenizers without a fast backend: decode everything, hold back a broken tail."""
+        self._ids.append(token_id)
+        text = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip)
+        if text.endswith("\ufffd") or not text.startswith(self._emitted):
+            return ""
+        piece, self._emitted = text[len(self._emitted):], text
+        return piece
+
+
+def pieces(tokenizer: Any, ids: list[int]) -> list[str]:
+    """The display text of each token in ``ids`` (special tokens included, characters unbroken)."""
+    stream = TextStream(tokenizer)
+    return [stream.step(i) for i in ids]

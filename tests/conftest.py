@@ -1,0 +1,46 @@
+"""Test-wide setup: Qt offscreen, and the user's real cache and settings never touched."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def cache_root(tmp_path_factory: pytest.TempPathFactory):
+    """One cache for the whole run, so the embedded model is converted once per run (never across runs)."""
+    return tmp_path_factory.mktemp("kvscope-cache")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(cache_root, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(cache_root))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
+    from tests.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_model_dir):
+    """The tiny model loaded through the product's own loader, on CPU in float32."""
+    from engine.models import load
+
+    return load(str(tiny_model_dir), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def smol(cache_root):
+    """The real embedded SmolLM2-135M-Instruct, converted into this run's cache."""
+    os.environ["KVSCOPE_CACHE_DIR"] = str(cache_root)
+    from engine.models import load
+
+    return load("embedded", device="cpu", dtype="float32")

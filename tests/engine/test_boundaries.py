@@ -1,0 +1,46 @@
+"""The wall between engine and app, checked: engine never imports Qt; trace replay needs no torch."""
+
+import subprocess
+import sys
+
+BLOCK = """
+import sys
+class Block:
+    def __init__(self, names): self.names = names
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in self.names: raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Block({names!r}))
+"""
+
+
+def run_blocked(names, code):
+    r = subprocess.run([sys.executable, "-c", BLOCK.format(names=set(names)) + code], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_engine_runs_without_qt(tiny_model_dir):
+    run_blocked(["PySide6", "pyqtgraph", "app"], f"""
+from engine.models import load
+from engine.session import Session
+from engine.params import GenerationParams
+r = Session(load({str(tiny_model_dir)!r}, device="cpu")).run("hi", GenerationParams(max_new_tokens=2))
+assert r.summary.generated_tokens == 2
+""")
+
+
+def test_traces_and_formulas_need_no_torch(tiny, tmp_path):
+    from engine.params import GenerationParams
+    from engine.session import Session
+    from engine.trace import TraceWriter
+
+    writer = TraceWriter(tmp_path / "t.jsonl")
+    Session(tiny).run("hi", GenerationParams(max_new_tokens=3), writer)
+    path = writer.close()
+    run_blocked(["torch", "transformers", "accelerate"], f"""
+from engine.trace import read_trace, replay
+from engine import kvcache, report
+events = list(replay(read_trace({str(path)!r}), speed=0))
+assert kvcache.bytes_per_token(events[0].model) == 512
+print(report.report(events[0].model, events[-1].summary))
+""")

@@ -1,0 +1,60 @@
+"""The CLI as a user runs it: a subprocess, its exit code, stdout and stderr."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def cli(*args, cache):
+    env = {**os.environ, "KVSCOPE_CACHE_DIR": str(cache), "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_generate_prints_text_and_report(tiny_model_dir, cache_root, tmp_path):
+    trace = tmp_path / "run.jsonl"
+    r = cli("--model", str(tiny_model_dir), "--prompt", "hello world", "--max-new-tokens", "8",
+            "--trace", str(trace), cache=cache_root)
+    assert r.returncode == 0, r.stderr
+    assert "prompt eval time =" in r.stdout and "eval time =" in r.stdout and "/     7 runs" in r.stdout
+    assert "KV cache: 2 layers x 2 KV heads x 16 dims x 2 (K,V) x 4 B = 512 B/token" in r.stdout
+    from engine.trace import read_trace
+
+    assert len(read_trace(trace)) == 1 + 1 + 8 + 1
+
+
+def test_json_summary(tiny_model_dir, cache_root):
+    r = cli("--model", str(tiny_model_dir), "--prompt", "hello", "--max-new-tokens", "4", "--json",
+            "--no-kv-cache", "--raw", "--seed", "1", "--temperature", "0.5", cache=cache_root)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["generated_tokens"] == 4 and data["decode_runs"] == 3 and data["kv_bytes"] == 0
+    assert data["result"] == "max_tokens" and data["params"]["kv_cache"] is False
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--model", "/no/such/model", "--prompt", "hi"], "No such file or folder: /no/such/model"),
+    (["--prompt", "   "], "prompt is empty"),
+    (["--prompt", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--prompt", "hi", "--max-new-tokens", "0"], "max_new_tokens must be at least 1"),
+    (["--prompt", "hi", "--temperature", "-1"], "temperature must be between 0"),
+])
+def test_bad_input_exits_with_one_clear_line(args, fragment, cache_root):
+    r = cli(*args, cache=cache_root)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    lines = [line for line in r.stderr.strip().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and fragment in lines[0]
+
+
+def test_broken_model_folder(tiny_model_dir, cache_root, tmp_path):
+    import shutil
+
+    broken = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"\x00" * 64)
+    r = cli("--model", str(broken), "--prompt", "hi", cache=cache_root)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "error: Cannot load the model" in r.stderr

@@ -1,0 +1,86 @@
+import pytest
+
+from engine.errors import ModelSourceError
+from engine.models import load, resolve_source
+
+
+def test_sources_are_recognised(tiny_model_dir, tmp_path):
+    assert resolve_source("").kind == "embedded"
+    assert resolve_source("embedded").kind == "embedded"
+    assert resolve_source(str(tiny_model_dir)).kind == "folder"
+    g = tmp_path / "m.gguf"
+    g.write_bytes(b"GGUF....")
+    assert resolve_source(str(g)).kind == "gguf"
+    assert resolve_source("HuggingFaceTB/SmolLM2-360M-Instruct").kind == "hub"
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("/definitely/not/here", "No such file or folder"),
+    ("./missing.gguf", "No such file or folder"),
+])
+def test_missing_paths(spec, fragment):
+    with pytest.raises(ModelSourceError, match=fragment):
+        resolve_source(spec)
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(ModelSourceError, match="no config.json"):
+        resolve_source(str(tmp_path))
+
+
+def test_a_file_that_is_not_gguf(tmp_path):
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"x")
+    with pytest.raises(ModelSourceError, match="not a .gguf"):
+        resolve_source(str(f))
+
+
+def test_truncated_gguf_gives_a_clear_error(tmp_path):
+    f = tmp_path / "broken.gguf"
+    f.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 10)
+    with pytest.raises(ModelSourceError, match="Could not convert broken.gguf"):
+        load(str(f), device="cpu")
+
+
+def test_gguf_with_wrong_magic(tmp_path):
+    f = tmp_path / "fake.gguf"
+    f.write_bytes(b"NOPE" + b"\x00" * 100)
+    with pytest.raises(ModelSourceError, match="not a GGUF file"):
+        load(str(f), device="cpu")
+
+
+def test_hub_id_offline_names_what_is_missing(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelSourceError, match="not in the local Hugging Face cache and the hub cannot be reached"):
+        load("some-org/not-cached-model", device="cpu")
+
+
+def test_corrupt_safetensors(tiny_model_dir, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ModelSourceError, match="Cannot load the model"):
+        load(str(broken), device="cpu")
+
+
+def test_unknown_device_and_dtype(tiny_model_dir):
+    with pytest.raises(ModelSourceError, match="Unknown device"):
+        load(str(tiny_model_dir), device="tpu")
+    with pytest.raises(ModelSourceError, match="Unknown dtype"):
+        load(str(tiny_model_dir), device="cpu", dtype="int3")
+
+
+def test_facts_of_the_tiny_model(tiny):
+    f = tiny.facts
+    assert (f.num_layers, f.num_heads, f.num_kv_heads, f.head_dim) == (2, 4, 2, 16)
+    assert f.dtype == "float32" and f.dtype_bytes == 4 and f.device == "cpu"
+    assert f.layer_devices == ["cpu", "cpu"] and f.max_context == 256
+
+
+def test_progress_is_reported(tiny_model_dir):
+    seen = []
+    load(str(tiny_model_dir), device="cpu", progress=seen.append)
+    assert seen[0].stage == "resolve" and seen[-1].stage == "done" and seen[-1].fraction == 1.0

@@ -1,0 +1,40 @@
+import pytest
+
+from engine.errors import ParameterError
+from engine.params import MAX_SEED, GenerationParams
+
+
+def test_defaults_are_valid_and_greedy():
+    p = GenerationParams()
+    assert p.greedy and p.kv_cache and p.chat_template
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"max_new_tokens": 0}, "max_new_tokens must be at least 1"),
+    ({"max_new_tokens": 2.5}, "whole number"),
+    ({"temperature": -0.1}, "temperature must be between 0"),
+    ({"temperature": float("nan")}, "finite"),
+    ({"temperature": 1e9}, "temperature must be between 0"),
+    ({"top_k": -1}, "top_k must be at least 0"),
+    ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+    ({"top_p": 1.5}, "top_p must be in (0, 1]"),
+    ({"seed": -1}, "seed must be between 0"),
+    ({"seed": MAX_SEED + 1}, "seed must be between 0"),
+    ({"kv_cache": "yes"}, "kv_cache must be true or false"),
+])
+def test_out_of_range_values_are_refused_with_the_reason(changes, fragment):
+    with pytest.raises(ParameterError) as info:
+        GenerationParams(**changes)
+    assert fragment in str(info.value)
+
+
+def test_edges_that_are_allowed():
+    GenerationParams(temperature=0.0, top_p=1.0, top_k=0, seed=0)
+    GenerationParams(seed=MAX_SEED, top_p=1e-6, temperature=100.0)
+
+
+def test_top_k_one_counts_as_greedy_and_labels_differ():
+    assert GenerationParams(temperature=0.7, top_k=1).greedy
+    on = GenerationParams(temperature=0.7, seed=1).describe()
+    off = GenerationParams(temperature=0.7, seed=1, kv_cache=False).describe()
+    assert on != off and "KV off" in off and "T=0.7" in on

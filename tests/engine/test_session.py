@@ -1,0 +1,213 @@
+"""The instrumented loop on the tiny model: parity with generate(), KV accounting, stop reasons, cancel."""
+
+import threading
+
+import pytest
+import torch
+
+from engine import kvcache
+from engine.errors import ParameterError, PromptError
+from engine.events import PrefillDone, RunFailed, RunFinished, RunStarted, TokenStep
+from engine.params import GenerationParams
+from engine.session import Session
+
+PROMPT = "The KV cache holds keys"
+
+
+def run_collect(session, prompt=PROMPT, **params):
+    events = []
+    result = session.run(prompt, GenerationParams(**params), events.append)
+    return events, result
+
+
+def generate_ids(loaded, ids, n):
+    model = loaded.model
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             do_sample=False, max_new_tokens=n)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("kv_cache", [True, False])
+def test_greedy_tokens_equal_generate(tiny, kv_cache):
+    session = Session(tiny)
+    events, result = run_collect(session, max_new_tokens=40, kv_cache=kv_cache)
+    started = events[0]
+    assert isinstance(result, RunFinished)
+    expected = generate_ids(tiny, started.prompt_ids, 40)
+    assert result.summary.token_ids == expected
+    assert len(expected) == 40 or expected[-1] == tiny.tokenizer.eos_token_id
+
+
+def test_event_sequence_and_step_fields(tiny):
+    events, result = run_collect(Session(tiny), max_new_tokens=6)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[:3] == ["RunStarted", "PrefillDone", "TokenStep"]
+    assert kinds[-1] == "RunFinished"
+    started, prefill = events[0], events[1]
+    steps = [e for e in events if isinstance(e, TokenStep)]
+    n = len(started.prompt_ids)
+    assert prefill.n_tokens == n and len(started.prompt_pieces) == n
+    assert [s.step for s in steps] == list(range(len(steps)))
+    assert [s.position for s in steps] == [n + i for i in range(len(steps))]
+    assert steps[0].phase == "prefill" and all(s.phase == "decode" for s in steps[1:])
+    assert all(len(s.candidates) >= 10 for s in steps)
+    assert all(0 < s.prob <= 1 and 0 < s.raw_prob <= 1 for s in steps)
+    assert all(s.latency_ms >= s.forward_ms > 0 for s in steps)
+    ts = [e.t_ms for e in events]
+    assert ts == sorted(ts)
+    s = result.summary
+    assert s.generated_tokens == len(steps) and s.decode_runs == len(steps) - 1
+    assert s.decode_ms == pytest.approx(sum(x.latency_ms for x in steps[1:]))
+    assert s.prefill_ms == pytest.approx(prefill.forward_ms)
+    assert s.kv_tokens == n + len(steps) - 1
+
+
+def test_kv_bytes_read_from_cache_equal_the_formula_after_every_step(tiny):
+    events, result = run_collect(Session(tiny), max_new_tokens=12)
+    facts = events[0].model
+    n = len(events[0].prompt_ids)
+    assert facts.num_kv_heads < facts.num_heads        # GQA is exercised
+    prefill = events[1]
+    per_layer = kvcache.bytes_per_token_per_layer(facts)
+    assert [k + v for k, v in prefill.kv_bytes_per_layer] == [per_layer * n] * facts.num_layers
+    assert all(k == v for k, v in prefill.kv_bytes_per_layer)
+    for step in (e for e in events if isinstance(e, TokenStep)):
+        held = n + step.step                           # the newest token is not in the cache yet
+        assert [k + v for k, v in step.kv_bytes_per_layer] == kvcache.predicted_kv_bytes_per_layer(facts, held)
+    assert result.summary.kv_bytes == kvcache.predicted_kv_bytes(facts, result.summary.kv_tokens)
+
+
+def test_kv_norms_cover_layers_and_positions(tiny):
+    events, _ = run_collect(Session(tiny), max_new_tokens=4)
+    prefill = events[1]
+    layers = events[0].model.num_layers
+    assert len(prefill.k_norms) == layers and len(prefill.k_norms[0]) == prefill.n_tokens
+    assert all(v > 0 for row in prefill.k_norms + prefill.v_norms for v in row)
+    assert prefill.k_norms[0] != prefill.k_norms[1]    # content differs layer to layer
+    decode = [e for e in events if isinstance(e, TokenStep) and e.phase == "decode"]
+    assert all(len(e.k_norms) == layers and len(e.v_norms) == layers for e in decode)
+
+
+def test_cache_off_holds_no_bytes_and_recomputes(tiny):
+    events, result = run_collect(Session(tiny), max_new_tokens=5, kv_cache=False)
+    assert all(k == v == 0 for e in events if isinstance(e, TokenStep) for k, v in e.kv_bytes_per_layer)
+    assert result.summary.kv_bytes == 0 and "KV off" in events[0].label
+
+
+def test_same_seed_same_sampled_tokens_and_seed_is_reported(tiny):
+    session = Session(tiny)
+    a = run_collect(session, max_new_tokens=20, temperature=1.2, seed=11)[1].summary.token_ids
+    b = run_collect(session, max_new_tokens=20, temperature=1.2, seed=11)[1].summary.token_ids
+    c = run_collect(session, max_new_tokens=20, temperature=1.2, seed=12)[1].summary.token_ids
+    assert a == b and a != c
+    events, _ = run_collect(session, max_new_tokens=2, temperature=1.0)
+    assert isinstance(events[0].params.seed, int)
+
+
+def test_top_k_one_equals_greedy(tiny):
+    session = Session(tiny)
+    greedy = run_collect(session, max_new_tokens=15)[1].summary.token_ids
+    topk1 = run_collect(session, max_new_tokens=15, temperature=3.0, top_k=1, seed=5)[1].summary.token_ids
+    assert greedy == topk1
+
+
+def test_stop_reasons_max_tokens_and_eos(tiny):
+    session = Session(tiny)
+    _, result = run_collect(session, max_new_tokens=3)
+    assert result.reason == "max_tokens" and result.summary.generated_tokens == 3
+    first = result.summary.token_ids[0]
+    session._eos = {first}                               # make the first greedy token the end of sequence
+    _, result = run_collect(session, max_new_tokens=10)
+    assert result.reason == "eos" and result.summary.token_ids == [first]
+
+
+def test_context_full_stops_at_the_context(tiny):
+    session = Session(tiny)
+    n = len(session.encode(PROMPT))
+    limit = tiny.facts.max_context
+    _, result = run_collect(session, max_new_tokens=limit)
+    assert result.reason == "context_full"
+    assert n + result.summary.generated_tokens == limit
+
+
+def test_prompt_too_long_is_refused_before_compute(tiny):
+    events = []
+    with pytest.raises(PromptError, match="shorten it by"):
+        Session(tiny).run("hello world " * 400, GenerationParams(), events.append)
+    assert events == []
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n\t "])
+def test_empty_prompt_is_refused(tiny, prompt):
+    with pytest.raises(PromptError, match="empty"):
+        Session(tiny).run(prompt, GenerationParams())
+
+
+def test_top_k_beyond_vocabulary_is_refused(tiny):
+    with pytest.raises(ParameterError, match="vocabulary"):
+        Session(tiny).run(PROMPT, GenerationParams(temperature=1.0, top_k=tiny.facts.vocab_size + 1))
+
+
+def test_cancel_from_another_thread_stops_within_one_step(tiny):
+    session = Session(tiny)
+    cancel = threading.Event()
+    reached, release = threading.Event(), threading.Event()
+    events = []
+
+    def sink(e):
+        events.append(e)
+        if isinstance(e, TokenStep) and e.step == 3:
+            reached.set()
+            release.wait(10)
+
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(r=session.run(
+        PROMPT, GenerationParams(max_new_tokens=100), sink, cancel)))
+    worker.start()
+    assert reached.wait(30)
+    cancel.set()
+    release.set()
+    worker.join(10)
+    assert not worker.is_alive()
+    assert result["r"].reason == "stopped"
+    assert [e.step for e in events if isinstance(e, TokenStep)] == [0, 1, 2, 3]
+
+
+def test_before_step_hook_sees_every_decode_step(tiny):
+    seen = []
+    Session(tiny).run(PROMPT, GenerationParams(max_new_tokens=5), before_step=seen.append)
+    assert seen == [1, 2, 3, 4]
+
+
+def test_out_of_memory_fails_the_run_keeps_numbers_and_next_run_works(tiny):
+    def fault(phase, step):
+        if phase == "decode" and step == 3:
+            raise MemoryError("injected")
+
+    session = Session(tiny, fault_hook=fault)
+    events, result = run_collect(session, max_new_tokens=10)
+    assert isinstance(result, RunFailed) and result.error == "out_of_memory"
+    assert "Out of memory after 3 tokens" in result.message
+    assert result.summary.generated_tokens == 3 and result.summary.prefill_ms > 0
+    assert isinstance(events[-1], RunFailed)
+    session.fault_hook = None
+    assert isinstance(run_collect(session, max_new_tokens=4)[1], RunFinished)
+
+
+def test_raw_mode_skips_the_chat_template(tiny):
+    session = Session(tiny)
+    chat = session.encode(PROMPT, chat_template=True)
+    raw = session.encode(PROMPT, chat_template=False)
+    assert len(chat) > len(raw)
+    assert tiny.tokenizer.decode(raw) == PROMPT
+
+
+def test_events_carry_plain_values_only(tiny):
+    events, _ = run_collect(Session(tiny), max_new_tokens=3)
+    import dataclasses
+    import json
+
+    for e in events:
+        json.dumps(dataclasses.asdict(e))                 # no tensors, nothing unserialisable
+    assert isinstance(events[0], RunStarted) and isinstance(events[1], PrefillDone)

@@ -1,0 +1,109 @@
+import json
+
+import pytest
+
+from engine.errors import TraceError
+from engine.events import RunFinished, RunStarted, TokenStep
+from engine.params import GenerationParams
+from engine.session import Session
+from engine.trace import VERSION, TraceWriter, read_trace, replay, write_trace
+
+
+@pytest.fixture(scope="module")
+def run_events(tiny):
+    events = []
+    Session(tiny).run("The KV cache holds 😀 keys", GenerationParams(max_new_tokens=8, temperature=0.9, seed=3),
+                      events.append)
+    return events
+
+
+def test_written_and_read_back_events_are_equal(run_events, tmp_path):
+    path = write_trace(tmp_path / "run.jsonl", run_events)
+    back = read_trace(path)
+    assert back == run_events
+    assert isinstance(back[0].params, GenerationParams) and back[0].params.seed == 3
+    assert isinstance(back[2].candidates[0], type(run_events[2].candidates[0]))
+
+
+def test_trace_writer_is_a_sink(tiny, tmp_path):
+    writer = TraceWriter(tmp_path / "sink.jsonl")
+    Session(tiny).run("hello", GenerationParams(max_new_tokens=3), writer)
+    assert read_trace(writer.close()) == writer.events
+
+
+def test_a_failed_write_leaves_the_existing_trace_intact(run_events, tmp_path):
+    path = write_trace(tmp_path / "keep.jsonl", run_events)
+    before = path.read_bytes()
+
+    def broken():
+        yield run_events[0]
+        raise RuntimeError("crash mid-save")
+
+    with pytest.raises(RuntimeError):
+        write_trace(path, broken())
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.jsonl"]
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b"", "is empty"),
+    (b"not json at all\n", "not valid JSON"),
+    (b'{"format": "something-else"}\n', "not a KVScope trace"),
+    (b'{"format": "kvscope-trace", "version": 99}\n', "version 99"),
+    (b"\xff\xfe\x00binary", "not text"),
+    (b'{"format": "kvscope-trace", "version": %d}\n{"type": "Nope"}\n' % VERSION, "line 2 is not a valid event"),
+    (b'{"format": "kvscope-trace", "version": %d}\n[1, 2]\n' % VERSION, "line 2 is not a valid event"),
+    (b'{"format": "kvscope-trace", "version": %d}\n' % VERSION, "holds no run"),
+])
+def test_bad_trace_files_give_a_clear_error(tmp_path, content, fragment):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    assert fragment in str(info.value)
+
+
+def test_truncated_trace_names_the_problem(run_events, tmp_path):
+    path = write_trace(tmp_path / "t.jsonl", run_events)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 40])
+    with pytest.raises(TraceError, match="truncated|not valid JSON"):
+        read_trace(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(TraceError, match="Cannot open trace"):
+        read_trace(tmp_path / "nope.jsonl")
+
+
+def test_a_trace_is_data_not_code(tmp_path):
+    """A crafted field is kept as a string; nothing in it is evaluated."""
+    path = tmp_path / "evil.jsonl"
+    lines = [json.dumps({"format": "kvscope-trace", "version": VERSION})]
+    run = {"type": "RunFinished", "run_id": "__import__('os').system('touch pwned')", "t_ms": 1.0,
+           "reason": "eos", "summary": {"text": "${jndi}"}}
+    lines.append(json.dumps(run))
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError, match="no run"):
+        read_trace(path)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_replay_keeps_recorded_pace_scaled(run_events):
+    slept = []
+    out = list(replay(run_events, speed=2.0, sleep=slept.append))
+    assert out == run_events
+    recorded = (run_events[-1].t_ms - run_events[0].t_ms) / 1000.0
+    assert sum(slept) == pytest.approx(recorded / 2.0, rel=1e-6)
+    slept.clear()
+    list(replay(run_events, speed=0, sleep=slept.append))
+    assert slept == []
+
+
+def test_replay_stops_when_cancelled(run_events):
+    seen = []
+    for e in replay(run_events, speed=0, cancelled=lambda: len(seen) >= 3):
+        seen.append(e)
+    assert len(seen) == 3
+    assert isinstance(seen[0], RunStarted) and not any(isinstance(e, RunFinished) for e in seen)
+    assert any(isinstance(e, TokenStep) for e in run_events)
