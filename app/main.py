@@ -1,0 +1,65 @@
+"""The composition root: ``QApplication``, store, engine client and window, wired once.
+
+The window shows before torch is imported (the worker imports the engine in its own thread), then the model
+loads with progress in the status strip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from PySide6.QtCore import QTimer
+from PySide6.QtGui import QIcon
+from PySide6.QtWidgets import QApplication
+
+from app.resources import icon_path
+from app.store import RunStore
+from app.worker import EngineClient
+from app.window import MainWindow
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="kvscope", description="See LLM inference live.")
+    p.add_argument("--model", help="model to load at start (default: the last one used, else 'embedded')")
+    p.add_argument("--device", help="auto, cpu, cuda or mps")
+    p.add_argument("--dtype", help="auto, float32, bfloat16 or float16")
+    p.add_argument("--trace", help="open and replay this trace instead of loading a model")
+    p.add_argument("--no-load", action="store_true", help="open the window without loading a model")
+    return p.parse_args(argv)
+
+
+def build(args: argparse.Namespace) -> tuple[QApplication, MainWindow]:
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("KVScope")
+    app.setOrganizationName("KVScope")
+    app.setDesktopFileName("kvscope")
+    icon = icon_path()
+    if icon.is_file():
+        app.setWindowIcon(QIcon(str(icon)))
+    store = RunStore()
+    client = EngineClient()
+    window = MainWindow(store, client)
+    return app, window
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    app, window = build(args)
+    window.show()
+    if args.trace:
+        QTimer.singleShot(0, lambda: window.open_trace(args.trace))
+    elif not args.no_load:
+        model, device, dtype, trust = window.controls.model_request()
+        QTimer.singleShot(0, lambda: window.load_model(args.model or model, args.device or device,
+                                                       args.dtype or dtype, trust))
+    code = app.exec()
+    if not window.worker_stopped:
+        # A forward pass outlived the close timeout; it cannot be interrupted, and waiting would hang the
+        # exit. Settings are saved already, so end the process now rather than abort on a running QThread.
+        logging.getLogger(__name__).warning("engine busy in a forward pass at exit; ending the process")
+        os._exit(code)
+    return code

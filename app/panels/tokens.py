@@ -1,0 +1,251 @@
+"""The token stream: prompt (prefill) and generated (decode) tokens with visible boundaries.
+
+Alternate tokens get alternate shades so boundaries show without separators; colour modes swap the shading
+for step latency or probability. Hovering or clicking a token shows its details in a line under the text
+(not only in a tooltip, so a recording can read it) and tells the sampling view which step to draw.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QTextEdit, QVBoxLayout, QWidget
+
+from app import theme as th
+from app.store import RunRecord, RunStore
+
+MODES = ("phase", "latency", "probability")
+MODE_LABELS = {"phase": "Phase (prefill / decode)", "latency": "Step latency", "probability": "Probability"}
+
+
+def visible(text: str) -> str:
+    """A token's text with the invisible made visible: newlines as ↵, tabs as →, empty as ▫."""
+    if text == "":
+        return "▫"
+    return text.replace("\n", "↵\n").replace("\t", "→\t")
+
+
+def escaped(text: str) -> str:
+    return repr(text)[1:-1] if text else "(part of a multi-byte character, completed by the next token)"
+
+
+def shade(colour: str, lightness: float) -> QColor:
+    c = QColor(colour)
+    h, s, _l, _a = c.getHslF()
+    return QColor.fromHslF(h, s * 0.9, lightness)
+
+
+class TokenText(QTextEdit):
+    hovered = Signal(int)     # position, or -1
+    clicked = Signal(int)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setReadOnly(True)
+        self.viewport().setMouseTracking(True)
+        self.setUndoRedoEnabled(False)
+
+    def _position_at(self, event) -> int:
+        href = self.anchorAt(event.position().toPoint())
+        return int(href[2:]) if href.startswith("t:") else -1
+
+    def mouseMoveEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        self.hovered.emit(self._position_at(event))
+        super().mouseMoveEvent(event)
+
+    def mousePressEvent(self, event) -> None:  # noqa: N802
+        position = self._position_at(event)
+        if position >= 0:
+            self.clicked.emit(position)
+        super().mousePressEvent(event)
+
+
+class TokensPanel(QWidget):
+    step_selected = Signal(str, int)   # run id, step (-1 = follow the newest)
+
+    def __init__(self, store: RunStore) -> None:
+        super().__init__()
+        self.store = store
+        self.mode = "phase"
+        self.theme = th.current_theme(False)
+        self.mode_box = QComboBox()
+        for mode in MODES:
+            self.mode_box.addItem(MODE_LABELS[mode], mode)
+        self.mode_box.currentIndexChanged.connect(lambda _i: self.set_mode(self.mode_box.currentData()))
+        self.legend = QLabel()
+        self.legend.setTextFormat(Qt.TextFormat.RichText)
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Colour:"))
+        top.addWidget(self.mode_box)
+        top.addWidget(self.legend, 1)
+        self.text = TokenText()
+        self.detail = QLabel("Hover over or click a token to see its id, position, latency and candidates.")
+        self.detail.setWordWrap(True)
+        self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addLayout(top)
+        layout.addWidget(self.text, 1)
+        layout.addWidget(self.detail)
+        self.text.hovered.connect(self._hover)
+        self.text.clicked.connect(self._click)
+        self._run_id: str | None = None
+        self._rendered = 0            # generated tokens already in the document
+        self._pinned: int | None = None
+        self._latency_range: tuple[float, float] | None = None
+        self._update_legend()
+
+    # --- public -------------------------------------------------------------------------------------------
+    def set_mode(self, mode: str) -> None:
+        if mode not in MODES:
+            return
+        self.mode = mode
+        self.mode_box.setCurrentIndex(MODES.index(mode))
+        self._update_legend()
+        self._run_id = None           # re-render at the next refresh
+        self.refresh()
+
+    def set_theme(self, theme: th.Theme) -> None:
+        self.theme = theme
+        font = QFont("monospace")
+        font.setStyleHint(QFont.StyleHint.Monospace)
+        font.setPointSizeF(theme.base_pt + 1.5)
+        self.text.setFont(font)
+        self._run_id = None
+        self.refresh()
+
+    def refresh(self) -> None:
+        run = self.store.current
+        if run is None:
+            if self._run_id is not None:
+                self.text.clear()
+                self._run_id = None
+            return
+        if self.mode == "latency" and self._latency_changed(run):
+            self._run_id = None
+        if run.run_id != self._run_id:
+            self._render_all(run)
+        elif run.n_steps > self._rendered:
+            self._append(run, self._rendered, run.n_steps)
+
+    def rendered_tokens(self) -> int:
+        """Prompt plus generated tokens now in the document (tests read this)."""
+        run = self.store.current
+        return (run.prompt_tokens + self._rendered) if run is not None and self._run_id == run.run_id else 0
+
+    # --- rendering ----------------------------------------------------------------------------------------
+    def _render_all(self, run: RunRecord) -> None:
+        self.text.clear()
+        self._run_id, self._rendered = run.run_id, 0
+        cursor = QTextCursor(self.text.document())
+        cursor.beginEditBlock()
+        for i, piece in enumerate(run.started.prompt_pieces):
+            cursor.insertText(visible(piece), self._format(run, i, None))
+        cursor.endEditBlock()
+        self._append(run, 0, run.n_steps)
+
+    def _append(self, run: RunRecord, start: int, end: int) -> None:
+        cursor = QTextCursor(self.text.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.beginEditBlock()
+        for step in run.steps[start:end]:
+            cursor.insertText(visible(step.text), self._format(run, step.position, step))
+        cursor.endEditBlock()
+        self._rendered = end
+        bar = self.text.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
+    def _format(self, run: RunRecord, position: int, step) -> QTextCharFormat:
+        fmt = QTextCharFormat()
+        fmt.setAnchor(True)
+        fmt.setAnchorHref(f"t:{position}")
+        odd = position % 2 == 1
+        light = 0.30 if self.theme.dark else 0.86
+        alt = 0.22 if self.theme.dark else 0.76
+        if step is None:
+            fmt.setBackground(shade(th.PREFILL, alt if odd else light))
+        elif self.mode == "phase":
+            fmt.setBackground(shade(th.DECODE, alt if odd else light))
+        elif self.mode == "probability":
+            fmt.setBackground(_ramp(step.prob, self.theme.dark))
+        else:
+            low, high = self._latency_range or (0.0, 1.0)
+            value = (np.log(step.latency_ms) - low) / (high - low) if high > low else 0.5
+            fmt.setBackground(_ramp(float(value), self.theme.dark))
+        if step is not None and step.special or (step is None and _is_special(run, position)):
+            fmt.setFontItalic(True)
+            fmt.setForeground(QColor(th.FORMULA))
+        return fmt
+
+    def _latency_changed(self, run: RunRecord) -> bool:
+        lat = run.series["latency_ms"].values
+        if len(lat) == 0:
+            return False
+        logs = np.log(np.maximum(lat, 1e-3))
+        new = (float(logs.min()), float(logs.max()))
+        old = self._latency_range
+        if old is None or abs(new[0] - old[0]) > 0.1 or abs(new[1] - old[1]) > 0.1:
+            self._latency_range = new
+            return True
+        return False
+
+    def _update_legend(self) -> None:
+        if self.mode == "phase":
+            html = (f"<span style='background:{shade(th.PREFILL, 0.8).name()}'>&nbsp;prompt (prefill)&nbsp;</span> "
+                    f"<span style='background:{shade(th.DECODE, 0.8).name()}'>&nbsp;generated (decode)&nbsp;</span>"
+                    " &nbsp;alternate shades mark token boundaries")
+        elif self.mode == "probability":
+            html = "generated tokens: pale = low probability, strong = high (after temperature/top-k/top-p)"
+        else:
+            html = "generated tokens: pale = fast step, strong = slow step (log scale, this run's range)"
+        self.legend.setText(html)
+
+    # --- hover and click ----------------------------------------------------------------------------------
+    def _hover(self, position: int) -> None:
+        if self._pinned is None and position >= 0:
+            self._show(position)
+
+    def _click(self, position: int) -> None:
+        self._pinned = None if self._pinned == position else position
+        self._show(position)
+
+    def _show(self, position: int) -> None:
+        run = self.store.current
+        if run is None:
+            return
+        self.detail.setText(describe_token(run, position))
+        step = run.step_at_position(position)
+        self.step_selected.emit(run.run_id, step.step if step is not None else -1)
+
+
+def describe_token(run: RunRecord, position: int) -> str:
+    step = run.step_at_position(position)
+    if step is None:
+        if not 0 <= position < run.prompt_tokens:
+            return ""
+        token_id = run.started.prompt_ids[position]
+        text = run.started.prompt_pieces[position]
+        return (f"position {position} · id {token_id} · \"{escaped(text)}\" · prompt token, read in the prefill "
+                f"pass ({run.prefill.forward_ms:.1f} ms for all {run.prompt_tokens})" if run.prefill else
+                f"position {position} · id {token_id} · \"{escaped(text)}\" · prompt token")
+    top = ", ".join(f"\"{escaped(c.text)}\" {c.p_raw:.2f}" for c in step.candidates[:5])
+    return (f"position {position} · id {step.token_id} · \"{escaped(step.text)}\" · step {step.step} "
+            f"({step.phase}) · latency {step.latency_ms:.2f} ms · p = {step.prob:.3f} after filters "
+            f"(raw {step.raw_prob:.3f}) · top raw: {top}")
+
+
+def _is_special(run: RunRecord, position: int) -> bool:
+    piece = run.started.prompt_pieces[position] if position < len(run.started.prompt_pieces) else ""
+    return piece.startswith("<") and piece.endswith(">") and len(piece) > 2
+
+
+def _ramp(value: float, dark: bool) -> QColor:
+    """0..1 to a sequential colour (cividis), pale for low values, mixed with the background enough that
+    text stays readable on it."""
+    v = min(max(value, 0.0), 1.0)
+    colour = pg.colormap.get("cividis").map(1.0 - v, mode="qcolor")
+    back = QColor("#000000" if dark else "#FFFFFF")
+    keep = 0.25 + 0.45 * v
+    return QColor.fromRgbF(*(keep * a + (1 - keep) * b for a, b in zip(colour.getRgbF()[:3], back.getRgbF()[:3])))

@@ -1,0 +1,59 @@
+"""The status strip: the numbers a lecturer points at (TTFT, prefill and decode tok/s, tokens, context used,
+KV bytes, process and GPU memory) plus loading progress."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
+
+from app.store import RunRecord
+from engine.kvcache import format_bytes
+
+FIELDS = ("ttft", "prefill", "decode", "tokens", "context", "kv", "memory")
+
+
+class StatusStrip(QStatusBar):
+    def __init__(self) -> None:
+        super().__init__()
+        self.labels = {name: QLabel() for name in FIELDS}
+        for name in FIELDS:
+            self.labels[name].setContentsMargins(6, 0, 6, 0)
+            self.addPermanentWidget(self.labels[name])
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(220)
+        self.progress.setVisible(False)
+        self.addPermanentWidget(self.progress)
+        self.show_run(None)
+        self.show_memory(0, None)
+
+    def show_run(self, run: RunRecord | None) -> None:
+        if run is None:
+            for name in ("ttft", "prefill", "decode", "tokens", "context", "kv"):
+                self.labels[name].setText("")
+            return
+        s = run.summary()
+        m = run.model
+        used = run.prompt_tokens + s.generated_tokens
+        self.labels["ttft"].setText(f"TTFT {s.ttft_ms:,.0f} ms")
+        self.labels["prefill"].setText(f"prefill {s.prefill_tok_s:,.0f} tok/s")
+        self.labels["decode"].setText(f"decode {s.decode_tok_s:,.1f} tok/s")
+        self.labels["tokens"].setText(f"{s.prompt_tokens:,} + {s.generated_tokens:,} tokens")
+        self.labels["context"].setText(f"context {used:,} of {m.max_context:,}")
+        self.labels["kv"].setText(f"KV {format_bytes(s.kv_bytes)}")
+
+    def show_memory(self, rss: int, gpu: tuple[int, int] | None) -> None:
+        text = f"RAM {format_bytes(rss)}" if rss else ""
+        if gpu is not None:
+            text += f" · GPU {format_bytes(gpu[0])} ({format_bytes(gpu[1])} reserved)"
+        self.labels["memory"].setText(text)
+
+    def show_progress(self, message: str, fraction: float | None) -> None:
+        self.progress.setVisible(True)
+        if fraction is None:
+            self.progress.setRange(0, 0)            # busy, no measurable progress
+        else:
+            self.progress.setRange(0, 1000)
+            self.progress.setValue(int(fraction * 1000))
+        self.showMessage(message)
+
+    def hide_progress(self) -> None:
+        self.progress.setVisible(False)

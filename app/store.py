@@ -1,0 +1,211 @@
+"""``RunStore``: the runs the panels draw, appended event by event, read on the refresh timer.
+
+Per-step numbers go into preallocated numpy arrays that double when full (pyqtgraph's habit), so a panel can
+``setData(x[:n], y[:n])`` without copying Python lists at 30 fps. The events themselves are kept too: they are
+what a trace saves, and what the token and sampling views look up on hover. History is bounded: the oldest
+runs go when there are more than ``max_runs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from engine import kvcache
+from engine.events import (ModelFacts, PrefillDone, RunFailed, RunFinished, RunStarted, RunSummary, TokenStep)
+
+STEP_FIELDS = ("t_ms", "latency_ms", "forward_ms", "prob", "raw_prob", "kv_bytes")
+
+
+class Series:
+    """A growable float64 column."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        self._data = np.zeros(capacity)
+        self.n = 0
+
+    def append(self, value: float) -> None:
+        if self.n == len(self._data):
+            self._data = np.concatenate([self._data, np.zeros(len(self._data))])
+        self._data[self.n] = value
+        self.n += 1
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._data[: self.n]
+
+
+class RunRecord:
+    """One run: its events, per-step series and the KV grids (layers x positions)."""
+
+    def __init__(self, started: RunStarted, number: int = 1) -> None:
+        self.started = started
+        self.number = number          # 1, 2, 3... in this session: how legends name runs
+        self.model: ModelFacts = started.model
+        self.events: list[object] = [started]
+        self.prefill: PrefillDone | None = None
+        self.steps: list[TokenStep] = []
+        self.series = {name: Series() for name in STEP_FIELDS}
+        self.end: RunFinished | RunFailed | None = None
+        self.kv_bytes_per_layer: list[list[int]] = [[0, 0] for _ in range(self.model.num_layers)]
+        self.kv_tokens = 0
+        self._norms = np.zeros((2, self.model.num_layers, 0), dtype=np.float32)   # K, V x layers x positions
+
+    # --- identity -----------------------------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return self.started.run_id
+
+    @property
+    def label(self) -> str:
+        return self.started.label
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.started.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.end is not None
+
+    @property
+    def reason(self) -> str:
+        if isinstance(self.end, RunFinished):
+            return self.end.reason
+        return "failed" if isinstance(self.end, RunFailed) else "running"
+
+    # --- appending ----------------------------------------------------------------------------------------
+    def add(self, event: object) -> None:
+        self.events.append(event)
+        if isinstance(event, PrefillDone):
+            self.prefill = event
+            self.kv_bytes_per_layer = event.kv_bytes_per_layer
+            self.kv_tokens = event.n_tokens if sum(map(sum, event.kv_bytes_per_layer)) else 0
+            if event.k_norms is not None:
+                self._grow(event.n_tokens)
+                self._norms[0, :, :event.n_tokens] = event.k_norms
+                self._norms[1, :, :event.n_tokens] = event.v_norms
+        elif isinstance(event, TokenStep):
+            self.steps.append(event)
+            self.kv_bytes_per_layer = event.kv_bytes_per_layer
+            held = sum(map(sum, event.kv_bytes_per_layer))
+            self.kv_tokens = event.position if held else 0       # the new token is not cached yet
+            for name, value in (("t_ms", event.t_ms), ("latency_ms", event.latency_ms),
+                                ("forward_ms", event.forward_ms), ("prob", event.prob),
+                                ("raw_prob", event.raw_prob), ("kv_bytes", held)):
+                self.series[name].append(value)
+            if event.k_norms is not None:                       # K/V of the token fed at position - 1
+                self._grow(event.position)
+                self._norms[0, :, event.position - 1] = event.k_norms
+                self._norms[1, :, event.position - 1] = event.v_norms
+        elif isinstance(event, (RunFinished, RunFailed)):
+            self.end = event
+
+    def _grow(self, positions: int) -> None:
+        """Capacity doubles, so memory follows the tokens used, not the context size."""
+        have = self._norms.shape[2]
+        if positions > have:
+            extra = max(positions, 2 * have, 64) - have
+            self._norms = np.concatenate([self._norms, np.zeros((2, self.model.num_layers, extra),
+                                                                dtype=np.float32)], axis=2)
+
+    # --- reading ------------------------------------------------------------------------------------------
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps)
+
+    def step_at_position(self, position: int) -> TokenStep | None:
+        index = position - self.prompt_tokens
+        return self.steps[index] if 0 <= index < len(self.steps) else None
+
+    def summary(self) -> RunSummary:
+        """The final summary once finished; while running, the figures so far."""
+        if self.end is not None:
+            return self.end.summary
+        steps = self.steps
+        decode = self.series["latency_ms"].values[1:]
+        return RunSummary(
+            prompt_tokens=self.prompt_tokens, generated_tokens=len(steps), decode_runs=max(len(steps) - 1, 0),
+            tokenize_ms=self.prefill.tokenize_ms if self.prefill else 0.0,
+            prefill_ms=self.prefill.forward_ms if self.prefill else 0.0,
+            ttft_ms=steps[0].t_ms if steps else 0.0, decode_ms=float(decode.sum()),
+            total_ms=steps[-1].t_ms if steps else 0.0, kv_tokens=self.kv_tokens,
+            kv_bytes=sum(map(sum, self.kv_bytes_per_layer)),
+            text="".join(s.text for s in steps if not s.special), token_ids=[s.token_id for s in steps])
+
+    def norm_grid(self, which: str) -> np.ndarray:
+        """Mean L2 norm of the cached key (``"k"``) or value (``"v"``) vectors, ``[layers, positions]``."""
+        grid = self._norms[0 if which == "k" else 1]
+        return grid[:, : self.kv_tokens]
+
+    def memory_grid(self) -> np.ndarray:
+        """Bytes held per layer and position (``[layers, positions used]``): what the memory heatmap draws."""
+        grid = np.zeros((self.model.num_layers, self.kv_tokens), dtype=np.float32)
+        if self.kv_tokens:
+            per = kvcache.bytes_per_token_per_layer(self.model)
+            for layer in range(self.model.num_layers):
+                held = kvcache.layer_capacity(self.model, layer, self.kv_tokens)
+                grid[layer, self.kv_tokens - held:self.kv_tokens] = per
+        return grid
+
+    def token_rate(self, window: int = 8) -> np.ndarray:
+        """Running decode tokens/s: tokens over the last ``window`` steps' latency."""
+        lat = self.series["latency_ms"].values
+        if len(lat) < 2:
+            return np.zeros(0)
+        decode = lat[1:]
+        csum = np.concatenate([[0.0], np.cumsum(decode)])
+        idx = np.arange(1, len(decode) + 1)
+        lo = np.maximum(idx - window, 0)
+        span = csum[idx] - csum[lo]
+        return np.where(span > 0, (idx - lo) / (span / 1000.0), 0.0)
+
+
+class RunStore:
+    """All runs of this session, newest last. Listeners hear about run-level changes only; per-step changes
+    are picked up by the panels' refresh timer through ``version``."""
+
+    def __init__(self, max_runs: int = 20) -> None:
+        self.runs: list[RunRecord] = []
+        self.max_runs = max_runs
+        self.version = 0
+        self._count = 0
+        self._listeners: list[Callable[[str, RunRecord], None]] = []
+
+    def subscribe(self, listener: Callable[[str, RunRecord], None]) -> None:
+        """``listener(kind, run)`` with kind ``"started"`` or ``"ended"``."""
+        self._listeners.append(listener)
+
+    @property
+    def current(self) -> RunRecord | None:
+        return self.runs[-1] if self.runs else None
+
+    def find(self, run_id: str) -> RunRecord | None:
+        return next((r for r in reversed(self.runs) if r.run_id == run_id), None)
+
+    def add(self, event: object) -> None:
+        if isinstance(event, RunStarted):
+            self._count += 1
+            record = RunRecord(event, self._count)
+            self.runs.append(record)
+            del self.runs[: max(0, len(self.runs) - self.max_runs)]
+            self.version += 1
+            self._notify("started", record)
+            return
+        run_id = getattr(event, "run_id", None)
+        record = self.find(run_id) if run_id is not None else None
+        if record is None:
+            return
+        record.add(event)
+        self.version += 1
+        if isinstance(event, (RunFinished, RunFailed)):
+            self._notify("ended", record)
+
+    def clear(self) -> None:
+        self.runs.clear()
+        self.version += 1
+
+    def _notify(self, kind: str, record: RunRecord) -> None:
+        for listener in list(self._listeners):
+            listener(kind, record)

@@ -1,0 +1,88 @@
+"""Colours and fonts: one colour per idea, the same in every panel (Okabe-Ito, colour-blind safe), light and
+dark following the platform, and lecture mode (large type, high contrast) overriding both."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QFont, QGuiApplication, QPalette
+from PySide6.QtWidgets import QApplication
+
+PREFILL = "#0072B2"      # blue
+DECODE = "#D55E00"       # vermillion
+CACHE_OFF = "#CC79A7"    # reddish purple
+FORMULA = "#888888"      # grey: computed, not measured
+CHOSEN = "#009E73"       # bluish green: the sampled token
+OVERLAY = ["#E69F00", "#56B4E9", "#F0E442", "#000000", "#999999"]
+HEATMAP = "viridis"
+
+
+def run_colour(kv_cache: bool) -> str:
+    return DECODE if kv_cache else CACHE_OFF
+
+
+@dataclass(frozen=True)
+class Theme:
+    name: str
+    dark: bool
+    background: str
+    foreground: str
+    base_pt: float
+    line_width: float
+
+    @property
+    def axis_font(self) -> QFont:
+        font = QFont()
+        font.setPointSizeF(self.base_pt)
+        return font
+
+
+def platform_is_dark() -> bool:
+    hints = QGuiApplication.styleHints()
+    scheme = getattr(hints, "colorScheme", None)
+    if scheme is not None:
+        return scheme() == Qt.ColorScheme.Dark
+    return QGuiApplication.palette().color(QPalette.ColorRole.Window).lightness() < 128
+
+
+def current_theme(lecture: bool) -> Theme:
+    if lecture:
+        return Theme("lecture", False, "#FFFFFF", "#000000", 18.0, 3.0)
+    if platform_is_dark():
+        return Theme("dark", True, "#1E1E1E", "#DDDDDD", 9.5, 1.5)
+    return Theme("light", False, "#FFFFFF", "#222222", 9.5, 1.5)
+
+
+def apply(app: QApplication, theme: Theme, base_font_pt: float | None = None) -> None:
+    """Qt font/palette and pyqtgraph defaults. Plots created earlier are restyled by their panels."""
+    pg.setConfigOptions(background=theme.background, foreground=theme.foreground, antialias=False,
+                        imageAxisOrder="row-major")
+    font = app.font()
+    font.setPointSizeF(theme.base_pt if theme.name == "lecture" else (base_font_pt or font.pointSizeF()))
+    app.setFont(font)
+    if theme.name == "lecture":
+        pal = QPalette()
+        pal.setColor(QPalette.ColorRole.Window, QColor("#FFFFFF"))
+        pal.setColor(QPalette.ColorRole.WindowText, QColor("#000000"))
+        pal.setColor(QPalette.ColorRole.Base, QColor("#FFFFFF"))
+        pal.setColor(QPalette.ColorRole.Text, QColor("#000000"))
+        pal.setColor(QPalette.ColorRole.Button, QColor("#F0F0F0"))
+        pal.setColor(QPalette.ColorRole.ButtonText, QColor("#000000"))
+        app.setPalette(pal)
+    else:
+        app.setPalette(app.style().standardPalette())
+
+
+def style_plot(plot: pg.PlotItem, theme: Theme, x: str, x_unit: str | None, y: str, y_unit: str | None) -> None:
+    """Axis labels with units, in the theme's font size. Every chart goes through here."""
+    for side, label, unit in (("bottom", x, x_unit), ("left", y, y_unit)):
+        axis = plot.getAxis(side)
+        axis.setLabel(label, units=unit, **{"font-size": f"{theme.base_pt:.0f}pt"})
+        axis.setTickFont(theme.axis_font)
+        axis.setPen(theme.foreground)
+        axis.setTextPen(theme.foreground)
+        axis.enableAutoSIPrefix(False)
+    plot.showGrid(x=False, y=False)
+    plot.titleLabel.setAttr("size", f"{theme.base_pt + 1:.0f}pt")

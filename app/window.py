@@ -1,0 +1,438 @@
+"""``MainWindow``: dock layout, menus, shortcuts, status strip, the refresh timer and the error banner.
+
+Events from the worker go straight into the ``RunStore`` (cheap appends); panels redraw from the store on a
+~30 fps timer only when it changed, never once per event.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayout, QLabel, QMainWindow,
+                               QMessageBox, QPushButton, QVBoxLayout, QWidget)
+
+from app import export, theme as th
+from app.panels.controls import ControlsPanel
+from app.panels.kv_heatmap import KVHeatmapPanel
+from app.panels.sampling import SamplingPanel
+from app.panels.timing import TimingPanel
+from app.panels.tokens import TokensPanel
+from app.settings import open_settings
+from app.status import StatusStrip
+from app.store import RunStore
+from app.worker import EngineClient, Note
+from engine.errors import EngineError
+from engine.events import LoadProgress, ModelLoaded, RunFailed, RunFinished, RunStarted
+from engine.trace import write_trace
+
+log = logging.getLogger(__name__)
+REFRESH_MS = 33
+REPLAY_SPEEDS = (("0.5x", 0.5), ("1x (as recorded)", 1.0), ("2x", 2.0), ("4x", 4.0), ("instant", 0.0))
+
+
+class ErrorBanner(QWidget):
+    """A message inside the window (not a modal dialog: a lecture must not stop for a click)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.label = QLabel()
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        close = QPushButton("Dismiss")
+        close.clicked.connect(self.hide)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(8, 4, 8, 4)
+        row.addWidget(self.label, 1)
+        row.addWidget(close)
+        self.setStyleSheet("background:#FBE3D6; color:#7A2600;")
+        self.hide()
+
+    def show_error(self, message: str) -> None:
+        self.label.setText(message)
+        self.show()
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, store: RunStore, client: EngineClient) -> None:
+        super().__init__()
+        self.store, self.client = store, client
+        self.settings = open_settings()
+        self._font_pt = QApplication.font().pointSizeF()
+        self.worker_stopped = True
+        self.lecture = False
+        self.replay_speed = 1.0
+        self.setWindowTitle("KVScope")
+        self.setObjectName("KVScopeMain")
+        self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowNestedDocks)
+
+        self.controls = ControlsPanel()
+        self.tokens = TokensPanel(store)
+        self.kv = KVHeatmapPanel(store)
+        self.timing = TimingPanel(store)
+        self.sampling = SamplingPanel(store)
+        self.banner = ErrorBanner()
+        central = QWidget()
+        cv = QVBoxLayout(central)
+        cv.setContentsMargins(0, 0, 0, 0)
+        cv.addWidget(self.banner)
+        cv.addWidget(self.tokens, 1)
+        self.setCentralWidget(central)
+        # Left and right docks run the full height; the KV heatmap sits under the token stream.
+        self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.docks = {
+            "controls": self._dock("Controls", self.controls, Qt.DockWidgetArea.LeftDockWidgetArea),
+            "timing": self._dock("Prefill vs decode timing", self.timing, Qt.DockWidgetArea.RightDockWidgetArea),
+            "sampling": self._dock("Sampling: next-token candidates", self.sampling,
+                                   Qt.DockWidgetArea.RightDockWidgetArea),
+            "kv": self._dock("KV cache per layer", self.kv, Qt.DockWidgetArea.BottomDockWidgetArea),
+        }
+        self.splitDockWidget(self.docks["timing"], self.docks["sampling"], Qt.Orientation.Vertical)
+        self.status = StatusStrip()
+        self.setStatusBar(self.status)
+        self._build_menus()
+        self._wire()
+        self.resize(1600, 1000)
+        self.resizeDocks([self.docks["controls"], self.docks["timing"]], [340, 620], Qt.Orientation.Horizontal)
+        self.resizeDocks([self.docks["timing"], self.docks["sampling"]], [560, 360], Qt.Orientation.Vertical)
+        self.resizeDocks([self.docks["kv"]], [520], Qt.Orientation.Vertical)
+        self._default_state = self.saveState()
+        self._restore()
+        self._last_version = -1
+        self.timer = QTimer(self)
+        self.timer.setInterval(REFRESH_MS)
+        self.timer.timeout.connect(self.refresh)
+        self.timer.start()
+        self.frames = 0
+        self._apply_theme()
+
+    # --- construction -------------------------------------------------------------------------------------
+    def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(f"dock-{title}")
+        dock.setWidget(widget)
+        self.addDockWidget(area, dock)
+        return dock
+
+    def _action(self, menu, text: str, slot, shortcut: str | QKeySequence | None = None,
+                checkable: bool = False) -> QAction:
+        action = QAction(text, self)
+        if shortcut:
+            action.setShortcut(QKeySequence(shortcut))
+            action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
+        action.setCheckable(checkable)
+        action.triggered.connect(lambda: slot())    # drop the "checked" argument: slots take their own
+        menu.addAction(action)
+        self.addAction(action)      # shortcuts keep working when the menu bar is hidden (lecture mode)
+        return action
+
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        file = bar.addMenu("&File")
+        self._action(file, "Open trace…", self.open_trace_dialog, QKeySequence.StandardKey.Open)
+        self._action(file, "Save run as trace…", self.save_trace_dialog, QKeySequence.StandardKey.Save)
+        speed = file.addMenu("Replay speed")
+        for label, value in REPLAY_SPEEDS:
+            act = self._action(speed, label, partial(setattr, self, "replay_speed", value), checkable=True)
+            act.setChecked(value == 1.0)
+        exports = file.addMenu("Export")
+        for label, item in (("Timing charts", lambda: self.timing.graphics.ci),
+                            ("KV heatmap", lambda: self.kv.graphics.ci),
+                            ("Sampling chart", lambda: self.sampling.graphics.ci)):
+            self._action(exports, f"{label} as PNG or SVG…", partial(self.export_chart_of, label, item))
+        self._action(exports, "Run data as CSV…", lambda: self.export_run("csv"))
+        self._action(exports, "Run data as JSON…", lambda: self.export_run("json"))
+        file.addSeparator()
+        self._action(file, "Quit", self.close, QKeySequence.StandardKey.Quit)
+        run = bar.addMenu("&Run")
+        self._action(run, "Run", self.start_run, "Ctrl+Return")
+        self._action(run, "Run (keypad Enter)", self.start_run, "Ctrl+Enter").setVisible(False)
+        self._action(run, "Stop", self.stop_run, "Esc")
+        self._action(run, "Step one token", self.step_run, "F10")
+        self._action(run, "Pause / resume", self.toggle_pause, "F9")
+        self._action(run, "Load model", self.load_from_controls, "Ctrl+L")
+        run.addSeparator()
+        self._action(run, "Clear runs", self.clear_runs)
+        view = bar.addMenu("&View")
+        self.lecture_action = self._action(view, "Lecture mode", self.toggle_lecture, "F11", checkable=True)
+        colour = view.addMenu("Token colours")
+        for i, mode in enumerate(("phase", "latency", "probability")):
+            self._action(colour, mode.capitalize(), partial(self.tokens.set_mode, mode), f"Ctrl+{i + 1}")
+        heat = view.addMenu("KV heatmap")
+        for i, (mode, label) in enumerate((("memory", "Memory"), ("k", "Key norm"), ("v", "Value norm"))):
+            self._action(heat, label, partial(self.kv.set_mode, mode), f"Ctrl+Shift+{i + 1}")
+        view.addSeparator()
+        for dock in self.docks.values():
+            view.addAction(dock.toggleViewAction())
+        self._action(view, "Reset layout", self.reset_layout)
+        help_menu = bar.addMenu("&Help")
+        self._action(help_menu, "Keyboard shortcuts", self.show_shortcuts, QKeySequence.StandardKey.HelpContents)
+
+    def _wire(self) -> None:
+        c = self.controls
+        c.run_requested.connect(self.start_run)
+        c.stop_requested.connect(self.stop_run)
+        c.step_requested.connect(self.step_run)
+        c.pause_toggled.connect(self.set_paused)
+        c.load_requested.connect(self.load_model)
+        c.delay_changed.connect(lambda s: setattr(self.client.control, "delay_s", s))
+        self.tokens.step_selected.connect(self.sampling.show_step)
+        self.client.events_ready.connect(self.on_events)
+
+    # --- actions ------------------------------------------------------------------------------------------
+    def load_from_controls(self) -> None:
+        self.load_model(*self.controls.model_request())
+
+    def load_model(self, model: str, device: str = "auto", dtype: str = "auto", trust: bool = False) -> None:
+        if self.client.busy:
+            self.show_error("Wait for the current run to finish (or Stop it) before loading another model.")
+            return
+        self.banner.hide()
+        self.status.show_progress(f"Loading {model}…", None)
+        self.controls.model_status.setText(f"Loading {model}…")
+        self.client.load_model(model, device, dtype, trust)
+        self._update_buttons()
+
+    def start_run(self, paused: bool = False) -> None:
+        if self.client.busy:
+            return
+        if self.client.model is None:
+            self.show_error("No model is loaded yet: wait for loading to finish (status bar), or press Load model.")
+            return
+        prompt = self.controls.prompt_text()
+        if not prompt.strip():
+            self.show_error("The prompt is empty: type something for the model to read (or pick a sample prompt).")
+            return
+        try:
+            params = self.controls.params()
+        except EngineError as exc:
+            self.show_error(str(exc))
+            return
+        self.banner.hide()
+        self.sampling.show_step("", -1)
+        self.client.control.delay_s = self.controls.slow.value() / 1000.0
+        self.client.start_run(prompt, params, paused=bool(paused))
+        self.controls.set_paused(bool(paused))
+        self._update_buttons()
+
+    def stop_run(self) -> None:
+        self.client.stop()
+
+    def step_run(self) -> None:
+        """Idle: start a run that pauses after the prefill. Running: let exactly one more token through."""
+        if self.client.busy == "run":
+            self.client.control.step()
+            self.controls.set_paused(True)
+        elif not self.client.busy:
+            self.start_run(paused=True)
+
+    def toggle_pause(self) -> None:
+        if self.client.busy == "run":
+            self.set_paused(not self.client.control.paused)
+
+    def set_paused(self, paused: bool) -> None:
+        if paused:
+            self.client.control.pause()
+        else:
+            self.client.control.resume()
+        self.controls.set_paused(paused)
+
+    def clear_runs(self) -> None:
+        if not self.client.busy:
+            self.store.clear()
+            self.refresh(force=True)
+
+    # --- events from the worker ---------------------------------------------------------------------------
+    def on_events(self, items: list) -> None:
+        for item in items:
+            if isinstance(item, Note):
+                self._on_note(item)
+            elif isinstance(item, LoadProgress):
+                self.status.show_progress(item.message, item.fraction)
+                self.controls.model_status.setText(item.message)
+            elif isinstance(item, ModelLoaded):
+                self._on_loaded(item)
+            else:
+                self.store.add(item)
+                if isinstance(item, RunFailed):
+                    self.show_error(f"The run failed: {item.message}")
+                elif isinstance(item, (RunStarted, RunFinished)):
+                    self.status.showMessage(f"Run #{self.store.current.number}: {self.store.current.reason}", 5000)
+
+    def _on_note(self, note: Note) -> None:
+        if note.kind == "error":
+            self.show_error(str(note.payload))
+            self.status.hide_progress()
+            if self.client.model is not None:
+                self.controls.model_status.setText(_loaded_text(self.client.model))
+        elif note.kind == "memory":
+            self.status.show_memory(*note.payload)
+        elif note.kind == "idle":
+            self.status.hide_progress()
+            self.controls.set_paused(False)
+        self._update_buttons()
+
+    def _on_loaded(self, loaded: ModelLoaded) -> None:
+        m = loaded.model
+        self.controls.set_model_limits(m.max_context, m.vocab_size)
+        self.controls.model_status.setText(_loaded_text(loaded))
+        self.status.showMessage(_loaded_text(loaded), 8000)
+        self.setWindowTitle(f"KVScope — {m.name} on {m.device}")
+
+    def show_error(self, message: str) -> None:
+        log.info("shown to the user: %s", message)
+        self.banner.show_error(message)
+
+    def _update_buttons(self) -> None:
+        busy = self.client.busy
+        self.controls.set_running(busy == "run", busy=bool(busy))
+
+    # --- refresh ------------------------------------------------------------------------------------------
+    def refresh(self, force: bool = False) -> None:
+        if not force and self.store.version == self._last_version:
+            return
+        self._last_version = self.store.version
+        self.frames += 1
+        for panel in (self.tokens, self.kv, self.timing, self.sampling):
+            panel.refresh()
+        self.status.show_run(self.store.current)
+
+    # --- files --------------------------------------------------------------------------------------------
+    def open_trace_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a KVScope trace", self._last_dir(),
+                                              "KVScope traces (*.jsonl);;All files (*)")
+        if path:
+            self.open_trace(path)
+
+    def open_trace(self, path: str) -> None:
+        if self.client.busy:
+            self.show_error("Stop the current run before opening a trace.")
+            return
+        self._remember_dir(path)
+        self.banner.hide()
+        self.client.open_trace(path, self.replay_speed)
+        self._update_buttons()
+
+    def save_trace_dialog(self) -> None:
+        run = self.store.current
+        if run is None:
+            self.show_error("There is no run to save yet.")
+            return
+        path, _ = QFileDialog.getSaveFileName(self, "Save run as trace", str(Path(self._last_dir()) /
+                                              f"kvscope-run-{run.number}.jsonl"), "KVScope traces (*.jsonl)")
+        if path:
+            self.save_trace(path)
+
+    def save_trace(self, path: str) -> None:
+        run = self.store.current
+        try:
+            write_trace(path, run.events)
+            self._remember_dir(path)
+            self.status.showMessage(f"Saved {len(run.events)} events to {path}", 5000)
+        except OSError as exc:
+            self.show_error(f"Could not save the trace to {path}: {exc.strerror or exc}")
+
+    def export_chart_of(self, name: str, item_of: Callable[[], object]) -> None:
+        self.export_chart(name, item_of())
+
+    def export_chart(self, name: str, item: object) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, f"Export {name}", str(Path(self._last_dir()) /
+                                              f"kvscope-{name.lower().replace(' ', '-')}.png"),
+                                              "PNG image (*.png);;SVG drawing (*.svg)")
+        if path:
+            try:
+                export.export_chart(item, path)
+                self.status.showMessage(f"Exported {name} to {path}", 5000)
+            except (OSError, ValueError) as exc:
+                self.show_error(f"Could not export {name}: {exc}")
+
+    def export_run(self, kind: str) -> None:
+        run = self.store.current
+        if run is None:
+            self.show_error("There is no run to export yet.")
+            return
+        path, _ = QFileDialog.getSaveFileName(self, f"Export run data as {kind.upper()}", str(
+            Path(self._last_dir()) / f"kvscope-run-{run.number}.{kind}"), f"{kind.upper()} (*.{kind})")
+        if path:
+            try:
+                export.write_text(path, export.run_csv(run) if kind == "csv" else export.run_json(run))
+                self.status.showMessage(f"Exported run #{run.number} to {path}", 5000)
+            except OSError as exc:
+                self.show_error(f"Could not write {path}: {exc.strerror or exc}")
+
+    def _last_dir(self) -> str:
+        return self.settings.value("files/last_dir", str(Path.home()), str)
+
+    def _remember_dir(self, path: str) -> None:
+        self.settings.setValue("files/last_dir", str(Path(path).parent))
+
+    # --- view ---------------------------------------------------------------------------------------------
+    def toggle_lecture(self) -> None:
+        self.lecture = not self.lecture
+        self.lecture_action.setChecked(self.lecture)
+        self._apply_theme()
+        self.menuBar().setVisible(not self.lecture)
+        if self.lecture and QApplication.platformName() not in ("offscreen", "minimal"):
+            self.showFullScreen()
+        elif not self.lecture and self.isFullScreen():
+            self.showNormal()
+
+    def _apply_theme(self) -> None:
+        theme = th.current_theme(self.lecture)
+        th.apply(QApplication.instance(), theme, self._font_pt)
+        for panel in (self.tokens, self.kv, self.timing, self.sampling):
+            panel.set_theme(theme)
+        self.refresh(force=True)
+
+    def reset_layout(self) -> None:
+        self.restoreState(self._default_state)
+
+    def show_shortcuts(self) -> None:
+        QMessageBox.information(self, "Keyboard shortcuts", (
+            "Ctrl+Enter  run the prompt\nEsc  stop\nF10  step one token (starts paused after the prefill)\n"
+            "F9  pause / resume\nCtrl+L  load the model\nF11  lecture mode\nCtrl+1/2/3  token colours\n"
+            "Ctrl+Shift+1/2/3  KV heatmap mode\nCtrl+O / Ctrl+S  open / save a trace"))
+
+    # --- settings and closing -----------------------------------------------------------------------------
+    def _restore(self) -> None:
+        s = self.settings
+        geometry = s.value("window/geometry")
+        if isinstance(geometry, QByteArray):
+            self.restoreGeometry(geometry)
+        state = s.value("window/state")
+        if isinstance(state, QByteArray):
+            self.restoreState(state)
+        self.controls.restore(s)
+        self.tokens.set_mode(s.value("view/token_colours", "phase", str))
+        self.kv.set_mode(s.value("view/kv_mode", "memory", str))
+        self.lecture = s.value("view/lecture", False, bool)
+        self.lecture_action.setChecked(self.lecture)
+        self.menuBar().setVisible(not self.lecture)
+
+    def save_settings(self) -> None:
+        s = self.settings
+        s.setValue("window/geometry", self.saveGeometry())
+        s.setValue("window/state", self.saveState())
+        s.setValue("view/token_colours", self.tokens.mode)
+        s.setValue("view/kv_mode", self.kv.mode)
+        s.setValue("view/lecture", self.lecture)
+        self.controls.save(s)
+        s.sync()
+
+    def closeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        self.timer.stop()
+        self.save_settings()
+        self.worker_stopped = self.client.shutdown(1500)
+        event.accept()
+
+
+def _loaded_text(loaded: ModelLoaded) -> str:
+    m = loaded.model
+    how = " (converted from GGUF this time)" if loaded.converted else ""
+    return (f"{m.name}: {m.num_params / 1e6:,.0f}M parameters, {m.num_layers} layers, {m.dtype} on {m.device}; "
+            f"loaded in {loaded.load_ms / 1000:.1f} s{how}")

@@ -1,0 +1,190 @@
+"""The engine's thread. ``EngineWorker`` lives in a ``QThread`` and runs one request at a time (load a model,
+run a prompt, replay a trace); ``EngineClient`` is its face in the GUI thread.
+
+Events leave the worker through an outbox (a deque: appends and pops are thread-safe) plus one coalesced
+queued signal, so a model streaming thousands of tokens a second costs the GUI one wake-up per batch, not one
+per token, and the order of events and notes is the order they happened in. The GUI never waits on the worker;
+steering goes through ``RunControl`` and closing stops the run and joins the thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from app.control import RunControl
+from engine.errors import EngineError
+from engine.events import ModelLoaded
+from engine.memory import device_memory_bytes, process_rss_bytes
+from engine.params import GenerationParams
+
+log = logging.getLogger(__name__)
+MEMORY_EVERY_S = 0.5
+
+
+@dataclass(frozen=True)
+class Note:
+    """A worker message that is not an engine event: ``busy`` (what), ``idle``, ``error`` (message),
+    ``memory`` ((rss, gpu or None))."""
+
+    kind: str
+    payload: object = None
+
+
+class EngineWorker(QObject):
+    pending = Signal()
+
+    def __init__(self, control: RunControl) -> None:
+        super().__init__()
+        self.control = control
+        self.outbox: collections.deque[object] = collections.deque()
+        self.session = None
+        self._signalled = threading.Event()
+        self._last_memory = 0.0
+
+    # --- outbox -------------------------------------------------------------------------------------------
+    def push(self, item: object) -> None:
+        self.outbox.append(item)
+        if not self._signalled.is_set():
+            self._signalled.set()
+            self.pending.emit()
+        now = time.monotonic()
+        if now - self._last_memory >= MEMORY_EVERY_S:
+            self._last_memory = now
+            device = self.session.facts.device if self.session is not None else "cpu"
+            self.outbox.append(Note("memory", (process_rss_bytes(), device_memory_bytes(device))))
+
+    def take_all(self) -> list[object]:
+        """GUI thread: everything queued so far, oldest first."""
+        self._signalled.clear()
+        items = []
+        while self.outbox:
+            items.append(self.outbox.popleft())
+        return items
+
+    # --- requests (worker thread) -------------------------------------------------------------------------
+    @Slot(dict)
+    def load(self, request: dict) -> None:
+        self.push(Note("busy", "load"))
+        try:
+            from engine.models import load
+            from engine.session import Session
+
+            loaded = load(request["model"], request.get("device", "auto"), request.get("dtype", "auto"),
+                          trust_remote_code=request.get("trust_remote_code", False), progress=self.push,
+                          cancelled=self.control.cancel.is_set)
+            self.session = Session(loaded)  # the previous model stays until this one has loaded
+            self.push(loaded.loaded_event())
+        except EngineError as exc:
+            self.push(Note("error", str(exc)))
+        except Exception as exc:  # noqa: BLE001  (the app must survive anything a model throws)
+            log.exception("loading failed")
+            self.push(Note("error", f"Loading failed: {type(exc).__name__}: {exc}"))
+        finally:
+            self.push(Note("idle"))
+
+    @Slot(dict)
+    def run(self, request: dict) -> None:
+        self.push(Note("busy", "run"))
+        try:
+            if self.session is None:
+                raise EngineError("No model is loaded yet: wait for loading to finish, or load one")
+            self.session.run(request["prompt"], request["params"], self.push, self.control.cancel,
+                             self.control.before_step)
+        except EngineError as exc:
+            self.push(Note("error", str(exc)))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("run failed")
+            self.push(Note("error", f"The run failed: {type(exc).__name__}: {exc}"))
+        finally:
+            self.push(Note("idle"))
+
+    @Slot(dict)
+    def replay(self, request: dict) -> None:
+        """Replay a trace: no model, no torch; paced by the recorded timestamps."""
+        from engine.trace import read_trace, replay
+
+        self.push(Note("busy", "replay"))
+        try:
+            events = read_trace(request["path"])
+            for event in replay(events, request.get("speed", 1.0), cancelled=self.control.cancel.is_set,
+                                sleep=self._sleep):
+                self.push(event)
+        except EngineError as exc:
+            self.push(Note("error", str(exc)))
+        finally:
+            self.push(Note("idle"))
+
+    def _sleep(self, seconds: float) -> None:
+        self.control.cancel.wait(seconds)
+
+
+class EngineClient(QObject):
+    """GUI-thread facade: requests go to the worker as queued signals, results come back as
+    ``events_ready(list)`` (engine events and notes, in order)."""
+
+    events_ready = Signal(list)
+    _load = Signal(dict)
+    _run = Signal(dict)
+    _replay = Signal(dict)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.control = RunControl()
+        self.thread = QThread()
+        self.thread.setObjectName("kvscope-engine")
+        self.worker = EngineWorker(self.control)
+        self.worker.moveToThread(self.thread)
+        self._load.connect(self.worker.load)
+        self._run.connect(self.worker.run)
+        self._replay.connect(self.worker.replay)
+        self.worker.pending.connect(self._drain)
+        self.thread.finished.connect(self.worker.deleteLater)
+        self.busy: str | None = None
+        self.model: ModelLoaded | None = None
+        self.thread.start()
+
+    def load_model(self, model: str, device: str = "auto", dtype: str = "auto",
+                   trust_remote_code: bool = False) -> None:
+        self.control.reset()
+        self.busy = "load"
+        self._load.emit({"model": model, "device": device, "dtype": dtype, "trust_remote_code": trust_remote_code})
+
+    def start_run(self, prompt: str, params: GenerationParams, paused: bool = False) -> None:
+        self.control.reset(paused=paused)
+        self.busy = "run"
+        self._run.emit({"prompt": prompt, "params": params})
+
+    def open_trace(self, path: str, speed: float = 1.0) -> None:
+        self.control.reset()
+        self.busy = "replay"
+        self._replay.emit({"path": path, "speed": speed})
+
+    def stop(self) -> None:
+        self.control.stop()
+
+    @Slot()
+    def _drain(self) -> None:
+        items = self.worker.take_all()
+        for item in items:
+            if isinstance(item, Note) and item.kind in ("busy", "idle"):
+                self.busy = item.payload if item.kind == "busy" else None
+            elif isinstance(item, ModelLoaded):
+                self.model = item
+        if items:
+            self.events_ready.emit(items)
+
+    def shutdown(self, timeout_ms: int = 1500) -> bool:
+        """Stop whatever runs and join the thread. False if a forward pass outlived ``timeout_ms``."""
+        self.control.stop()
+        self.thread.quit()
+        done = self.thread.wait(timeout_ms)
+        if done:
+            self._drain()
+        return done
+

@@ -1,0 +1,41 @@
+"""Window fixtures: a real MainWindow on the tiny model, settings in a temporary ini file."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSCOPE_SETTINGS", str(tmp_path / "settings.ini"))
+
+
+def wait_idle(qtbot, window, timeout: int = 60_000) -> None:
+    qtbot.waitUntil(lambda: window.client.busy is None, timeout=timeout)
+
+
+def make_window(qtbot, model_dir=None):
+    from app.main import build, parse_args
+
+    _app, window = build(parse_args(["--no-load"]))
+    qtbot.addWidget(window)
+    window.show()
+    if model_dir is not None:
+        window.load_model(str(model_dir), "cpu", "float32")
+        qtbot.waitUntil(lambda: window.client.model is not None and window.client.busy is None, timeout=60_000)
+    return window
+
+
+@pytest.fixture
+def window(qtbot, tiny_model_dir):
+    w = make_window(qtbot, tiny_model_dir)
+    yield w
+    w.close()
+
+
+def run_and_wait(qtbot, window, timeout: int = 60_000):
+    window.start_run()
+    qtbot.waitUntil(lambda: window.store.current is not None and window.store.current.finished
+                    and window.client.busy is None, timeout=timeout)
+    window.refresh(force=True)
+    return window.store.current

@@ -1,0 +1,172 @@
+"""The window on the tiny model: every panel fills, run controls do what they say, errors stay in the window."""
+
+import numpy as np
+import pytest
+from PySide6.QtCore import Qt
+
+from engine import kvcache
+from engine.params import GenerationParams
+from tests.app.conftest import make_window, run_and_wait, wait_idle
+
+
+def test_a_run_fills_every_panel(qtbot, window):
+    window.controls.max_tokens.setValue(20)
+    run = run_and_wait(qtbot, window)
+    n = run.n_steps
+    assert run.reason in ("max_tokens", "eos") and n >= 1
+    # token stream: every prompt and generated token is in the document
+    assert window.tokens.rendered_tokens() == run.prompt_tokens + n
+    doc = window.tokens.text.toPlainText().replace("↵", "")
+    assert "".join(run.started.prompt_pieces) + "".join(s.text for s in run.steps) == doc.replace("▫", "")
+    # KV heatmap: one row per layer, one column per cached position, and the measured bytes equal the formula
+    image = window.kv.image.image
+    assert image.shape == (run.model.num_layers, run.kv_tokens)
+    assert np.all(image == kvcache.bytes_per_token_per_layer(run.model))
+    assert "equals the formula" in window.kv.info.text()
+    # timing: a latency point per decode step, cumulative tokens for every step, a timeline bar per decode step
+    items = window.timing._items[run.run_id]
+    assert len(items.latency.getData()[0]) == n - 1
+    assert len(items.cumulative.getData()[1]) == n
+    assert len(items.decode_bars.opts["width"]) == n - 1
+    assert f"{run.summary().decode_tok_s:,.1f} tok/s" in window.timing.summary.text()
+    # sampling: at least ten candidates for the newest step, the drawn one marked
+    assert len(window.sampling.raw_bars.opts["height"]) >= 10
+    assert f"Step {n - 1}" in window.sampling.caption.text()
+    assert len(window.sampling.chosen.data) == 1
+    # status strip
+    assert window.status.labels["ttft"].text().startswith("TTFT")
+    assert f"context {run.prompt_tokens + n:,} of 256" == window.status.labels["context"].text()
+
+
+def test_heatmap_modes_show_key_and_value_norms(qtbot, window):
+    window.controls.max_tokens.setValue(6)
+    run = run_and_wait(qtbot, window)
+    window.kv.set_mode("k")
+    np.testing.assert_array_equal(window.kv.image.image, run.norm_grid("k"))
+    assert run.norm_grid("k").min() > 0
+    window.kv.set_mode("v")
+    np.testing.assert_array_equal(window.kv.image.image, run.norm_grid("v"))
+    assert not np.array_equal(run.norm_grid("k"), run.norm_grid("v"))
+
+
+def test_parameter_widgets_reach_the_engine_with_the_values_shown(qtbot, window):
+    c = window.controls
+    c.max_tokens.setValue(9)
+    c.temperature.setValue(0.8)
+    c.top_k.setValue(40)
+    c.top_p.setValue(0.9)
+    c.seed.setValue(7)
+    c.kv_box.setChecked(False)
+    c.chat_box.setChecked(False)
+    run = run_and_wait(qtbot, window)
+    assert run.started.params == GenerationParams(max_new_tokens=9, temperature=0.8, top_k=40, top_p=0.9, seed=7,
+                                                  kv_cache=False, chat_template=False)
+    assert run.n_steps <= 9 and run.kv_tokens == 0
+
+
+def test_stop_mid_run_ends_with_stopped(qtbot, window):
+    window.controls.max_tokens.setValue(200)
+    window.controls.slow.setValue(40)
+    window.start_run()
+    qtbot.waitUntil(lambda: window.store.current is not None and window.store.current.n_steps >= 3, timeout=30_000)
+    qtbot.keyClick(window, Qt.Key.Key_Escape)
+    wait_idle(qtbot, window)
+    run = window.store.current
+    assert run.reason == "stopped" and 3 <= run.n_steps < 200
+
+
+def test_step_advances_exactly_one_token_then_resume_finishes(qtbot, window):
+    window.controls.max_tokens.setValue(8)
+    qtbot.keyClick(window, Qt.Key.Key_F10)                     # idle: starts paused after the prefill
+    qtbot.waitUntil(lambda: window.store.current is not None and window.store.current.n_steps == 1)
+    qtbot.wait(300)
+    assert window.store.current.n_steps == 1 and not window.store.current.finished
+    for expected in (2, 3):
+        qtbot.keyClick(window, Qt.Key.Key_F10)
+        qtbot.waitUntil(lambda e=expected: window.store.current.n_steps == e)
+        qtbot.wait(300)
+        assert window.store.current.n_steps == expected
+    qtbot.keyClick(window, Qt.Key.Key_F9)                      # resume
+    wait_idle(qtbot, window)
+    assert window.store.current.finished and window.store.current.n_steps == 8
+
+
+def test_opening_a_trace_reproduces_the_run(qtbot, window, tmp_path):
+    window.controls.max_tokens.setValue(12)
+    window.controls.temperature.setValue(0.9)
+    original = run_and_wait(qtbot, window)
+    doc = window.tokens.text.toPlainText()
+    path = tmp_path / "run.jsonl"
+    window.save_trace(str(path))
+    window.clear_runs()
+    assert window.store.current is None
+    window.replay_speed = 0.0
+    window.open_trace(str(path))
+    wait_idle(qtbot, window)
+    window.refresh(force=True)
+    replayed = window.store.current
+    assert replayed.events == original.events
+    assert window.tokens.text.toPlainText() == doc
+    np.testing.assert_array_equal(window.kv.image.image, original.memory_grid())
+    assert replayed.summary() == original.summary()
+
+
+def test_bad_model_path_shows_an_error_and_the_app_stays_usable(qtbot, window):
+    window.load_model("/no/such/model", "cpu", "float32")
+    wait_idle(qtbot, window)
+    assert window.banner.isVisible() and "No such file or folder" in window.banner.label.text()
+    window.controls.max_tokens.setValue(3)
+    run = run_and_wait(qtbot, window)                          # the previous model still runs
+    assert run.n_steps == 3
+
+
+def test_empty_prompt_is_refused_in_the_window(qtbot, window):
+    window.controls.prompt.setPlainText("   ")
+    window.start_run()
+    assert window.banner.isVisible() and "prompt is empty" in window.banner.label.text()
+    assert window.client.busy is None and window.store.current is None
+
+
+def test_closing_during_a_run_does_not_hang(qtbot, tiny_model_dir):
+    import time
+
+    w = make_window(qtbot, tiny_model_dir)
+    w.controls.max_tokens.setValue(250)
+    w.controls.slow.setValue(200)
+    w.start_run()
+    qtbot.waitUntil(lambda: w.store.current is not None and w.store.current.n_steps >= 1)
+    started = time.perf_counter()
+    w.close()
+    assert time.perf_counter() - started < 2.0
+    assert w.worker_stopped and w.client.thread.isFinished()
+
+
+def test_settings_are_remembered(qtbot, tiny_model_dir):
+    w = make_window(qtbot)
+    w.controls.temperature.setValue(1.25)
+    w.controls.prompt.setPlainText("remember me")
+    w.controls.kv_box.setChecked(False)
+    w.tokens.set_mode("probability")
+    w.close()
+    again = make_window(qtbot)
+    assert again.controls.temperature.value() == 1.25
+    assert again.controls.prompt_text() == "remember me"
+    assert not again.controls.kv_box.isChecked() and again.tokens.mode == "probability"
+    again.close()
+
+
+def test_lecture_mode_uses_large_type_and_hides_the_menu(qtbot, window):
+    qtbot.keyClick(window, Qt.Key.Key_F11)
+    assert window.lecture and window.menuBar().isHidden()
+    qtbot.waitUntil(lambda: window.controls.run_button.font().pointSizeF() >= 18)
+    assert window.timing.latency.getAxis("bottom").style["tickFont"].pointSizeF() >= 18
+    qtbot.keyClick(window, Qt.Key.Key_F11)
+    assert not window.lecture and not window.menuBar().isHidden()
+
+
+@pytest.mark.parametrize("mode", ["latency", "probability"])
+def test_token_colour_modes_render_every_token(qtbot, window, mode):
+    window.controls.max_tokens.setValue(5)
+    run = run_and_wait(qtbot, window)
+    window.tokens.set_mode(mode)
+    assert window.tokens.rendered_tokens() == run.prompt_tokens + run.n_steps
