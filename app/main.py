@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QEvent, QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
@@ -28,6 +28,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", help="auto, float32, bfloat16 or float16")
     p.add_argument("--trace", help="open and replay this trace instead of loading a model")
     p.add_argument("--no-load", action="store_true", help="open the window without loading a model")
+    p.add_argument("--run", action="store_true", help="run the prompt as soon as the model has loaded")
+    p.add_argument("--lecture", action="store_true", help="start in lecture mode (large type, high contrast)")
     return p.parse_args(argv)
 
 
@@ -42,6 +44,7 @@ def build(args: argparse.Namespace) -> tuple[QApplication, MainWindow]:
     store = RunStore()
     client = EngineClient()
     window = MainWindow(store, client)
+    client.setParent(window)          # deleted with the window, after its thread has been joined
     return app, window
 
 
@@ -50,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     app, window = build(args)
     window.show()
+    window.raise_()
+    window.activateWindow()
+    if args.lecture and not window.lecture:
+        window.toggle_lecture()
+    if args.run:
+        window.run_when_loaded()
     if args.trace:
         QTimer.singleShot(0, lambda: window.open_trace(args.trace))
     elif not args.no_load:
@@ -62,4 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         # exit. Settings are saved already, so end the process now rather than abort on a running QThread.
         logging.getLogger(__name__).warning("engine busy in a forward pass at exit; ending the process")
         os._exit(code)
+    dispose(app, window)
     return code
+
+
+def dispose(app: QApplication, window: MainWindow) -> None:
+    """Delete the window's C++ side while the application still exists. Left to the interpreter's exit, the
+    order is arbitrary, and a widget outliving ``QApplication`` crashed the process about half the time."""
+    window.deleteLater()
+    app.sendPostedEvents(None, QEvent.Type.DeferredDelete.value)

@@ -30,7 +30,7 @@ class StatusStrip(QStatusBar):
             for name in ("ttft", "prefill", "decode", "tokens", "context", "kv"):
                 self.labels[name].setText("")
             return
-        s = run.summary()
+        s = run.summary(with_text=False)
         m = run.model
         used = run.prompt_tokens + s.generated_tokens
         self.labels["ttft"].setText(f"TTFT {s.ttft_ms:,.0f} ms")

@@ -119,8 +119,9 @@ class RunRecord:
         index = position - self.prompt_tokens
         return self.steps[index] if 0 <= index < len(self.steps) else None
 
-    def summary(self) -> RunSummary:
-        """The final summary once finished; while running, the figures so far."""
+    def summary(self, with_text: bool = True) -> RunSummary:
+        """The final summary once finished; while running, the figures so far (``with_text=False`` skips the
+        text and ids, which cost O(tokens): the status strip asks 30 times a second)."""
         if self.end is not None:
             return self.end.summary
         steps = self.steps
@@ -132,7 +133,8 @@ class RunRecord:
             ttft_ms=steps[0].t_ms if steps else 0.0, decode_ms=float(decode.sum()),
             total_ms=steps[-1].t_ms if steps else 0.0, kv_tokens=self.kv_tokens,
             kv_bytes=sum(map(sum, self.kv_bytes_per_layer)),
-            text="".join(s.text for s in steps if not s.special), token_ids=[s.token_id for s in steps])
+            text="".join(s.text for s in steps if not s.special) if with_text else "",
+            token_ids=[s.token_id for s in steps] if with_text else [])
 
     def norm_grid(self, which: str) -> np.ndarray:
         """Mean L2 norm of the cached key (``"k"``) or value (``"v"``) vectors, ``[layers, positions]``."""

@@ -79,10 +79,20 @@ def style_plot(plot: pg.PlotItem, theme: Theme, x: str, x_unit: str | None, y: s
     """Axis labels with units, in the theme's font size. Every chart goes through here."""
     for side, label, unit in (("bottom", x, x_unit), ("left", y, y_unit)):
         axis = plot.getAxis(side)
-        axis.setLabel(label, units=unit, **{"font-size": f"{theme.base_pt:.0f}pt"})
+        label_axis(axis, label, unit, theme)
         axis.setTickFont(theme.axis_font)
         axis.setPen(theme.foreground)
         axis.setTextPen(theme.foreground)
-        axis.enableAutoSIPrefix(False)
     plot.showGrid(x=False, y=False)
     plot.titleLabel.setAttr("size", f"{theme.base_pt + 1:.0f}pt")
+
+
+def label_axis(axis: pg.AxisItem, label: str, unit: str | None, theme: Theme) -> None:
+    """Quantity and unit, with plain numbers: memory is in binary units and counts are counts, never
+    "ktokens". pyqtgraph 0.14 decides by enable ranges (``enableAutoSIPrefix(False)`` alone no longer
+    stops it) and ``setLabel`` resets them, so both happen here, in this order."""
+    axis.setLabel(label, units=unit, **{"font-size": f"{theme.base_pt:.0f}pt"})
+    axis.enableAutoSIPrefix(False)
+    if hasattr(axis, "setSIPrefixEnableRanges"):
+        axis.setSIPrefixEnableRanges(((0.0, 0.0),))
+        axis.updateAutoSIPrefix()

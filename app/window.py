@@ -7,16 +7,18 @@ Events from the worker go straight into the ``RunStore`` (cheap appends); panels
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtCore import QByteArray, QElapsedTimer, Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayout, QLabel, QMainWindow,
                                QMessageBox, QPushButton, QVBoxLayout, QWidget)
 
 from app import export, theme as th
+from app.paint import METER
 from app.panels.controls import ControlsPanel
 from app.panels.kv_heatmap import KVHeatmapPanel
 from app.panels.sampling import SamplingPanel
@@ -31,7 +33,7 @@ from engine.events import LoadProgress, ModelLoaded, RunFailed, RunFinished, Run
 from engine.trace import write_trace
 
 log = logging.getLogger(__name__)
-REFRESH_MS = 33
+REFRESH_MS = 33            # token text and status strip: ~30 fps; charts as often as paint.METER allows
 REPLAY_SPEEDS = (("0.5x", 0.5), ("1x (as recorded)", 1.0), ("2x", 2.0), ("4x", 4.0), ("instant", 0.0))
 
 
@@ -64,6 +66,7 @@ class MainWindow(QMainWindow):
         self.settings = open_settings()
         self._font_pt = QApplication.font().pointSizeF()
         self.worker_stopped = True
+        self._run_after_load = False
         self.lecture = False
         self.replay_speed = 1.0
         self.setWindowTitle("KVScope")
@@ -98,17 +101,21 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._wire()
         self.resize(1600, 1000)
-        self.resizeDocks([self.docks["controls"], self.docks["timing"]], [340, 620], Qt.Orientation.Horizontal)
+        self.resizeDocks([self.docks["controls"], self.docks["timing"]], [330, 560], Qt.Orientation.Horizontal)
         self.resizeDocks([self.docks["timing"], self.docks["sampling"]], [560, 360], Qt.Orientation.Vertical)
         self.resizeDocks([self.docks["kv"]], [520], Qt.Orientation.Vertical)
         self._default_state = self.saveState()
         self._restore()
-        self._last_version = -1
+        self._text_version = self._chart_version = -1
+        self._chart_queue: list = []
+        self._chart_cost = 0.0
+        self.frames = self.chart_frames = 0
+        self._chart_clock = QElapsedTimer()
+        self._chart_clock.start()
         self.timer = QTimer(self)
         self.timer.setInterval(REFRESH_MS)
         self.timer.timeout.connect(self.refresh)
         self.timer.start()
-        self.frames = 0
         self._apply_theme()
 
     # --- construction -------------------------------------------------------------------------------------
@@ -276,6 +283,13 @@ class MainWindow(QMainWindow):
             self.status.hide_progress()
             self.controls.set_paused(False)
         self._update_buttons()
+        if note.kind == "idle" and self._run_after_load and self.client.model is not None:
+            self._run_after_load = False
+            self.start_run()
+
+    def run_when_loaded(self) -> None:
+        """Start the prompt once the model is in (``kvscope --run``: a demo that needs no click)."""
+        self._run_after_load = True
 
     def _on_loaded(self, loaded: ModelLoaded) -> None:
         m = loaded.model
@@ -294,13 +308,34 @@ class MainWindow(QMainWindow):
 
     # --- refresh ------------------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> None:
-        if not force and self.store.version == self._last_version:
+        """Called every ``REFRESH_MS``: text and status follow the store at once. While a run streams, the
+        charts refresh no more often than their measured painting cost allows (``app.paint``), one chart per
+        tick so no single tick paints them all; forced or at the end of a run, all at once."""
+        version, run = self.store.version, self.store.current
+        if force or version != self._text_version:
+            self._text_version = version
+            self.frames += 1
+            self.tokens.refresh()
+            self.status.show_run(run)
+        charts = (self.kv, self.timing, self.sampling)
+        if force or run is None or (run.finished and version != self._chart_version):
+            self._chart_version, self._chart_queue = version, []
+            for panel in charts:
+                panel.refresh()
+            self.chart_frames += 1
             return
-        self._last_version = self.store.version
-        self.frames += 1
-        for panel in (self.tokens, self.kv, self.timing, self.sampling):
-            panel.refresh()
-        self.status.show_run(self.store.current)
+        if not self._chart_queue and version != self._chart_version \
+                and self._chart_clock.elapsed() >= METER.interval_ms():
+            self._chart_version, self._chart_queue = version, list(charts)
+            self._chart_clock.restart()
+            self._chart_cost = 0.0
+        if self._chart_queue:
+            started = time.perf_counter()
+            self._chart_queue.pop(0).refresh()
+            self._chart_cost += (time.perf_counter() - started) * 1000.0
+            if not self._chart_queue:
+                self.chart_frames += 1
+                METER.close_frame(self._chart_cost)
 
     # --- files --------------------------------------------------------------------------------------------
     def open_trace_dialog(self) -> None:

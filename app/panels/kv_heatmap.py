@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (QComboBox, QGraphicsRectItem, QHBoxLayout, QLabel
                                QVBoxLayout, QWidget)
 
 from app import theme as th
+from app.paint import TimedGraphics
 from app.store import RunRecord, RunStore
 from engine import kvcache
 
@@ -60,7 +61,7 @@ class KVHeatmapPanel(QWidget):
         top.addWidget(self.fit_button)
         top.addStretch(1)
 
-        self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics = TimedGraphics()
         self.plot: pg.PlotItem = self.graphics.addPlot(row=0, col=0)
         self.plot.setMenuEnabled(False)
         self.empty = QGraphicsRectItem()
@@ -77,6 +78,7 @@ class KVHeatmapPanel(QWidget):
             self.plot.addItem(item)
         self.boundary = pg.InfiniteLine(angle=90, pen=pg.mkPen(th.PREFILL, width=2, style=Qt.PenStyle.DashLine))
         self.plot.addItem(self.boundary)
+        self.boundary.setVisible(False)
         self.strip_text = pg.TextItem(anchor=(0, 1))
         self.plot.addItem(self.strip_text)
         self.colorbar = pg.ColorBarItem(colorMap=pg.colormap.get(th.HEATMAP), interactive=False, width=14)
@@ -108,6 +110,8 @@ class KVHeatmapPanel(QWidget):
         layout.addWidget(split, 1)
         self._shown: tuple[str, int] | None = None
         self._range_for: str | None = None
+        self.plot.setXRange(0, 1024)
+        self.plot.setYRange(0, 30)
         self.set_theme(self.theme)
 
     # --- public -------------------------------------------------------------------------------------------
@@ -122,10 +126,9 @@ class KVHeatmapPanel(QWidget):
         self.theme = theme
         self.graphics.setBackground(theme.background)
         th.style_plot(self.plot, theme, "position in the context window", "tokens", "layer", None)
-        th.style_plot(self.bars_plot, theme, "K (blue) and V (red) per layer", "B", "", None)
-        bar_axis = self.colorbar.getAxis("right")
-        bar_axis.enableAutoSIPrefix(False)
-        bar_axis.setTickFont(theme.axis_font)
+        th.style_plot(self.bars_plot, theme, "per layer", "B", "", None)
+        self.bars_plot.setTitle("K (blue), V (red)", size=f"{theme.base_pt:.0f}pt")
+        self.colorbar.getAxis("right").setTickFont(theme.axis_font)
         self.empty.setBrush(QBrush(QColor("#3A3A3A" if theme.dark else "#E4E4E4")))
         self.strip_text.setColor(theme.foreground)
         self._shown = None
@@ -159,7 +162,7 @@ class KVHeatmapPanel(QWidget):
         else:
             self.image.setVisible(False)
         label, unit = BAR_LABEL[self.mode]
-        self.colorbar.getAxis("right").setLabel(label, units=unit)
+        th.label_axis(self.colorbar.getAxis("right"), label, unit, self.theme)
         n_prompt = min(run.prompt_tokens, used) if used else 0
         strip = max(0.6, layers * 0.04)
         self.strip_prefill.setRect(QRectF(0, layers + 0.2, n_prompt, strip))
@@ -180,7 +183,7 @@ class KVHeatmapPanel(QWidget):
         y = np.arange(len(kv)) + 0.5
         self.k_bars.setOpts(x0=np.zeros(len(kv)), y=y - 0.2, height=0.4, width=kv[:, 0] / factor)
         self.v_bars.setOpts(x0=np.zeros(len(kv)), y=y + 0.2, height=0.4, width=kv[:, 1] / factor)
-        self.bars_plot.getAxis("bottom").setLabel("K (blue) and V (red) per layer", units=unit)
+        th.label_axis(self.bars_plot.getAxis("bottom"), "per layer", unit, self.theme)
 
     def _apply_range(self, force: bool = False) -> None:
         run = self.store.current

@@ -9,6 +9,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app import theme as th
+from app.paint import TimedGraphics
 from app.panels.tokens import escaped
 from app.store import RunStore
 from engine.events import TokenStep
@@ -31,7 +32,7 @@ class SamplingPanel(QWidget):
         self.caption = QLabel("The candidates for the next token appear here during a run.")
         self.caption.setWordWrap(True)
         self.caption.setTextFormat(Qt.TextFormat.RichText)
-        self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics = TimedGraphics()
         self.plot: pg.PlotItem = self.graphics.addPlot()
         self.plot.addLegend(offset=(-10, 10))
         self.raw_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=None, pen=pg.mkPen(th.FORMULA, width=2),

@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 from app import theme as th
+from app.paint import TimedGraphics
 from app.store import RunRecord, RunStore
 
 
@@ -24,8 +25,11 @@ class _RunItems:
         self.cumulative = panel.cumulative.plot([], [], pen=pen, name=name)
         self.prefill_bar = pg.BarGraphItem(x0=[], y=[], height=0.6, width=[], brush=th.PREFILL, pen=None)
         self.decode_bars = pg.BarGraphItem(x0=[], y=[], height=0.6, width=[], brush=colour, pen=None)
+        # Step boundaries as white ticks over the decode bar: one bar per step reads the same and draws in
+        # one call however long the run (thousands of separate bars made painting the slowest thing here).
+        self.boundaries = pg.PlotCurveItem(pen=pg.mkPen(panel.theme.background, width=1), connect="pairs")
         self.ttft = pg.ScatterPlotItem(symbol="t", size=12, brush=th.CHOSEN, pen=None)
-        for item in (self.prefill_bar, self.decode_bars, self.ttft):
+        for item in (self.prefill_bar, self.decode_bars, self.boundaries, self.ttft):
             panel.timeline.addItem(item)
         self.items = [self.latency, self.rate, self.cumulative]
         self.panel = panel
@@ -34,7 +38,7 @@ class _RunItems:
         for plot, item in ((self.panel.latency, self.latency), (self.panel.rate, self.rate),
                            (self.panel.cumulative, self.cumulative)):
             plot.removeItem(item)
-        for item in (self.prefill_bar, self.decode_bars, self.ttft):
+        for item in (self.prefill_bar, self.decode_bars, self.boundaries, self.ttft):
             self.panel.timeline.removeItem(item)
 
     def update(self, run: RunRecord, row: int) -> None:
@@ -51,9 +55,14 @@ class _RunItems:
             self.prefill_bar.setOpts(x0=[start], y=[row], width=[max(t[0] - start, 0.0)], height=0.6)
             self.ttft.setData([t[0]], [row + 0.45])
         if n > 1:
-            self.decode_bars.setOpts(x0=t[1:] - lat[1:], y=np.full(n - 1, row), width=lat[1:], height=0.6)
+            start = t[1] - lat[1]
+            self.decode_bars.setOpts(x0=[start], y=[row], width=[t[-1] - start], height=0.6)
+            edges = np.repeat(t[1:-1], 2)                                  # one vertical tick per step end
+            ys = np.tile([row - 0.3, row + 0.3], n - 2)
+            self.boundaries.setData(edges, ys)
         else:
             self.decode_bars.setOpts(x0=[], y=[], width=[], height=0.6)
+            self.boundaries.setData([], [])
 
 
 class TimingPanel(QWidget):
@@ -70,11 +79,12 @@ class TimingPanel(QWidget):
         self.overlay_count.valueChanged.connect(lambda _v: self._invalidate())
         self.summary = QLabel()
         self.summary.setTextFormat(Qt.TextFormat.RichText)
+        self.summary.setWordWrap(True)
         top = QHBoxLayout()
         top.addWidget(self.overlay)
         top.addWidget(self.overlay_count)
         top.addWidget(self.summary, 1)
-        self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics = TimedGraphics()
         self.timeline: pg.PlotItem = self.graphics.addPlot(row=0, col=0, colspan=2,
                                                            title="Timeline: prefill bar, then one bar per decode step")
         self.latency: pg.PlotItem = self.graphics.addPlot(row=1, col=0, title="Per-step latency")
@@ -140,7 +150,7 @@ class TimingPanel(QWidget):
             self._update_summary(current)
 
     def _update_summary(self, run: RunRecord) -> None:
-        s = run.summary()
+        s = run.summary(with_text=False)
         if run.n_steps:
             self.ttft_line.setValue(run.steps[0].t_ms)
         self.summary.setText(

@@ -18,7 +18,6 @@ def make_window(qtbot, model_dir=None):
     from app.main import build, parse_args
 
     _app, window = build(parse_args(["--no-load"]))
-    qtbot.addWidget(window)
     window.show()
     if model_dir is not None:
         window.load_model(str(model_dir), "cpu", "float32")
@@ -30,7 +29,16 @@ def make_window(qtbot, model_dir=None):
 def window(qtbot, tiny_model_dir):
     w = make_window(qtbot, tiny_model_dir)
     yield w
-    w.close()
+    close_and_dispose(w)
+
+
+def close_and_dispose(window) -> None:
+    from PySide6.QtWidgets import QApplication
+
+    from app.main import dispose
+
+    window.close()
+    dispose(QApplication.instance(), window)
 
 
 def run_and_wait(qtbot, window, timeout: int = 60_000):

@@ -13,9 +13,11 @@ app, w = build(parse_args(["--no-load"]))
 w.show(); app.processEvents()
 assert "torch" not in sys.modules
 w.close()
+from app.main import dispose
+dispose(app, w)
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, (r.returncode, r.stderr)
 
 
 def test_trace_replays_in_the_window_without_torch(tiny, tmp_path):
@@ -40,10 +42,12 @@ assert w.store.current.n_steps == 5, w.store.current
 w.refresh(force=True)
 assert w.tokens.rendered_tokens() == w.store.current.prompt_tokens + 5
 w.close()
+from app.main import dispose
+dispose(app, w)
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"})
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, (r.returncode, r.stderr)
 
 
 def test_signal_emission_keeps_bool_reference_counts(qtbot):

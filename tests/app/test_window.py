@@ -6,7 +6,7 @@ from PySide6.QtCore import Qt
 
 from engine import kvcache
 from engine.params import GenerationParams
-from tests.app.conftest import make_window, run_and_wait, wait_idle
+from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
 
 
 def test_a_run_fills_every_panel(qtbot, window):
@@ -27,7 +27,7 @@ def test_a_run_fills_every_panel(qtbot, window):
     items = window.timing._items[run.run_id]
     assert len(items.latency.getData()[0]) == n - 1
     assert len(items.cumulative.getData()[1]) == n
-    assert len(items.decode_bars.opts["width"]) == n - 1
+    assert len(items.boundaries.getData()[0]) == 2 * (n - 2)          # a tick between consecutive steps
     assert f"{run.summary().decode_tok_s:,.1f} tok/s" in window.timing.summary.text()
     # sampling: at least ten candidates for the newest step, the drawn one marked
     assert len(window.sampling.raw_bars.opts["height"]) >= 10
@@ -139,6 +139,7 @@ def test_closing_during_a_run_does_not_hang(qtbot, tiny_model_dir):
     w.close()
     assert time.perf_counter() - started < 2.0
     assert w.worker_stopped and w.client.thread.isFinished()
+    close_and_dispose(w)
 
 
 def test_settings_are_remembered(qtbot, tiny_model_dir):
@@ -147,12 +148,12 @@ def test_settings_are_remembered(qtbot, tiny_model_dir):
     w.controls.prompt.setPlainText("remember me")
     w.controls.kv_box.setChecked(False)
     w.tokens.set_mode("probability")
-    w.close()
+    close_and_dispose(w)
     again = make_window(qtbot)
     assert again.controls.temperature.value() == 1.25
     assert again.controls.prompt_text() == "remember me"
     assert not again.controls.kv_box.isChecked() and again.tokens.mode == "probability"
-    again.close()
+    close_and_dispose(again)
 
 
 def test_lecture_mode_uses_large_type_and_hides_the_menu(qtbot, window):
@@ -170,3 +171,18 @@ def test_token_colour_modes_render_every_token(qtbot, window, mode):
     run = run_and_wait(qtbot, window)
     window.tokens.set_mode(mode)
     assert window.tokens.rendered_tokens() == run.prompt_tokens + run.n_steps
+
+
+def test_every_axis_has_a_label_and_plain_numbers(qtbot, window):
+    window.controls.max_tokens.setValue(5)
+    run_and_wait(qtbot, window)
+    plots = [window.kv.plot, window.kv.bars_plot, window.timing.timeline, window.timing.latency,
+             window.timing.rate, window.timing.cumulative, window.sampling.plot]
+    for plot in plots:
+        for side in ("bottom", "left"):
+            axis = plot.getAxis(side)
+            if axis.isVisible():
+                assert axis.labelText, (plot, side)
+                assert axis.autoSIPrefixScale == 1.0, (plot, side, axis.labelText)
+    units = {plot.getAxis(side).labelUnits for plot in plots for side in ("bottom", "left")}
+    assert {"ms", "tok/s", "tokens", "s"} <= units

@@ -1,0 +1,167 @@
+"""Is the window responsive while a model streams as fast as it can, and what does drawing cost the engine?
+
+1. The tiny model streams a 4096-token run into the window; a 10 ms ``QTimer`` records how late it fires
+   (the GUI event loop's latency), and we count text and chart refreshes per second and the store's memory.
+2. The embedded model decodes with the window shown and hidden, with torch's default thread count and with
+   one thread, so the thread count can be set from a measurement rather than a guess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tests.benchmarks.common import machine, save
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+def deep_size(obj: object, seen: set[int] | None = None) -> int:
+    """Bytes held by ``obj`` and everything it references (numpy arrays by their buffers)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes + sys.getsizeof(obj)
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        size += sum(deep_size(k, seen) + deep_size(v, seen) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        size += sum(deep_size(v, seen) for v in obj)
+    elif hasattr(obj, "__dict__"):
+        size += deep_size(vars(obj), seen)
+    elif hasattr(obj, "__slots__"):
+        size += sum(deep_size(getattr(obj, s), seen) for s in obj.__slots__ if hasattr(obj, s))
+    return size
+
+
+def _pause(ms: int) -> None:
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    loop = QEventLoop()
+    QTimer.singleShot(ms, loop.quit)
+    loop.exec()
+
+
+def _wait(cond, timeout_s: float = 600) -> None:
+    deadline = time.time() + timeout_s
+    while not cond() and time.time() < deadline:
+        _pause(20)
+    if not cond():
+        raise TimeoutError("benchmark step did not finish in time")
+
+
+def open_window(model: str):
+    from app.main import build, parse_args
+
+    _app, window = build(parse_args(["--no-load"]))
+    window.show()
+    window.load_model(model, "cpu", "float32")
+    _wait(lambda: window.client.model is not None and window.client.busy is None)
+    return window
+
+
+def run_once(window, tokens: int):
+    window.controls.max_tokens.setValue(tokens)
+    window.start_run()
+    _wait(lambda: window.store.current is not None and window.store.current.finished
+          and window.client.busy is None)
+    return window.store.current
+
+
+def responsiveness(tokens: int) -> dict:
+    from PySide6.QtCore import QElapsedTimer, Qt, QTimer
+
+    from tests.tiny_model import build_tiny_model
+
+    folder = build_tiny_model(Path(tempfile.mkdtemp(prefix="kvscope-bench-")), max_positions=tokens + 512)
+    window = open_window(str(folder))
+    window.controls.prompt.setPlainText("hello world")
+    run_once(window, 8)                                   # warm-up
+    lateness: list[float] = []
+    clock = QElapsedTimer()
+    timer = QTimer()
+    timer.setTimerType(Qt.TimerType.PreciseTimer)
+    timer.setInterval(10)
+
+    def tick() -> None:
+        lateness.append(max(clock.nsecsElapsed() / 1e6 - 10.0, 0.0))
+        clock.restart()
+
+    timer.timeout.connect(tick)
+    frames0, charts0 = window.frames, window.chart_frames
+    clock.start()
+    timer.start()
+    started = time.perf_counter()
+    run = run_once(window, tokens)
+    seconds = time.perf_counter() - started
+    timer.stop()
+    result = {
+        "tokens": run.n_steps, "seconds": seconds, "decode_tok_s": run.summary().decode_tok_s,
+        "timer_lateness_ms_p50": float(np.percentile(lateness, 50)),
+        "timer_lateness_ms_p99": float(np.percentile(lateness, 99)),
+        "timer_lateness_ms_max": float(np.max(lateness)), "timer_ticks": len(lateness),
+        "text_refresh_per_s": (window.frames - frames0) / seconds,
+        "chart_refresh_per_s": (window.chart_frames - charts0) / seconds,
+        "store_run_bytes": deep_size(run), "events": len(run.events),
+    }
+    window.close()
+    return result
+
+
+def shown_vs_hidden(model: str, tokens: int, runs: int) -> list[dict]:
+    import torch
+
+    window = open_window(model)
+    default_threads = torch.get_num_threads()
+    rows = []
+    for threads in sorted({default_threads, 1}, reverse=True):
+        torch.set_num_threads(threads)
+        for shown in (True, False):
+            window.setVisible(shown)
+            run_once(window, 8)
+            rates = [run_once(window, tokens).summary().decode_tok_s for _ in range(runs)]
+            rows.append({"threads": threads, "window": "shown" if shown else "hidden",
+                         "decode_tok_s": float(np.median(rates)), "runs": rates})
+    torch.set_num_threads(default_threads)
+    window.close()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--model", default="embedded")
+    p.add_argument("--model-tokens", type=int, default=48)
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args(argv)
+    os.environ.setdefault("KVSCOPE_SETTINGS", str(Path(tempfile.mkdtemp()) / "bench.ini"))
+
+    resp = responsiveness(args.tokens)
+    print(f"machine: {machine()}  (Qt platform: {os.environ['QT_QPA_PLATFORM']})")
+    print(f"tiny model, {resp['tokens']} tokens in {resp['seconds']:.1f} s ({resp['decode_tok_s']:,.0f} tok/s decode)")
+    print(f"GUI event loop: 10 ms timer late by p50 {resp['timer_lateness_ms_p50']:.1f} ms, "
+          f"p99 {resp['timer_lateness_ms_p99']:.1f} ms, max {resp['timer_lateness_ms_max']:.1f} ms "
+          f"({resp['timer_ticks']} ticks)")
+    print(f"refresh: token text {resp['text_refresh_per_s']:.1f}/s, charts {resp['chart_refresh_per_s']:.1f}/s; "
+          f"store for this run: {resp['store_run_bytes'] / 2**20:.1f} MiB ({resp['events']} events)")
+    rows = shown_vs_hidden(args.model, args.model_tokens, args.runs)
+    print(f"{args.model}: decode tok/s (median of {args.runs} runs of {args.model_tokens} tokens)")
+    print("| torch threads | window | decode (tok/s) |")
+    print("|---:|---|---:|")
+    for r in rows:
+        print(f"| {r['threads']} | {r['window']} | {r['decode_tok_s']:.2f} |")
+    result = {"machine": machine(), "responsiveness": resp, "shown_vs_hidden": rows}
+    save("gui", result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
