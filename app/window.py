@@ -101,10 +101,6 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._wire()
         self.resize(1600, 1000)
-        self.resizeDocks([self.docks["controls"], self.docks["timing"]], [330, 560], Qt.Orientation.Horizontal)
-        self.resizeDocks([self.docks["timing"], self.docks["sampling"]], [560, 360], Qt.Orientation.Vertical)
-        self.resizeDocks([self.docks["kv"]], [520], Qt.Orientation.Vertical)
-        self._default_state = self.saveState()
         self._restore()
         self._text_version = self._chart_version = -1
         self._chart_queue: list = []
@@ -116,7 +112,7 @@ class MainWindow(QMainWindow):
         self.timer.setInterval(REFRESH_MS)
         self.timer.timeout.connect(self.refresh)
         self.timer.start()
-        self._apply_theme()
+        self._enter_mode()
 
     # --- construction -------------------------------------------------------------------------------------
     def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
@@ -408,14 +404,39 @@ class MainWindow(QMainWindow):
 
     # --- view ---------------------------------------------------------------------------------------------
     def toggle_lecture(self) -> None:
+        """Lecture mode has its own remembered layout: switching saves this one and restores the other."""
+        self.settings.setValue(self._layout_key(), self.saveState())
         self.lecture = not self.lecture
+        self._enter_mode()
+
+    def _enter_mode(self) -> None:
         self.lecture_action.setChecked(self.lecture)
         self._apply_theme()
+        self.controls.set_compact(self.lecture)
         self.menuBar().setVisible(not self.lecture)
         if self.lecture and QApplication.platformName() not in ("offscreen", "minimal"):
+            self.setGeometry(self.screen().geometry())      # also right where no window manager makes it so
             self.showFullScreen()
         elif not self.lecture and self.isFullScreen():
             self.showNormal()
+        self._apply_layout()
+
+    def _layout_key(self) -> str:
+        return "window/lecture_state" if self.lecture else "window/state"
+
+    def _apply_layout(self) -> None:
+        state = self.settings.value(self._layout_key())
+        if not (isinstance(state, QByteArray) and self.restoreState(state)):
+            self._default_layout()
+
+    def _default_layout(self) -> None:
+        """Controls left, timing and sampling right, token stream over the KV heatmap in the middle."""
+        controls, right = (430, 720) if self.lecture else (330, 560)
+        height = max(self.height(), 600)
+        self.resizeDocks([self.docks["controls"], self.docks["timing"]], [controls, right], Qt.Orientation.Horizontal)
+        self.resizeDocks([self.docks["timing"], self.docks["sampling"]], [int(height * 0.58), int(height * 0.38)],
+                         Qt.Orientation.Vertical)
+        self.resizeDocks([self.docks["kv"]], [int(height * 0.55)], Qt.Orientation.Vertical)
 
     def _apply_theme(self) -> None:
         theme = th.current_theme(self.lecture)
@@ -425,7 +446,10 @@ class MainWindow(QMainWindow):
         self.refresh(force=True)
 
     def reset_layout(self) -> None:
-        self.restoreState(self._default_state)
+        for dock in self.docks.values():
+            dock.show()
+        self.settings.remove(self._layout_key())
+        self._default_layout()
 
     def show_shortcuts(self) -> None:
         QMessageBox.information(self, "Keyboard shortcuts", (
@@ -439,20 +463,15 @@ class MainWindow(QMainWindow):
         geometry = s.value("window/geometry")
         if isinstance(geometry, QByteArray):
             self.restoreGeometry(geometry)
-        state = s.value("window/state")
-        if isinstance(state, QByteArray):
-            self.restoreState(state)
         self.controls.restore(s)
         self.tokens.set_mode(s.value("view/token_colours", "phase", str))
         self.kv.set_mode(s.value("view/kv_mode", "memory", str))
         self.lecture = s.value("view/lecture", False, bool)
-        self.lecture_action.setChecked(self.lecture)
-        self.menuBar().setVisible(not self.lecture)
 
     def save_settings(self) -> None:
         s = self.settings
         s.setValue("window/geometry", self.saveGeometry())
-        s.setValue("window/state", self.saveState())
+        s.setValue(self._layout_key(), self.saveState())
         s.setValue("view/token_colours", self.tokens.mode)
         s.setValue("view/kv_mode", self.kv.mode)
         s.setValue("view/lecture", self.lecture)

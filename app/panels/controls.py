@@ -48,7 +48,7 @@ class ControlsPanel(QWidget):
         self.load_button.clicked.connect(self._request_load)
         self.model_status = QLabel("No model loaded yet.")
         self.model_status.setWordWrap(True)
-        model_group = QGroupBox("Model")
+        model_group = self.model_group = QGroupBox("Model")
         form = QFormLayout(model_group)
         row = QHBoxLayout()
         row.addWidget(self.model_box, 1)
@@ -70,6 +70,9 @@ class ControlsPanel(QWidget):
         for title, text in sample_prompts():
             self.samples.addItem(title, text)
         self.samples.activated.connect(self._use_sample)
+        for box in (self.samples, self.model_box):
+            box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            box.setMinimumContentsLength(8)
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Type a prompt, then Ctrl+Enter to run it")
         self.prompt.setPlainText("hey, what is continuous batching?")
@@ -177,6 +180,10 @@ class ControlsPanel(QWidget):
     def model_request(self) -> tuple[str, str, str, bool]:
         return (self.model_box.currentText().strip() or "embedded", self.device_box.currentText(),
                 self.dtype_box.currentText(), self.trust_box.isChecked())
+
+    def set_compact(self, compact: bool) -> None:
+        """Lecture mode: the model box goes (it is set before the talk); what an audience watches stays."""
+        self.model_group.setVisible(not compact)
 
     def set_model_limits(self, max_context: int, vocab_size: int, has_chat_template: bool = True) -> None:
         self.max_tokens.setMaximum(max(1, max_context - 1))

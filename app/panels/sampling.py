@@ -52,6 +52,8 @@ class SamplingPanel(QWidget):
     def set_theme(self, theme: th.Theme) -> None:
         self.theme = theme
         self.graphics.setBackground(theme.background)
+        if self.plot.legend is not None:
+            self.plot.legend.setLabelTextSize(f"{theme.base_pt:.0f}pt")
         th.style_plot(self.plot, theme, "candidate token", None, "probability", None)
         self.plot.setYRange(0, 1.05, padding=0)
         self._shown = None

@@ -107,6 +107,12 @@ class TimingPanel(QWidget):
     def set_theme(self, theme: th.Theme) -> None:
         self.theme = theme
         self.graphics.setBackground(theme.background)
+        if self.latency.legend is not None:
+            self.latency.legend.setLabelTextSize(f"{theme.base_pt:.0f}pt")
+        if self.rate.legend is not None:
+            self.rate.legend.setLabelTextSize(f"{theme.base_pt:.0f}pt")
+        if self.cumulative.legend is not None:
+            self.cumulative.legend.setLabelTextSize(f"{theme.base_pt:.0f}pt")
         th.style_plot(self.timeline, theme, "time since run start", "ms", "run", None)
         th.style_plot(self.latency, theme, "decode step", None, "latency", "ms")
         th.style_plot(self.rate, theme, "decode step", None, "throughput", "tok/s")

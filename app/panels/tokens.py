@@ -76,6 +76,7 @@ class TokensPanel(QWidget):
         self.mode_box.currentIndexChanged.connect(lambda _i: self.set_mode(self.mode_box.currentData()))
         self.legend = QLabel()
         self.legend.setTextFormat(Qt.TextFormat.RichText)
+        self.legend.setWordWrap(True)
         top = QHBoxLayout()
         top.addWidget(QLabel("Colour:"))
         top.addWidget(self.mode_box)
@@ -195,7 +196,7 @@ class TokensPanel(QWidget):
         if self.mode == "phase":
             html = (f"<span style='background:{shade(th.PREFILL, 0.8).name()}'>&nbsp;prompt (prefill)&nbsp;</span> "
                     f"<span style='background:{shade(th.DECODE, 0.8).name()}'>&nbsp;generated (decode)&nbsp;</span>"
-                    " &nbsp;alternate shades mark token boundaries")
+                    " &nbsp;shades alternate at token boundaries")
         elif self.mode == "probability":
             html = "generated tokens: pale = low probability, strong = high (after temperature/top-k/top-p)"
         else:
