@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine import kvcache
-from engine.events import (ModelFacts, PrefillDone, RunFailed, RunFinished, RunStarted, RunSummary, TokenStep)
+from engine.events import (KVNorms, ModelFacts, PrefillDone, RunFailed, RunFinished, RunStarted, RunSummary, TokenStep)
 
 STEP_FIELDS = ("t_ms", "latency_ms", "forward_ms", "prob", "raw_prob", "kv_bytes")
 
@@ -51,6 +51,7 @@ class RunRecord:
         self.kv_bytes_per_layer: list[list[int]] = [[0, 0] for _ in range(self.model.num_layers)]
         self.kv_tokens = 0
         self._norms = np.zeros((2, self.model.num_layers, 0), dtype=np.float32)   # K, V x layers x positions
+        self.norm_positions = 0       # positions whose norms have arrived (they come in batches)
 
     # --- identity -----------------------------------------------------------------------------------------
     @property
@@ -82,10 +83,12 @@ class RunRecord:
             self.prefill = event
             self.kv_bytes_per_layer = event.kv_bytes_per_layer
             self.kv_tokens = event.n_tokens if sum(map(sum, event.kv_bytes_per_layer)) else 0
-            if event.k_norms is not None:
-                self._grow(event.n_tokens)
-                self._norms[0, :, :event.n_tokens] = event.k_norms
-                self._norms[1, :, :event.n_tokens] = event.v_norms
+        elif isinstance(event, KVNorms):
+            end = event.first_position + len(event.k_norms[0])
+            self._grow(end)
+            self._norms[0, :, event.first_position:end] = event.k_norms
+            self._norms[1, :, event.first_position:end] = event.v_norms
+            self.norm_positions = max(self.norm_positions, end)
         elif isinstance(event, TokenStep):
             self.steps.append(event)
             self.kv_bytes_per_layer = event.kv_bytes_per_layer
@@ -95,10 +98,6 @@ class RunRecord:
                                 ("forward_ms", event.forward_ms), ("prob", event.prob),
                                 ("raw_prob", event.raw_prob), ("kv_bytes", held)):
                 self.series[name].append(value)
-            if event.k_norms is not None:                       # K/V of the token fed at position - 1
-                self._grow(event.position)
-                self._norms[0, :, event.position - 1] = event.k_norms
-                self._norms[1, :, event.position - 1] = event.v_norms
         elif isinstance(event, (RunFinished, RunFailed)):
             self.end = event
 
@@ -139,7 +138,7 @@ class RunRecord:
     def norm_grid(self, which: str) -> np.ndarray:
         """Mean L2 norm of the cached key (``"k"``) or value (``"v"``) vectors, ``[layers, positions]``."""
         grid = self._norms[0 if which == "k" else 1]
-        return grid[:, : self.kv_tokens]
+        return grid[:, : self.norm_positions]
 
     def memory_grid(self) -> np.ndarray:
         """Bytes held per layer and position (``[layers, positions used]``): what the memory heatmap draws."""

@@ -72,8 +72,7 @@ class RunStarted:
 
 @dataclass(frozen=True)
 class PrefillDone:
-    """The prompt went through the model in one forward pass. KV norms are per layer and per prompt
-    position (mean over KV heads of the L2 norm of each head's vector)."""
+    """The prompt went through the model in one forward pass."""
 
     run_id: str
     t_ms: float
@@ -81,8 +80,19 @@ class PrefillDone:
     tokenize_ms: float
     forward_ms: float
     kv_bytes_per_layer: list[list[int]]
-    k_norms: list[list[float]] | None = None
-    v_norms: list[list[float]] | None = None
+
+
+@dataclass(frozen=True)
+class KVNorms:
+    """What the cache holds, not just how much: for positions ``first_position`` onwards, per layer, the mean
+    over KV heads of each cached key's (value's) L2 norm, ``[layers][positions]``. Cached vectors never change,
+    so they are read in batches (after the prefill, every few decode steps, at the end), not every step."""
+
+    run_id: str
+    t_ms: float
+    first_position: int
+    k_norms: list[list[float]]
+    v_norms: list[list[float]]
 
 
 @dataclass(frozen=True)
@@ -115,8 +125,6 @@ class TokenStep:
     raw_prob: float
     candidates: list[Candidate]
     kv_bytes_per_layer: list[list[int]]
-    k_norms: list[float] | None = None
-    v_norms: list[float] | None = None
 
 
 @dataclass(frozen=True)
@@ -165,10 +173,10 @@ class RunFailed:
     summary: RunSummary
 
 
-Event = typing.Union[LoadProgress, ModelLoaded, RunStarted, PrefillDone, TokenStep, RunFinished, RunFailed]
+Event = typing.Union[LoadProgress, ModelLoaded, RunStarted, PrefillDone, KVNorms, TokenStep, RunFinished, RunFailed]
 EVENT_TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (LoadProgress, ModelLoaded, RunStarted, PrefillDone, TokenStep, RunFinished, RunFailed)
+    for cls in (LoadProgress, ModelLoaded, RunStarted, PrefillDone, KVNorms, TokenStep, RunFinished, RunFailed)
 }
 
 

@@ -23,7 +23,8 @@ import torch
 from engine import kvcache
 from engine.clock import StepClock
 from engine.errors import ParameterError, PromptError
-from engine.events import (Candidate, PrefillDone, RunFailed, RunFinished, RunStarted, RunSummary, TokenStep)
+from engine.events import (Candidate, KVNorms, PrefillDone, RunFailed, RunFinished, RunStarted, RunSummary,
+                           TokenStep)
 from engine.models import LoadedModel
 from engine.params import GenerationParams
 from engine.sampling import choose, make_generator
@@ -32,6 +33,7 @@ from engine.textstream import TextStream, pieces
 log = logging.getLogger(__name__)
 Sink = Callable[[object], None]
 FaultHook = Callable[[str, int], None]
+NORMS_EVERY = 8      # decode steps between KVNorms events: one batched read instead of eight small ones
 
 
 @dataclass
@@ -184,14 +186,16 @@ class Session:
         forward_ms, latency_ms = clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end)
         tally.prefill_ms, tally.ttft_ms = forward_ms, _since(t0)
         kv = kvcache.kv_bytes_per_layer(cache, n_layers)
-        k_norms, v_norms = self._prefill_norms(cache, len(ids))
-        emit(PrefillDone(run_id, _since(t0), len(ids), tally.tokenize_ms, forward_ms, kv, k_norms, v_norms))
+        emit(PrefillDone(run_id, _since(t0), len(ids), tally.tokenize_ms, forward_ms, kv))
         self._record(tally, cache, kv)
+        norms_from = self._emit_norms(emit, run_id, t0, cache, 0)
         position = len(ids)
         step = 0
         while True:
             emit(self._token_step(run_id, t0, step, position, choice, text, "prefill" if step == 0 else "decode",
-                                  latency_ms, forward_ms, kv, cache, tally))
+                                  latency_ms, forward_ms, kv, tally))
+            if step % NORMS_EVERY == 0:
+                norms_from = self._emit_norms(emit, run_id, t0, cache, norms_from)
             token = torch.tensor([choice.token_id], device=self.device)
             reason = self._stop_reason(choice.token_id, step + 1, position + 1, params)
             if reason is None and before_step is not None:
@@ -199,6 +203,7 @@ class Session:
             if reason is None and cancelled():
                 reason = "stopped"
             if reason is not None:
+                self._emit_norms(emit, run_id, t0, cache, norms_from)
                 return reason
             if cache is None:
                 sequence = torch.cat([sequence, token.view(1, 1)], dim=1)     # [1, position + 1]
@@ -216,20 +221,19 @@ class Session:
             self._record(tally, cache, kv)
 
     def _token_step(self, run_id: str, t0: float, step: int, position: int, choice: Any, text: TextStream,
-                    phase: str, latency_ms: float, forward_ms: float, kv: list[list[int]], cache: Any,
+                    phase: str, latency_ms: float, forward_ms: float, kv: list[list[int]],
                     tally: _Tally) -> TokenStep:
         piece = text.step(choice.token_id)
         special = choice.token_id in self._special
         tally.token_ids.append(choice.token_id)
         if not special:
             tally.text.append(piece)
-        k_norms, v_norms = self._step_norms(cache) if phase == "decode" else (None, None)
         candidates = [Candidate(i, self._piece(i), raw, final) for i, raw, final in
                       zip(choice.candidate_ids, choice.candidate_raw, choice.candidate_final)]
         return TokenStep(run_id=run_id, t_ms=_since(t0), step=step, position=position, token_id=choice.token_id,
                          text=piece, special=special, phase=phase, latency_ms=latency_ms, forward_ms=forward_ms,
                          prob=choice.prob, raw_prob=choice.raw_prob, candidates=candidates,
-                         kv_bytes_per_layer=kv, k_norms=k_norms, v_norms=v_norms)
+                         kv_bytes_per_layer=kv)
 
     def _stop_reason(self, token_id: int, generated: int, length: int, params: GenerationParams) -> str | None:
         if token_id in self._eos:
@@ -249,21 +253,16 @@ class Session:
             self.fault_hook(phase, step)
 
     # --- KV norms (content of the cache, per layer and position) ---------------------------------------------
-    def _prefill_norms(self, cache: Any, n: int) -> tuple[list[list[float]] | None, list[list[float]] | None]:
-        """Mean over KV heads of each head vector's L2 norm, ``[layers][positions]``; sliding layers that
-        hold fewer positions are right-aligned and padded with 0."""
+    def _emit_norms(self, emit: Sink, run_id: str, t0: float, cache: Any, first: int) -> int:
+        """Emit ``KVNorms`` for the positions cached since ``first``; returns the next first position."""
         if cache is None or not self.record_kv_norms:
-            return None, None
-        rows = [_norms(t) for layer in cache.layers for t in (layer.keys, layer.values)]
-        rows = [[0.0] * (n - len(r)) + r for r in rows]
-        return rows[0::2], rows[1::2]
-
-    def _step_norms(self, cache: Any) -> tuple[list[float] | None, list[float] | None]:
-        if cache is None or not self.record_kv_norms:
-            return None, None
-        last = torch.stack([t[0, :, -1] for layer in cache.layers for t in (layer.keys, layer.values)])
-        values = last.float().norm(dim=-1).mean(dim=-1).tolist()          # [2 * layers]
-        return values[0::2], values[1::2]
+            return first
+        held = kvcache.kv_tokens_held(cache)
+        if held <= first:
+            return first
+        k, v = kv_norms(cache, first, held)
+        emit(KVNorms(run_id, _since(t0), first, k, v))
+        return held
 
     def _piece(self, token_id: int) -> str:
         text = self._candidate_text.get(token_id)
@@ -272,8 +271,21 @@ class Session:
         return text
 
 
-def _norms(t: torch.Tensor) -> list[float]:
-    return t[0].float().norm(dim=-1).mean(dim=0).tolist()                   # [kv_heads, s, d] -> [s]
+def kv_norms(cache: Any, first: int, end: int) -> tuple[list[list[float]], list[list[float]]]:
+    """Mean over KV heads of the L2 norm of each cached key and value, positions ``first:end``, one stacked
+    reduction and one copy to the host. Sliding layers holding fewer positions are left-padded with 0."""
+    span = end - first
+    rows = []
+    for layer in cache.layers:
+        for t in (layer.keys, layer.values):                                  # [1, kv_heads, held, head_dim]
+            held = t.shape[2]                                                 # a sliding layer keeps the last
+            take = end - max(first, end - held)                               # `held` positions only
+            rows.append(t[0, :, held - take:])
+    if all(r.shape[1] == span for r in rows):
+        values = torch.stack(rows).float().norm(dim=-1).mean(dim=1).tolist()  # [2 * layers, span]
+    else:
+        values = [[0.0] * (span - r.shape[1]) + r.float().norm(dim=-1).mean(dim=0).tolist() for r in rows]
+    return values[0::2], values[1::2]
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -53,11 +53,12 @@ def session_once(session, n: int) -> tuple[float, float, int]:
 
 
 def instrument_costs(session, reps: int = 300) -> dict[str, float]:
-    """Microseconds per decode step for each instrument, on a real cache of ~100 positions."""
+    """Microseconds per call of each instrument on a real cache (KV norms run once every 8 decode steps)."""
     import torch
     from transformers import DynamicCache
 
     from engine import kvcache
+    from engine.session import kv_norms
     from engine.textstream import TextStream
 
     ids = torch.tensor([session.encode(PROMPT)], device=session.device)
@@ -78,7 +79,7 @@ def instrument_costs(session, reps: int = 300) -> dict[str, float]:
         return {
             "kv_bytes_per_layer_us": per_call(lambda: kvcache.kv_bytes_per_layer(cache, layers)),
             "clock_marks_us": per_call(lambda: clock.elapsed_ms(clock.mark(), clock.mark())),
-            "kv_norms_us": per_call(lambda: session._step_norms(cache)),
+            "kv_norms_batch_of_8_us": per_call(lambda: kv_norms(cache, ids.shape[1] - 8, ids.shape[1])),
             "text_piece_us": per_call(lambda: stream.step(1234)),
         }
 

@@ -23,7 +23,9 @@ def test_generate_prints_text_and_report(tiny_model_dir, cache_root, tmp_path):
     assert "KV cache: 2 layers x 2 KV heads x 16 dims x 2 (K,V) x 4 B = 512 B/token" in r.stdout
     from engine.trace import read_trace
 
-    assert len(read_trace(trace)) == 1 + 1 + 8 + 1
+    kinds = [type(e).__name__ for e in read_trace(trace)]
+    assert kinds.count("TokenStep") == 8 and kinds[:2] == ["RunStarted", "PrefillDone"]
+    assert kinds[-1] == "RunFinished"
 
 
 def test_json_summary(tiny_model_dir, cache_root):

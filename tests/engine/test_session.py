@@ -7,7 +7,7 @@ import torch
 
 from engine import kvcache
 from engine.errors import ParameterError, PromptError
-from engine.events import PrefillDone, RunFailed, RunFinished, RunStarted, TokenStep
+from engine.events import KVNorms, PrefillDone, RunFailed, RunFinished, RunStarted, TokenStep
 from engine.params import GenerationParams
 from engine.session import Session
 
@@ -42,7 +42,7 @@ def test_greedy_tokens_equal_generate(tiny, kv_cache):
 def test_event_sequence_and_step_fields(tiny):
     events, result = run_collect(Session(tiny), max_new_tokens=6)
     kinds = [type(e).__name__ for e in events]
-    assert kinds[:3] == ["RunStarted", "PrefillDone", "TokenStep"]
+    assert kinds[:4] == ["RunStarted", "PrefillDone", "KVNorms", "TokenStep"]
     assert kinds[-1] == "RunFinished"
     started, prefill = events[0], events[1]
     steps = [e for e in events if isinstance(e, TokenStep)]
@@ -78,15 +78,35 @@ def test_kv_bytes_read_from_cache_equal_the_formula_after_every_step(tiny):
     assert result.summary.kv_bytes == kvcache.predicted_kv_bytes(facts, result.summary.kv_tokens)
 
 
-def test_kv_norms_cover_layers_and_positions(tiny):
-    events, _ = run_collect(Session(tiny), max_new_tokens=4)
-    prefill = events[1]
+def test_kv_norms_cover_every_cached_position_once(tiny):
+    events, result = run_collect(Session(tiny), max_new_tokens=20)
+    norms = [e for e in events if isinstance(e, KVNorms)]
     layers = events[0].model.num_layers
-    assert len(prefill.k_norms) == layers and len(prefill.k_norms[0]) == prefill.n_tokens
-    assert all(v > 0 for row in prefill.k_norms + prefill.v_norms for v in row)
-    assert prefill.k_norms[0] != prefill.k_norms[1]    # content differs layer to layer
-    decode = [e for e in events if isinstance(e, TokenStep) and e.phase == "decode"]
-    assert all(len(e.k_norms) == layers and len(e.v_norms) == layers for e in decode)
+    covered = []
+    for e in norms:
+        assert len(e.k_norms) == layers and len(e.v_norms) == layers
+        covered += range(e.first_position, e.first_position + len(e.k_norms[0]))
+    assert covered == list(range(result.summary.kv_tokens))        # contiguous, no gaps, no repeats
+    assert norms[0].first_position == 0 and len(norms[0].k_norms[0]) == events[1].n_tokens
+    assert all(v > 0 for e in norms for row in e.k_norms + e.v_norms for v in row)
+    assert norms[0].k_norms[0] != norms[0].k_norms[1]               # content differs layer to layer
+    assert len(norms) < result.summary.generated_tokens             # batched, not one per step
+
+
+def test_kv_norms_match_the_cache_tensors(tiny):
+    from transformers import DynamicCache
+
+    from engine.session import kv_norms
+
+    session = Session(tiny)
+    ids = torch.tensor([session.encode(PROMPT)])
+    cache = DynamicCache(config=tiny.model.config)
+    with torch.inference_mode():
+        tiny.model(input_ids=ids, cache=cache, use_cache=True)
+    k, v = kv_norms(cache, 2, ids.shape[1])
+    expected = cache.layers[1].keys[0, :, 2:].norm(dim=-1).mean(dim=0)
+    assert torch.allclose(torch.tensor(k[1]), expected)
+    assert len(v[0]) == ids.shape[1] - 2
 
 
 def test_cache_off_holds_no_bytes_and_recomputes(tiny):
