@@ -7,7 +7,7 @@ import io
 import json
 from pathlib import Path
 
-from app.store import RunRecord
+from app.store import ExperimentRecord, RunRecord
 from engine.events import to_dict
 
 CSV_COLUMNS = ("step", "position", "token_id", "text", "phase", "special", "latency_ms", "forward_ms", "t_ms",
@@ -22,6 +22,19 @@ def run_csv(run: RunRecord) -> str:
         writer.writerow([s.step, s.position, s.token_id, s.text, s.phase, int(s.special), f"{s.latency_ms:.4f}",
                          f"{s.forward_ms:.4f}", f"{s.t_ms:.4f}", f"{s.prob:.6g}", f"{s.raw_prob:.6g}",
                          sum(map(sum, s.kv_bytes_per_layer))])
+    return out.getvalue()
+
+
+def experiment_csv(record: ExperimentRecord) -> str:
+    """One row per measured point; columns are the union of the points' values, in first-seen order."""
+    columns: list[str] = []
+    for point in record.points:
+        columns += [k for k in point.values if k not in columns]
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["series", *columns])
+    for point in record.points:
+        writer.writerow([point.series, *(point.values.get(c, "") for c in columns)])
     return out.getvalue()
 
 

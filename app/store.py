@@ -13,7 +13,9 @@ from collections.abc import Callable
 import numpy as np
 
 from engine import kvcache
-from engine.events import (KVNorms, ModelFacts, PrefillDone, RunFailed, RunFinished, RunStarted, RunSummary, TokenStep)
+from engine.events import (ExperimentFailed, ExperimentFinished, ExperimentPoint, ExperimentProgress,
+                           ExperimentStarted, HardwarePeaks, KVNorms, ModelFacts, PrefillDone, RunFailed, RunFinished,
+                           RunStarted, RunSummary, TokenStep)
 
 STEP_FIELDS = ("t_ms", "latency_ms", "forward_ms", "prob", "raw_prob", "kv_bytes")
 
@@ -163,12 +165,50 @@ class RunRecord:
         return np.where(span > 0, (idx - lo) / (span / 1000.0), 0.0)
 
 
+class ExperimentRecord:
+    """One experiment: its settings, the points measured so far, progress, and the runs it started."""
+
+    def __init__(self, started: ExperimentStarted) -> None:
+        self.started = started
+        self.events: list[object] = [started]
+        self.points: list[ExperimentPoint] = []
+        self.progress: ExperimentProgress | None = None
+        self.end: ExperimentFinished | ExperimentFailed | None = None
+        self.run_ids: list[str] = []
+
+    @property
+    def kind(self) -> str:
+        return self.started.kind
+
+    @property
+    def exp_id(self) -> str:
+        return self.started.exp_id
+
+    @property
+    def finished(self) -> bool:
+        return self.end is not None
+
+    def add(self, event: object) -> None:
+        self.events.append(event)
+        if isinstance(event, ExperimentPoint):
+            self.points.append(event)
+        elif isinstance(event, ExperimentProgress):
+            self.progress = event
+        elif isinstance(event, (ExperimentFinished, ExperimentFailed)):
+            self.end = event
+
+    def series(self, name: str, key: str) -> np.ndarray:
+        return np.array([p.values[key] for p in self.points if p.series == name and key in p.values], dtype=float)
+
+
 class RunStore:
     """All runs of this session, newest last. Listeners hear about run-level changes only; per-step changes
     are picked up by the panels' refresh timer through ``version``."""
 
     def __init__(self, max_runs: int = 20) -> None:
         self.runs: list[RunRecord] = []
+        self.experiments: list[ExperimentRecord] = []
+        self.peaks: HardwarePeaks | None = None
         self.max_runs = max_runs
         self.version = 0
         self._count = 0
@@ -185,12 +225,34 @@ class RunStore:
     def find(self, run_id: str) -> RunRecord | None:
         return next((r for r in reversed(self.runs) if r.run_id == run_id), None)
 
+    def latest_experiment(self, kind: str) -> ExperimentRecord | None:
+        return next((e for e in reversed(self.experiments) if e.kind == kind), None)
+
     def add(self, event: object) -> None:
+        if isinstance(event, HardwarePeaks):
+            self.peaks = event
+            self.version += 1
+            return
+        if isinstance(event, ExperimentStarted):
+            self.experiments.append(ExperimentRecord(event))
+            del self.experiments[: max(0, len(self.experiments) - self.max_runs)]
+            self.peaks = event.peaks or self.peaks
+            self.version += 1
+            return
+        exp_id = getattr(event, "exp_id", None)
+        if exp_id is not None:
+            experiment = next((e for e in reversed(self.experiments) if e.exp_id == exp_id), None)
+            if experiment is not None:
+                experiment.add(event)
+                self.version += 1
+            return
         if isinstance(event, RunStarted):
             self._count += 1
             record = RunRecord(event, self._count)
             self.runs.append(record)
             del self.runs[: max(0, len(self.runs) - self.max_runs)]
+            if self.experiments and not self.experiments[-1].finished:
+                self.experiments[-1].run_ids.append(record.run_id)       # a run the experiment started
             self.version += 1
             self._notify("started", record)
             return
@@ -205,6 +267,7 @@ class RunStore:
 
     def clear(self) -> None:
         self.runs.clear()
+        self.experiments.clear()
         self.version += 1
 
     def _notify(self, kind: str, record: RunRecord) -> None:

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayo
 from app import export, theme as th
 from app.paint import METER
 from app.panels.controls import ControlsPanel
+from app.panels.experiments import ExperimentsPanel
 from app.panels.kv_heatmap import KVHeatmapPanel
 from app.panels.sampling import SamplingPanel
 from app.panels.timing import TimingPanel
@@ -78,6 +79,7 @@ class MainWindow(QMainWindow):
         self.kv = KVHeatmapPanel(store)
         self.timing = TimingPanel(store)
         self.sampling = SamplingPanel(store)
+        self.experiments = ExperimentsPanel(store)
         self.banner = ErrorBanner()
         central = QWidget()
         cv = QVBoxLayout(central)
@@ -94,8 +96,11 @@ class MainWindow(QMainWindow):
             "sampling": self._dock("Sampling: next-token candidates", self.sampling,
                                    Qt.DockWidgetArea.RightDockWidgetArea),
             "kv": self._dock("KV cache per layer", self.kv, Qt.DockWidgetArea.BottomDockWidgetArea),
+            "experiments": self._dock("Experiments", self.experiments, Qt.DockWidgetArea.RightDockWidgetArea),
         }
         self.splitDockWidget(self.docks["timing"], self.docks["sampling"], Qt.Orientation.Vertical)
+        self.tabifyDockWidget(self.docks["timing"], self.docks["experiments"])
+        self.docks["timing"].raise_()
         self.status = StatusStrip()
         self.setStatusBar(self.status)
         self._build_menus()
@@ -148,6 +153,9 @@ class MainWindow(QMainWindow):
                             ("KV heatmap", lambda: self.kv.graphics.ci),
                             ("Sampling chart", lambda: self.sampling.graphics.ci)):
             self._action(exports, f"{label} as PNG or SVG…", partial(self.export_chart_of, label, item))
+        self._action(exports, "Experiment chart as PNG or SVG…",
+                     partial(self.export_chart_of, "Experiment", lambda: self.experiments.current.graphics.ci))
+        self._action(exports, "Experiment data as CSV…", self.export_experiment)
         self._action(exports, "Run data as CSV…", lambda: self.export_run("csv"))
         self._action(exports, "Run data as JSON…", lambda: self.export_run("json"))
         file.addSeparator()
@@ -185,6 +193,8 @@ class MainWindow(QMainWindow):
         c.load_requested.connect(self.load_model)
         c.delay_changed.connect(lambda s: setattr(self.client.control, "delay_s", s))
         self.tokens.step_selected.connect(self.sampling.show_step)
+        self.experiments.run_requested.connect(self.start_experiment)
+        self.experiments.cancel_requested.connect(self.stop_run)
         self.client.events_ready.connect(self.on_events)
 
     # --- actions ------------------------------------------------------------------------------------------
@@ -221,6 +231,17 @@ class MainWindow(QMainWindow):
         self.client.control.delay_s = self.controls.slow.value() / 1000.0
         self.client.start_run(prompt, params, paused=bool(paused))
         self.controls.set_paused(bool(paused))
+        self._update_buttons()
+
+    def start_experiment(self, kind: str, settings: dict) -> None:
+        if self.client.busy:
+            return
+        if self.client.model is None:
+            self.show_error("No model is loaded yet: wait for loading to finish (status bar), or press Load model.")
+            return
+        self.banner.hide()
+        self.docks["experiments"].raise_()
+        self.client.start_experiment(kind, settings)
         self._update_buttons()
 
     def stop_run(self) -> None:
@@ -301,6 +322,7 @@ class MainWindow(QMainWindow):
     def _update_buttons(self) -> None:
         busy = self.client.busy
         self.controls.set_running(busy == "run", busy=bool(busy))
+        self.experiments.set_busy(busy)
 
     # --- refresh ------------------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> None:
@@ -313,7 +335,7 @@ class MainWindow(QMainWindow):
             self.frames += 1
             self.tokens.refresh()
             self.status.show_run(run)
-        charts = (self.kv, self.timing, self.sampling)
+        charts = (self.kv, self.timing, self.sampling, self.experiments)
         if force or run is None or (run.finished and version != self._chart_version):
             self._chart_version, self._chart_queue = version, []
             for panel in charts:
@@ -396,6 +418,20 @@ class MainWindow(QMainWindow):
             except OSError as exc:
                 self.show_error(f"Could not write {path}: {exc.strerror or exc}")
 
+    def export_experiment(self) -> None:
+        record = self.store.latest_experiment(self.experiments.current.kind)
+        if record is None:
+            self.show_error("Run this experiment first: there is no data to export yet.")
+            return
+        path, _ = QFileDialog.getSaveFileName(self, "Export experiment data as CSV", str(
+            Path(self._last_dir()) / f"kvscope-{record.kind}-experiment.csv"), "CSV (*.csv)")
+        if path:
+            try:
+                export.write_text(path, export.experiment_csv(record))
+                self.status.showMessage(f"Exported the {record.kind} experiment to {path}", 5000)
+            except OSError as exc:
+                self.show_error(f"Could not write {path}: {exc.strerror or exc}")
+
     def _last_dir(self) -> str:
         return self.settings.value("files/last_dir", str(Path.home()), str)
 
@@ -441,7 +477,7 @@ class MainWindow(QMainWindow):
     def _apply_theme(self) -> None:
         theme = th.current_theme(self.lecture)
         th.apply(QApplication.instance(), theme, self._font_pt)
-        for panel in (self.tokens, self.kv, self.timing, self.sampling):
+        for panel in (self.tokens, self.kv, self.timing, self.sampling, self.experiments):
             panel.set_theme(theme)
         self.refresh(force=True)
 

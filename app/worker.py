@@ -20,7 +20,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.control import RunControl
 from engine.errors import EngineError
-from engine.events import ModelLoaded
+from engine.events import LoadProgress, ModelLoaded
 from engine.memory import device_memory_bytes, process_rss_bytes
 from engine.params import GenerationParams
 
@@ -45,6 +45,7 @@ class EngineWorker(QObject):
         self.control = control
         self.outbox: collections.deque[object] = collections.deque()
         self.session = None
+        self.peaks = None
         self._signalled = threading.Event()
         self._last_memory = 0.0
 
@@ -82,6 +83,7 @@ class EngineWorker(QObject):
             self.session = Session(loaded)  # the previous model stays until this one has loaded
             _freeze_heap()
             self.push(loaded.loaded_event())
+            self._measure_peaks(loaded)
         except EngineError as exc:
             self.push(Note("error", str(exc)))
         except Exception as exc:  # noqa: BLE001  (the app must survive anything a model throws)
@@ -103,6 +105,35 @@ class EngineWorker(QObject):
         except Exception as exc:  # noqa: BLE001
             log.exception("run failed")
             self.push(Note("error", f"The run failed: {type(exc).__name__}: {exc}"))
+        finally:
+            self.push(Note("idle"))
+
+    def _measure_peaks(self, loaded) -> None:
+        from engine.hardware import peaks_event
+
+        self.push(LoadProgress("peaks", "Measuring this machine's peak FLOP/s and memory bandwidth (once)", None))
+        try:
+            self.peaks = peaks_event(loaded)
+            self.push(self.peaks)
+        except Exception as exc:  # noqa: BLE001  (bounds are a bonus; a failed measurement must not block runs)
+            log.warning("could not measure the hardware peaks: %s", exc)
+            self.peaks = None
+
+    @Slot(dict)
+    def experiment(self, request: dict) -> None:
+        self.push(Note("busy", "experiment"))
+        try:
+            if self.session is None:
+                raise EngineError("No model is loaded yet: wait for loading to finish, or load one")
+            from engine.experiments import run_experiment
+
+            run_experiment(request["kind"], self.session, self.push, self.control.cancel, peaks=self.peaks,
+                           **request.get("settings", {}))
+        except EngineError as exc:
+            self.push(Note("error", str(exc)))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("experiment failed")
+            self.push(Note("error", f"The experiment failed: {type(exc).__name__}: {exc}"))
         finally:
             self.push(Note("idle"))
 
@@ -142,6 +173,7 @@ class EngineClient(QObject):
     _load = Signal(dict)
     _run = Signal(dict)
     _replay = Signal(dict)
+    _experiment = Signal(dict)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -153,6 +185,7 @@ class EngineClient(QObject):
         self._load.connect(self.worker.load)
         self._run.connect(self.worker.run)
         self._replay.connect(self.worker.replay)
+        self._experiment.connect(self.worker.experiment)
         self.worker.pending.connect(self._drain)
         self.thread.finished.connect(self.worker.deleteLater)
         self.busy: str | None = None
@@ -169,6 +202,11 @@ class EngineClient(QObject):
         self.control.reset(paused=paused)
         self.busy = "run"
         self._run.emit({"prompt": prompt, "params": params})
+
+    def start_experiment(self, kind: str, settings: dict) -> None:
+        self.control.reset()
+        self.busy = "experiment"
+        self._experiment.emit({"kind": kind, "settings": settings})
 
     def open_trace(self, path: str, speed: float = 1.0) -> None:
         self.control.reset()

@@ -71,7 +71,10 @@ def _guarded(action: Callable[[], int]) -> int:
 
 
 def _register_subcommands() -> None:
-    """Later subcommands register here; the import stays lazy so ``--help`` is instant."""
+    """Subcommands register here; their modules load torch only when they run."""
+    from engine.commands import costmodel_main, sweep_main
+
+    SUBCOMMANDS.update(costmodel=costmodel_main, sweep=sweep_main)
 
 
 def load_for_cli(args: argparse.Namespace):

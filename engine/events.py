@@ -38,6 +38,7 @@ class ModelFacts:
     layer_devices: list[str]
     layer_types: list[str]
     sliding_window: int | None = None
+    tied_embeddings: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,11 +174,66 @@ class RunFailed:
     summary: RunSummary
 
 
-Event = typing.Union[LoadProgress, ModelLoaded, RunStarted, PrefillDone, KVNorms, TokenStep, RunFinished, RunFailed]
-EVENT_TYPES: dict[str, type] = {
-    cls.__name__: cls
-    for cls in (LoadProgress, ModelLoaded, RunStarted, PrefillDone, KVNorms, TokenStep, RunFinished, RunFailed)
-}
+@dataclass(frozen=True)
+class HardwarePeaks:
+    """This machine's measured ceilings (a matmul and a large copy), for the roofline bounds."""
+
+    device: str
+    dtype: str
+    flops_per_s: float
+    bytes_per_s: float
+    cached: bool = False
+
+
+@dataclass(frozen=True)
+class ExperimentStarted:
+    exp_id: str
+    t_ms: float
+    kind: str                       # "prefill" | "cache" | "batch"
+    model: ModelFacts
+    settings: dict
+    peaks: HardwarePeaks | None = None
+
+
+@dataclass(frozen=True)
+class ExperimentProgress:
+    exp_id: str
+    t_ms: float
+    done: int
+    total: int
+    message: str
+
+
+@dataclass(frozen=True)
+class ExperimentPoint:
+    """One measured point; ``values`` holds plain numbers named with their unit (``prefill_ms``, ...)."""
+
+    exp_id: str
+    t_ms: float
+    series: str
+    values: dict
+
+
+@dataclass(frozen=True)
+class ExperimentFinished:
+    exp_id: str
+    t_ms: float
+    reason: str                     # "done" | "stopped"
+    summary: dict
+
+
+@dataclass(frozen=True)
+class ExperimentFailed:
+    exp_id: str
+    t_ms: float
+    error: str
+    message: str
+
+
+Event = typing.Union[LoadProgress, ModelLoaded, HardwarePeaks, RunStarted, PrefillDone, KVNorms, TokenStep,
+                     RunFinished, RunFailed, ExperimentStarted, ExperimentProgress, ExperimentPoint,
+                     ExperimentFinished, ExperimentFailed]
+EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Event)}
 
 
 def _rate(count: int, ms: float) -> float:

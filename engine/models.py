@@ -229,7 +229,8 @@ def model_facts(model: Any, *, name: str, source: str, device: Any) -> ModelFact
         dtype=str(model.dtype).removeprefix("torch."), dtype_bytes=int(model.dtype.itemsize),
         num_params=int(sum(p.numel() for p in model.parameters())), device=str(device),
         layer_devices=layer_devices(model, layers), layer_types=layer_types,
-        sliding_window=int(sliding) if sliding else None)
+        sliding_window=int(sliding) if sliding else None,
+        tied_embeddings=bool(getattr(model.config, "tie_word_embeddings", False)))
 
 
 def layer_devices(model: Any, num_layers: int) -> list[str]:

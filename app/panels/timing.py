@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLay
 from app import theme as th
 from app.paint import TimedGraphics
 from app.store import RunRecord, RunStore
+from engine.costmodel import Device, ModelCost
 
 
 class _RunItems:
@@ -159,7 +160,24 @@ class TimingPanel(QWidget):
         s = run.summary(with_text=False)
         if run.n_steps:
             self.ttft_line.setValue(run.steps[0].t_ms)
-        self.summary.setText(
-            f"<b>#{run.number}</b> {run.label} · TTFT <b>{s.ttft_ms:,.1f} ms</b> · prefill {s.prompt_tokens} tokens "
-            f"in {s.prefill_ms:,.1f} ms ({s.prefill_tok_s:,.0f} tok/s) · decode {s.decode_runs} steps, "
-            f"<b>{s.decode_tok_s:,.1f} tok/s</b> (measured)")
+        text = (f"<b>#{run.number}</b> {run.label} · TTFT <b>{s.ttft_ms:,.1f} ms</b> · prefill {s.prompt_tokens} "
+                f"tokens in {s.prefill_ms:,.1f} ms ({s.prefill_tok_s:,.0f} tok/s) · decode {s.decode_runs} steps, "
+                f"<b>{s.decode_tok_s:,.1f} tok/s</b> (measured)")
+        peaks = self.store.peaks
+        if peaks is not None and s.prefill_ms > 0:
+            text += "<br>" + bounds_text(run, s, peaks)
+        self.summary.setText(text)
+
+
+def bounds_text(run: RunRecord, s, peaks) -> str:
+    """Measured rates beside the ceilings the cost model computes from this machine's measured peaks."""
+    cost = ModelCost(run.model)
+    device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
+    position = s.prompt_tokens + max(s.generated_tokens - 1, 0)
+    step = cost.decode(position)
+    prefill_flops = cost.prefill(s.prompt_tokens).flops / (s.prefill_ms / 1000.0)
+    decode = (f"decode {s.decode_tok_s:,.1f} tok/s measured vs ceiling <b>{cost.decode_bound_tok_s(position, device):,.1f}"
+              f" tok/s</b> computed ({peaks.bytes_per_s / 1e9:,.1f} GB/s ÷ {step.bytes / 2**20:,.0f} MiB read per "
+              f"token)" if run.started.params.kv_cache else "decode without cache: every step is a prefill")
+    return (f"{decode} · prefill {prefill_flops / 1e9:,.1f} GFLOP/s measured vs peak {peaks.flops_per_s / 1e9:,.0f} "
+            f"GFLOP/s (measured matmul)")

@@ -1,0 +1,161 @@
+"""The CLI's subcommands: ``costmodel`` (the analytic model, and the seed's worked example) and ``sweep``
+(the experiments, printing the tables the window draws)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engine import costmodel
+from engine.events import ExperimentFinished, ExperimentPoint, ExperimentProgress, ModelFacts
+
+
+def _fmt(v: float) -> str:
+    if abs(v) >= 1e9:
+        return f"{v / 1e9:,.2f} G"
+    if abs(v) >= 1e6:
+        return f"{v / 1e6:,.2f} M"
+    return f"{v:,.1f}"
+
+
+def costmodel_main(argv: list[str]) -> int:
+    from engine.cli import add_model_arguments, load_for_cli
+
+    p = argparse.ArgumentParser(prog="python -m engine costmodel", description=(
+        "FLOPs and bytes of prefill and decode. --seed-example prints the course module's worked example; "
+        "otherwise the whole-model estimate for --model on this machine's measured ceilings."))
+    p.add_argument("--seed-example", action="store_true", help="the attention-only example, exactly as the seed")
+    add_model_arguments(p)
+    args = p.parse_args(argv)
+    if args.seed_example:
+        print(costmodel.seed_example())
+        return 0
+    loaded = load_for_cli(args)
+    from engine.hardware import peaks_event
+
+    peaks = peaks_event(loaded)
+    device = costmodel.Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
+    print(whole_model_table(loaded.facts, device))
+    return 0
+
+
+def whole_model_table(m: ModelFacts, device: costmodel.Device) -> str:
+    cost = costmodel.ModelCost(m)
+    lines = [f"{m.name}: {m.num_params / 1e6:,.1f}M parameters ({cost.body_params / 1e6:,.1f}M in the layers), "
+             f"{m.dtype}; {device.name}: peak {device.flops_per_s / 1e9:,.1f} GFLOP/s, "
+             f"{device.bytes_per_s / 1e9:,.1f} GB/s (measured)",
+             "All other figures are computed by the cost model.", "",
+             "prefill  tokens |      FLOPs |      bytes | FLOP/byte | compute ms | memory ms | bound",
+             "----------------+------------+------------+-----------+------------+-----------+----------"]
+    n = 16
+    while n < m.max_context:
+        c = cost.prefill(n)
+        lines.append(f"{n:15,d} | {_fmt(c.flops):>10} | {_fmt(c.bytes):>10} | {c.intensity:9,.1f} | "
+                     f"{c.compute_s(device) * 1e3:10.2f} | {c.memory_s(device) * 1e3:9.2f} | {c.bound(device)}")
+        n *= 4
+    lines += ["", "decode position |      FLOPs |      bytes | FLOP/byte | compute ms | memory ms | max tok/s",
+              "----------------+------------+------------+-----------+------------+-----------+----------"]
+    for p in (16, 256, 1024, m.max_context - 1):
+        c = cost.decode(p)
+        lines.append(f"{p:15,d} | {_fmt(c.flops):>10} | {_fmt(c.bytes):>10} | {c.intensity:9,.2f} | "
+                     f"{c.compute_s(device) * 1e3:10.3f} | {c.memory_s(device) * 1e3:9.3f} | "
+                     f"{1.0 / c.predicted_s(device):9,.1f}")
+    return "\n".join(lines)
+
+
+def sweep_main(argv: list[str]) -> int:
+    from engine.cli import add_model_arguments, load_for_cli
+
+    p = argparse.ArgumentParser(prog="python -m engine sweep", description="Run an experiment and print its table.")
+    p.add_argument("kind", choices=("prefill", "cache", "batch"))
+    add_model_arguments(p)
+    p.add_argument("--max-length", type=int, help="prefill: longest prompt (default: the context)")
+    p.add_argument("--start", type=int, default=16, help="prefill: shortest prompt")
+    p.add_argument("--repeats", type=int, default=3, help="prefill: timed repeats per length (after 1 warm-up)")
+    p.add_argument("--tokens", type=int, default=32, help="cache/batch: new tokens per request")
+    p.add_argument("--prompt", help="cache: the prompt (default: the first sample prompt)")
+    p.add_argument("--sizes", default="1,2,4,8,16", help="batch: comma-separated batch sizes")
+    p.add_argument("--trace", metavar="FILE", help="save the experiment's events as JSON lines")
+    p.add_argument("--json", action="store_true", help="print the points and summary as JSON")
+    args = p.parse_args(argv)
+    settings: dict = {}
+    if args.kind == "prefill":
+        settings = {"max_length": args.max_length, "start": args.start, "repeats": args.repeats}
+    elif args.kind == "cache":
+        settings = {"new_tokens": args.tokens, "prompt": args.prompt}
+    else:
+        try:
+            settings = {"sizes": tuple(int(s) for s in args.sizes.split(",")), "new_tokens": args.tokens}
+        except ValueError:
+            raise ValueError(f"--sizes must be whole numbers separated by commas, got {args.sizes!r}") from None
+    loaded = load_for_cli(args)
+    from engine.experiments import run_experiment
+    from engine.hardware import peaks_event
+    from engine.session import Session
+    from engine.trace import TraceWriter
+
+    writer = TraceWriter(args.trace) if args.trace else None
+    events: list[object] = []
+
+    def sink(event: object) -> None:
+        events.append(event)
+        if writer is not None:
+            writer(event)
+        if isinstance(event, ExperimentProgress) and not args.json:
+            print(f"[{event.done}/{event.total}] {event.message}", file=sys.stderr, flush=True)
+
+    peaks = peaks_event(loaded)
+    finished = run_experiment(args.kind, Session(loaded), sink, peaks=peaks, **settings)
+    if writer is not None:
+        writer.close()
+    points = [e for e in events if isinstance(e, ExperimentPoint)]
+    if args.json:
+        print(json.dumps({"kind": args.kind, "model": loaded.facts.name, "device": peaks.device,
+                          "points": [dict(series=p.series, **p.values) for p in points],
+                          "summary": finished.summary}, indent=1))
+    else:
+        print(experiment_table(args.kind, points, finished))
+    return 0 if finished.reason == "done" else 1
+
+
+def experiment_table(kind: str, points: list[ExperimentPoint], finished: ExperimentFinished) -> str:
+    s = finished.summary
+    if kind == "prefill":
+        lines = ["prompt tokens | prefill ms (median) | TTFT ms | predicted ms (computed) | FLOPs (computed)",
+                 "--------------+---------------------+---------+-------------------------+-----------------"]
+        for p in points:
+            v = p.values
+            pred = f"{v['predicted_ms']:.2f}" if "predicted_ms" in v else "n/a"
+            lines.append(f"{int(v['tokens']):13,d} | {v['prefill_ms']:19.2f} | {v['ttft_ms']:7.2f} | {pred:>23} | "
+                         f"{_fmt(v['flops']):>15}")
+        if "exponent" in s:
+            lines += ["", f"time ~ n^{s['exponent']:.2f} overall (n^{s['exponent_short']:.2f} for short prompts, "
+                      f"n^{s['exponent_long']:.2f} for long ones), measured",
+                      f"Doubling {s['last_doubling']}: {s['last_doubling_x']:.1f}x measured, "
+                      f"{s['flops_doubling_x']:.1f}x FLOPs (computed)"]
+    elif kind == "cache":
+        lines = ["KV cache | TTFT ms | decode ms | total ms | decode tok/s | tokens",
+                 "---------+---------+-----------+----------+--------------+-------"]
+        for p in points:
+            v = p.values
+            lines.append(f"{'on' if v['kv_cache'] else 'off':>8} | {v['ttft_ms']:7.1f} | {v['decode_ms']:9.1f} | "
+                         f"{v['total_ms']:8.1f} | {v['decode_tok_s']:12.2f} | {int(v['generated']):6d}")
+        if "decode_speedup" in s:
+            lines += ["", f"tokens identical with and without the cache: {'yes' if s['tokens_match'] else 'NO'}",
+                      f"decode speedup with the cache: {s['decode_speedup']:.2f}x measured; "
+                      f"{s['flops_ratio']:.1f}x fewer FLOPs (computed, whole model); "
+                      f"{s['attention_flops_ratio']:.1f}x fewer attention FLOPs (computed, the seed's model)"]
+    else:
+        lines = ["batch | TTFT ms | per-token ms | decode tok/s (all requests) | request latency ms",
+                 "------+---------+--------------+-----------------------------+-------------------"]
+        for p in points:
+            v = p.values
+            lines.append(f"{int(v['batch']):5d} | {v['ttft_ms']:7.1f} | {v['per_token_ms']:12.2f} | "
+                         f"{v['decode_tok_s']:27.1f} | {v['request_latency_ms']:18.1f}")
+        if "throughput_gain" in s:
+            lines += ["", f"batch {s['largest_batch']}: {s['throughput_gain']:.1f}x the tokens/s of batch 1, each "
+                      f"token {s['latency_growth']:.2f}x slower per request (measured)"]
+    if finished.reason != "done":
+        lines.append(f"({finished.reason})")
+    return "\n".join(lines)

@@ -1,0 +1,230 @@
+"""The experiments that prove the lesson, each measured on the loaded model next to what the cost model
+predicts: prefill cost vs prompt length, decode with vs without the KV cache, batch size vs throughput.
+
+Each runs in the caller's thread, emits ``Experiment*`` events (which traces save and the window draws), checks
+``cancel`` between measurements, and returns its ``ExperimentFinished``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import torch
+
+from engine import costmodel
+from engine.batch import generate_batch
+from engine.costmodel import Device, ModelCost
+from engine.errors import ParameterError
+from engine.events import (ExperimentFinished, ExperimentPoint, ExperimentProgress, ExperimentStarted,
+                           HardwarePeaks, RunFinished)
+from engine.params import GenerationParams
+from engine.resources import sample_prompts
+from engine.sampling import choose
+from engine.session import Session
+
+Sink = Callable[[object], None]
+FILLER = ("Every request to a language model passes through two stages. In the prefill stage the whole prompt "
+          "is read in one forward pass, and its keys and values are stored in the cache. In the decode stage "
+          "the model produces one token per forward pass, attending to everything already cached. ")
+KINDS = ("prefill", "cache", "batch")
+
+
+class _Experiment:
+    """The bookkeeping every experiment shares: ids, clock, progress, cancel."""
+
+    def __init__(self, kind: str, session: Session, settings: dict, emit: Sink,
+                 cancel: threading.Event | None, peaks: HardwarePeaks | None) -> None:
+        self.exp_id = uuid.uuid4().hex[:12]
+        self.kind, self.session, self.emit = kind, session, emit
+        self.cancel = cancel or threading.Event()
+        self.t0 = time.perf_counter()
+        self.peaks = peaks
+        self.device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s) if peaks else None
+        self.cost = ModelCost(session.facts)
+        emit(ExperimentStarted(self.exp_id, 0.0, kind, session.facts, settings, peaks))
+
+    def ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000.0
+
+    def progress(self, done: int, total: int, message: str) -> None:
+        self.emit(ExperimentProgress(self.exp_id, self.ms(), done, total, message))
+
+    def point(self, series: str, **values: float) -> None:
+        self.emit(ExperimentPoint(self.exp_id, self.ms(), series, values))
+
+    def finish(self, summary: dict) -> ExperimentFinished:
+        reason = "stopped" if self.cancel.is_set() else "done"
+        event = ExperimentFinished(self.exp_id, self.ms(), reason, summary)
+        self.emit(event)
+        return event
+
+    def predicted_ms(self, cost: costmodel.Cost) -> float | None:
+        return cost.predicted_s(self.device) * 1000.0 if self.device else None
+
+
+def doubling_lengths(start: int, limit: int) -> list[int]:
+    lengths, n = [], start
+    while n <= limit:
+        lengths.append(n)
+        n *= 2
+    return lengths
+
+
+def fitted_exponent(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of log(y) against log(x): time ~ n^slope."""
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+    mx, my = statistics.fmean(lx), statistics.fmean(ly)
+    den = sum((a - mx) ** 2 for a in lx)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / den if den else float("nan")
+
+
+def filler_ids(session: Session, n: int) -> list[int]:
+    """``n`` real-text token ids (no template), so prefill runs on language, not on one repeated token."""
+    chunk = session.encode(FILLER, chat_template=False)
+    return (chunk * (n // len(chunk) + 1))[:n]
+
+
+# --- 1. prefill sweep -------------------------------------------------------------------------------------
+def prefill_sweep(session: Session, emit: Sink, cancel: threading.Event | None = None, *,
+                  max_length: int | None = None, start: int = 16, repeats: int = 3, warmup: int = 1,
+                  peaks: HardwarePeaks | None = None) -> ExperimentFinished:
+    """Prompt lengths doubling from ``start`` to the context (or ``max_length``): median prefill time and
+    TTFT per length, next to the cost model's prediction; the fitted exponent says how time scales."""
+    limit = min(max_length or session.facts.max_context, session.facts.max_context - 1)
+    if limit < start or repeats < 1:
+        raise ParameterError(f"The sweep needs max length >= {start} and repeats >= 1")
+    lengths = doubling_lengths(start, limit)
+    x = _Experiment("prefill", session, {"lengths": lengths, "repeats": repeats, "warmup": warmup}, emit,
+                    cancel, peaks)
+    ids = filler_ids(session, lengths[-1])
+    clock, measured = session.clock, []
+    params = GenerationParams()
+    for i, n in enumerate(lengths):
+        x.progress(i, len(lengths), f"prefill of {n:,} tokens ({repeats} repeats)")
+        prompt = torch.tensor([ids[:n]], device=session.device)
+        forward, ttft = [], []
+        for r in range(warmup + repeats):
+            if x.cancel.is_set():
+                return x.finish(_prefill_summary(measured))
+            with torch.inference_mode():
+                a = clock.mark()
+                logits, cache = session.prefill(prompt, use_cache=True)
+                b = clock.mark()
+                choose(logits, params, None)
+                c = clock.mark()
+            del cache
+            if r >= warmup:
+                forward.append(clock.elapsed_ms(a, b))
+                ttft.append(clock.elapsed_ms(a, c))
+        cost = x.cost.prefill(n)
+        values = {"tokens": n, "prefill_ms": statistics.median(forward), "ttft_ms": statistics.median(ttft),
+                  "prefill_ms_min": min(forward), "prefill_ms_max": max(forward), "flops": cost.flops,
+                  "attention_flops": costmodel.attention_flops(n, session.facts.hidden_size)}
+        predicted = x.predicted_ms(cost)
+        if predicted is not None:
+            values["predicted_ms"] = predicted
+        x.point("prefill", **values)
+        measured.append(values)
+    x.progress(len(lengths), len(lengths), "done")
+    return x.finish(_prefill_summary(measured))
+
+
+def _prefill_summary(points: list[dict]) -> dict:
+    if len(points) < 2:
+        return {"points": len(points)}
+    n = [p["tokens"] for p in points]
+    t = [p["prefill_ms"] for p in points]
+    half = len(points) // 2
+    summary = {"points": len(points), "exponent": fitted_exponent(n, t),
+               "exponent_short": fitted_exponent(n[: half + 1], t[: half + 1]),
+               "exponent_long": fitted_exponent(n[half:], t[half:]),
+               "last_doubling": f"{n[-2]}->{n[-1]}", "last_doubling_x": t[-1] / t[-2],
+               "flops_doubling_x": points[-1]["flops"] / points[-2]["flops"]}
+    if "predicted_ms" in points[-1]:
+        summary["predicted_exponent"] = fitted_exponent(n, [p["predicted_ms"] for p in points])
+    return summary
+
+
+# --- 2. KV cache on vs off --------------------------------------------------------------------------------
+def cache_comparison(session: Session, emit: Sink, cancel: threading.Event | None = None, *,
+                     prompt: str | None = None, new_tokens: int = 32,
+                     peaks: HardwarePeaks | None = None) -> ExperimentFinished:
+    """The same greedy run with the cache and without: latency per step (flat vs growing), total time, the
+    measured speedup next to the cost model's FLOPs ratio. The two runs' own events go to ``emit`` too, so
+    the timing panel overlays them."""
+    prompt = prompt or sample_prompts()[0][1]
+    x = _Experiment("cache", session, {"prompt": prompt, "new_tokens": new_tokens}, emit, cancel, peaks)
+    session.run(prompt, GenerationParams(max_new_tokens=2))                 # warm-up, not measured or shown
+    results = {}
+    for i, kv in enumerate((True, False)):
+        x.progress(i, 2, f"{new_tokens} tokens with the KV cache {'on' if kv else 'off'}")
+        result = session.run(prompt, GenerationParams(max_new_tokens=new_tokens, kv_cache=kv), emit, x.cancel)
+        if not isinstance(result, RunFinished) or result.reason == "stopped":
+            return x.finish({"tokens_match": False, "incomplete": True})
+        s = result.summary
+        results[kv] = s
+        x.point("run", kv_cache=float(kv), ttft_ms=s.ttft_ms, decode_ms=s.decode_ms, total_ms=s.total_ms,
+                decode_tok_s=s.decode_tok_s, generated=s.generated_tokens, prompt_tokens=s.prompt_tokens)
+    on, off = results[True], results[False]
+    generated = on.generated_tokens
+    flops_on = x.cost.decode_total(on.prompt_tokens, generated, cache=True).flops
+    flops_off = x.cost.decode_total(on.prompt_tokens, generated, cache=False).flops
+    seed_on = costmodel.decode_flops_with_cache(on.prompt_tokens, generated - 1, session.facts.hidden_size)
+    seed_off = costmodel.decode_flops_no_cache(on.prompt_tokens, generated - 1, session.facts.hidden_size)
+    x.progress(2, 2, "done")
+    return x.finish({
+        "tokens_match": on.token_ids == off.token_ids, "generated": generated, "prompt_tokens": on.prompt_tokens,
+        "decode_speedup": off.decode_ms / on.decode_ms if on.decode_ms else float("nan"),
+        "total_speedup": off.total_ms / on.total_ms if on.total_ms else float("nan"),
+        "flops_ratio": flops_off / flops_on if flops_on else float("nan"),
+        "attention_flops_ratio": seed_off / seed_on if seed_on else float("nan")})
+
+
+# --- 3. batch size vs throughput and latency --------------------------------------------------------------
+def batch_sweep(session: Session, emit: Sink, cancel: threading.Event | None = None, *,
+                sizes: tuple[int, ...] = (1, 2, 4, 8, 16), new_tokens: int = 32,
+                prompts: list[str] | None = None, peaks: HardwarePeaks | None = None) -> ExperimentFinished:
+    """Batches of 1, 2, 4, ... requests decoding together: aggregate tokens/s rises while each request's
+    per-token latency grows, the throughput-latency trade-off serving systems tune."""
+    texts = prompts or [text for _title, text in sample_prompts()]
+    encoded = [session.encode(t) for t in texts]
+    pad = session.tokenizer.pad_token_id
+    pad = session.tokenizer.eos_token_id if pad is None else pad
+    x = _Experiment("batch", session, {"sizes": list(sizes), "new_tokens": new_tokens}, emit, cancel, peaks)
+    generate_batch(session.model, encoded[:1], 2, pad, session.device)            # warm-up
+    rows = []
+    for i, size in enumerate(sizes):
+        if x.cancel.is_set():
+            break
+        x.progress(i, len(sizes), f"batch of {size}: {new_tokens} tokens per request")
+        batch = [encoded[j % len(encoded)] for j in range(size)]
+        r = generate_batch(session.model, batch, new_tokens, pad, session.device, x.cancel)
+        if r.stopped:
+            break
+        step = statistics.median(r.step_ms) if r.step_ms else float("nan")
+        values = {"batch": size, "ttft_ms": r.ttft_ms, "prefill_ms": r.prefill_ms, "step_ms": step,
+                  "per_token_ms": step, "decode_tok_s": size * 1000.0 / step if step else 0.0,
+                  "request_latency_ms": r.ttft_ms + sum(r.step_ms), "padded_length": r.padded_length}
+        x.point("batch", **values)
+        rows.append(values)
+    if not x.cancel.is_set():
+        x.progress(len(sizes), len(sizes), "done")
+    summary = {"points": len(rows)}
+    if len(rows) >= 2:
+        summary.update(throughput_gain=rows[-1]["decode_tok_s"] / rows[0]["decode_tok_s"],
+                       latency_growth=rows[-1]["per_token_ms"] / rows[0]["per_token_ms"],
+                       largest_batch=rows[-1]["batch"])
+    return x.finish(summary)
+
+
+def run_experiment(kind: str, session: Session, emit: Sink, cancel: threading.Event | None = None,
+                   peaks: HardwarePeaks | None = None, **settings) -> ExperimentFinished:
+    runners = {"prefill": prefill_sweep, "cache": cache_comparison, "batch": batch_sweep}
+    if kind not in runners:
+        raise ParameterError(f"Unknown experiment {kind!r}: use one of {', '.join(KINDS)}")
+    return runners[kind](session, emit, cancel, peaks=peaks, **settings)

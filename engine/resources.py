@@ -1,0 +1,37 @@
+"""``resources/``: sample prompts (and icons) next to the source tree, inside a bundled app, or nowhere
+(an installed wheel), in which case the few prompts the experiments need are built in."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+BUILT_IN_PROMPTS = [
+    ("short question", "hey, what is continuous batching?"),
+    ("explain kv cache", "Explain the KV cache of a transformer to a student in three short paragraphs."),
+    ("story", "Write a long story about a dragon who learns to bake bread. Describe every step."),
+    ("code", "Write a Python function that returns the n-th Fibonacci number, with a docstring and one test."),
+]
+
+
+def resources_dir() -> Path:
+    candidates = []
+    bundle = getattr(sys, "_MEIPASS", None)
+    if bundle:
+        candidates.append(Path(bundle) / "resources")
+    here = Path(__file__).resolve().parent
+    candidates += [here.parent / "resources", here / "resources"]
+    for path in candidates:
+        if (path / "prompts").is_dir():
+            return path
+    return candidates[-1]
+
+
+def sample_prompts() -> list[tuple[str, str]]:
+    """(title, text) for each file in ``resources/prompts``, in file-name order."""
+    folder = resources_dir() / "prompts"
+    out = []
+    for path in sorted(folder.glob("*.txt")) if folder.is_dir() else []:
+        title = path.stem.split("-", 1)[-1].replace("-", " ")
+        out.append((title, path.read_text(encoding="utf-8").strip()))
+    return out or list(BUILT_IN_PROMPTS)

@@ -1,0 +1,89 @@
+"""The experiments panel on the tiny model: each experiment runs from its tab, fills chart, table and text."""
+
+import csv
+import io
+
+import pytest
+
+from app import export
+from tests.app.conftest import run_and_wait, wait_idle
+
+
+def run_experiment(qtbot, window, kind, **setup):
+    view = window.experiments.views[kind]
+    window.experiments.setCurrentWidget(view)
+    for name, value in setup.items():
+        widget = getattr(view, name)
+        widget.setText(value) if hasattr(widget, "setText") and not hasattr(widget, "setValue") else \
+            widget.setValue(value)
+    view.run_button.click()
+    wait_idle(qtbot, window, timeout=120_000)
+    window.refresh(force=True)
+    return view, window.store.latest_experiment(kind)
+
+
+def test_prefill_sweep_fills_chart_table_and_explanation(qtbot, window):
+    view, record = run_experiment(qtbot, window, "prefill", max_length=128, repeats=1)
+    assert record is not None and record.finished and record.end.reason == "done"
+    assert list(record.series("prefill", "tokens")) == [16, 32, 64, 128]
+    names = [item.name() for item in view.plot.listDataItems()]
+    assert "prefill time (measured)" in names and "cost model, roofline (computed)" in names
+    assert view.table.rowCount() == 4 and view.table.item(3, 0).text() == "128"
+    assert "time ~ n" in view.explain.text() and "Doubling 64->128" in view.explain.text()
+    assert view.progress.value() == view.progress.maximum()
+
+
+def test_cache_experiment_overlays_both_runs(qtbot, window):
+    view, record = run_experiment(qtbot, window, "cache", tokens=16)
+    assert record.end.summary["tokens_match"] is True
+    assert len(record.run_ids) == 2
+    names = [item.name() for item in view.plot.listDataItems()]
+    assert names == ["KV cache on (measured)", "KV cache off (measured)"]
+    assert "identical ✓" in view.explain.text()
+    assert {window.store.find(r).started.params.kv_cache for r in record.run_ids} == {True, False}
+
+
+def test_batch_experiment_draws_throughput_against_latency(qtbot, window):
+    view, record = run_experiment(qtbot, window, "batch", sizes="1, 2, 4", tokens=4)
+    assert list(record.series("batch", "batch")) == [1, 2, 4]
+    curve = view.plot.listDataItems()[0]
+    xs, ys = curve.getData()
+    assert len(xs) == 3 and all(y > 0 for y in ys)
+    assert "tokens per second" in view.explain.text()
+    rows = list(csv.reader(io.StringIO(export.experiment_csv(record))))
+    assert rows[0][:3] == ["series", "batch", "ttft_ms"] and len(rows) == 4
+
+
+def test_bad_batch_sizes_are_refused_in_the_tab(qtbot, window):
+    view = window.experiments.views["batch"]
+    view.sizes.setText("1, two, 4")
+    view.run_button.click()
+    assert "whole numbers" in view.status.text() and window.client.busy is None
+
+
+def test_cancel_keeps_the_points_measured_so_far(qtbot, window):
+    view = window.experiments.views["prefill"]
+    view.max_length.setValue(256)
+    view.repeats.setValue(20)
+    view.run_button.click()
+    qtbot.waitUntil(lambda: (r := window.store.latest_experiment("prefill")) is not None and len(r.points) >= 1,
+                    timeout=60_000)
+    view.cancel_button.click()
+    wait_idle(qtbot, window)
+    record = window.store.latest_experiment("prefill")
+    assert record.end.reason == "stopped" and 1 <= len(record.points) < 5
+
+
+def test_timing_panel_shows_measured_rates_beside_computed_ceilings(qtbot, window):
+    qtbot.waitUntil(lambda: window.store.peaks is not None, timeout=30_000)
+    window.controls.max_tokens.setValue(6)
+    run_and_wait(qtbot, window)
+    text = window.timing.summary.text()
+    assert "measured vs ceiling" in text and "computed" in text and "GFLOP/s measured vs peak" in text
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg"])
+def test_experiment_chart_exports(qtbot, window, tmp_path, suffix):
+    view, _record = run_experiment(qtbot, window, "batch", sizes="1, 2", tokens=3)
+    path = export.export_chart(view.graphics.ci, tmp_path / f"batch{suffix}")
+    assert path.stat().st_size > 2000

@@ -1,0 +1,158 @@
+"""Cost model and experiments on the tiny model: complete, monotone where they must be, tokens equal."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from engine import costmodel
+from engine.batch import generate_batch
+from engine.errors import ParameterError
+from engine.events import ExperimentFinished, ExperimentPoint, ExperimentStarted, RunStarted
+from engine.experiments import doubling_lengths, fitted_exponent, run_experiment
+from engine.params import GenerationParams
+from engine.session import Session
+from tests.engine.test_kvcache import smol_facts
+
+SEED_EXPECTED = """PREFILL cost -- scales QUADRATICALLY:
+  Prompt length   50 -> ~320,000 FLOPs
+  Prompt length  100 -> ~1,280,000 FLOPs
+  Prompt length  200 -> ~5,120,000 FLOPs
+  Prompt length  400 -> ~20,480,000 FLOPs
+  Prompt length  800 -> ~81,920,000 FLOPs
+
+Doubling 400->800: FLOPs multiplier = 4.0x
+
+Prompt length: 100, generating 50 new tokens
+  WITHOUT KV cache: 102,134,400 total FLOPs
+  WITH KV cache:    803,200 total FLOPs
+  Reduction factor: 127.2x"""
+
+
+def test_seed_example_is_reproduced_exactly():
+    assert costmodel.seed_example() == SEED_EXPECTED
+
+
+def test_seed_example_from_the_cli(cache_root):
+    r = subprocess.run([sys.executable, "-m", "engine", "costmodel", "--seed-example"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "KVSCOPE_CACHE_DIR": str(cache_root)})
+    assert r.returncode == 0 and r.stdout.rstrip("\n") == SEED_EXPECTED
+
+
+def test_whole_model_costs_behave():
+    m = smol_facts(tied_embeddings=True)
+    cost = costmodel.ModelCost(m)
+    assert cost.body_params == 134515008 - 49152 * 576
+    step = cost.decode(100)
+    weights = 2 * (cost.body_params + 49152 * 576)                                    # 2 FLOPs per weight
+    assert step.flops == weights + 4 * 30 * 9 * 64 * 101                              # + QK^T and AV over 101 keys
+    assert step.flops == pytest.approx(weights, rel=0.05)                              # weights dominate decode
+    assert step.bytes > 4 * cost.body_params                                          # all weights read
+    assert cost.decode(1000).bytes - cost.decode(100).bytes == 900 * 46_080           # plus the KV read
+    device = costmodel.Device("x", flops_per_s=300e9, bytes_per_s=25e9)
+    assert step.bound(device) == "bandwidth" and cost.prefill(1024).bound(device) == "compute"
+    assert cost.prefill(64).intensity < cost.prefill(1024).intensity
+    long, short = cost.prefill(4096).flops, cost.prefill(2048).flops
+    assert 2.0 < long / short < 4.0                                                    # between linear and n^2
+    on = cost.decode_total(100, 50, cache=True).flops
+    off = cost.decode_total(100, 50, cache=False).flops
+    assert off / on > 50 and off / on > cost.decode_total(100, 10, cache=False).flops / \
+        cost.decode_total(100, 10, cache=True).flops                                  # the gap grows with length
+
+
+def test_fitted_exponent_and_lengths():
+    assert doubling_lengths(16, 200) == [16, 32, 64, 128]
+    assert fitted_exponent([1, 2, 4, 8], [3, 12, 48, 192]) == pytest.approx(2.0)
+
+
+def collect(kind, tiny, **settings):
+    events = []
+    finished = run_experiment(kind, Session(tiny), events.append, **settings)
+    return events, finished
+
+
+def test_prefill_sweep_on_the_tiny_model(tiny):
+    events, finished = collect("prefill", tiny, max_length=128, repeats=2)
+    assert isinstance(events[0], ExperimentStarted) and finished.reason == "done"
+    points = [e.values for e in events if isinstance(e, ExperimentPoint)]
+    assert [p["tokens"] for p in points] == [16, 32, 64, 128]
+    assert all(p["prefill_ms"] > 0 and p["ttft_ms"] >= p["prefill_ms"] for p in points)
+    flops = [p["flops"] for p in points]
+    assert flops == sorted(flops) and len(set(flops)) == 4
+    assert "exponent" in finished.summary and finished.summary["last_doubling"] == "64->128"
+
+
+def test_cache_comparison_tokens_match(tiny):
+    events, finished = collect("cache", tiny, new_tokens=24, prompt="The KV cache holds keys")
+    s = finished.summary
+    assert s["tokens_match"] is True and s["flops_ratio"] > 1 and s["attention_flops_ratio"] > 1
+    runs = [e for e in events if isinstance(e, RunStarted)]
+    assert [r.params.kv_cache for r in runs] == [True, False]       # the runs themselves are in the stream
+    assert len([e for e in events if isinstance(e, ExperimentPoint)]) == 2
+
+
+def test_batch_sweep_on_the_tiny_model(tiny):
+    events, finished = collect("batch", tiny, sizes=(1, 2, 4), new_tokens=6)
+    points = [e.values for e in events if isinstance(e, ExperimentPoint)]
+    assert [p["batch"] for p in points] == [1, 2, 4]
+    assert all(p["decode_tok_s"] > 0 and p["per_token_ms"] > 0 for p in points)
+    assert finished.summary["largest_batch"] == 4
+
+
+def test_each_row_of_a_batch_equals_its_solo_run(tiny):
+    """In float64, so left padding and masking must give the very same greedy tokens as running alone."""
+    import copy
+
+    model = copy.deepcopy(tiny.model).to(torch.float64)
+    session = Session(tiny)
+    prompts = [session.encode(t, chat_template=False) for t in (
+        "hi", "hello world 日本語", "The KV cache holds keys and values", "Temperature, top-k and top-p change 😀")]
+    assert len({len(p) for p in prompts}) == 4                     # different lengths: real padding
+    pad = tiny.tokenizer.pad_token_id
+    batched = generate_batch(model, prompts, 12, pad, torch.device("cpu")).tokens
+    for row, prompt in enumerate(prompts):
+        assert batched[row] == generate_batch(model, [prompt], 12, pad, torch.device("cpu")).tokens[0]
+
+
+def test_batch_of_one_equals_the_session_greedy_run(tiny):
+    session = Session(tiny)
+    prompt = session.encode("The KV cache holds keys")
+    expected = session.run("The KV cache holds keys", GenerationParams(max_new_tokens=10)).summary.token_ids
+    got = generate_batch(tiny.model, [prompt], 10, tiny.tokenizer.pad_token_id, torch.device("cpu")).tokens[0]
+    assert got[: len(expected)] == expected
+
+
+def test_cancel_stops_an_experiment(tiny):
+    cancel = threading.Event()
+    cancel.set()
+    finished = run_experiment("prefill", Session(tiny), lambda e: None, cancel, max_length=64)
+    assert isinstance(finished, ExperimentFinished) and finished.reason == "stopped"
+
+
+def test_bad_experiment_settings(tiny):
+    with pytest.raises(ParameterError, match="Unknown experiment"):
+        run_experiment("nope", Session(tiny), lambda e: None)
+    with pytest.raises(ParameterError, match="max length"):
+        run_experiment("prefill", Session(tiny), lambda e: None, max_length=8)
+
+
+def test_sweep_cli_prints_json(tiny_model_dir, cache_root):
+    r = subprocess.run([sys.executable, "-m", "engine", "sweep", "batch", "--model", str(tiny_model_dir),
+                        "--sizes", "1,2", "--tokens", "4", "--json"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "KVSCOPE_CACHE_DIR": str(cache_root)})
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert [p["batch"] for p in data["points"]] == [1, 2] and data["summary"]["largest_batch"] == 2
+
+
+def test_hardware_peaks_are_measured_once_then_cached(tiny):
+    from engine.hardware import peaks_event
+
+    first = peaks_event(tiny)
+    second = peaks_event(tiny)
+    assert first.flops_per_s > 1e8 and first.bytes_per_s > 1e8
+    assert second.cached and second.flops_per_s == first.flops_per_s
