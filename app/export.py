@@ -66,8 +66,7 @@ def export_chart(item: object, path: str | Path) -> Path:
         return _export_svg(item, target)
     if suffix in (".png", ".jpg", ".jpeg"):
         exporter = exporters.ImageExporter(item)
-        width = int(exporter.parameters()["width"])
-        exporter.parameters()["width"] = max(width, 1600)
+        exporter.parameters()["width"] = int(exporter.parameters()["width"]) * 2     # crisp, same proportions
         exporter.export(str(target))
         return target
     raise ValueError(f"Charts export to .png or .svg, not {suffix or 'a file without a suffix'}")

@@ -66,6 +66,7 @@ class ExperimentView(QWidget):
         self.graphics = TimedGraphics()
         self.plot: pg.PlotItem = self.graphics.addPlot()
         self.plot.addLegend(offset=(10, 10))
+        self.plot.getViewBox().setDefaultPadding(0.08)       # room for point labels at the edges
         self.explain = QLabel()
         self.explain.setWordWrap(True)
         self.explain.setTextFormat(Qt.TextFormat.RichText)

@@ -1,9 +1,11 @@
 """``make bench``: every benchmark in turn (each also runs alone: ``python -m tests.benchmarks.bench_engine``)."""
 
-from tests.benchmarks import bench_engine, bench_gui
+from tests.benchmarks import bench_engine, bench_experiments, bench_gui
 
 if __name__ == "__main__":
     print("== engine: instrumented session vs model.generate ==", flush=True)
     bench_engine.main([])
     print("\n== window: responsiveness while streaming, and what drawing costs the engine ==", flush=True)
     bench_gui.main([])
+    print("\n== experiments on the real model (charts saved for README) ==", flush=True)
+    bench_experiments.main([])

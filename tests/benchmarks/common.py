@@ -8,7 +8,7 @@ import platform
 import statistics
 from pathlib import Path
 
-RESULTS = Path(os.environ.get("KVSCOPE_BENCH_DIR", "bench-results"))
+RESULTS = Path(os.environ.get("KVSCOPE_BENCH_DIR") or os.environ.get("OUT") or "bench-results")
 
 
 def machine() -> str:

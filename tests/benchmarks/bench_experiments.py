@@ -1,0 +1,58 @@
+"""The three experiments on the real model, run through the window (offscreen) exactly as a user would,
+printing their tables and saving each chart as a PNG for README and each experiment as a trace."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+
+from tests.benchmarks.bench_gui import _pause, _wait, open_window
+from tests.benchmarks.common import RESULTS, machine, save
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+SETTINGS = {"prefill": {"max_length": 2048, "repeats": 3}, "cache": {"new_tokens": 48},
+            "batch": {"sizes": (1, 2, 4, 8, 16), "new_tokens": 32}}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", default="embedded")
+    p.add_argument("--charts", default="resources/screenshots", help="folder for the chart PNGs")
+    p.add_argument("--max-length", type=int, default=SETTINGS["prefill"]["max_length"])
+    args = p.parse_args(argv)
+    os.environ.setdefault("KVSCOPE_SETTINGS", str(Path(tempfile.mkdtemp()) / "bench.ini"))
+    from app.export import export_chart
+    from engine.commands import experiment_table
+    from engine.trace import write_trace
+
+    window = open_window(args.model)
+    window.resize(1800, 1100)
+    window.resizeDocks([window.docks["experiments"]], [900], Qt.Orientation.Horizontal)
+    _wait(lambda: window.store.peaks is not None)
+    results = {"machine": machine(), "model": window.client.model.model.name}
+    SETTINGS["prefill"]["max_length"] = args.max_length
+    for kind, settings in SETTINGS.items():
+        window.start_experiment(kind, dict(settings))
+        _wait(lambda: window.client.busy is None, timeout_s=3600)
+        record = window.store.latest_experiment(kind)
+        window.refresh(force=True)
+        view = window.experiments.views[kind]
+        window.docks["experiments"].raise_()
+        window.experiments.setCurrentWidget(view)
+        _pause(300)
+        table = experiment_table(kind, record.points, record.end)
+        print(f"\n== {kind} ({machine()}) ==\n{table}", flush=True)
+        export_chart(view.graphics.ci, Path(args.charts) / f"experiment-{kind}.png")
+        write_trace(RESULTS / f"experiment-{kind}.jsonl", record.events)
+        results[kind] = {"points": [p.values for p in record.points], "summary": record.end.summary}
+    window.close()
+    save("experiments", results)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""One prepared run on a CUDA GPU: the engine's CUDA path checked and measured (not part of ``make test``:
+CI has no GPU). Prints everything and writes JSON into ``$OUT`` (or ``bench-results/``).
+
+1. load the embedded model with device ``auto`` (CUDA, bf16) and ``cuda`` + fp32;
+2. greedy parity with ``generate()`` on the GPU, with the cache on and off;
+3. KV bytes from the cache tensors against the formula and against ``torch.cuda.memory_allocated``;
+4. the step clock: CUDA events vs a host clock with and without a sync (why the events);
+5. the engine benchmark (session vs generate) in bf16 and fp32;
+6. the three experiments, the prefill sweep up to the full context.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from engine import kvcache
+from engine.experiments import run_experiment
+from engine.hardware import peaks_event
+from engine.models import load
+from engine.params import GenerationParams
+from engine.session import Session
+from tests.benchmarks import bench_engine
+
+OUT = Path(os.environ.get("OUT", "bench-results"))
+PROMPT = "hey, what is continuous batching?"
+
+
+def parity(loaded) -> dict:
+    session = Session(loaded)
+    out = {}
+    for kv in (True, False):
+        events = []
+        result = session.run(PROMPT, GenerationParams(max_new_tokens=32, kv_cache=kv), events.append)
+        ids = events[0].prompt_ids
+        x = torch.tensor([ids], device=loaded.device)
+        with torch.inference_mode():
+            ref = loaded.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=32)
+        expected = ref[0, len(ids):].tolist()
+        out[f"kv_{'on' if kv else 'off'}_equal"] = result.summary.token_ids == expected
+        out[f"kv_{'on' if kv else 'off'}_tokens"] = len(expected)
+    return out
+
+
+def kv_memory(loaded, n: int = 1024) -> dict:
+    from transformers import DynamicCache
+
+    session = Session(loaded)
+    ids = (session.encode("The KV cache holds keys and values. ", chat_template=False) * n)[:n]
+    x = torch.tensor([ids], device=loaded.device)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    cache = DynamicCache(config=loaded.model.config)
+    with torch.inference_mode():
+        out = loaded.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+    del out
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_allocated()
+    read = sum(k + v for k, v in kvcache.kv_bytes_per_layer(cache, loaded.facts.num_layers))
+    return {"tokens": n, "read_from_tensors": read, "formula": kvcache.predicted_kv_bytes(loaded.facts, n),
+            "cuda_allocated_delta": after - before}
+
+
+def clock_check(loaded, steps: int = 50) -> dict:
+    """One decode step timed three ways; the host clock without a sync measures only the launch."""
+    from transformers import DynamicCache
+
+    session = Session(loaded)
+    ids = torch.tensor([session.encode(PROMPT)], device=loaded.device)
+    cache = DynamicCache(config=loaded.model.config)
+    events, synced, unsynced = [], [], []
+    with torch.inference_mode():
+        logits, cache = session.prefill(ids, use_cache=True)
+        token = logits.argmax(-1, keepdim=True)
+        position = ids.shape[1]
+        for i in range(steps):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            start = session.clock.mark()
+            logits = session.decode_step(token, position + i, cache, None)
+            end = session.clock.mark()
+            unsynced.append((time.perf_counter() - t) * 1000)
+            events.append(session.clock.elapsed_ms(start, end))
+            torch.cuda.synchronize()
+            synced.append((time.perf_counter() - t) * 1000)
+            token = logits.argmax(-1, keepdim=True)
+    med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    return {"cuda_events_ms": med(events), "host_clock_with_sync_ms": med(synced),
+            "host_clock_without_sync_ms": med(unsynced)}
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    report: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    t = time.perf_counter()
+    auto = load("embedded", "auto", "auto")
+    report["load_auto_s"] = time.perf_counter() - t
+    report["auto"] = {"device": auto.facts.device, "dtype": auto.facts.dtype,
+                      "layer_devices": sorted(set(auto.facts.layer_devices))}
+    print(json.dumps(report, indent=1), flush=True)
+    fp32 = load("embedded", "cuda", "float32")
+    for name, loaded in (("bf16", auto), ("fp32", fp32)):
+        report[f"parity_{name}"] = parity(loaded)
+        report[f"kv_memory_{name}"] = kv_memory(loaded)
+        report[f"clock_{name}"] = clock_check(loaded)
+        report[f"peaks_{name}"] = vars(peaks_event(loaded))
+        print(name, json.dumps({k: v for k, v in report.items() if k.endswith(name)}, indent=1), flush=True)
+    (OUT / "cuda-report.json").write_text(json.dumps(report, indent=1))
+    del fp32
+    torch.cuda.empty_cache()
+    for dtype in ("bfloat16", "float32"):
+        bench_engine.main(["--device", "cuda", "--dtype", dtype, "--runs", "5"])
+    session = Session(auto)
+    peaks = peaks_event(auto)
+    experiments = {}
+    for kind, settings in (("prefill", {"max_length": 8192, "repeats": 5}), ("cache", {"new_tokens": 128}),
+                           ("batch", {"sizes": (1, 2, 4, 8, 16, 32, 64), "new_tokens": 64})):
+        events = []
+        finished = run_experiment(kind, session, events.append, peaks=peaks, **settings)
+        from engine.commands import experiment_table
+        from engine.events import ExperimentPoint
+
+        points = [e for e in events if isinstance(e, ExperimentPoint)]
+        print(f"\n== {kind} on {report['gpu']} (bf16) ==\n{experiment_table(kind, points, finished)}", flush=True)
+        experiments[kind] = {"points": [p.values for p in points], "summary": finished.summary}
+    (OUT / "cuda-experiments.json").write_text(json.dumps(experiments, indent=1))
+
+
+if __name__ == "__main__":
+    main()
