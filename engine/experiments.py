@@ -196,13 +196,13 @@ def batch_sweep(session: Session, emit: Sink, cancel: threading.Event | None = N
     pad = session.tokenizer.pad_token_id
     pad = session.tokenizer.eos_token_id if pad is None else pad
     x = _Experiment("batch", session, {"sizes": list(sizes), "new_tokens": new_tokens}, emit, cancel, peaks)
-    generate_batch(session.model, encoded[:1], 2, pad, session.device)            # warm-up
     rows = []
     for i, size in enumerate(sizes):
         if x.cancel.is_set():
             break
         x.progress(i, len(sizes), f"batch of {size}: {new_tokens} tokens per request")
         batch = [encoded[j % len(encoded)] for j in range(size)]
+        generate_batch(session.model, batch, 2, pad, session.device)            # warm-up: this shape's kernels
         r = generate_batch(session.model, batch, new_tokens, pad, session.device, x.cancel)
         if r.stopped:
             break

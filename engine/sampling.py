@@ -60,10 +60,13 @@ def choose(logits: torch.Tensor, params: GenerationParams, generator: torch.Gene
     top_logits, top_ids = torch.topk(logits, min(n_candidates, logits.size(-1)))
     top_raw = (top_logits - log_z).exp()
     if params.temperature == 0.0:
-        ids = torch.cat([top_ids[:1], top_ids]).tolist()
-        raw = torch.cat([top_raw[:1], top_raw]).tolist()
+        # argmax semantics: among tied maxima (common in bf16) the lowest id, as generate() picks; topk's order
+        # among equal values is unspecified.
+        token = torch.where(top_logits == top_logits[0], top_ids, logits.size(-1)).min().view(1)
+        ids = torch.cat([token, top_ids]).tolist()
+        raw = torch.cat([(logits[token] - log_z).exp(), top_raw]).tolist()
         return Choice(token_id=ids[0], prob=1.0, raw_prob=raw[0], candidate_ids=ids[1:], candidate_raw=raw[1:],
-                      candidate_final=[1.0] + [0.0] * (len(ids) - 2))
+                      candidate_final=[1.0 if i == ids[0] else 0.0 for i in ids[1:]])
     scores = logits / params.temperature if params.temperature != 1.0 else logits
     kept = kept_tokens(scores, params)
     if kept is None:

@@ -94,6 +94,9 @@ def clock_check(loaded, steps: int = 50) -> dict:
 
 
 def main() -> None:
+    import sys
+
+    only = set(sys.argv[1].split(",")) if len(sys.argv) > 1 else None   # e.g. "parity,batch" for a re-check
     OUT.mkdir(parents=True, exist_ok=True)
     report: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     t = time.perf_counter()
@@ -105,20 +108,24 @@ def main() -> None:
     fp32 = load("embedded", "cuda", "float32")
     for name, loaded in (("bf16", auto), ("fp32", fp32)):
         report[f"parity_{name}"] = parity(loaded)
+        if only is not None:
+            continue
         report[f"kv_memory_{name}"] = kv_memory(loaded)
         report[f"clock_{name}"] = clock_check(loaded)
         report[f"peaks_{name}"] = vars(peaks_event(loaded))
         print(name, json.dumps({k: v for k, v in report.items() if k.endswith(name)}, indent=1), flush=True)
-    (OUT / "cuda-report.json").write_text(json.dumps(report, indent=1))
+    (OUT / ("cuda-report.json" if only is None else "cuda-recheck.json")).write_text(json.dumps(report, indent=1))
     del fp32
     torch.cuda.empty_cache()
-    for dtype in ("bfloat16", "float32"):
+    for dtype in ("bfloat16", "float32") if only is None else ():
         bench_engine.main(["--device", "cuda", "--dtype", dtype, "--runs", "5"])
     session = Session(auto)
     peaks = peaks_event(auto)
     experiments = {}
     for kind, settings in (("prefill", {"max_length": 8192, "repeats": 5}), ("cache", {"new_tokens": 128}),
                            ("batch", {"sizes": (1, 2, 4, 8, 16, 32, 64), "new_tokens": 64})):
+        if only is not None and kind not in only:
+            continue
         events = []
         finished = run_experiment(kind, session, events.append, peaks=peaks, **settings)
         from engine.commands import experiment_table
@@ -127,7 +134,8 @@ def main() -> None:
         points = [e for e in events if isinstance(e, ExperimentPoint)]
         print(f"\n== {kind} on {report['gpu']} (bf16) ==\n{experiment_table(kind, points, finished)}", flush=True)
         experiments[kind] = {"points": [p.values for p in points], "summary": finished.summary}
-    (OUT / "cuda-experiments.json").write_text(json.dumps(experiments, indent=1))
+    (OUT / ("cuda-experiments.json" if only is None else "cuda-recheck-experiments.json")).write_text(
+        json.dumps(experiments, indent=1))
 
 
 if __name__ == "__main__":

@@ -106,3 +106,11 @@ def test_candidates_report_before_and_after_filters():
     assert c.candidate_final[2:] == [0.0] * (len(c.candidate_final) - 2)
     assert c.candidate_raw[2] > 0
     assert math.isclose(sum(c.candidate_final), 1.0, rel_tol=1e-5)
+
+
+def test_greedy_breaks_ties_like_argmax():
+    """bf16 logits tie exactly more often than one would think; greedy must pick what argmax picks."""
+    logits = torch.tensor([0.5, 3.0, 1.0, 3.0, 3.0, -2.0])
+    c = choose(logits, GenerationParams(), None)
+    assert c.token_id == int(logits.argmax()) == 1
+    assert c.candidate_final[c.candidate_ids.index(1)] == 1.0 and sum(c.candidate_final) == 1.0
