@@ -35,5 +35,14 @@ test-fast: setup
 bench: setup
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m tests.benchmarks
 
+package: setup
+	$(BIN)/python -m pip install -q "pyinstaller>=6.10"
+	$(BIN)/pyinstaller --noconfirm --distpath dist --workpath build/pyinstaller packaging/kvscope.spec
+	du -sh dist/kvscope
+	dist/kvscope/kvscope --self-test
+
+install-desktop: setup
+	packaging/install-desktop.sh
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

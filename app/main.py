@@ -10,8 +10,10 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
+import time
 
-from PySide6.QtCore import QEvent, QTimer
+from PySide6.QtCore import QEvent, QTimer, qInstallMessageHandler
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
@@ -30,7 +32,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-load", action="store_true", help="open the window without loading a model")
     p.add_argument("--run", action="store_true", help="run the prompt as soon as the model has loaded")
     p.add_argument("--lecture", action="store_true", help="start in lecture mode (large type, high contrast)")
+    p.add_argument("--self-test", action="store_true",
+                   help="offscreen: load the model, generate a few tokens, print the timing report, exit 0")
     return p.parse_args(argv)
+
+
+def _quiet_platform_notes(mode, context, message: str) -> None:
+    """Qt's offscreen platform notes that it cannot resize to hints; everything else goes to the log."""
+    if "does not support propagateSizeHints" in message:
+        return
+    logging.getLogger("qt").warning(message)
 
 
 def build(args: argparse.Namespace) -> tuple[QApplication, MainWindow]:
@@ -49,8 +60,12 @@ def build(args: argparse.Namespace) -> tuple[QApplication, MainWindow]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING if args.self_test else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if args.self_test:
+        return self_test(args, started)
     app, window = build(args)
     window.show()
     window.raise_()
@@ -72,6 +87,25 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(__name__).warning("engine busy in a forward pass at exit; ending the process")
         os._exit(code)
     dispose(app, window)
+    return code
+
+
+def self_test(args: argparse.Namespace, started: float) -> int:
+    """Offscreen, with throwaway settings, so a check never changes what the user sees next time."""
+    from app.selftest import run_self_test
+
+    os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    qInstallMessageHandler(_quiet_platform_notes)
+    with tempfile.TemporaryDirectory(prefix="kvscope-self-test-") as tmp:
+        os.environ["KVSCOPE_SETTINGS"] = os.path.join(tmp, "settings.ini")
+        app, window = build(args)
+        window.show()
+        code = run_self_test(app, window, started, args.model or "embedded", args.device or "auto",
+                             args.dtype or "auto")
+        window.close()
+        if not window.worker_stopped:
+            os._exit(code)
+        dispose(app, window)
     return code
 
 

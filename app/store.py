@@ -235,7 +235,7 @@ class RunStore:
             return
         if isinstance(event, ExperimentStarted):
             self.experiments.append(ExperimentRecord(event))
-            del self.experiments[: max(0, len(self.experiments) - self.max_runs)]
+            self.trim()
             self.peaks = event.peaks or self.peaks
             self.version += 1
             return
@@ -250,7 +250,7 @@ class RunStore:
             self._count += 1
             record = RunRecord(event, self._count)
             self.runs.append(record)
-            del self.runs[: max(0, len(self.runs) - self.max_runs)]
+            self.trim()
             if self.experiments and not self.experiments[-1].finished:
                 self.experiments[-1].run_ids.append(record.run_id)       # a run the experiment started
             self.version += 1
@@ -264,6 +264,12 @@ class RunStore:
         self.version += 1
         if isinstance(event, (RunFinished, RunFailed)):
             self._notify("ended", record)
+
+    def trim(self) -> None:
+        """Keep the newest ``max_runs`` runs (and experiments); the others' memory goes with them."""
+        del self.runs[: max(0, len(self.runs) - self.max_runs)]
+        del self.experiments[: max(0, len(self.experiments) - self.max_runs)]
+        self.version += 1
 
     def clear(self) -> None:
         self.runs.clear()

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QElapsedTimer, Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayout, QLabel, QMainWindow,
-                               QMessageBox, QPushButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayout, QInputDialog, QLabel,
+                               QMainWindow, QMessageBox, QPushButton, QVBoxLayout, QWidget)
 
 from app import export, theme as th
+from app.dialogs import AboutDialog, FirstRunDialog
 from app.paint import METER
 from app.panels.controls import ControlsPanel
 from app.panels.experiments import ExperimentsPanel
@@ -31,11 +32,17 @@ from app.store import RunStore
 from app.worker import EngineClient, Note
 from engine.errors import EngineError
 from engine.events import LoadProgress, ModelLoaded, RunFailed, RunFinished, RunStarted
+from engine.gguf import remove_all_conversions
+from engine.kvcache import format_bytes
 from engine.trace import write_trace
 
 log = logging.getLogger(__name__)
 REFRESH_MS = 33            # token text and status strip: ~30 fps; charts as often as paint.METER allows
 REPLAY_SPEEDS = (("0.5x", 0.5), ("1x (as recorded)", 1.0), ("2x", 2.0), ("4x", 4.0), ("instant", 0.0))
+
+
+ERROR_STYLE = "background:#FBE3D6; color:#7A2600;"
+WARNING_STYLE = "background:#FFF4CC; color:#5A4500;"
 
 
 class ErrorBanner(QWidget):
@@ -52,10 +59,14 @@ class ErrorBanner(QWidget):
         row.setContentsMargins(8, 4, 8, 4)
         row.addWidget(self.label, 1)
         row.addWidget(close)
-        self.setStyleSheet("background:#FBE3D6; color:#7A2600;")
+        self.setStyleSheet(ERROR_STYLE)
         self.hide()
 
     def show_error(self, message: str) -> None:
+        self.show_message(message)
+
+    def show_message(self, message: str, warning: bool = False) -> None:
+        self.setStyleSheet(WARNING_STYLE if warning else ERROR_STYLE)
         self.label.setText(message)
         self.show()
 
@@ -68,6 +79,7 @@ class MainWindow(QMainWindow):
         self._font_pt = QApplication.font().pointSizeF()
         self.worker_stopped = True
         self._run_after_load = False
+        self.first_run: FirstRunDialog | None = None
         self.lecture = False
         self.replay_speed = 1.0
         self.setWindowTitle("KVScope")
@@ -169,6 +181,7 @@ class MainWindow(QMainWindow):
         self._action(run, "Load model", self.load_from_controls, "Ctrl+L")
         run.addSeparator()
         self._action(run, "Clear runs", self.clear_runs)
+        self._action(run, "Keep the last N runs…", self.ask_history)
         view = bar.addMenu("&View")
         self.lecture_action = self._action(view, "Lecture mode", self.toggle_lecture, "F11", checkable=True)
         colour = view.addMenu("Token colours")
@@ -183,6 +196,7 @@ class MainWindow(QMainWindow):
         self._action(view, "Reset layout", self.reset_layout)
         help_menu = bar.addMenu("&Help")
         self._action(help_menu, "Keyboard shortcuts", self.show_shortcuts, QKeySequence.StandardKey.HelpContents)
+        self._action(help_menu, "About KVScope", self.show_about)
 
     def _wire(self) -> None:
         c = self.controls
@@ -266,6 +280,17 @@ class MainWindow(QMainWindow):
             self.client.control.resume()
         self.controls.set_paused(paused)
 
+    def ask_history(self) -> None:
+        value, ok = QInputDialog.getInt(self, "Run history", "Keep this many runs (older ones are dropped, with "
+                                        "their memory):", self.store.max_runs, 1, 500)
+        if ok:
+            self.set_history(value)
+
+    def set_history(self, max_runs: int) -> None:
+        self.store.max_runs = max_runs
+        self.store.trim()
+        self.settings.setValue("history/max_runs", max_runs)
+
     def clear_runs(self) -> None:
         if not self.client.busy:
             self.store.clear()
@@ -279,16 +304,42 @@ class MainWindow(QMainWindow):
             elif isinstance(item, LoadProgress):
                 self.status.show_progress(item.message, item.fraction)
                 self.controls.model_status.setText(item.message)
+                self._first_run_progress(item)
             elif isinstance(item, ModelLoaded):
                 self._on_loaded(item)
             else:
                 self.store.add(item)
                 if isinstance(item, RunFailed):
                     self.show_error(f"The run failed: {item.message}")
+                elif isinstance(item, RunStarted) and self.client.busy == "replay":
+                    loaded = self.client.model.model.name if self.client.model else None
+                    other = f" (not the loaded model, {loaded})" if loaded and loaded != item.model.name else ""
+                    self.status.showMessage(f"Replaying a trace recorded with {item.model.name} on "
+                                            f"{item.model.device}{other}", 8000)
                 elif isinstance(item, (RunStarted, RunFinished)):
                     self.status.showMessage(f"Run #{self.store.current.number}: {self.store.current.reason}", 5000)
 
+    def _first_run_progress(self, progress: LoadProgress) -> None:
+        """The one-time conversion gets a dialog that explains it; everything else stays in the status bar."""
+        if progress.stage == "convert" and self.first_run is None:
+            self.first_run = FirstRunDialog(self)
+            self.first_run.cancel_requested.connect(self.stop_run)
+            self.first_run.show()
+        if self.first_run is not None:
+            if progress.stage == "convert":
+                self.first_run.update_progress(progress.message, progress.fraction)
+            else:
+                self._close_first_run()
+
+    def _close_first_run(self) -> None:
+        if self.first_run is not None:
+            self.first_run.close()
+            self.first_run.deleteLater()
+            self.first_run = None
+
     def _on_note(self, note: Note) -> None:
+        if note.kind in ("error", "idle"):
+            self._close_first_run()
         if note.kind == "error":
             self.show_error(str(note.payload))
             self.status.hide_progress()
@@ -314,6 +365,8 @@ class MainWindow(QMainWindow):
         self.controls.model_status.setText(_loaded_text(loaded))
         self.status.showMessage(_loaded_text(loaded), 8000)
         self.setWindowTitle(f"KVScope — {m.name} on {m.device}")
+        if loaded.warnings:
+            self.banner.show_message(" ".join(loaded.warnings), warning=True)
 
     def show_error(self, message: str) -> None:
         log.info("shown to the user: %s", message)
@@ -487,6 +540,20 @@ class MainWindow(QMainWindow):
         self.settings.remove(self._layout_key())
         self._default_layout()
 
+    def show_about(self) -> None:
+        dialog = AboutDialog(self, self.client.model, self.store.peaks, self.settings.fileName(),
+                             busy=bool(self.client.busy))
+        dialog.clear_cache.connect(self.clear_converted_models)
+        dialog.exec()
+
+    def clear_converted_models(self) -> None:
+        if self.client.busy:
+            self.show_error("Wait for the current work to finish before clearing the cache.")
+            return
+        freed = remove_all_conversions()
+        self.status.showMessage(f"Cleared converted models ({format_bytes(freed)}); the built-in model converts "
+                                "again on its next load", 8000)
+
     def show_shortcuts(self) -> None:
         QMessageBox.information(self, "Keyboard shortcuts", (
             "Ctrl+Enter  run the prompt\nEsc  stop\nF10  step one token (starts paused after the prefill)\n"
@@ -500,6 +567,7 @@ class MainWindow(QMainWindow):
         if isinstance(geometry, QByteArray):
             self.restoreGeometry(geometry)
         self.controls.restore(s)
+        self.store.max_runs = s.value("history/max_runs", self.store.max_runs, int)
         self.tokens.set_mode(s.value("view/token_colours", "phase", str))
         self.kv.set_mode(s.value("view/kv_mode", "memory", str))
         self.lecture = s.value("view/lecture", False, bool)

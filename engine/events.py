@@ -52,9 +52,12 @@ class LoadProgress:
 
 @dataclass(frozen=True)
 class ModelLoaded:
+    """``warnings``: things the user should know but that did not stop the load (e.g. pickle weights)."""
+
     model: ModelFacts
     load_ms: float
     converted: bool = False
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

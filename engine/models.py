@@ -11,7 +11,7 @@ import re
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +68,11 @@ class LoadedModel:
     facts: ModelFacts
     load_ms: float
     converted: bool = False
+    warnings: list[str] = field(default_factory=list)
 
     def loaded_event(self) -> ModelLoaded:
-        return ModelLoaded(model=self.facts, load_ms=self.load_ms, converted=self.converted)
+        return ModelLoaded(model=self.facts, load_ms=self.load_ms, converted=self.converted,
+                           warnings=list(self.warnings))
 
 
 def pick_device(requested: str = "auto") -> Any:
@@ -137,6 +139,7 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
         raise ModelSourceError("Loading cancelled")
     report(LoadProgress("load", f"Loading weights to {torch_device} as {str(torch_dtype).removeprefix('torch.')}",
                         None))
+    warnings = pickle_warnings(Path(folder))
     model, tokenizer = _load_folder(folder, torch_device, torch_dtype, trust_remote_code)
     input_device = model.get_input_embeddings().weight.device
     name = embedded.DISPLAY_NAME if source.kind == "embedded" else source.display
@@ -144,7 +147,16 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
     load_ms = (time.perf_counter() - started) * 1000.0
     report(LoadProgress("done", f"Loaded {name} on {facts.device} in {load_ms / 1000:.1f} s", 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, device=input_device, facts=facts, load_ms=load_ms,
-                       converted=converted)
+                       converted=converted, warnings=warnings)
+
+
+def pickle_warnings(folder: Path) -> list[str]:
+    """Pickle checkpoints can run code when unpickled; transformers loads them with torch's
+    ``weights_only=True`` (tensors only, anything else refused), and KVScope never turns that off."""
+    if any(folder.glob("*.safetensors")) or not any(folder.glob("*.bin")):
+        return []
+    return [f"{folder.name} stores its weights as a pickle (.bin). A pickle can run code when loaded, so it was "
+            "loaded with weights_only=True, which accepts tensors only. Prefer models in .safetensors."]
 
 
 def _load_folder(folder: str, device: Any, dtype: Any, trust_remote_code: bool) -> tuple[Any, Any]:

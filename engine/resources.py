@@ -1,8 +1,10 @@
-"""``resources/``: sample prompts (and icons) next to the source tree, inside a bundled app, or nowhere
-(an installed wheel), in which case the few prompts the experiments need are built in."""
+"""``resources/``: sample prompts and icons, next to the source tree, inside a bundled app, or in an installed
+wheel (as the data package ``kvscope_resources``); if none is found, the few prompts experiments need are
+built in."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -20,7 +22,10 @@ def resources_dir() -> Path:
     if bundle:
         candidates.append(Path(bundle) / "resources")
     here = Path(__file__).resolve().parent
-    candidates += [here.parent / "resources", here / "resources"]
+    candidates.append(here.parent / "resources")
+    spec = importlib.util.find_spec("kvscope_resources")          # installed from a wheel
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [Path(p) for p in spec.submodule_search_locations]
     for path in candidates:
         if (path / "prompts").is_dir():
             return path

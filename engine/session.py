@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from engine import kvcache
+from engine import faults, kvcache
 from engine.clock import StepClock
 from engine.errors import ParameterError, PromptError
 from engine.events import (Candidate, KVNorms, PrefillDone, RunFailed, RunFinished, RunStarted, RunSummary,
@@ -70,7 +70,7 @@ class Session:
         self.device = loaded.device
         self.facts = loaded.facts
         self.record_kv_norms = record_kv_norms
-        self.fault_hook = fault_hook
+        self.fault_hook = fault_hook if fault_hook is not None else faults.from_env()
         self.clock = StepClock(self.device)
         self._special = set(self.tokenizer.all_special_ids)
         self._eos = _eos_ids(self.model, self.tokenizer)

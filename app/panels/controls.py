@@ -44,6 +44,9 @@ class ControlsPanel(QWidget):
         self.dtype_box = QComboBox()
         self.dtype_box.addItems(list(DTYPES))
         self.trust_box = QCheckBox("Allow this model's own code (trust_remote_code)")
+        self.trust_box.setToolTip("Runs Python shipped with the model. Allowed per model: changing the model "
+                                  "source clears it, and it is never remembered")
+        self.model_box.currentTextChanged.connect(lambda _t: self.trust_box.setChecked(False))
         self.load_button = QPushButton("Load model")
         self.load_button.clicked.connect(self._request_load)
         self.model_status = QLabel("No model loaded yet.")

@@ -1,0 +1,111 @@
+"""Help > About (versions, device, model, where files live, clearing the cache) and the first-run dialog
+that explains the one-time conversion of the built-in model while it happens."""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QLabel, QProgressBar, QPushButton, QVBoxLayout)
+
+from engine import __version__
+from engine.events import HardwarePeaks, ModelLoaded
+from engine.kvcache import format_bytes
+from engine.paths import cache_dir, converted_models_dir
+
+PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "PySide6", "pyqtgraph", "numpy")
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions, read from package metadata: nothing is imported (the window never loads torch)."""
+    out = {"Python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
+
+
+class AboutDialog(QDialog):
+    clear_cache = Signal()
+
+    def __init__(self, parent, model: ModelLoaded | None, peaks: HardwarePeaks | None, settings_file: str,
+                 busy: bool) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("About KVScope")
+        versions = " · ".join(f"{k} {v}" for k, v in package_versions().items())
+        if model is not None:
+            m = model.model
+            model_text = (f"{m.name} ({m.architecture}, {m.num_params / 1e6:,.1f}M parameters) on {m.device}, "
+                          f"{m.dtype}; source: {m.source}")
+        else:
+            model_text = "no model loaded"
+        device_text = (f"{peaks.device}: {peaks.flops_per_s / 1e9:,.0f} GFLOP/s, {peaks.bytes_per_s / 1e9:,.1f} GB/s "
+                       "(measured)" if peaks is not None else "not measured yet")
+        converted = converted_models_dir()
+        self.label = QLabel(
+            f"<h3>KVScope {__version__}</h3><p>See LLM inference live: tokens, the KV cache, prefill and decode.</p>"
+            f"<p><b>Model:</b> {model_text}<br><b>Device:</b> {device_text}</p>"
+            f"<p><b>Versions:</b> {versions}</p>"
+            f"<p><b>Files:</b><br>cache: {cache_dir()}<br>converted models: {converted} "
+            f"({format_bytes(folder_bytes(converted))})<br>settings: {settings_file}</p>")
+        self.label.setTextFormat(Qt.TextFormat.RichText)
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.clear_button = QPushButton("Clear converted models")
+        self.clear_button.setToolTip("Delete the converted copies; the built-in model converts again on next load")
+        self.clear_button.setEnabled(not busy and converted.exists())
+        self.clear_button.clicked.connect(self._clear)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.label)
+        layout.addWidget(self.clear_button)
+        layout.addWidget(buttons)
+        self.resize(640, 420)
+
+    def _clear(self) -> None:
+        self.clear_cache.emit()
+        self.clear_button.setEnabled(False)
+
+
+class FirstRunDialog(QDialog):
+    """Shown only while the built-in model is converted (the first launch); later launches never see it."""
+
+    cancel_requested = Signal()
+
+    def __init__(self, parent) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Preparing the built-in model")
+        self.explain = QLabel(
+            "KVScope ships SmolLM2-135M-Instruct as a compressed GGUF file. The first time, it is unpacked into "
+            f"plain weights in <code>{converted_models_dir()}</code> and checked against the original, so every "
+            "later launch loads in about a second. This takes about 20 seconds and happens once.")
+        self.explain.setWordWrap(True)
+        self.explain.setTextFormat(Qt.TextFormat.RichText)
+        self.step = QLabel("Starting…")
+        self.bar = QProgressBar()
+        self.bar.setRange(0, 1000)
+        cancel = QPushButton("Cancel")
+        cancel.clicked.connect(self.cancel_requested)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.explain)
+        layout.addWidget(self.step)
+        layout.addWidget(self.bar)
+        layout.addWidget(cancel, alignment=Qt.AlignmentFlag.AlignRight)
+        self.resize(520, 200)
+
+    def update_progress(self, message: str, fraction: float | None) -> None:
+        self.step.setText(message)
+        if fraction is None:
+            self.bar.setRange(0, 0)
+        else:
+            self.bar.setRange(0, 1000)
+            self.bar.setValue(int(fraction * 1000))

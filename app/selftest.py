@@ -1,0 +1,59 @@
+"""``kvscope --self-test``: the whole stack, offscreen, in one command. Opens the window, loads the model in the
+worker, generates a few tokens, prints the timing report and exits 0 (1 with one line on stderr if anything
+failed). It is how a bundled build is checked, and ``make test`` runs it on the source tree."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication
+
+from app.window import MainWindow
+from app.worker import Note
+from engine.events import RunFailed, RunFinished
+from engine.report import report
+
+PROMPT = "hey, what is continuous batching?"
+TOKENS = 8
+TIMEOUT_MS = 15 * 60 * 1000
+
+
+def run_self_test(app: QApplication, window: MainWindow, started: float, model: str, device: str,
+                  dtype: str) -> int:
+    shown_s = time.perf_counter() - started
+    outcome: dict = {}
+
+    def finish(code: int, message: str) -> None:
+        if "code" not in outcome:
+            outcome["code"] = code
+            print(message, file=sys.stdout if code == 0 else sys.stderr, flush=True)
+            app.exit(code)
+
+    def on_events(items: list) -> None:
+        for item in items:
+            if isinstance(item, Note) and item.kind == "error":
+                finish(1, f"self-test failed: {item.payload}")
+            elif isinstance(item, Note) and item.kind == "idle" and "loaded_s" not in outcome \
+                    and window.client.model is not None:
+                outcome["loaded_s"] = time.perf_counter() - started
+                window.controls.prompt.setPlainText(PROMPT)
+                window.controls.max_tokens.setValue(TOKENS)
+                window.controls.temperature.setValue(0.0)
+                window.start_run()
+            elif isinstance(item, RunFailed):
+                finish(1, f"self-test failed: {item.message}")
+            elif isinstance(item, RunFinished):
+                facts = window.client.model.model
+                finish(0, "\n".join([
+                    f"self-test passed: {facts.name} on {facts.device} ({facts.dtype}), "
+                    f"{item.summary.generated_tokens} tokens: {item.summary.text!r}",
+                    report(facts, item.summary),
+                    f"window shown {shown_s:.2f} s after start; model loaded {outcome['loaded_s']:.1f} s after start"]))
+
+    window.client.events_ready.connect(on_events)
+    QTimer.singleShot(TIMEOUT_MS, lambda: finish(1, "self-test failed: timed out"))
+    window.load_model(model, device, dtype)
+    app.exec()
+    return outcome.get("code", 1)

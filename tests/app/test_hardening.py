@@ -1,0 +1,152 @@
+"""The window under bad input, faults and long sessions: a clear message, a usable app, nothing lost."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from engine.faults import parse
+from engine.memory import process_rss_bytes
+from engine.params import GenerationParams
+from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
+
+
+def test_out_of_memory_mid_run_keeps_the_numbers_and_the_next_run_works(qtbot, window):
+    window.client.worker.session.fault_hook = parse("decode:3:oom")
+    window.controls.max_tokens.setValue(10)
+    failed = run_and_wait(qtbot, window)
+    assert failed.reason == "failed" and failed.n_steps == 3
+    assert window.banner.isVisible() and "Out of memory after 3 tokens" in window.banner.label.text()
+    assert window.tokens.rendered_tokens() == failed.prompt_tokens + 3      # what was generated stays shown
+    window.client.worker.session.fault_hook = None
+    ok = run_and_wait(qtbot, window)
+    assert ok.reason in ("max_tokens", "eos") and len(window.store.runs) == 2
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b"", "is empty"),
+    (b'{"format": "kvscope-trace", "version": 7}\n', "version 7"),
+    (b"<html>not a trace</html>\n", "not valid JSON"),
+    (b'{"format": "kvscope-trace", "version": 1}\n{"type": "RunStarted", "run_id"', "truncated"),
+])
+def test_bad_trace_files_show_a_clear_message(qtbot, window, tmp_path, content, fragment):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    window.open_trace(str(path))
+    wait_idle(qtbot, window)
+    assert window.banner.isVisible() and fragment in window.banner.label.text()
+    assert window.store.current is None
+    window.controls.max_tokens.setValue(2)
+    assert run_and_wait(qtbot, window).n_steps == 2
+
+
+def test_stop_during_a_long_prefill_keeps_the_window_responsive(qtbot, window):
+    window.client.worker.session.fault_hook = parse("prefill:0:sleep=2")
+    window.controls.max_tokens.setValue(50)
+    window.start_run()
+    qtbot.waitUntil(lambda: window.store.current is not None)
+    started = time.perf_counter()
+    ticks = []
+    window.timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+    window.stop_run()
+    wait_idle(qtbot, window, timeout=30_000)
+    assert len(ticks) >= 10                                          # the GUI kept refreshing meanwhile
+    run = window.store.current
+    assert run.reason == "stopped" and run.n_steps <= 1 and time.perf_counter() - started < 10
+    window.client.worker.session.fault_hook = None
+    assert run_and_wait(qtbot, window).reason in ("max_tokens", "eos")
+
+
+def test_closing_during_an_experiment_stops_it_quickly(qtbot, tiny_model_dir):
+    w = make_window(qtbot, tiny_model_dir)
+    w.start_experiment("prefill", {"max_length": 256, "repeats": 20})
+    qtbot.waitUntil(lambda: (r := w.store.latest_experiment("prefill")) is not None and bool(r.points))
+    started = time.perf_counter()
+    w.close()
+    assert time.perf_counter() - started < 2.0 and w.worker_stopped
+    close_and_dispose(w)
+
+
+CLOSE_WHILE_BUSY = """
+import sys, time
+import app.main as m
+from PySide6.QtCore import QTimer
+build = m.build
+def patched(args):
+    app, w = build(args)
+    def close_when(busy=sys.argv[1]):
+        if w.client.busy == busy and (busy != "run" or w.store.current is not None):
+            QTimer.singleShot(300, lambda: (print(f"closing {{time.perf_counter():.3f}}", flush=True), w.close()))
+        else:
+            QTimer.singleShot(50, close_when)
+    QTimer.singleShot(50, close_when)
+    return app, w
+m.build = patched
+code = m.main(sys.argv[2:])
+print(f"exited {{time.perf_counter():.3f}}", flush=True)
+sys.exit(code)
+"""
+
+
+def close_while_busy(busy: str, args: list[str], env: dict) -> tuple[float, subprocess.CompletedProcess]:
+    r = subprocess.run([sys.executable, "-c", CLOSE_WHILE_BUSY.format(), busy, *args], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "QT_QPA_PLATFORM": "offscreen", **env})
+    closing = [float(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("closing")]
+    assert closing, (r.stdout, r.stderr)
+    return closing[0], r
+
+
+def test_closing_during_a_forward_pass_that_cannot_be_interrupted_exits_within_two_seconds(tiny_model_dir,
+                                                                                           tmp_path):
+    start = time.perf_counter()
+    closing, r = close_while_busy("run", ["--model", str(tiny_model_dir), "--device", "cpu", "--run"],
+                                  {"KVSCOPE_FAULTS": "prefill:0:sleep=30", "KVSCOPE_SETTINGS": str(tmp_path / "s.ini")})
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert time.perf_counter() - start < 25                      # it did not wait for the 30 s forward pass
+
+
+@pytest.mark.real
+def test_closing_during_the_first_conversion_exits_cleanly(tmp_path):
+    start = time.perf_counter()
+    closing, r = close_while_busy("load", [], {"KVSCOPE_CACHE_DIR": str(tmp_path / "cache"),
+                                               "KVSCOPE_SETTINGS": str(tmp_path / "s.ini")})
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert time.perf_counter() - start < 40
+    assert not any((tmp_path / "cache").rglob("*.safetensors"))    # nothing half-converted was published
+
+
+def test_widgets_refuse_out_of_range_values(window):
+    c = window.controls
+    for box, value, expected in ((c.top_p, 0.0, 0.01), (c.top_p, 1.5, 1.0), (c.temperature, -1.0, 0.0),
+                                 (c.seed, -5, 0), (c.top_k, -3, 0), (c.max_tokens, 0, 1),
+                                 (c.max_tokens, 10**6, 255)):
+        box.setValue(value)
+        assert box.value() == pytest.approx(expected), box
+    assert c.top_k.maximum() == window.client.model.model.vocab_size
+    assert c.params() == GenerationParams(max_new_tokens=255, temperature=0.0, top_k=0, top_p=1.0, seed=0)
+
+
+def test_allowing_model_code_is_per_model(window):
+    c = window.controls
+    c.trust_box.setChecked(True)
+    c.model_box.setCurrentText("/some/other/model")
+    assert not c.trust_box.isChecked()
+
+
+def test_two_hundred_runs_keep_a_bounded_history_and_flat_memory(qtbot, window, capsys):
+    window.set_history(20)
+    window.controls.max_tokens.setValue(8)
+    window.controls.prompt.setPlainText("hello world")
+    rss = {}
+    for i in range(1, 201):
+        run_and_wait(qtbot, window)
+        if i in (50, 200):
+            rss[i] = process_rss_bytes()
+    assert len(window.store.runs) == 20 and window.store.runs[-1].number == 200
+    growth = rss[200] - rss[50]
+    with capsys.disabled():
+        print(f"\n200 runs: RSS after run 50 {rss[50] / 2**20:.1f} MiB, after run 200 {rss[200] / 2**20:.1f} MiB, "
+              f"growth {growth / 2**20:+.1f} MiB, {len(window.store.runs)} runs kept")
+    assert growth < 40 * 2**20

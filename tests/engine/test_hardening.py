@@ -1,0 +1,120 @@
+"""Bad input and faults at the engine level: each gives one clear, specific message."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.errors import ModelSourceError, ParameterError
+from engine.events import RunFailed, RunFinished
+from engine.faults import parse
+from engine.models import load
+from engine.params import GenerationParams
+from engine.session import Session
+
+
+@pytest.fixture
+def pickle_model(tiny_model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "pickled"
+    shutil.copytree(tiny_model_dir, folder)
+    torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+def test_pickle_checkpoint_loads_tensors_only_and_warns(pickle_model):
+    loaded = load(str(pickle_model), device="cpu")
+    assert len(loaded.warnings) == 1 and "pickle" in loaded.warnings[0] and "weights_only=True" in loaded.warnings[0]
+    assert loaded.loaded_event().warnings == loaded.warnings
+
+
+def test_a_pickle_that_runs_code_is_refused(pickle_model, tmp_path):
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    torch.save({"model.embed_tokens.weight": Payload()}, pickle_model / "pytorch_model.bin")
+    with pytest.raises(ModelSourceError, match="Cannot load the model"):
+        load(str(pickle_model), device="cpu")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_remote_code_is_refused_unless_allowed(tiny_model_dir, tmp_path):
+    folder = tmp_path / "remote"
+    folder.mkdir()
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    config.update(model_type="kvscope_custom", auto_map={"AutoConfig": "configuration_custom.CustomConfig",
+                                                          "AutoModelForCausalLM": "modeling_custom.CustomModel"})
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "configuration_custom.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('x')\n")
+    with pytest.raises(ModelSourceError, match="trust_remote_code.*unless you allow it"):
+        load(str(folder), device="cpu")
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("phase, step", [("prefill", 0), ("decode", 2)])
+def test_out_of_memory_at_prefill_or_decode(tiny, phase, step):
+    session = Session(tiny, fault_hook=parse(f"{phase}:{step}:oom"))
+    result = session.run("hello world", GenerationParams(max_new_tokens=8))
+    assert isinstance(result, RunFailed) and result.error == "out_of_memory"
+    assert result.summary.generated_tokens == (0 if phase == "prefill" else 2)
+    session.fault_hook = None
+    assert isinstance(session.run("hello world", GenerationParams(max_new_tokens=3)), RunFinished)
+
+
+def test_fault_specs_from_the_environment(monkeypatch, tiny):
+    monkeypatch.setenv("KVSCOPE_FAULTS", "decode:1:error")
+    result = Session(tiny).run("hello", GenerationParams(max_new_tokens=5))
+    assert isinstance(result, RunFailed) and result.error == "RuntimeError" and "injected" in result.message
+    for bad in ("nonsense", "decode:x:oom", "middle:1:oom", "decode:1:explode"):
+        with pytest.raises(ParameterError, match="KVSCOPE_FAULTS"):
+            parse(bad)
+
+
+def test_characters_outside_the_vocabulary_fall_back_to_bytes(tiny):
+    """The tiny tokenizer never saw these characters: byte fallback keeps them, and the pieces still join
+    into exactly the prompt, so the token view shows them as typed."""
+    session = Session(tiny)
+    events = []
+    prompt = "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ☃ ∮ ᚠᛇᚻ"
+    session.run(prompt, GenerationParams(max_new_tokens=2, chat_template=False), events.append)
+    started = events[0]
+    assert "".join(started.prompt_pieces) == prompt
+    assert len(started.prompt_ids) > len(prompt)                # several byte tokens per character
+    assert all("\ufffd" not in p for p in started.prompt_pieces)
+
+
+def test_max_new_tokens_beyond_the_context_stops_at_the_context(tiny):
+    result = Session(tiny).run("hello", GenerationParams(max_new_tokens=10_000))
+    assert result.reason in ("context_full", "eos")
+    assert result.summary.prompt_tokens + result.summary.generated_tokens <= tiny.facts.max_context
+
+
+def test_long_prompt_error_says_by_how_much(tiny):
+    from engine.errors import PromptError
+
+    with pytest.raises(PromptError) as info:
+        Session(tiny).run("hello world " * 300, GenerationParams())
+    message = str(info.value)
+    assert "holds 256" in message and "shorten it by" in message
+
+
+def test_cancel_during_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
+    from engine import embedded, gguf
+
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def cancelled():
+        calls.append(1)
+        return len(calls) > 3                                   # a few stages in, the user presses Cancel
+
+    with pytest.raises(ModelSourceError, match="Conversion cancelled"):
+        gguf.ensure_converted(embedded.embedded_gguf(), cancelled=cancelled)
+    assert not gguf.is_converted(embedded.embedded_gguf())
+    assert list((tmp_path / "converted").iterdir()) == []      # the staging folder went too
