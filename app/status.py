@@ -32,11 +32,12 @@ class StatusStrip(QStatusBar):
             return
         s = run.summary(with_text=False)
         m = run.model
-        used = run.prompt_tokens + s.generated_tokens
+        used = s.reused_tokens + s.prompt_tokens + s.generated_tokens
         self.labels["ttft"].setText(f"TTFT {s.ttft_ms:,.0f} ms")
         self.labels["prefill"].setText(f"prefill {s.prefill_tok_s:,.0f} tok/s")
         self.labels["decode"].setText(f"decode {s.decode_tok_s:,.1f} tok/s")
-        self.labels["tokens"].setText(f"{s.prompt_tokens:,} + {s.generated_tokens:,} tokens")
+        reused = f"{s.reused_tokens:,} reused + " if s.reused_tokens else ""
+        self.labels["tokens"].setText(f"{reused}{s.prompt_tokens:,} + {s.generated_tokens:,} tokens")
         self.labels["context"].setText(f"context {used:,} of {m.max_context:,}")
         self.labels["kv"].setText(f"KV {format_bytes(s.kv_bytes)}")
 

@@ -69,6 +69,11 @@ class RunRecord:
         return len(self.started.prompt_ids)
 
     @property
+    def reused_tokens(self) -> int:
+        """Positions taken over from an earlier turn's cache (0 unless a chat reuses its cache)."""
+        return self.prefill.reused_tokens if self.prefill is not None else 0
+
+    @property
     def finished(self) -> bool:
         return self.end is not None
 
@@ -84,7 +89,8 @@ class RunRecord:
         if isinstance(event, PrefillDone):
             self.prefill = event
             self.kv_bytes_per_layer = event.kv_bytes_per_layer
-            self.kv_tokens = event.n_tokens if sum(map(sum, event.kv_bytes_per_layer)) else 0
+            held = event.reused_tokens + event.n_tokens
+            self.kv_tokens = held if sum(map(sum, event.kv_bytes_per_layer)) else 0
         elif isinstance(event, KVNorms):
             end = event.first_position + len(event.k_norms[0])
             self._grow(end)
@@ -128,7 +134,8 @@ class RunRecord:
         steps = self.steps
         decode = self.series["latency_ms"].values[1:]
         return RunSummary(
-            prompt_tokens=self.prompt_tokens, generated_tokens=len(steps), decode_runs=max(len(steps) - 1, 0),
+            prompt_tokens=self.prompt_tokens - self.reused_tokens, reused_tokens=self.reused_tokens,
+            generated_tokens=len(steps), decode_runs=max(len(steps) - 1, 0),
             tokenize_ms=self.prefill.tokenize_ms if self.prefill else 0.0,
             prefill_ms=self.prefill.forward_ms if self.prefill else 0.0,
             ttft_ms=steps[0].t_ms if steps else 0.0, decode_ms=float(decode.sum()),

@@ -11,6 +11,7 @@ from PySide6.QtGui import QColor, QFont, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
 PREFILL = "#0072B2"      # blue
+REUSED = "#56B4E9"       # sky blue: prefilled in an earlier turn, taken over from the cache
 DECODE = "#D55E00"       # vermillion
 CACHE_OFF = "#CC79A7"    # reddish purple
 FORMULA = "#888888"      # grey: computed, not measured

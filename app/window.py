@@ -21,6 +21,7 @@ from app import export, theme as th
 from app.dialogs import AboutDialog, FirstRunDialog
 from app.paint import METER
 from app.panels.controls import ControlsPanel
+from app.panels.chat import ChatPanel
 from app.panels.experiments import ExperimentsPanel
 from app.panels.kv_heatmap import KVHeatmapPanel
 from app.panels.sampling import SamplingPanel
@@ -92,6 +93,7 @@ class MainWindow(QMainWindow):
         self.timing = TimingPanel(store)
         self.sampling = SamplingPanel(store)
         self.experiments = ExperimentsPanel(store)
+        self.chat = ChatPanel(store)
         self.banner = ErrorBanner()
         central = QWidget()
         cv = QVBoxLayout(central)
@@ -109,9 +111,11 @@ class MainWindow(QMainWindow):
                                    Qt.DockWidgetArea.RightDockWidgetArea),
             "kv": self._dock("KV cache per layer", self.kv, Qt.DockWidgetArea.BottomDockWidgetArea),
             "experiments": self._dock("Experiments", self.experiments, Qt.DockWidgetArea.RightDockWidgetArea),
+            "chat": self._dock("Chat (KV cache across turns)", self.chat, Qt.DockWidgetArea.RightDockWidgetArea),
         }
         self.splitDockWidget(self.docks["timing"], self.docks["sampling"], Qt.Orientation.Vertical)
         self.tabifyDockWidget(self.docks["timing"], self.docks["experiments"])
+        self.tabifyDockWidget(self.docks["experiments"], self.docks["chat"])
         self.docks["timing"].raise_()
         self.status = StatusStrip()
         self.setStatusBar(self.status)
@@ -179,6 +183,7 @@ class MainWindow(QMainWindow):
         self._action(run, "Step one token", self.step_run, "F10")
         self._action(run, "Pause / resume", self.toggle_pause, "F9")
         self._action(run, "Load model", self.load_from_controls, "Ctrl+L")
+        self._action(run, "Send chat message", self.chat.send, "Ctrl+Shift+Return")
         run.addSeparator()
         self._action(run, "Clear runs", self.clear_runs)
         self._action(run, "Keep the last N runs…", self.ask_history)
@@ -208,6 +213,10 @@ class MainWindow(QMainWindow):
         c.delay_changed.connect(lambda s: setattr(self.client.control, "delay_s", s))
         self.tokens.step_selected.connect(self.sampling.show_step)
         self.experiments.run_requested.connect(self.start_experiment)
+        self.chat.send_requested.connect(self.send_chat)
+        self.chat.compare_requested.connect(
+            lambda turns: self.start_experiment("chat", {"turns": turns} if turns else {}, dock="chat"))
+        self.store.subscribe(self._run_changed)
         self.experiments.cancel_requested.connect(self.stop_run)
         self.client.events_ready.connect(self.on_events)
 
@@ -247,14 +256,36 @@ class MainWindow(QMainWindow):
         self.controls.set_paused(bool(paused))
         self._update_buttons()
 
-    def start_experiment(self, kind: str, settings: dict) -> None:
+    def send_chat(self, messages: list, reuse: bool) -> None:
+        if self.client.busy or self.client.model is None:
+            self.chat.request_failed()
+            self.show_error("Wait for the model to load and for the current work to finish before sending.")
+            return
+        try:
+            params = self.controls.params()
+        except EngineError as exc:
+            self.chat.request_failed()
+            self.show_error(str(exc))
+            return
+        self.banner.hide()
+        self.client.control.delay_s = self.controls.slow.value() / 1000.0
+        self.client.start_chat(messages, params, reuse)
+        self._update_buttons()
+
+    def _run_changed(self, kind: str, run) -> None:
+        if kind == "started":
+            self.chat.turn_started(run)
+        else:
+            self.chat.turn_ended(run)
+
+    def start_experiment(self, kind: str, settings: dict, dock: str = "experiments") -> None:
         if self.client.busy:
             return
         if self.client.model is None:
             self.show_error("No model is loaded yet: wait for loading to finish (status bar), or press Load model.")
             return
         self.banner.hide()
-        self.docks["experiments"].raise_()
+        self.docks[dock].raise_()
         self.client.start_experiment(kind, settings)
         self._update_buttons()
 
@@ -341,6 +372,7 @@ class MainWindow(QMainWindow):
         if note.kind in ("error", "idle"):
             self._close_first_run()
         if note.kind == "error":
+            self.chat.request_failed()
             self.show_error(str(note.payload))
             self.status.hide_progress()
             if self.client.model is not None:
@@ -376,6 +408,7 @@ class MainWindow(QMainWindow):
         busy = self.client.busy
         self.controls.set_running(busy == "run", busy=bool(busy))
         self.experiments.set_busy(busy)
+        self.chat.set_busy(busy)
 
     # --- refresh ------------------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> None:
@@ -388,8 +421,8 @@ class MainWindow(QMainWindow):
             self.frames += 1
             self.tokens.refresh()
             self.status.show_run(run)
-        charts = (self.kv, self.timing, self.sampling, self.experiments)
-        if force or run is None or (run.finished and version != self._chart_version):
+        charts = (self.kv, self.timing, self.sampling, self.experiments, self.chat)
+        if force or (version != self._chart_version and (run is None or run.finished)):
             self._chart_version, self._chart_queue = version, []
             for panel in charts:
                 panel.refresh()
@@ -530,7 +563,7 @@ class MainWindow(QMainWindow):
     def _apply_theme(self) -> None:
         theme = th.current_theme(self.lecture)
         th.apply(QApplication.instance(), theme, self._font_pt)
-        for panel in (self.tokens, self.kv, self.timing, self.sampling, self.experiments):
+        for panel in (self.tokens, self.kv, self.timing, self.sampling, self.experiments, self.chat):
             panel.set_theme(theme)
         self.refresh(force=True)
 

@@ -138,6 +138,22 @@ class EngineWorker(QObject):
             self.push(Note("idle"))
 
     @Slot(dict)
+    def chat(self, request: dict) -> None:
+        self.push(Note("busy", "run"))
+        try:
+            if self.session is None:
+                raise EngineError("No model is loaded yet: wait for loading to finish, or load one")
+            self.session.chat(request["messages"], request["params"], self.push, self.control.cancel,
+                              self.control.before_step, reuse=request.get("reuse", True))
+        except EngineError as exc:
+            self.push(Note("error", str(exc)))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("chat turn failed")
+            self.push(Note("error", f"The turn failed: {type(exc).__name__}: {exc}"))
+        finally:
+            self.push(Note("idle"))
+
+    @Slot(dict)
     def replay(self, request: dict) -> None:
         """Replay a trace: no model, no torch; paced by the recorded timestamps."""
         from engine.trace import read_trace, replay
@@ -160,8 +176,8 @@ class EngineWorker(QObject):
 def _freeze_heap() -> None:
     """Move everything alive now (torch, transformers, the model) out of the garbage collector's sight.
     A full collection over those objects took ~220 ms with the GIL held, freezing the window mid-run;
-    frozen objects are still freed by reference counting when a model is replaced."""
-    gc.collect()
+    frozen objects are still freed by reference counting when a model is replaced. No ``gc.collect()``
+    first: collecting here, off the GUI thread, can finalise Qt wrappers and deadlock with painting."""
     gc.freeze()
 
 
@@ -174,6 +190,7 @@ class EngineClient(QObject):
     _run = Signal(dict)
     _replay = Signal(dict)
     _experiment = Signal(dict)
+    _chat = Signal(dict)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -186,6 +203,7 @@ class EngineClient(QObject):
         self._run.connect(self.worker.run)
         self._replay.connect(self.worker.replay)
         self._experiment.connect(self.worker.experiment)
+        self._chat.connect(self.worker.chat)
         self.worker.pending.connect(self._drain)
         self.thread.finished.connect(self.worker.deleteLater)
         self.busy: str | None = None
@@ -202,6 +220,11 @@ class EngineClient(QObject):
         self.control.reset(paused=paused)
         self.busy = "run"
         self._run.emit({"prompt": prompt, "params": params})
+
+    def start_chat(self, messages: list[dict], params: GenerationParams, reuse: bool) -> None:
+        self.control.reset()
+        self.busy = "run"
+        self._chat.emit({"messages": messages, "params": params, "reuse": reuse})
 
     def start_experiment(self, kind: str, settings: dict) -> None:
         self.control.reset()

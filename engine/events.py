@@ -84,6 +84,7 @@ class PrefillDone:
     tokenize_ms: float
     forward_ms: float
     kv_bytes_per_layer: list[list[int]]
+    reused_tokens: int = 0          # positions already in the cache from an earlier turn (llama.cpp's cache_n)
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ class RunSummary:
     """The llama.cpp-style figures of a run. ``decode_runs`` excludes the first token (it came from the
     prefill), exactly as llama.cpp's ``eval time ... runs`` does."""
 
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0          # evaluated by the prefill (the reused ones are not)
     generated_tokens: int = 0
     decode_runs: int = 0
     tokenize_ms: float = 0.0
@@ -148,6 +149,7 @@ class RunSummary:
     kv_bytes: int = 0
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
+    reused_tokens: int = 0
 
     @property
     def prefill_tok_s(self) -> float:

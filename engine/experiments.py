@@ -31,7 +31,13 @@ Sink = Callable[[object], None]
 FILLER = ("Every request to a language model passes through two stages. In the prefill stage the whole prompt "
           "is read in one forward pass, and its keys and values are stored in the cache. In the decode stage "
           "the model produces one token per forward pass, attending to everything already cached. ")
-KINDS = ("prefill", "cache", "batch")
+KINDS = ("prefill", "cache", "batch", "chat")
+CONVERSATION = [
+    "hey, what is continuous batching?",
+    "How is that different from static batching?",
+    "Give me a one-line summary of both.",
+    "Thanks! Now explain the KV cache in one sentence.",
+]
 
 
 class _Experiment:
@@ -222,9 +228,40 @@ def batch_sweep(session: Session, emit: Sink, cancel: threading.Event | None = N
     return x.finish(summary)
 
 
+# --- 4. a conversation with and without reusing the cache across turns --------------------------------------
+def chat_reuse(session: Session, emit: Sink, cancel: threading.Event | None = None, *,
+               turns: list[str] | None = None, new_tokens: int = 48,
+               peaks: HardwarePeaks | None = None) -> ExperimentFinished:
+    """The same conversation twice, greedy: keeping the cache between turns (only the new turn is
+    prefilled; TTFT stays flat) and re-prefilling everything each turn (TTFT grows with the conversation)."""
+    turns = turns or CONVERSATION
+    x = _Experiment("chat", session, {"turns": turns, "new_tokens": new_tokens}, emit, cancel, peaks)
+    params = GenerationParams(max_new_tokens=new_tokens)
+    replies: dict[bool, list[list[int]]] = {}
+    for mode, reuse in enumerate((True, False)):
+        session.forget()
+        messages: list[dict] = []
+        replies[reuse] = []
+        for i, turn in enumerate(turns):
+            if x.cancel.is_set():
+                return x.finish({"tokens_match": False, "incomplete": True})
+            x.progress(mode * len(turns) + i, 2 * len(turns), f"turn {i + 1} with reuse {'on' if reuse else 'off'}")
+            messages.append({"role": "user", "content": turn})
+            result = session.chat(messages, params, emit, x.cancel, reuse=reuse)
+            s = result.summary
+            replies[reuse].append(s.token_ids)
+            messages.append({"role": "assistant", "content": s.text})
+            x.point("turn", reuse=float(reuse), turn=i + 1, reused_tokens=s.reused_tokens,
+                    prefilled_tokens=s.prompt_tokens, conversation_tokens=s.reused_tokens + s.prompt_tokens,
+                    prefill_ms=s.prefill_ms, ttft_ms=s.ttft_ms, generated=s.generated_tokens)
+    session.forget()
+    x.progress(2 * len(turns), 2 * len(turns), "done")
+    return x.finish({"tokens_match": replies[True] == replies[False], "turns": len(turns)})
+
+
 def run_experiment(kind: str, session: Session, emit: Sink, cancel: threading.Event | None = None,
                    peaks: HardwarePeaks | None = None, **settings) -> ExperimentFinished:
-    runners = {"prefill": prefill_sweep, "cache": cache_comparison, "batch": batch_sweep}
+    runners = {"prefill": prefill_sweep, "cache": cache_comparison, "batch": batch_sweep, "chat": chat_reuse}
     if kind not in runners:
         raise ParameterError(f"Unknown experiment {kind!r}: use one of {', '.join(KINDS)}")
     return runners[kind](session, emit, cancel, peaks=peaks, **settings)

@@ -88,3 +88,62 @@ def format_bytes(n: float) -> str:
     if abs(n) >= 100:
         return f"{n:,.0f} {unit}"
     return f"{n:.1f} {unit}" if abs(n) >= 10 else f"{n:.2f} {unit}"
+
+
+# --- reshaping a live cache (multi-turn reuse, continuous batching) ---------------------------------------
+def crop_to(cache: Any, length: int) -> None:
+    """Keep the first ``length`` positions (transformers 5.x ``crop`` takes a negative count to remove)."""
+    held = kv_tokens_held(cache)
+    if length < held:
+        cache.crop(length - held)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading ids two sequences share: what a cache holding ``a`` can give to ``b``."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def pad_left(cache: Any, columns: int) -> None:
+    """Prepend ``columns`` zero positions to every row (they are masked out by the attention mask)."""
+    if columns <= 0:
+        return
+    import torch
+
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name)
+            pad = t.new_zeros(t.shape[0], t.shape[1], columns, t.shape[3])
+            setattr(layer, name, torch.cat([pad, t], dim=2))
+
+
+def drop_left(cache: Any, columns: int) -> None:
+    """Remove the first ``columns`` positions of every row (padding no row needs any more)."""
+    if columns <= 0:
+        return
+    for layer in cache.layers:
+        layer.keys = layer.keys[:, :, columns:]
+        layer.values = layer.values[:, :, columns:]
+
+
+def append_rows(cache: Any, other: Any) -> None:
+    """Stack ``other``'s rows under ``cache``'s (both already the same length)."""
+    import torch
+
+    for mine, theirs in zip(cache.layers, other.layers):
+        mine.keys = torch.cat([mine.keys, theirs.keys], dim=0)
+        mine.values = torch.cat([mine.values, theirs.values], dim=0)
+
+
+def select_rows(cache: Any, rows: list[int]) -> None:
+    """Keep only ``rows`` (finished sequences leave the batch)."""
+    import torch
+
+    index = torch.tensor(rows, dtype=torch.long, device=cache.layers[0].keys.device)
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(0, index)
+        layer.values = layer.values.index_select(0, index)

@@ -41,6 +41,7 @@ class _Tally:
     """What has been measured so far, so a failed run still reports its numbers."""
 
     prompt_tokens: int = 0
+    reused_tokens: int = 0
     tokenize_ms: float = 0.0
     prefill_ms: float = 0.0
     ttft_ms: float = 0.0
@@ -56,7 +57,7 @@ class _Tally:
             prompt_tokens=self.prompt_tokens, generated_tokens=generated, decode_runs=max(generated - 1, 0),
             tokenize_ms=self.tokenize_ms, prefill_ms=self.prefill_ms, ttft_ms=self.ttft_ms,
             decode_ms=self.decode_ms, total_ms=total_ms, kv_tokens=self.kv_tokens, kv_bytes=self.kv_bytes,
-            text="".join(self.text), token_ids=list(self.token_ids))
+            text="".join(self.text), token_ids=list(self.token_ids), reused_tokens=self.reused_tokens)
 
 
 class Session:
@@ -75,6 +76,8 @@ class Session:
         self._special = set(self.tokenizer.all_special_ids)
         self._eos = _eos_ids(self.model, self.tokenizer)
         self._candidate_text: dict[int, str] = {}
+        self._kept_cache: Any = None        # the cache a chat keeps between turns
+        self._kept_ids: list[int] = []      # ...and the ids it holds
 
     # --- prompt -------------------------------------------------------------------------------------------
     @property
@@ -99,13 +102,16 @@ class Session:
                 f"one new token): shorten it by {n_tokens - limit + 1:,} tokens")
 
     # --- the two phases -----------------------------------------------------------------------------------
-    def prefill(self, input_ids: torch.Tensor, use_cache: bool) -> tuple[torch.Tensor, Any]:
-        """One forward pass over the whole prompt. ``input_ids``: ``[1, n]``; returns last logits ``[V]``
-        and the filled cache (None with the cache off)."""
+    def prefill(self, input_ids: torch.Tensor, use_cache: bool, cache: Any = None) -> tuple[torch.Tensor, Any]:
+        """One forward pass over the prompt. ``input_ids``: ``[1, n]``; returns last logits ``[V]`` and the
+        filled cache (None with the cache off). Given a ``cache`` that already holds the first positions
+        (an earlier turn), only the new ids are passed; their positions continue from the cache."""
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.model.config) if use_cache else None
-        out = self.model(input_ids=input_ids, cache=cache, use_cache=use_cache, logits_to_keep=1)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=input_ids, cache=cache if use_cache else None, use_cache=use_cache,
+                         logits_to_keep=1)
         return out.logits[0, -1], cache
 
     def decode_step(self, token: torch.Tensor, position: int, cache: Any,
@@ -126,27 +132,63 @@ class Session:
         """Generate for ``prompt``, emitting ``RunStarted``, ``PrefillDone``, one ``TokenStep`` per token and
         ``RunFinished`` (or ``RunFailed``). Bad input raises before any compute. ``cancel`` is checked
         before every forward pass; ``before_step(step)`` may block (pause, single-step, slow motion)."""
-        emit = sink or (lambda _e: None)
         t0 = time.perf_counter()
         if not prompt or not prompt.strip():
             raise PromptError("The prompt is empty: type something for the model to read")
         ids = self.encode(prompt, params.chat_template)
+        self.forget()
+        return self._run(ids, prompt, "generate", params, sink, cancel, before_step, t0, reuse=False)
+
+    def chat(self, messages: list[dict], params: GenerationParams, sink: Sink | None = None,
+             cancel: threading.Event | None = None, before_step: Callable[[int], None] | None = None,
+             reuse: bool = True) -> RunFinished | RunFailed:
+        """One turn of a conversation: ``messages`` is the whole conversation so far, ending with the new
+        user message. With ``reuse``, the cache kept from the last turn gives back the longest prefix it
+        shares with the newly rendered conversation (cropped where they diverge) and only the rest is
+        prefilled; without, every turn prefills the whole conversation again."""
+        t0 = time.perf_counter()
+        if not messages or not str(messages[-1].get("content", "")).strip():
+            raise PromptError("The message is empty: type something for the model to read")
+        if self.has_chat_template:
+            ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+        else:
+            ids = list(self.tokenizer("\n".join(f"{m['role']}: {m['content']}" for m in messages)
+                                      + "\nassistant:")["input_ids"])
+        if not reuse:
+            self.forget()
+        return self._run(ids, messages[-1]["content"], "chat", params, sink, cancel, before_step, t0,
+                         reuse=reuse and params.kv_cache)
+
+    def forget(self) -> None:
+        """Drop the cache kept for the next turn (a new conversation, or a plain run)."""
+        self._kept_cache, self._kept_ids = None, []
+
+    @property
+    def kept_tokens(self) -> int:
+        return len(self._kept_ids)
+
+    def _run(self, ids: list[int], prompt: str, kind: str, params: GenerationParams, sink: Sink | None,
+             cancel: threading.Event | None, before_step: Callable[[int], None] | None, t0: float,
+             reuse: bool) -> RunFinished | RunFailed:
+        emit = sink or (lambda _e: None)
         self.check_prompt(len(ids))
         if params.top_k > self.facts.vocab_size:
             raise ParameterError(f"top_k must be at most the vocabulary size ({self.facts.vocab_size:,}), "
                                  f"got {params.top_k:,} (0 = off)")
         if params.seed is None:
             params = params.with_(seed=secrets.randbelow(2**31))
-        tally = _Tally(prompt_tokens=len(ids), tokenize_ms=_since(t0))
+        cache, reused = self._reusable_cache(ids) if reuse else (None, 0)
+        tally = _Tally(prompt_tokens=len(ids) - reused, reused_tokens=reused, tokenize_ms=_since(t0))
         run_id = uuid.uuid4().hex[:12]
         emit(RunStarted(
-            run_id=run_id, label=params.describe(), model=self.facts, params=params, prompt=prompt,
-            prompt_ids=ids, prompt_pieces=pieces(self.tokenizer, ids),
-            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), t_ms=_since(t0)))
+            run_id=run_id, label=params.describe() + (", reuse" if reuse else ""), model=self.facts, params=params,
+            prompt=prompt, prompt_ids=ids, prompt_pieces=pieces(self.tokenizer, ids),
+            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), t_ms=_since(t0), kind=kind))
         failure: tuple[str, str] | None = None
         try:
             with torch.inference_mode():
-                reason = self._generate(run_id, ids, params, emit, cancel, before_step, tally, t0)
+                reason, cache = self._generate(run_id, ids, params, emit, cancel, before_step, tally, t0, cache,
+                                               reused)
         except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
             failure = ("out_of_memory",
                        f"Out of memory after {len(tally.token_ids)} tokens ({_first_line(exc)}). Memory was "
@@ -156,37 +198,55 @@ class Session:
             failure = (type(exc).__name__, _first_line(exc))
         if failure is not None:
             # Outside the except block: the traceback no longer pins the cache tensors, so they can go.
+            cache = None
+            self.forget()
             _release_device_memory(self.device)
             failed = RunFailed(run_id, _since(t0), failure[0], failure[1], tally.summary(_since(t0)))
             emit(failed)
             return failed
+        if reuse and cache is not None:
+            # The cache holds the prompt and every generated token but the last (it was never fed).
+            self._kept_cache, self._kept_ids = cache, ids + tally.token_ids[:-1]
         # The summary's text is decoded once from all ids, so a character the run cut in half still shows.
         tally.text = [self.tokenizer.decode(tally.token_ids, skip_special_tokens=True)]
         finished = RunFinished(run_id, _since(t0), reason, tally.summary(_since(t0)))
         emit(finished)
         return finished
 
+    def _reusable_cache(self, ids: list[int]) -> tuple[Any, int]:
+        """The kept cache cropped to what it shares with ``ids`` (at least one id is left to prefill)."""
+        if self._kept_cache is None:
+            return None, 0
+        shared = min(kvcache.common_prefix(self._kept_ids, ids), len(ids) - 1)
+        cache = self._kept_cache
+        self.forget()
+        try:
+            kvcache.crop_to(cache, shared)
+        except (RuntimeError, ValueError):          # e.g. sliding-window layers that cannot roll back
+            return None, 0
+        return cache, shared
+
     def _generate(self, run_id: str, ids: list[int], params: GenerationParams, emit: Sink,
                   cancel: threading.Event | None, before_step: Callable[[int], None] | None,
-                  tally: _Tally, t0: float) -> str:
+                  tally: _Tally, t0: float, cache: Any = None, reused: int = 0) -> tuple[str, Any]:
         clock, n_layers = self.clock, self.facts.num_layers
         generator = make_generator(self.device, params.seed)
         text = TextStream(self.tokenizer)
         sequence = torch.tensor([ids], device=self.device)                 # [1, n]
         cancelled = cancel.is_set if cancel is not None else (lambda: False)
         if cancelled():
-            return "stopped"
+            return "stopped", cache
 
         self._fault("prefill", 0)
         start = clock.mark()
-        logits, cache = self.prefill(sequence, params.kv_cache)
+        logits, cache = self.prefill(sequence[:, reused:], params.kv_cache, cache)
         forward_end = clock.mark()
         choice = choose(logits, params, generator)
         end = clock.mark()
         forward_ms, latency_ms = clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end)
         tally.prefill_ms, tally.ttft_ms = forward_ms, _since(t0)
         kv = kvcache.kv_bytes_per_layer(cache, n_layers)
-        emit(PrefillDone(run_id, _since(t0), len(ids), tally.tokenize_ms, forward_ms, kv))
+        emit(PrefillDone(run_id, _since(t0), len(ids) - reused, tally.tokenize_ms, forward_ms, kv, reused))
         self._record(tally, cache, kv)
         norms_from = self._emit_norms(emit, run_id, t0, cache, 0)
         position = len(ids)
@@ -204,7 +264,7 @@ class Session:
                 reason = "stopped"
             if reason is not None:
                 self._emit_norms(emit, run_id, t0, cache, norms_from)
-                return reason
+                return reason, cache
             if cache is None:
                 sequence = torch.cat([sequence, token.view(1, 1)], dim=1)     # [1, position + 1]
             step += 1

@@ -241,7 +241,7 @@ class ExperimentsPanel(QTabWidget):
 
     def __init__(self, store: RunStore) -> None:
         super().__init__()
-        self.views = {kind: ExperimentView(kind, store) for kind in TITLES}
+        self.views = {kind: ExperimentView(kind, store) for kind in TITLES}    # chat reuse lives in the Chat tab
         for kind, view in self.views.items():
             self.addTab(view, TITLES[kind])
             view.run_requested.connect(self.run_requested)

@@ -70,9 +70,11 @@ class KVHeatmapPanel(QWidget):
         self.image = pg.ImageItem()
         self.image.setColorMap(pg.colormap.get(th.HEATMAP))
         self.plot.addItem(self.image)
+        self.strip_reused = QGraphicsRectItem()
         self.strip_prefill = QGraphicsRectItem()
         self.strip_decode = QGraphicsRectItem()
-        for item, colour in ((self.strip_prefill, th.PREFILL), (self.strip_decode, th.DECODE)):
+        for item, colour in ((self.strip_reused, th.REUSED), (self.strip_prefill, th.PREFILL),
+                             (self.strip_decode, th.DECODE)):
             item.setBrush(QBrush(QColor(colour)))
             item.setPen(QPen(Qt.PenStyle.NoPen))
             self.plot.addItem(item)
@@ -164,12 +166,15 @@ class KVHeatmapPanel(QWidget):
         label, unit = BAR_LABEL[self.mode]
         th.label_axis(self.colorbar.getAxis("right"), label, unit, self.theme)
         n_prompt = min(run.prompt_tokens, used) if used else 0
+        reused = min(run.reused_tokens, n_prompt)
         strip = max(0.6, layers * 0.04)
-        self.strip_prefill.setRect(QRectF(0, layers + 0.2, n_prompt, strip))
+        self.strip_reused.setRect(QRectF(0, layers + 0.2, reused, strip))
+        self.strip_prefill.setRect(QRectF(reused, layers + 0.2, n_prompt - reused, strip))
         self.strip_decode.setRect(QRectF(n_prompt, layers + 0.2, max(used - n_prompt, 0), strip))
         self.boundary.setValue(n_prompt)
         self.boundary.setVisible(used > 0)
-        self.strip_text.setText(f"prefill: {n_prompt:,} positions   decode: {max(used - n_prompt, 0):,}"
+        earlier = f"earlier turns (reused): {reused:,}   " if reused else ""
+        self.strip_text.setText(f"{earlier}prefill: {n_prompt - reused:,} positions   decode: {max(used - n_prompt, 0):,}"
                                 if used else "KV cache off: nothing is held; every step recomputes all positions")
         self.strip_text.setPos(0, layers + 0.3 + strip)
         self.plot.getAxis("left").setTicks([[(i + 0.5, str(i)) for i in range(0, layers, max(1, layers // 10))]])

@@ -173,9 +173,11 @@ def bounds_text(run: RunRecord, s, peaks) -> str:
     """Measured rates beside the ceilings the cost model computes from this machine's measured peaks."""
     cost = ModelCost(run.model)
     device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
-    position = s.prompt_tokens + max(s.generated_tokens - 1, 0)
+    position = s.reused_tokens + s.prompt_tokens + max(s.generated_tokens - 1, 0)
     step = cost.decode(position)
-    prefill_flops = cost.prefill(s.prompt_tokens).flops / (s.prefill_ms / 1000.0)
+    evaluated = cost.prefill(s.reused_tokens + s.prompt_tokens).flops - (cost.prefill(s.reused_tokens).flops
+                                                                         if s.reused_tokens else 0.0)
+    prefill_flops = evaluated / (s.prefill_ms / 1000.0)
     decode = (f"decode {s.decode_tok_s:,.1f} tok/s measured vs ceiling <b>{cost.decode_bound_tok_s(position, device):,.1f}"
               f" tok/s</b> computed ({peaks.bytes_per_s / 1e9:,.1f} GB/s ÷ {step.bytes / 2**20:,.0f} MiB read per "
               f"token)" if run.started.params.kv_cache else "decode without cache: every step is a prefill")

@@ -166,7 +166,8 @@ class TokensPanel(QWidget):
         light = 0.30 if self.theme.dark else 0.86
         alt = 0.22 if self.theme.dark else 0.76
         if step is None:
-            fmt.setBackground(shade(th.PREFILL, alt if odd else light))
+            colour = th.REUSED if position < run.reused_tokens else th.PREFILL
+            fmt.setBackground(shade(colour, alt if odd else light))
         elif self.mode == "phase":
             fmt.setBackground(shade(th.DECODE, alt if odd else light))
         elif self.mode == "probability":
@@ -194,7 +195,8 @@ class TokensPanel(QWidget):
 
     def _update_legend(self) -> None:
         if self.mode == "phase":
-            html = (f"<span style='background:{shade(th.PREFILL, 0.8).name()}'>&nbsp;prompt (prefill)&nbsp;</span> "
+            html = (f"<span style='background:{shade(th.REUSED, 0.85).name()}'>&nbsp;earlier turns (cache)&nbsp;</span> "
+                    f"<span style='background:{shade(th.PREFILL, 0.8).name()}'>&nbsp;prompt (prefill)&nbsp;</span> "
                     f"<span style='background:{shade(th.DECODE, 0.8).name()}'>&nbsp;generated (decode)&nbsp;</span>"
                     " &nbsp;shades alternate at token boundaries")
         elif self.mode == "probability":
@@ -228,6 +230,9 @@ def describe_token(run: RunRecord, position: int) -> str:
             return ""
         token_id = run.started.prompt_ids[position]
         text = run.started.prompt_pieces[position]
+        if position < run.reused_tokens:
+            return (f"position {position} · id {token_id} · \"{escaped(text)}\" · from an earlier turn: its keys and "
+                    "values were still in the cache, so this turn did not compute them again")
         return (f"position {position} · id {token_id} · \"{escaped(text)}\" · prompt token, read in the prefill "
                 f"pass ({run.prefill.forward_ms:.1f} ms for all {run.prompt_tokens})" if run.prefill else
                 f"position {position} · id {token_id} · \"{escaped(text)}\" · prompt token")

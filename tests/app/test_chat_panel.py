@@ -1,0 +1,49 @@
+"""Chat mode in the window: turns reuse the cache, the view says how much, and reuse on/off compare."""
+
+from tests.app.conftest import wait_idle
+
+
+def send(qtbot, window, text):
+    window.chat.input.setPlainText(text)
+    window.chat.send_button.click()
+    wait_idle(qtbot, window)
+    window.refresh(force=True)
+
+
+def test_turns_reuse_the_cache_and_the_view_says_so(qtbot, window):
+    window.controls.max_tokens.setValue(6)
+    send(qtbot, window, "hello there")
+    send(qtbot, window, "and again")
+    chat = window.chat
+    assert [m["role"] for m in chat.messages] == ["user", "assistant", "user", "assistant"]
+    second = window.store.find(chat.turn_runs[1])
+    assert second.started.kind == "chat" and second.reused_tokens > 0
+    assert f"reused {second.reused_tokens:,} (cache_n)" in chat.view.toHtml()
+    assert second.kv_tokens == len(second.started.prompt_ids) + second.n_steps - 1   # the whole conversation
+    assert "earlier turns (reused)" in window.kv.strip_text.toPlainText()
+    assert len(chat.plot.listDataItems()[0].getData()[0]) == 2                      # TTFT of both turns
+
+
+def test_compare_runs_the_conversation_both_ways(qtbot, window):
+    window.controls.max_tokens.setValue(5)
+    send(qtbot, window, "hello there")
+    send(qtbot, window, "tell me more")
+    window.chat.compare_button.click()
+    wait_idle(qtbot, window, timeout=120_000)
+    window.refresh(force=True)
+    record = window.store.latest_experiment("chat")
+    assert record.end.summary["tokens_match"] is True
+    assert record.started.settings["turns"] == ["hello there", "tell me more"]
+    names = [item.name() for item in window.chat.plot.listDataItems()]
+    assert "reuse on (measured)" in names and "reuse off (measured)" in names
+    assert "the same tokens ✓" in window.chat.explain.text()
+
+
+def test_empty_message_is_not_sent_and_new_conversation_clears(qtbot, window):
+    window.chat.input.setPlainText("   ")
+    window.chat.send_button.click()
+    assert window.client.busy is None
+    window.controls.max_tokens.setValue(3)
+    send(qtbot, window, "hi")
+    window.chat.new_button.click()
+    assert window.chat.messages == [] and "Start a conversation" in window.chat.view.toHtml()
