@@ -68,7 +68,7 @@ def sweep_main(argv: list[str]) -> int:
     from engine.cli import add_model_arguments, load_for_cli
 
     p = argparse.ArgumentParser(prog="python -m engine sweep", description="Run an experiment and print its table.")
-    p.add_argument("kind", choices=("prefill", "cache", "batch"))
+    p.add_argument("kind", choices=("prefill", "cache", "batch", "chat", "continuous"))
     add_model_arguments(p)
     p.add_argument("--max-length", type=int, help="prefill: longest prompt (default: the context)")
     p.add_argument("--start", type=int, default=16, help="prefill: shortest prompt")
@@ -76,6 +76,8 @@ def sweep_main(argv: list[str]) -> int:
     p.add_argument("--tokens", type=int, default=32, help="cache/batch: new tokens per request")
     p.add_argument("--prompt", help="cache: the prompt (default: the first sample prompt)")
     p.add_argument("--sizes", default="1,2,4,8,16", help="batch: comma-separated batch sizes")
+    p.add_argument("--requests", type=int, default=8, help="continuous: how many requests arrive")
+    p.add_argument("--arrive-every", type=int, default=4, help="continuous: decode steps between arrivals")
     p.add_argument("--trace", metavar="FILE", help="save the experiment's events as JSON lines")
     p.add_argument("--json", action="store_true", help="print the points and summary as JSON")
     args = p.parse_args(argv)
@@ -84,6 +86,10 @@ def sweep_main(argv: list[str]) -> int:
         settings = {"max_length": args.max_length, "start": args.start, "repeats": args.repeats}
     elif args.kind == "cache":
         settings = {"new_tokens": args.tokens, "prompt": args.prompt}
+    elif args.kind == "chat":
+        settings = {"new_tokens": args.tokens}
+    elif args.kind == "continuous":
+        settings = {"requests": args.requests, "arrive_every": args.arrive_every}
     else:
         try:
             settings = {"sizes": tuple(int(s) for s in args.sizes.split(",")), "new_tokens": args.tokens}
@@ -146,6 +152,28 @@ def experiment_table(kind: str, points: list[ExperimentPoint], finished: Experim
                       f"decode speedup with the cache: {s['decode_speedup']:.2f}x measured; "
                       f"{s['flops_ratio']:.1f}x fewer FLOPs (computed, whole model); "
                       f"{s['attention_flops_ratio']:.1f}x fewer attention FLOPs (computed, the seed's model)"]
+    elif kind == "chat":
+        lines = ["reuse | turn | reused (cache_n) | prefilled | conversation | prefill ms | TTFT ms",
+                 "------+------+------------------+-----------+--------------+------------+--------"]
+        for p in points:
+            v = p.values
+            lines.append(f"{'on' if v['reuse'] else 'off':>5} | {int(v['turn']):4d} | {int(v['reused_tokens']):16,d} | "
+                         f"{int(v['prefilled_tokens']):9,d} | {int(v['conversation_tokens']):12,d} | "
+                         f"{v['prefill_ms']:10.1f} | {v['ttft_ms']:7.1f}")
+        if "tokens_match" in s:
+            lines += ["", f"replies identical with and without reuse: {'yes' if s['tokens_match'] else 'NO'}"]
+    elif kind == "continuous":
+        lines = ["policy     | request | prompt | new | arrived ms | waited ms | TTFT ms | end-to-end ms",
+                 "-----------+---------+--------+-----+------------+-----------+---------+--------------"]
+        for p in (p for p in points if p.series == "request"):
+            v = p.values
+            lines.append(f"{'continuous' if v['policy'] else 'static':10} | {int(v['index']):7d} | "
+                         f"{int(v['prompt_tokens']):6d} | {int(v['new_tokens']):3d} | {v['arrival_ms']:10.1f} | "
+                         f"{v['queue_ms']:9.1f} | {v['ttft_ms']:7.1f} | {v['e2e_ms']:13.1f}")
+        if "continuous_tok_s" in s:
+            lines += ["", *(f"{pol:10}: {s[pol + '_tok_s']:8.1f} tok/s in all, mean TTFT {s[pol + '_mean_ttft_ms']:8.1f} ms, "
+                            f"mean end-to-end {s[pol + '_mean_e2e_ms']:8.1f} ms (measured)" for pol in ("continuous", "static")),
+                      f"each request's tokens equal its solo run: {'yes' if s.get('tokens_match_solo') else 'NO'}"]
     else:
         lines = ["batch | TTFT ms | per-token ms | decode tok/s (all requests) | request latency ms",
                  "------+---------+--------------+-----------------------------+-------------------"]

@@ -31,7 +31,7 @@ Sink = Callable[[object], None]
 FILLER = ("Every request to a language model passes through two stages. In the prefill stage the whole prompt "
           "is read in one forward pass, and its keys and values are stored in the cache. In the decode stage "
           "the model produces one token per forward pass, attending to everything already cached. ")
-KINDS = ("prefill", "cache", "batch", "chat")
+KINDS = ("prefill", "cache", "batch", "chat", "continuous")
 CONVERSATION = [
     "hey, what is continuous batching?",
     "How is that different from static batching?",
@@ -87,6 +87,16 @@ def fitted_exponent(xs: list[float], ys: list[float]) -> float:
     mx, my = statistics.fmean(lx), statistics.fmean(ly)
     den = sum((a - mx) ** 2 for a in lx)
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / den if den else float("nan")
+
+
+def fitting(session: Session, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """The prompts that fit the context with ``new_tokens`` more; refused before any compute if none do."""
+    limit = session.facts.max_context
+    fit = [ids for ids in prompts if len(ids) + new_tokens <= limit]
+    if not fit:
+        raise ParameterError(f"No prompt fits the context of {limit:,} tokens with {new_tokens} new tokens: use "
+                             "shorter prompts or fewer tokens")
+    return fit
 
 
 def filler_ids(session: Session, n: int) -> list[int]:
@@ -201,6 +211,7 @@ def batch_sweep(session: Session, emit: Sink, cancel: threading.Event | None = N
     encoded = [session.encode(t) for t in texts]
     pad = session.tokenizer.pad_token_id
     pad = session.tokenizer.eos_token_id if pad is None else pad
+    encoded = fitting(session, encoded, new_tokens)
     x = _Experiment("batch", session, {"sizes": list(sizes), "new_tokens": new_tokens}, emit, cancel, peaks)
     rows = []
     for i, size in enumerate(sizes):
@@ -259,9 +270,61 @@ def chat_reuse(session: Session, emit: Sink, cancel: threading.Event | None = No
     return x.finish({"tokens_match": replies[True] == replies[False], "turns": len(turns)})
 
 
+# --- 5. continuous vs static batching on the same arrival schedule ------------------------------------------
+def continuous_batching(session: Session, emit: Sink, cancel: threading.Event | None = None, *,
+                        requests: int = 8, arrive_every: int = 4, new_tokens: tuple[int, ...] = (16, 24, 32),
+                        prompts: list[str] | None = None, check_solo: bool = True,
+                        peaks: HardwarePeaks | None = None) -> ExperimentFinished:
+    """Requests arrive every ``arrive_every`` decode steps with different prompts and lengths. Continuous
+    batching admits each into the running batch at the next step; static batching makes it wait for the
+    whole batch to finish. Per request: waiting, prefill, decode, done; per step: the batch size."""
+    from engine.scheduler import POLICIES, Request, serve
+
+    texts = prompts or [text for _title, text in sample_prompts()]
+    usable = fitting(session, [session.encode(t) for t in texts], max(new_tokens))
+    encoded = [usable[i % len(usable)] for i in range(requests)]
+    lengths = [new_tokens[i % len(new_tokens)] for i in range(requests)]
+    x = _Experiment("continuous", session, {"requests": requests, "arrive_every": arrive_every,
+                                            "new_tokens": list(new_tokens)}, emit, cancel, peaks)
+    sync = torch.cuda.synchronize if session.device.type == "cuda" else (lambda: None)
+    generate_batch(session.model, encoded[:1], 2, 0, session.device)             # warm-up
+    results: dict[str, list] = {}
+    for p, policy in enumerate(POLICIES):
+        x.progress(p, len(POLICIES) + int(check_solo), f"{requests} requests, {policy} batching")
+        batch = [Request(i, ids, n, i * arrive_every) for i, (ids, n) in enumerate(zip(encoded, lengths))]
+        finished = serve(session.model, session.device, batch, policy,
+                         on_step=lambda t, size, pol=p: x.point("batch", policy=float(pol == 0), t_ms=t,
+                                                                 batch_size=size),
+                         cancel=x.cancel, sync=sync)
+        if not finished:
+            return x.finish({"incomplete": True})
+        for r in batch:
+            x.point("request", policy=float(p == 0), index=r.index, prompt_tokens=len(r.ids),
+                    new_tokens=r.new_tokens, arrival_ms=r.arrival_ms, admitted_ms=r.admitted_ms,
+                    first_token_ms=r.first_token_ms, done_ms=r.done_ms, ttft_ms=r.first_token_ms - r.arrival_ms,
+                    e2e_ms=r.done_ms - r.arrival_ms, queue_ms=r.admitted_ms - r.arrival_ms)
+        results[policy] = batch
+    summary = {}
+    for policy, batch in results.items():
+        span = max(r.done_ms for r in batch) - min(r.arrival_ms for r in batch)
+        summary[f"{policy}_tok_s"] = sum(r.new_tokens for r in batch) / (span / 1000.0) if span else 0.0
+        summary[f"{policy}_mean_ttft_ms"] = statistics.fmean(r.first_token_ms - r.arrival_ms for r in batch)
+        summary[f"{policy}_mean_e2e_ms"] = statistics.fmean(r.done_ms - r.arrival_ms for r in batch)
+    summary["same_tokens_both_policies"] = [r.tokens for r in results["continuous"]] == \
+        [r.tokens for r in results["static"]]
+    if check_solo:
+        x.progress(len(POLICIES), len(POLICIES) + 1, "each request alone, for the token check")
+        solo = [generate_batch(session.model, [ids], n, 0, session.device).tokens[0]
+                for ids, n in zip(encoded, lengths)]
+        summary["tokens_match_solo"] = solo == [r.tokens for r in results["continuous"]]
+    x.progress(len(POLICIES) + int(check_solo), len(POLICIES) + int(check_solo), "done")
+    return x.finish(summary)
+
+
 def run_experiment(kind: str, session: Session, emit: Sink, cancel: threading.Event | None = None,
                    peaks: HardwarePeaks | None = None, **settings) -> ExperimentFinished:
-    runners = {"prefill": prefill_sweep, "cache": cache_comparison, "batch": batch_sweep, "chat": chat_reuse}
+    runners = {"prefill": prefill_sweep, "cache": cache_comparison, "batch": batch_sweep, "chat": chat_reuse,
+               "continuous": continuous_batching}
     if kind not in runners:
         raise ParameterError(f"Unknown experiment {kind!r}: use one of {', '.join(KINDS)}")
     return runners[kind](session, emit, cancel, peaks=peaks, **settings)

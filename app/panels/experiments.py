@@ -13,7 +13,8 @@ from app import theme as th
 from app.paint import TimedGraphics
 from app.store import ExperimentRecord, RunStore
 
-TITLES = {"prefill": "Prefill vs prompt length", "cache": "KV cache on vs off", "batch": "Batch size"}
+TITLES = {"prefill": "Prefill vs prompt length", "cache": "KV cache on vs off", "batch": "Batch size",
+          "continuous": "Continuous batching"}
 COLUMNS = {
     "prefill": [("tokens", "prompt tokens", "{:,.0f}"), ("prefill_ms", "prefill ms (median)", "{:,.2f}"),
                 ("ttft_ms", "TTFT ms", "{:,.2f}"), ("predicted_ms", "predicted ms (computed)", "{:,.2f}"),
@@ -23,7 +24,11 @@ COLUMNS = {
     "batch": [("batch", "batch", "{:,.0f}"), ("ttft_ms", "TTFT ms", "{:,.1f}"), ("per_token_ms", "per-token ms",
               "{:,.2f}"), ("decode_tok_s", "decode tok/s (all)", "{:,.1f}"),
               ("request_latency_ms", "request latency ms", "{:,.0f}")],
+    "continuous": [("policy", "policy", "{}"), ("index", "request", "{:,.0f}"), ("prompt_tokens", "prompt", "{:,.0f}"),
+                   ("new_tokens", "new", "{:,.0f}"), ("queue_ms", "waited ms", "{:,.1f}"), ("ttft_ms", "TTFT ms",
+                   "{:,.1f}"), ("e2e_ms", "end-to-end ms", "{:,.1f}")],
 }
+WAITING = "#BBBBBB"
 
 
 class ExperimentView(QWidget):
@@ -45,6 +50,11 @@ class ExperimentView(QWidget):
         elif kind == "cache":
             self.tokens = _spin(2, 4096, 48, " tokens")
             form.addRow("New tokens (both runs)", self.tokens)
+        elif kind == "continuous":
+            self.requests = _spin(2, 64, 8, "")
+            self.arrive_every = _spin(1, 64, 4, " decode steps")
+            form.addRow("Requests", self.requests)
+            form.addRow("A new request every", self.arrive_every)
         else:
             self.sizes = QLineEdit("1, 2, 4, 8, 16")
             self.tokens = _spin(2, 4096, 32, " tokens")
@@ -66,6 +76,12 @@ class ExperimentView(QWidget):
         self.graphics = TimedGraphics()
         self.plot: pg.PlotItem = self.graphics.addPlot()
         self.plot.addLegend(offset=(10, 10))
+        self.sizes_plot: pg.PlotItem | None = None
+        if kind == "continuous":                        # lanes above, batch size over time below
+            self.sizes_plot = self.graphics.addPlot(row=1, col=0)
+            self.sizes_plot.addLegend(offset=(10, 10))
+            self.sizes_plot.setXLink(self.plot)
+            self.graphics.ci.layout.setRowStretchFactor(0, 3)
         self.plot.getViewBox().setDefaultPadding(0.08)       # room for point labels at the edges
         self.explain = QLabel()
         self.explain.setWordWrap(True)
@@ -91,6 +107,8 @@ class ExperimentView(QWidget):
             return {"max_length": self.max_length.value(), "repeats": self.repeats.value()}
         if self.kind == "cache":
             return {"new_tokens": self.tokens.value()}
+        if self.kind == "continuous":
+            return {"requests": self.requests.value(), "arrive_every": self.arrive_every.value()}
         return {"sizes": self.batch_sizes(), "new_tokens": self.tokens.value()}
 
     def batch_sizes(self) -> tuple[int, ...]:
@@ -119,11 +137,14 @@ class ExperimentView(QWidget):
         if self.plot.legend is not None:
             self.plot.legend.setLabelTextSize(f"{theme.base_pt:.0f}pt")
         labels = {"prefill": ("prompt length", "tokens", "time", "ms"), "cache": ("decode step", None, "latency", "ms"),
-                  "batch": ("per-token latency of each request", "ms", "throughput of all requests", "tok/s")}
+                  "batch": ("per-token latency of each request", "ms", "throughput of all requests", "tok/s"),
+                  "continuous": ("time since the first arrival", "ms", "request", None)}
         x, xu, y, yu = labels[self.kind]
         th.style_plot(self.plot, theme, x, xu, y, yu)
         if self.kind == "prefill":
             self.plot.setLogMode(x=True, y=True)
+        if self.sizes_plot is not None:
+            th.style_plot(self.sizes_plot, theme, "time since the first arrival", "ms", "batch size", "rows")
         self._shown = None
         self.refresh()
 
@@ -140,19 +161,24 @@ class ExperimentView(QWidget):
             self.progress.setValue(record.progress.done)
             self.status.setText(record.progress.message if not record.finished else _end_text(record))
         self.plot.clear()
+        if self.sizes_plot is not None:
+            self.sizes_plot.clear()
         getattr(self, f"_draw_{self.kind}")(record)
         self._fill_table(record)
 
     def _fill_table(self, record: ExperimentRecord) -> None:
         columns = COLUMNS[self.kind]
-        self.table.setRowCount(len(record.points))
-        for row, point in enumerate(record.points):
+        points = [p for p in record.points if p.series != "batch" or self.kind == "batch"]
+        self.table.setRowCount(len(points))
+        for row, point in enumerate(points):
             for col, (key, _title, fmt) in enumerate(columns):
                 value = point.values.get(key)
                 if key == "flops" and value is not None:
                     value = value / 1e9
                 if key == "kv_cache":
                     value = "on" if value else "off"
+                if key == "policy":
+                    value = "continuous" if value else "static"
                 text = "" if value is None else fmt.format(value)
                 self.table.setItem(row, col, QTableWidgetItem(text))
         self.table.resizeColumnsToContents()
@@ -218,6 +244,43 @@ class ExperimentView(QWidget):
                 f"of a single request, while each request waits <b>{s['latency_growth']:.2f}x longer per "
                 "token</b> (measured). Decode reads all the weights for every step whatever the batch, so more "
                 "rows share that cost: throughput rises, latency per request rises too.")
+
+
+    def _draw_continuous(self, record: ExperimentRecord) -> None:
+        """One lane per request (grey waiting, blue prefill, vermillion decode), continuous on top of static."""
+        requests = [p.values for p in record.points if p.series == "request"]
+        n = int(record.started.settings.get("requests", 0)) or max((int(r["index"]) + 1 for r in requests), default=0)
+        ticks = []
+        for policy, offset in ((1.0, 0), (0.0, n + 1)):
+            rows = [r for r in requests if r["policy"] == policy]
+            for name, start, end, colour in (("waiting", "arrival_ms", "admitted_ms", WAITING),
+                                             ("prefill", "admitted_ms", "first_token_ms", th.PREFILL),
+                                             ("decode", "first_token_ms", "done_ms", th.DECODE)):
+                if rows:
+                    bars = pg.BarGraphItem(x0=[r[start] for r in rows], width=[max(r[end] - r[start], 0.0) for r in rows],
+                                           y=[offset + r["index"] for r in rows], height=0.7, brush=colour, pen=None,
+                                           name=name if policy == 1.0 else None)
+                    self.plot.addItem(bars)
+            label = "continuous" if policy else "static"
+            ticks += [(offset + i, f"{label[0].upper()}{i}") for i in range(n)]
+            sizes = [p.values for p in record.points if p.series == "batch" and p.values["policy"] == policy]
+            if sizes and self.sizes_plot is not None:
+                self.sizes_plot.plot([p["t_ms"] for p in sizes], [p["batch_size"] for p in sizes], stepMode=None,
+                                     pen=pg.mkPen(th.DECODE if policy else th.CACHE_OFF, width=self.theme.line_width),
+                                     name=f"{label} (measured)")
+        self.plot.getAxis("left").setTicks([ticks])
+        self.plot.invertY(True)
+        s = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
+        if "continuous_tok_s" in s:
+            solo = {True: "each request's tokens equal its solo run ✓", False: "tokens DIFFER from solo runs ✗"}
+            self.explain.setText(
+                f"Same arrivals, two policies (lanes C = continuous, S = static). Continuous: "
+                f"<b>{s['continuous_tok_s']:,.0f} tok/s</b> in all, mean TTFT <b>{s['continuous_mean_ttft_ms']:,.0f} ms"
+                f"</b>, mean end-to-end {s['continuous_mean_e2e_ms']:,.0f} ms. Static: {s['static_tok_s']:,.0f} tok/s, "
+                f"mean TTFT {s['static_mean_ttft_ms']:,.0f} ms, end-to-end {s['static_mean_e2e_ms']:,.0f} ms (all "
+                f"measured). Static batching makes a newcomer wait for the whole batch (grey); continuous batching "
+                f"prefills it at the next step and lets finished rows leave. "
+                f"{solo.get(s.get('tokens_match_solo'), '')}")
 
 
 def _end_text(record: ExperimentRecord) -> str:

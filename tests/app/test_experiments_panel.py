@@ -87,3 +87,14 @@ def test_experiment_chart_exports(qtbot, window, tmp_path, suffix):
     view, _record = run_experiment(qtbot, window, "batch", sizes="1, 2", tokens=3)
     path = export.export_chart(view.graphics.ci, tmp_path / f"batch{suffix}")
     assert path.stat().st_size > 2000
+
+
+def test_continuous_batching_draws_lanes_and_batch_sizes(qtbot, window):
+    view, record = run_experiment(qtbot, window, "continuous", requests=4, arrive_every=2)
+    s = record.end.summary
+    assert s["tokens_match_solo"] is True and s["same_tokens_both_policies"] is True
+    lanes = [item for item in view.plot.items if isinstance(item, __import__("pyqtgraph").BarGraphItem)]
+    assert len(lanes) == 6                                          # waiting, prefill, decode x two policies
+    assert len(view.sizes_plot.listDataItems()) == 2
+    assert view.table.rowCount() == 8 and view.table.item(0, 0).text() == "continuous"
+    assert "Continuous:" in view.explain.text() and "solo run ✓" in view.explain.text()

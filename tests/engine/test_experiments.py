@@ -69,6 +69,9 @@ def test_fitted_exponent_and_lengths():
     assert fitted_exponent([1, 2, 4, 8], [3, 12, 48, 192]) == pytest.approx(2.0)
 
 
+SHORT_PROMPTS = ["hello world", "The KV cache holds keys and values", "日本語 😀", "Temperature and top-p"]
+
+
 def collect(kind, tiny, **settings):
     events = []
     finished = run_experiment(kind, Session(tiny), events.append, **settings)
@@ -96,7 +99,7 @@ def test_cache_comparison_tokens_match(tiny):
 
 
 def test_batch_sweep_on_the_tiny_model(tiny):
-    events, finished = collect("batch", tiny, sizes=(1, 2, 4), new_tokens=6)
+    events, finished = collect("batch", tiny, sizes=(1, 2, 4), new_tokens=6, prompts=SHORT_PROMPTS)
     points = [e.values for e in events if isinstance(e, ExperimentPoint)]
     assert [p["batch"] for p in points] == [1, 2, 4]
     assert all(p["decode_tok_s"] > 0 and p["per_token_ms"] > 0 for p in points)
@@ -131,6 +134,11 @@ def test_cancel_stops_an_experiment(tiny):
     cancel.set()
     finished = run_experiment("prefill", Session(tiny), lambda e: None, cancel, max_length=64)
     assert isinstance(finished, ExperimentFinished) and finished.reason == "stopped"
+
+
+def test_prompts_that_do_not_fit_the_context_are_refused(tiny):
+    with pytest.raises(ParameterError, match="No prompt fits the context of 256"):
+        collect("batch", tiny, sizes=(1,), new_tokens=4, prompts=["hello world " * 200])
 
 
 def test_bad_experiment_settings(tiny):
