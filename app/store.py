@@ -232,6 +232,9 @@ class RunStore:
     def find(self, run_id: str) -> RunRecord | None:
         return next((r for r in reversed(self.runs) if r.run_id == run_id), None)
 
+    def _experiment_of(self, run_id: str) -> ExperimentRecord | None:
+        return next((e for e in reversed(self.experiments) if run_id in e.run_ids), None)
+
     def latest_experiment(self, kind: str) -> ExperimentRecord | None:
         return next((e for e in reversed(self.experiments) if e.kind == kind), None)
 
@@ -260,6 +263,7 @@ class RunStore:
             self.trim()
             if self.experiments and not self.experiments[-1].finished:
                 self.experiments[-1].run_ids.append(record.run_id)       # a run the experiment started
+                self.experiments[-1].events.append(event)
             self.version += 1
             self._notify("started", record)
             return
@@ -268,6 +272,9 @@ class RunStore:
         if record is None:
             return
         record.add(event)
+        owner = self._experiment_of(run_id)
+        if owner is not None:
+            owner.events.append(event)        # an experiment's trace carries the runs it made
         self.version += 1
         if isinstance(event, (RunFinished, RunFailed)):
             self._notify("ended", record)

@@ -160,6 +160,7 @@ class MainWindow(QMainWindow):
         file = bar.addMenu("&File")
         self._action(file, "Open trace…", self.open_trace_dialog, QKeySequence.StandardKey.Open)
         self._action(file, "Save run as trace…", self.save_trace_dialog, QKeySequence.StandardKey.Save)
+        self._action(file, "Save experiment as trace…", self.save_experiment_trace_dialog)
         speed = file.addMenu("Replay speed")
         for label, value in REPLAY_SPEEDS:
             act = self._action(speed, label, partial(setattr, self, "replay_speed", value), checkable=True)
@@ -467,14 +468,29 @@ class MainWindow(QMainWindow):
         if path:
             self.save_trace(path)
 
-    def save_trace(self, path: str) -> None:
-        run = self.store.current
+    def save_trace(self, path: str, events: list | None = None) -> None:
+        events = self.store.current.events if events is None else events
         try:
-            write_trace(path, run.events)
+            write_trace(path, events)
             self._remember_dir(path)
-            self.status.showMessage(f"Saved {len(run.events)} events to {path}", 5000)
+            self.status.showMessage(f"Saved {len(events)} events to {path}", 5000)
         except OSError as exc:
             self.show_error(f"Could not save the trace to {path}: {exc.strerror or exc}")
+
+    def current_experiment(self):
+        kind = "chat" if self.docks["chat"].isVisible() and not self.docks["experiments"].isVisible() \
+            else self.experiments.current.kind
+        return self.store.latest_experiment(kind) or (self.store.experiments[-1] if self.store.experiments else None)
+
+    def save_experiment_trace_dialog(self) -> None:
+        record = self.current_experiment()
+        if record is None:
+            self.show_error("There is no experiment to save yet.")
+            return
+        path, _ = QFileDialog.getSaveFileName(self, "Save experiment as trace", str(Path(self._last_dir()) /
+                                              f"kvscope-{record.kind}-experiment.jsonl"), "KVScope traces (*.jsonl)")
+        if path:
+            self.save_trace(path, record.events)
 
     def export_chart_of(self, name: str, item_of: Callable[[], object]) -> None:
         self.export_chart(name, item_of())
@@ -505,7 +521,7 @@ class MainWindow(QMainWindow):
                 self.show_error(f"Could not write {path}: {exc.strerror or exc}")
 
     def export_experiment(self) -> None:
-        record = self.store.latest_experiment(self.experiments.current.kind)
+        record = self.current_experiment()
         if record is None:
             self.show_error("Run this experiment first: there is no data to export yet.")
             return

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from engine import __version__
 from engine.errors import TraceError
-from engine.events import RunStarted, from_dict, to_dict
+from engine.events import ExperimentStarted, RunStarted, from_dict, to_dict
 
 FORMAT = "kvscope-trace"
 VERSION = 1
@@ -92,8 +92,8 @@ def read_trace(path: str | os.PathLike) -> list[object]:
             events.append(from_dict(data) if isinstance(data, dict) else _not_event(data))
         except (ValueError, TypeError) as exc:
             raise TraceError(f"{p.name} line {number} is not a valid event: {exc}") from None
-    if not any(isinstance(e, RunStarted) for e in events):
-        raise TraceError(f"{p.name} holds no run (no RunStarted event)")
+    if not any(isinstance(e, (RunStarted, ExperimentStarted)) for e in events):
+        raise TraceError(f"{p.name} holds no run and no experiment")
     return events
 
 
@@ -120,7 +120,7 @@ def replay(events: Iterable[object], speed: float = 1.0, sleep: Callable[[float]
             if last_t is not None and t > last_t:
                 sleep((t - last_t) / 1000.0 / speed)
             last_t = t
-        if isinstance(event, RunStarted):
+        if isinstance(event, (RunStarted, ExperimentStarted)):
             last_t = event.t_ms
         if cancelled():
             return

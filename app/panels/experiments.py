@@ -138,13 +138,15 @@ class ExperimentView(QWidget):
             self.plot.legend.setLabelTextSize(f"{theme.base_pt:.0f}pt")
         labels = {"prefill": ("prompt length", "tokens", "time", "ms"), "cache": ("decode step", None, "latency", "ms"),
                   "batch": ("per-token latency of each request", "ms", "throughput of all requests", "tok/s"),
-                  "continuous": ("time since the first arrival", "ms", "request", None)}
+                  "continuous": ("time since the first arrival", "ms", "requests", None)}
         x, xu, y, yu = labels[self.kind]
         th.style_plot(self.plot, theme, x, xu, y, yu)
         if self.kind == "prefill":
             self.plot.setLogMode(x=True, y=True)
         if self.sizes_plot is not None:
             th.style_plot(self.sizes_plot, theme, "time since the first arrival", "ms", "batch size", "rows")
+            for plot in (self.plot, self.sizes_plot):              # same left edge, so the time axes line up
+                plot.getAxis("left").setWidth(int(theme.base_pt * 11))
         self._shown = None
         self.refresh()
 
@@ -262,13 +264,15 @@ class ExperimentView(QWidget):
                                            name=name if policy == 1.0 else None)
                     self.plot.addItem(bars)
             label = "continuous" if policy else "static"
-            ticks += [(offset + i, f"{label[0].upper()}{i}") for i in range(n)]
+            ticks.append((offset + (n - 1) / 2, label))
             sizes = [p.values for p in record.points if p.series == "batch" and p.values["policy"] == policy]
             if sizes and self.sizes_plot is not None:
-                self.sizes_plot.plot([p["t_ms"] for p in sizes], [p["batch_size"] for p in sizes], stepMode=None,
+                t = np.array([0.0] + [p["t_ms"] for p in sizes])
+                b = np.array([sizes[0]["batch_size"]] + [p["batch_size"] for p in sizes])
+                self.sizes_plot.plot(np.repeat(t, 2)[1:], np.repeat(b, 2)[:-1],      # a step: size holds until
                                      pen=pg.mkPen(th.DECODE if policy else th.CACHE_OFF, width=self.theme.line_width),
-                                     name=f"{label} (measured)")
-        self.plot.getAxis("left").setTicks([ticks])
+                                     name=f"{label} (measured)")                     # the next decode step
+        self.plot.getAxis("left").setTicks([ticks, []])
         self.plot.invertY(True)
         s = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
         if "continuous_tok_s" in s:

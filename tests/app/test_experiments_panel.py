@@ -98,3 +98,19 @@ def test_continuous_batching_draws_lanes_and_batch_sizes(qtbot, window):
     assert len(view.sizes_plot.listDataItems()) == 2
     assert view.table.rowCount() == 8 and view.table.item(0, 0).text() == "continuous"
     assert "Continuous:" in view.explain.text() and "solo run ✓" in view.explain.text()
+
+
+def test_an_experiment_saved_as_a_trace_replays_with_its_runs(qtbot, window, tmp_path):
+    view, original = run_experiment(qtbot, window, "cache", tokens=6)
+    path = tmp_path / "cache.jsonl"
+    window.save_trace(str(path), original.events)
+    kinds = {type(e).__name__ for e in original.events}
+    assert {"ExperimentStarted", "RunStarted", "TokenStep", "ExperimentFinished"} <= kinds
+    window.clear_runs()
+    window.replay_speed = 0.0
+    window.open_trace(str(path))
+    wait_idle(qtbot, window)
+    window.refresh(force=True)
+    replayed = window.store.latest_experiment("cache")
+    assert replayed.events == original.events and len(replayed.run_ids) == 2
+    assert [i.name() for i in view.plot.listDataItems()] == ["KV cache on (measured)", "KV cache off (measured)"]

@@ -15,7 +15,9 @@ from tests.benchmarks.common import RESULTS, machine, save
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 SETTINGS = {"prefill": {"max_length": 2048, "repeats": 3}, "cache": {"new_tokens": 48},
-            "batch": {"sizes": (1, 2, 4, 8, 16), "new_tokens": 32}}
+            "batch": {"sizes": (1, 2, 4, 8, 16), "new_tokens": 32}, "chat": {"new_tokens": 32},
+            "continuous": {"requests": 8, "arrive_every": 4}}
+DOCK = {"chat": "chat"}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -36,13 +38,16 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"machine": machine(), "model": window.client.model.model.name}
     SETTINGS["prefill"]["max_length"] = args.max_length
     for kind, settings in SETTINGS.items():
-        window.start_experiment(kind, dict(settings))
+        window.start_experiment(kind, dict(settings), dock=DOCK.get(kind, "experiments"))
         _wait(lambda: window.client.busy is None, timeout_s=3600)
         record = window.store.latest_experiment(kind)
         window.refresh(force=True)
-        view = window.experiments.views[kind]
-        window.docks["experiments"].raise_()
-        window.experiments.setCurrentWidget(view)
+        if kind == "chat":
+            view = window.chat
+        else:
+            view = window.experiments.views[kind]
+            window.experiments.setCurrentWidget(view)
+        window.docks[DOCK.get(kind, "experiments")].raise_()
         _pause(300)
         table = experiment_table(kind, record.points, record.end)
         print(f"\n== {kind} ({machine()}) ==\n{table}", flush=True)

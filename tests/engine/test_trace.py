@@ -54,7 +54,7 @@ def test_a_failed_write_leaves_the_existing_trace_intact(run_events, tmp_path):
     (b"\xff\xfe\x00binary", "not text"),
     (b'{"format": "kvscope-trace", "version": %d}\n{"type": "Nope"}\n' % VERSION, "line 2 is not a valid event"),
     (b'{"format": "kvscope-trace", "version": %d}\n[1, 2]\n' % VERSION, "line 2 is not a valid event"),
-    (b'{"format": "kvscope-trace", "version": %d}\n' % VERSION, "holds no run"),
+    (b'{"format": "kvscope-trace", "version": %d}\n' % VERSION, "holds no run and no experiment"),
 ])
 def test_bad_trace_files_give_a_clear_error(tmp_path, content, fragment):
     path = tmp_path / "bad.jsonl"
@@ -85,7 +85,7 @@ def test_a_trace_is_data_not_code(tmp_path):
            "reason": "eos", "summary": {"text": "${jndi}"}}
     lines.append(json.dumps(run))
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(TraceError, match="no run"):
+    with pytest.raises(TraceError, match="no run and no experiment"):
         read_trace(path)
     assert not (tmp_path / "pwned").exists()
 
@@ -108,3 +108,11 @@ def test_replay_stops_when_cancelled(run_events):
     assert len(seen) == 3
     assert isinstance(seen[0], RunStarted) and not any(isinstance(e, RunFinished) for e in seen)
     assert any(isinstance(e, TokenStep) for e in run_events)
+
+
+def test_an_experiment_trace_reads_back(tiny, tmp_path):
+    from engine.experiments import run_experiment
+
+    events = []
+    run_experiment("cache", Session(tiny), events.append, new_tokens=4, prompt="hello")
+    assert read_trace(write_trace(tmp_path / "exp.jsonl", events)) == events
