@@ -80,6 +80,7 @@ class MainWindow(QMainWindow):
         self._font_pt = QApplication.font().pointSizeF()
         self.worker_stopped = True
         self._run_after_load = False
+        self._replaying = False           # events arrive in batches; the notes in them say when a replay ends
         self.first_run: FirstRunDialog | None = None
         self.lecture = False
         self.replay_speed = 1.0
@@ -343,12 +344,12 @@ class MainWindow(QMainWindow):
                 self.store.add(item)
                 if isinstance(item, RunFailed):
                     self.show_error(f"The run failed: {item.message}")
-                elif isinstance(item, RunStarted) and self.client.busy == "replay":
+                elif isinstance(item, RunStarted) and self._replaying:
                     loaded = self.client.model.model.name if self.client.model else None
                     other = f" (not the loaded model, {loaded})" if loaded and loaded != item.model.name else ""
                     self.status.showMessage(f"Replaying a trace recorded with {item.model.name} on "
                                             f"{item.model.device}{other}", 8000)
-                elif isinstance(item, (RunStarted, RunFinished)):
+                elif isinstance(item, (RunStarted, RunFinished)) and not self._replaying:
                     self.status.showMessage(f"Run #{self.store.current.number}: {self.store.current.reason}", 5000)
 
     def _first_run_progress(self, progress: LoadProgress) -> None:
@@ -381,6 +382,7 @@ class MainWindow(QMainWindow):
         elif note.kind == "memory":
             self.status.show_memory(*note.payload)
         elif note.kind == "idle":
+            self._replaying = False
             self.status.hide_progress()
             self.controls.set_paused(False)
         self._update_buttons()
@@ -455,6 +457,7 @@ class MainWindow(QMainWindow):
             return
         self._remember_dir(path)
         self.banner.hide()
+        self._replaying = True
         self.client.open_trace(path, self.replay_speed)
         self._update_buttons()
 

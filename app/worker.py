@@ -14,6 +14,7 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -70,10 +71,28 @@ class EngineWorker(QObject):
         return items
 
     # --- requests (worker thread) -------------------------------------------------------------------------
+    def _handle(self, busy: str, failure: str, action: Callable[[], None]) -> None:
+        """Every request: ``busy`` first, ``idle`` last whatever happens, and an error as a note, never a
+        dead thread (the app must survive anything a model throws)."""
+        self.push(Note("busy", busy))
+        try:
+            action()
+        except EngineError as exc:
+            self.push(Note("error", str(exc)))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("%s", failure)
+            self.push(Note("error", f"{failure}: {type(exc).__name__}: {exc}"))
+        finally:
+            self.push(Note("idle"))
+
+    def _session(self):
+        if self.session is None:
+            raise EngineError("No model is loaded yet: wait for loading to finish, or load one")
+        return self.session
+
     @Slot(dict)
     def load(self, request: dict) -> None:
-        self.push(Note("busy", "load"))
-        try:
+        def action() -> None:
             from engine.models import load
             from engine.session import Session
 
@@ -84,29 +103,41 @@ class EngineWorker(QObject):
             _freeze_heap()
             self.push(loaded.loaded_event())
             self._measure_peaks(loaded)
-        except EngineError as exc:
-            self.push(Note("error", str(exc)))
-        except Exception as exc:  # noqa: BLE001  (the app must survive anything a model throws)
-            log.exception("loading failed")
-            self.push(Note("error", f"Loading failed: {type(exc).__name__}: {exc}"))
-        finally:
-            self.push(Note("idle"))
+
+        self._handle("load", "Loading failed", action)
 
     @Slot(dict)
     def run(self, request: dict) -> None:
-        self.push(Note("busy", "run"))
-        try:
-            if self.session is None:
-                raise EngineError("No model is loaded yet: wait for loading to finish, or load one")
-            self.session.run(request["prompt"], request["params"], self.push, self.control.cancel,
-                             self.control.before_step)
-        except EngineError as exc:
-            self.push(Note("error", str(exc)))
-        except Exception as exc:  # noqa: BLE001
-            log.exception("run failed")
-            self.push(Note("error", f"The run failed: {type(exc).__name__}: {exc}"))
-        finally:
-            self.push(Note("idle"))
+        self._handle("run", "The run failed", lambda: self._session().run(
+            request["prompt"], request["params"], self.push, self.control.cancel, self.control.before_step))
+
+    @Slot(dict)
+    def chat(self, request: dict) -> None:
+        self._handle("run", "The turn failed", lambda: self._session().chat(
+            request["messages"], request["params"], self.push, self.control.cancel, self.control.before_step,
+            reuse=request.get("reuse", True)))
+
+    @Slot(dict)
+    def experiment(self, request: dict) -> None:
+        def action() -> None:
+            from engine.experiments import run_experiment
+
+            run_experiment(request["kind"], self._session(), self.push, self.control.cancel, peaks=self.peaks,
+                           **request.get("settings", {}))
+
+        self._handle("experiment", "The experiment failed", action)
+
+    @Slot(dict)
+    def replay(self, request: dict) -> None:
+        """Replay a trace: no model, no torch; paced by the recorded timestamps."""
+        def action() -> None:
+            from engine.trace import read_trace, replay
+
+            for event in replay(read_trace(request["path"]), request.get("speed", 1.0),
+                                cancelled=self.control.cancel.is_set, sleep=self._sleep):
+                self.push(event)
+
+        self._handle("replay", "The replay failed", action)
 
     def _measure_peaks(self, loaded) -> None:
         from engine.hardware import peaks_event
@@ -118,56 +149,6 @@ class EngineWorker(QObject):
         except Exception as exc:  # noqa: BLE001  (bounds are a bonus; a failed measurement must not block runs)
             log.warning("could not measure the hardware peaks: %s", exc)
             self.peaks = None
-
-    @Slot(dict)
-    def experiment(self, request: dict) -> None:
-        self.push(Note("busy", "experiment"))
-        try:
-            if self.session is None:
-                raise EngineError("No model is loaded yet: wait for loading to finish, or load one")
-            from engine.experiments import run_experiment
-
-            run_experiment(request["kind"], self.session, self.push, self.control.cancel, peaks=self.peaks,
-                           **request.get("settings", {}))
-        except EngineError as exc:
-            self.push(Note("error", str(exc)))
-        except Exception as exc:  # noqa: BLE001
-            log.exception("experiment failed")
-            self.push(Note("error", f"The experiment failed: {type(exc).__name__}: {exc}"))
-        finally:
-            self.push(Note("idle"))
-
-    @Slot(dict)
-    def chat(self, request: dict) -> None:
-        self.push(Note("busy", "run"))
-        try:
-            if self.session is None:
-                raise EngineError("No model is loaded yet: wait for loading to finish, or load one")
-            self.session.chat(request["messages"], request["params"], self.push, self.control.cancel,
-                              self.control.before_step, reuse=request.get("reuse", True))
-        except EngineError as exc:
-            self.push(Note("error", str(exc)))
-        except Exception as exc:  # noqa: BLE001
-            log.exception("chat turn failed")
-            self.push(Note("error", f"The turn failed: {type(exc).__name__}: {exc}"))
-        finally:
-            self.push(Note("idle"))
-
-    @Slot(dict)
-    def replay(self, request: dict) -> None:
-        """Replay a trace: no model, no torch; paced by the recorded timestamps."""
-        from engine.trace import read_trace, replay
-
-        self.push(Note("busy", "replay"))
-        try:
-            events = read_trace(request["path"])
-            for event in replay(events, request.get("speed", 1.0), cancelled=self.control.cancel.is_set,
-                                sleep=self._sleep):
-                self.push(event)
-        except EngineError as exc:
-            self.push(Note("error", str(exc)))
-        finally:
-            self.push(Note("idle"))
 
     def _sleep(self, seconds: float) -> None:
         self.control.cancel.wait(seconds)

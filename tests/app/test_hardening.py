@@ -150,3 +150,24 @@ def test_two_hundred_runs_keep_a_bounded_history_and_flat_memory(qtbot, window, 
         print(f"\n200 runs: RSS after run 50 {rss[50] / 2**20:.1f} MiB, after run 200 {rss[200] / 2**20:.1f} MiB, "
               f"growth {growth / 2**20:+.1f} MiB, {len(window.store.runs)} runs kept")
     assert growth < 40 * 2**20
+
+
+def test_a_trace_from_another_model_replays_and_says_so(qtbot, window, tmp_path, tiny):
+    import dataclasses
+
+    from engine.events import RunStarted
+    from engine.session import Session
+    from engine.trace import write_trace
+
+    events = []
+    Session(tiny).run("hello", GenerationParams(max_new_tokens=3), events.append)
+    other = dataclasses.replace(events[0].model, name="SomeOtherModel-7B", device="cuda:0")
+    events[0] = dataclasses.replace(events[0], model=other)
+    path = write_trace(tmp_path / "other.jsonl", events)
+    window.replay_speed = 0.0
+    window.open_trace(str(path))
+    qtbot.waitUntil(lambda: "SomeOtherModel-7B" in window.status.currentMessage(), timeout=10_000)
+    assert "not the loaded model" in window.status.currentMessage()
+    wait_idle(qtbot, window)
+    assert window.store.current.model.name == "SomeOtherModel-7B" and not window.banner.isVisible()
+    assert isinstance(window.store.current.started, RunStarted)

@@ -84,3 +84,19 @@ def test_progress_is_reported(tiny_model_dir):
     seen = []
     load(str(tiny_model_dir), device="cpu", progress=seen.append)
     assert seen[0].stage == "resolve" and seen[-1].stage == "done" and seen[-1].fraction == 1.0
+
+
+def test_layer_to_device_map_from_an_accelerate_split(tiny):
+    """accelerate records module prefixes; the longest prefix that contains a layer decides its device."""
+    from engine.models import layer_devices
+
+    model = tiny.model
+    model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu",
+                           "model.norm": "cpu", "lm_head": 0}
+    try:
+        assert layer_devices(model, 2) == ["cuda:0", "cpu"]
+        model.hf_device_map = {"": "disk"}
+        assert layer_devices(model, 2) == ["disk", "disk"]
+    finally:
+        del model.hf_device_map
+    assert layer_devices(model, 2) == ["cpu", "cpu"]
