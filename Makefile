@@ -27,6 +27,7 @@ cli: setup
 	$(BIN)/python -m engine --prompt "hey, what is continuous batching?" --max-new-tokens 64
 
 test: setup
+	$(BIN)/ruff check engine app tests packaging
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q --durations=15
 
 test-fast: setup

@@ -8,7 +8,7 @@ from importlib import metadata
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QLabel, QProgressBar, QPushButton, QVBoxLayout)
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
 from engine import __version__
 from engine.events import HardwarePeaks, ModelLoaded

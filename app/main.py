@@ -19,8 +19,8 @@ from PySide6.QtWidgets import QApplication
 
 from app.resources import icon_path
 from app.store import RunStore
-from app.worker import EngineClient
 from app.window import MainWindow
+from app.worker import EngineClient
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -13,9 +13,22 @@ from collections.abc import Callable
 import numpy as np
 
 from engine import kvcache
-from engine.events import (ExperimentFailed, ExperimentFinished, ExperimentPoint, ExperimentProgress,
-                           ExperimentStarted, HardwarePeaks, KVNorms, ModelFacts, PrefillDone, RunFailed, RunFinished,
-                           RunStarted, RunSummary, TokenStep)
+from engine.events import (
+    ExperimentFailed,
+    ExperimentFinished,
+    ExperimentPoint,
+    ExperimentProgress,
+    ExperimentStarted,
+    HardwarePeaks,
+    KVNorms,
+    ModelFacts,
+    PrefillDone,
+    RunFailed,
+    RunFinished,
+    RunStarted,
+    RunSummary,
+    TokenStep,
+)
 
 STEP_FIELDS = ("t_ms", "latency_ms", "forward_ms", "prob", "raw_prob", "kv_bytes")
 

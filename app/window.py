@@ -8,20 +8,29 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QElapsedTimer, Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayout, QInputDialog, QLabel,
-                               QMainWindow, QMessageBox, QPushButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QApplication,
+    QDockWidget,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
-from app import export, theme as th
+from app import theme as th
 from app.dialogs import AboutDialog, FirstRunDialog
+from app.file_actions import FileActions
 from app.paint import METER
-from app.panels.controls import ControlsPanel
 from app.panels.chat import ChatPanel
+from app.panels.controls import ControlsPanel
 from app.panels.experiments import ExperimentsPanel
 from app.panels.kv_heatmap import KVHeatmapPanel
 from app.panels.sampling import SamplingPanel
@@ -35,7 +44,6 @@ from engine.errors import EngineError
 from engine.events import LoadProgress, ModelLoaded, RunFailed, RunFinished, RunStarted
 from engine.gguf import remove_all_conversions
 from engine.kvcache import format_bytes
-from engine.trace import write_trace
 
 log = logging.getLogger(__name__)
 REFRESH_MS = 33            # token text and status strip: ~30 fps; charts as often as paint.METER allows
@@ -72,7 +80,7 @@ class ErrorBanner(QWidget):
         self.show()
 
 
-class MainWindow(QMainWindow):
+class MainWindow(FileActions, QMainWindow):
     def __init__(self, store: RunStore, client: EngineClient) -> None:
         super().__init__()
         self.store, self.client = store, client
@@ -443,105 +451,6 @@ class MainWindow(QMainWindow):
             if not self._chart_queue:
                 self.chart_frames += 1
                 METER.close_frame(self._chart_cost)
-
-    # --- files --------------------------------------------------------------------------------------------
-    def open_trace_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open a KVScope trace", self._last_dir(),
-                                              "KVScope traces (*.jsonl);;All files (*)")
-        if path:
-            self.open_trace(path)
-
-    def open_trace(self, path: str) -> None:
-        if self.client.busy:
-            self.show_error("Stop the current run before opening a trace.")
-            return
-        self._remember_dir(path)
-        self.banner.hide()
-        self._replaying = True
-        self.client.open_trace(path, self.replay_speed)
-        self._update_buttons()
-
-    def save_trace_dialog(self) -> None:
-        run = self.store.current
-        if run is None:
-            self.show_error("There is no run to save yet.")
-            return
-        path, _ = QFileDialog.getSaveFileName(self, "Save run as trace", str(Path(self._last_dir()) /
-                                              f"kvscope-run-{run.number}.jsonl"), "KVScope traces (*.jsonl)")
-        if path:
-            self.save_trace(path)
-
-    def save_trace(self, path: str, events: list | None = None) -> None:
-        events = self.store.current.events if events is None else events
-        try:
-            write_trace(path, events)
-            self._remember_dir(path)
-            self.status.showMessage(f"Saved {len(events)} events to {path}", 5000)
-        except OSError as exc:
-            self.show_error(f"Could not save the trace to {path}: {exc.strerror or exc}")
-
-    def current_experiment(self):
-        kind = "chat" if self.docks["chat"].isVisible() and not self.docks["experiments"].isVisible() \
-            else self.experiments.current.kind
-        return self.store.latest_experiment(kind) or (self.store.experiments[-1] if self.store.experiments else None)
-
-    def save_experiment_trace_dialog(self) -> None:
-        record = self.current_experiment()
-        if record is None:
-            self.show_error("There is no experiment to save yet.")
-            return
-        path, _ = QFileDialog.getSaveFileName(self, "Save experiment as trace", str(Path(self._last_dir()) /
-                                              f"kvscope-{record.kind}-experiment.jsonl"), "KVScope traces (*.jsonl)")
-        if path:
-            self.save_trace(path, record.events)
-
-    def export_chart_of(self, name: str, item_of: Callable[[], object]) -> None:
-        self.export_chart(name, item_of())
-
-    def export_chart(self, name: str, item: object) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, f"Export {name}", str(Path(self._last_dir()) /
-                                              f"kvscope-{name.lower().replace(' ', '-')}.png"),
-                                              "PNG image (*.png);;SVG drawing (*.svg)")
-        if path:
-            try:
-                export.export_chart(item, path)
-                self.status.showMessage(f"Exported {name} to {path}", 5000)
-            except (OSError, ValueError) as exc:
-                self.show_error(f"Could not export {name}: {exc}")
-
-    def export_run(self, kind: str) -> None:
-        run = self.store.current
-        if run is None:
-            self.show_error("There is no run to export yet.")
-            return
-        path, _ = QFileDialog.getSaveFileName(self, f"Export run data as {kind.upper()}", str(
-            Path(self._last_dir()) / f"kvscope-run-{run.number}.{kind}"), f"{kind.upper()} (*.{kind})")
-        if path:
-            try:
-                export.write_text(path, export.run_csv(run) if kind == "csv" else export.run_json(run))
-                self.status.showMessage(f"Exported run #{run.number} to {path}", 5000)
-            except OSError as exc:
-                self.show_error(f"Could not write {path}: {exc.strerror or exc}")
-
-    def export_experiment(self) -> None:
-        record = self.current_experiment()
-        if record is None:
-            self.show_error("Run this experiment first: there is no data to export yet.")
-            return
-        path, _ = QFileDialog.getSaveFileName(self, "Export experiment data as CSV", str(
-            Path(self._last_dir()) / f"kvscope-{record.kind}-experiment.csv"), "CSV (*.csv)")
-        if path:
-            try:
-                export.write_text(path, export.experiment_csv(record))
-                self.status.showMessage(f"Exported the {record.kind} experiment to {path}", 5000)
-            except OSError as exc:
-                self.show_error(f"Could not write {path}: {exc.strerror or exc}")
-
-    def _last_dir(self) -> str:
-        return self.settings.value("files/last_dir", str(Path.home()), str)
-
-    def _remember_dir(self, path: str) -> None:
-        self.settings.setValue("files/last_dir", str(Path(path).parent))
 
     # --- view ---------------------------------------------------------------------------------------------
     def toggle_lecture(self) -> None:

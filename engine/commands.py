@@ -171,8 +171,9 @@ def experiment_table(kind: str, points: list[ExperimentPoint], finished: Experim
                          f"{int(v['prompt_tokens']):6d} | {int(v['new_tokens']):3d} | {v['arrival_ms']:10.1f} | "
                          f"{v['queue_ms']:9.1f} | {v['ttft_ms']:7.1f} | {v['e2e_ms']:13.1f}")
         if "continuous_tok_s" in s:
-            lines += ["", *(f"{pol:10}: {s[pol + '_tok_s']:8.1f} tok/s in all, mean TTFT {s[pol + '_mean_ttft_ms']:8.1f} ms, "
-                            f"mean end-to-end {s[pol + '_mean_e2e_ms']:8.1f} ms (measured)" for pol in ("continuous", "static")),
+            lines += ["", *(f"{pol:10}: {s[pol + '_tok_s']:8.1f} tok/s in all, mean TTFT "
+                            f"{s[pol + '_mean_ttft_ms']:8.1f} ms, mean end-to-end {s[pol + '_mean_e2e_ms']:8.1f} ms "
+                            "(measured)" for pol in ("continuous", "static")),
                       f"each request's tokens equal its solo run: {'yes' if s.get('tokens_match_solo') else 'NO'}"]
     else:
         lines = ["batch | TTFT ms | per-token ms | decode tok/s (all requests) | request latency ms",

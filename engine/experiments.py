@@ -20,8 +20,14 @@ from engine import costmodel
 from engine.batch import generate_batch
 from engine.costmodel import Device, ModelCost
 from engine.errors import ParameterError
-from engine.events import (ExperimentFinished, ExperimentPoint, ExperimentProgress, ExperimentStarted,
-                           HardwarePeaks, RunFinished)
+from engine.events import (
+    ExperimentFinished,
+    ExperimentPoint,
+    ExperimentProgress,
+    ExperimentStarted,
+    HardwarePeaks,
+    RunFinished,
+)
 from engine.params import GenerationParams
 from engine.resources import sample_prompts
 from engine.sampling import choose

@@ -62,7 +62,6 @@ def measure(device: torch.device, dtype: torch.dtype) -> Device:
     b = torch.randn(n, n, device=device, dtype=dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
     matmul_s = _best_seconds(lambda: torch.matmul(a, b, out=out), device, 10 if gpu else 5)
-    del a, b, out
     elements = (1 << 30 if gpu else 256 << 20) // 4
     src = torch.ones(elements, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)

@@ -25,7 +25,8 @@ def kv_line(model: ModelFacts, tokens_held: int, bytes_held: int) -> str:
     """Formula per token, what the cache measured holding, and the formula at full context."""
     full = kvcache.full_context_kv_bytes(model)
     return (f"KV cache: {kvcache.formula_text(model)}; holds {tokens_held:,} tokens = "
-            f"{kvcache.format_bytes(bytes_held)}; at full context ({model.max_context:,}) = {kvcache.format_bytes(full)}")
+            f"{kvcache.format_bytes(bytes_held)}; at full context ({model.max_context:,}) = "
+            f"{kvcache.format_bytes(full)}")
 
 
 def report(model: ModelFacts, s: RunSummary, kv_on: bool = True) -> str:

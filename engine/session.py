@@ -23,8 +23,7 @@ import torch
 from engine import faults, kvcache
 from engine.clock import StepClock
 from engine.errors import ParameterError, PromptError
-from engine.events import (Candidate, KVNorms, PrefillDone, RunFailed, RunFinished, RunStarted, RunSummary,
-                           TokenStep)
+from engine.events import Candidate, KVNorms, PrefillDone, RunFailed, RunFinished, RunStarted, RunSummary, TokenStep
 from engine.models import LoadedModel
 from engine.params import GenerationParams
 from engine.sampling import choose, make_generator

@@ -6,8 +6,20 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QFormLayout, QHBoxLayout, QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox,
-                               QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app import theme as th
 from app.paint import TimedGraphics
@@ -259,7 +271,8 @@ class ExperimentView(QWidget):
                                              ("prefill", "admitted_ms", "first_token_ms", th.PREFILL),
                                              ("decode", "first_token_ms", "done_ms", th.DECODE)):
                 if rows:
-                    bars = pg.BarGraphItem(x0=[r[start] for r in rows], width=[max(r[end] - r[start], 0.0) for r in rows],
+                    bars = pg.BarGraphItem(x0=[r[start] for r in rows],
+                                           width=[max(r[end] - r[start], 0.0) for r in rows],
                                            y=[offset + r["index"] for r in rows], height=0.7, brush=colour, pen=None,
                                            name=name if policy == 1.0 else None)
                     self.plot.addItem(bars)

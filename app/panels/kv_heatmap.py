@@ -11,8 +11,16 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QPen
-from PySide6.QtWidgets import (QComboBox, QGraphicsRectItem, QHBoxLayout, QLabel, QPushButton, QSplitter,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QGraphicsRectItem,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app import theme as th
 from app.paint import TimedGraphics
@@ -174,7 +182,8 @@ class KVHeatmapPanel(QWidget):
         self.boundary.setValue(n_prompt)
         self.boundary.setVisible(used > 0)
         earlier = f"earlier turns (reused): {reused:,}   " if reused else ""
-        self.strip_text.setText(f"{earlier}prefill: {n_prompt - reused:,} positions   decode: {max(used - n_prompt, 0):,}"
+        decoded = max(used - n_prompt, 0)
+        self.strip_text.setText(f"{earlier}prefill: {n_prompt - reused:,} positions   decode: {decoded:,}"
                                 if used else "KV cache off: nothing is held; every step recomputes all positions")
         self.strip_text.setPos(0, layers + 0.3 + strip)
         self.plot.getAxis("left").setTicks([[(i + 0.5, str(i)) for i in range(0, layers, max(1, layers // 10))]])

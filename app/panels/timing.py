@@ -178,7 +178,8 @@ def bounds_text(run: RunRecord, s, peaks) -> str:
     evaluated = cost.prefill(s.reused_tokens + s.prompt_tokens).flops - (cost.prefill(s.reused_tokens).flops
                                                                          if s.reused_tokens else 0.0)
     prefill_flops = evaluated / (s.prefill_ms / 1000.0)
-    decode = (f"decode {s.decode_tok_s:,.1f} tok/s measured vs ceiling <b>{cost.decode_bound_tok_s(position, device):,.1f}"
+    ceiling = cost.decode_bound_tok_s(position, device)
+    decode = (f"decode {s.decode_tok_s:,.1f} tok/s measured vs ceiling <b>{ceiling:,.1f}"
               f" tok/s</b> computed ({peaks.bytes_per_s / 1e9:,.1f} GB/s ÷ {step.bytes / 2**20:,.0f} MiB read per "
               f"token)" if run.started.params.kv_cache else "decode without cache: every step is a prefill")
     return (f"{decode} · prefill {prefill_flops / 1e9:,.1f} GFLOP/s measured vs peak {peaks.flops_per_s / 1e9:,.0f} "

@@ -195,7 +195,8 @@ class TokensPanel(QWidget):
 
     def _update_legend(self) -> None:
         if self.mode == "phase":
-            html = (f"<span style='background:{shade(th.REUSED, 0.85).name()}'>&nbsp;earlier turns (cache)&nbsp;</span> "
+            reused = shade(th.REUSED, 0.85).name()
+            html = (f"<span style='background:{reused}'>&nbsp;earlier turns (cache)&nbsp;</span> "
                     f"<span style='background:{shade(th.PREFILL, 0.8).name()}'>&nbsp;prompt (prefill)&nbsp;</span> "
                     f"<span style='background:{shade(th.DECODE, 0.8).name()}'>&nbsp;generated (decode)&nbsp;</span>"
                     " &nbsp;shades alternate at token boundaries")

@@ -58,8 +58,12 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 @pytest.mark.parametrize("vocab, scale", [(50, 1.0), (5000, 4.0), (5000, 0.05)])
 def test_filters_keep_the_same_tokens_as_transformers(seed, vocab, scale):
     """Against transformers' own warpers, including a flat distribution that needs more than the window."""
-    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
-                                                        TopKLogitsWarper, TopPLogitsWarper)
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     logits = torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * scale
     for temperature, top_k, top_p in [(0.7, 0, 0.9), (1.3, 40, 0.8), (1.0, 7, 1.0), (0.5, 0, 0.5)]:
@@ -87,7 +91,8 @@ def test_flat_distribution_falls_back_to_the_full_sort():
 
 def test_temperature_sharpens_and_flattens():
     def top_prob(t):
-        return choose(LOGITS, GenerationParams(temperature=t), make_generator(torch.device("cpu"), 0)).candidate_final[0]
+        gen = make_generator(torch.device("cpu"), 0)
+        return choose(LOGITS, GenerationParams(temperature=t), gen).candidate_final[0]
 
     base = torch.softmax(LOGITS, -1)[0].item()
     assert top_prob(0.5) > base > top_prob(2.0)
