@@ -39,18 +39,32 @@ def main(argv: list[str] | None = None) -> dict:
     run = window.store.current
     s = run.summary()
     rss_after = process_rss_bytes()
+    trimmed = _malloc_trim()
+    rss_trimmed = process_rss_bytes()
     result = {"machine": machine(), "model": run.model.name, "reason": run.reason, "seconds": seconds,
               "prompt_tokens": s.prompt_tokens, "generated_tokens": s.generated_tokens, "kv_tokens": s.kv_tokens,
               "kv_bytes": s.kv_bytes, "decode_tok_s": s.decode_tok_s, "rss_before": rss_before,
-              "rss_peak": peak, "rss_after": rss_after, "store_run_bytes": deep_size(run)}
+              "rss_peak": peak, "rss_after": rss_after, "rss_after_malloc_trim": rss_trimmed if trimmed else None,
+              "store_run_bytes": deep_size(run)}
     print(f"{machine()}: {run.model.name}, {s.prompt_tokens} + {s.generated_tokens} tokens ({run.reason}) in "
           f"{seconds:.0f} s, decode {s.decode_tok_s:.1f} tok/s; KV cache at the end {format_bytes(s.kv_bytes)} "
           f"for {s.kv_tokens:,} positions")
     print(f"process memory: {format_bytes(rss_before)} before, peak {format_bytes(peak)}, {format_bytes(rss_after)} "
-          f"after (the run's cache is freed at the end); stored run {format_bytes(result['store_run_bytes'])}")
+          f"after; {format_bytes(rss_trimmed)} once the C allocator returns freed pages (malloc_trim); "
+          f"stored run {format_bytes(result['store_run_bytes'])}")
     window.close()
     save("long-run", result)
     return result
+
+
+def _malloc_trim() -> bool:
+    """Ask glibc to give freed heap pages back to the OS: what is left is what is really in use."""
+    try:
+        import ctypes
+
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0) or True)
+    except (OSError, AttributeError):
+        return False
 
 
 if __name__ == "__main__":
