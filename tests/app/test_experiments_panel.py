@@ -61,17 +61,23 @@ def test_bad_batch_sizes_are_refused_in_the_tab(qtbot, window):
     assert "whole numbers" in view.status.text() and window.client.busy is None
 
 
-def test_cancel_keeps_the_points_measured_so_far(qtbot, window):
+def test_cancel_keeps_the_points_measured_so_far(qtbot, window, monkeypatch):
+    import time
+
+    session = window.client.worker.session
+    prefill = session.prefill
+    monkeypatch.setattr(session, "prefill", lambda *a, **k: (time.sleep(0.05), prefill(*a, **k))[1])
     view = window.experiments.views["prefill"]
     view.max_length.setValue(256)
-    view.repeats.setValue(20)
+    view.repeats.setValue(10)                    # 4 lengths x 11 passes x >= 50 ms: cancel lands mid-sweep
     view.run_button.click()
     qtbot.waitUntil(lambda: (r := window.store.latest_experiment("prefill")) is not None and len(r.points) >= 1,
                     timeout=60_000)
     view.cancel_button.click()
     wait_idle(qtbot, window)
     record = window.store.latest_experiment("prefill")
-    assert record.end.reason == "stopped" and 1 <= len(record.points) < 5
+    assert record.end.reason == "stopped" and 1 <= len(record.points) < 4
+    qtbot.waitUntil(lambda: "Cancelled" in view.status.text(), timeout=5_000)      # at the next chart refresh
 
 
 def test_timing_panel_shows_measured_rates_beside_computed_ceilings(qtbot, window):
