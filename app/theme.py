@@ -72,6 +72,8 @@ def apply(app: QApplication, theme: Theme, base_font_pt: float | None = None) ->
         pal.setColor(QPalette.ColorRole.Text, QColor("#000000"))
         pal.setColor(QPalette.ColorRole.Button, QColor("#F0F0F0"))
         pal.setColor(QPalette.ColorRole.ButtonText, QColor("#000000"))
+        for role in (QPalette.ColorRole.ButtonText, QPalette.ColorRole.Text, QPalette.ColorRole.WindowText):
+            pal.setColor(QPalette.ColorGroup.Disabled, role, QColor("#8A8A8A"))   # disabled must look disabled
         app.setPalette(pal)
     else:
         app.setPalette(app.style().standardPalette())

@@ -392,6 +392,8 @@ class MainWindow(FileActions, QMainWindow):
         elif note.kind == "idle":
             self._replaying = False
             self.status.hide_progress()
+            if self.client.model is not None:
+                self.controls.model_status.setText(_loaded_text(self.client.model))
             self.controls.set_paused(False)
         self._update_buttons()
         if note.kind == "idle" and self._run_after_load and self.client.model is not None:
