@@ -7,6 +7,7 @@ Bad input exits non-zero with one clear line on stderr, never a traceback. Subco
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import threading
@@ -133,10 +134,10 @@ def run_generate(args: argparse.Namespace) -> int:
     summary = result.summary
     if args.json:
         payload = {"model": loaded.facts.name, "device": loaded.facts.device, "dtype": loaded.facts.dtype,
-                   "params": vars(params) if hasattr(params, "__dict__") else {},
+                   "params": dataclasses.asdict(params),
                    "result": "failed" if isinstance(result, RunFailed) else result.reason,
                    "prefill_tok_s": summary.prefill_tok_s, "decode_tok_s": summary.decode_tok_s,
-                   **{k: v for k, v in vars(summary).items()}}
+                   **dataclasses.asdict(summary)}
         print(json.dumps(payload, indent=2))
     else:
         print("\n", file=out)
