@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine import kvcache
 from engine.events import (
     ExperimentFailed,
     ExperimentFinished,
@@ -30,7 +29,7 @@ from engine.events import (
     TokenStep,
 )
 
-STEP_FIELDS = ("t_ms", "latency_ms", "forward_ms", "prob", "raw_prob", "kv_bytes")
+STEP_FIELDS = ("t_ms", "latency_ms", "forward_ms", "prob", "raw_prob", "kv_bytes", "waited_ms")
 
 
 class Series:
@@ -64,7 +63,8 @@ class RunRecord:
         self.series = {name: Series() for name in STEP_FIELDS}
         self.end: RunFinished | RunFailed | None = None
         self.kv_bytes_per_layer: list[list[int]] = [[0, 0] for _ in range(self.model.num_layers)]
-        self.kv_tokens = 0
+        self.kv_positions_per_layer: list[int] = [0] * self.model.num_layers
+        self.kv_tokens = 0            # positions the cache has been fed (sliding layers may hold fewer)
         self._norms = np.zeros((2, self.model.num_layers, 0), dtype=np.float32)   # K, V x layers x positions
         self.norm_positions = 0       # positions whose norms have arrived (they come in batches)
 
@@ -102,6 +102,7 @@ class RunRecord:
         if isinstance(event, PrefillDone):
             self.prefill = event
             self.kv_bytes_per_layer = event.kv_bytes_per_layer
+            self.kv_positions_per_layer = event.kv_positions_per_layer
             held = event.reused_tokens + event.n_tokens
             self.kv_tokens = held if sum(map(sum, event.kv_bytes_per_layer)) else 0
         elif isinstance(event, KVNorms):
@@ -113,11 +114,12 @@ class RunRecord:
         elif isinstance(event, TokenStep):
             self.steps.append(event)
             self.kv_bytes_per_layer = event.kv_bytes_per_layer
+            self.kv_positions_per_layer = event.kv_positions_per_layer
             held = sum(map(sum, event.kv_bytes_per_layer))
             self.kv_tokens = event.position if held else 0       # the new token is not cached yet
             for name, value in (("t_ms", event.t_ms), ("latency_ms", event.latency_ms),
                                 ("forward_ms", event.forward_ms), ("prob", event.prob),
-                                ("raw_prob", event.raw_prob), ("kv_bytes", held)):
+                                ("raw_prob", event.raw_prob), ("kv_bytes", held), ("waited_ms", event.waited_ms)):
                 self.series[name].append(value)
         elif isinstance(event, (RunFinished, RunFailed)):
             self.end = event
@@ -163,13 +165,16 @@ class RunRecord:
         return grid[:, : self.norm_positions]
 
     def memory_grid(self) -> np.ndarray:
-        """Bytes held per layer and position (``[layers, positions used]``): what the memory heatmap draws."""
-        grid = np.zeros((self.model.num_layers, self.kv_tokens), dtype=np.float32)
-        if self.kv_tokens:
-            per = kvcache.bytes_per_token_per_layer(self.model)
-            for layer in range(self.model.num_layers):
-                held = kvcache.layer_capacity(self.model, layer, self.kv_tokens)
-                grid[layer, self.kv_tokens - held:self.kv_tokens] = per
+        """Bytes held per layer and position (``[layers, positions seen]``), as measured: each layer's bytes
+        and the positions its tensors hold came from the cache in the last event, and a layer that holds fewer
+        positions than were seen (a sliding window) holds the most recent ones; the others are NaN. The
+        formula is not used here: it is the separate check beside the heatmap."""
+        seen = self.kv_tokens
+        grid = np.full((self.model.num_layers, seen), np.nan, dtype=np.float32)     # NaN: not held (drawn empty)
+        for layer, ((k, v), held) in enumerate(zip(self.kv_bytes_per_layer, self.kv_positions_per_layer)):
+            held = min(held, seen)
+            if held > 0:
+                grid[layer, seen - held:seen] = (k + v) / held
         return grid
 
     def token_rate(self, window: int = 8) -> np.ndarray:
@@ -245,6 +250,9 @@ class RunStore:
     def find(self, run_id: str) -> RunRecord | None:
         return next((r for r in reversed(self.runs) if r.run_id == run_id), None)
 
+    def experiment(self, exp_id: str) -> ExperimentRecord | None:
+        return next((e for e in reversed(self.experiments) if e.exp_id == exp_id), None)
+
     def _experiment_of(self, run_id: str) -> ExperimentRecord | None:
         return next((e for e in reversed(self.experiments) if run_id in e.run_ids), None)
 
@@ -264,7 +272,7 @@ class RunStore:
             return
         exp_id = getattr(event, "exp_id", None)
         if exp_id is not None:
-            experiment = next((e for e in reversed(self.experiments) if e.exp_id == exp_id), None)
+            experiment = self.experiment(exp_id)
             if experiment is not None:
                 experiment.add(event)
                 self.version += 1
@@ -274,9 +282,10 @@ class RunStore:
             record = RunRecord(event, self._count)
             self.runs.append(record)
             self.trim()
-            if self.experiments and not self.experiments[-1].finished:
-                self.experiments[-1].run_ids.append(record.run_id)       # a run the experiment started
-                self.experiments[-1].events.append(event)
+            owner = self.experiment(event.experiment) if event.experiment else None
+            if owner is not None:
+                owner.run_ids.append(record.run_id)          # a run the experiment made: its trace carries it
+                owner.events.append(event)
             self.version += 1
             self._notify("started", record)
             return

@@ -16,9 +16,10 @@ DECODE = "#D55E00"       # vermillion
 CACHE_OFF = "#CC79A7"    # reddish purple
 FORMULA = "#888888"      # grey: computed, not measured
 CHOSEN = "#009E73"       # bluish green: the sampled token
+WAITING = "#BBBBBB"      # light grey: time spent waiting (queued, paused), not computing
 OVERLAY = ["#E69F00", "#56B4E9", "#F0E442", "#000000", "#999999"]
 HEATMAP = "viridis"
-LECTURE_PT = 14.0        # about 19 px at 96 dpi: STYLE.md asks for at least ~18 px in a 1080p recording
+LECTURE_PT = 14.0        # about 19 px at 96 dpi: at least ~18 px stays readable in a 1080p recording
 
 
 def run_colour(kv_cache: bool) -> str:

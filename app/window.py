@@ -193,6 +193,7 @@ class MainWindow(FileActions, QMainWindow):
         self._action(run, "Step one token", self.step_run, "F10")
         self._action(run, "Pause / resume", self.toggle_pause, "F9")
         self._action(run, "Load model", self.load_from_controls, "Ctrl+L")
+        self._action(run, "Measure this machine's peaks again", self.remeasure_peaks)
         self._action(run, "Send chat message", self.chat.send, "Ctrl+Shift+Return")
         run.addSeparator()
         self._action(run, "Clear runs", self.clear_runs)
@@ -301,6 +302,18 @@ class MainWindow(FileActions, QMainWindow):
 
     def stop_run(self) -> None:
         self.client.stop()
+
+    def remeasure_peaks(self) -> None:
+        """The roofline ceilings are cached; a lecturer who moved to a quieter machine (or suspects the cached
+        figure) measures them again here."""
+        if self.client.busy:
+            self.show_error("Wait for the current work to finish before measuring the peaks again.")
+            return
+        if self.client.model is None:
+            self.show_error("Load a model first: the peaks are measured for its device and dtype.")
+            return
+        self.client.remeasure_peaks()
+        self._update_buttons()
 
     def step_run(self) -> None:
         """Idle: start a run that pauses after the prefill. Running: let exactly one more token through."""

@@ -49,6 +49,7 @@ class EngineWorker(QObject):
         self.peaks = None
         self._signalled = threading.Event()
         self._last_memory = 0.0
+        self._remeasured = False
 
     # --- outbox -------------------------------------------------------------------------------------------
     def push(self, item: object) -> None:
@@ -102,14 +103,22 @@ class EngineWorker(QObject):
             self.session = Session(loaded)  # the previous model stays until this one has loaded
             _freeze_heap()
             self.push(loaded.loaded_event())
-            self._measure_peaks(loaded)
+            self._measure_peaks()
 
         self._handle("load", "Loading failed", action)
 
     @Slot(dict)
     def run(self, request: dict) -> None:
-        self._handle("run", "The run failed", lambda: self._session().run(
-            request["prompt"], request["params"], self.push, self.control.cancel, self.control.before_step))
+        def action() -> None:
+            result = self._session().run(request["prompt"], request["params"], self.push, self.control.cancel,
+                                         self.control.before_step)
+            self._check_peaks(result)
+
+        self._handle("run", "The run failed", action)
+
+    @Slot()
+    def remeasure_peaks(self) -> None:
+        self._handle("peaks", "Measuring the peaks failed", lambda: self._measure_peaks(remeasure=True))
 
     @Slot(dict)
     def chat(self, request: dict) -> None:
@@ -139,16 +148,34 @@ class EngineWorker(QObject):
 
         self._handle("replay", "The replay failed", action)
 
-    def _measure_peaks(self, loaded) -> None:
+    def _measure_peaks(self, remeasure: bool = False) -> None:
         from engine.hardware import peaks_event
 
-        self.push(LoadProgress("peaks", "Measuring this machine's peak FLOP/s and memory bandwidth (once)", None))
+        session = self._session()
+        self.push(LoadProgress("peaks", "Measuring this machine's peak FLOP/s and memory bandwidth", None))
         try:
-            self.peaks = peaks_event(loaded)
+            self.peaks = peaks_event(session.loaded, remeasure=remeasure)
             self.push(self.peaks)
         except Exception as exc:  # noqa: BLE001  (bounds are a bonus; a failed measurement must not block runs)
             log.warning("could not measure the hardware peaks: %s", exc)
             self.peaks = None
+
+    def _check_peaks(self, result) -> None:
+        """A run that achieved more than the cached ceilings shows they are wrong: measure them again (once)."""
+        from engine.costmodel import ModelCost
+        from engine.events import RunFinished
+        from engine.hardware import implausible
+
+        s = getattr(result, "summary", None)
+        if self.peaks is None or not isinstance(result, RunFinished) or s.prefill_ms <= 0 or self._remeasured:
+            return
+        cost = ModelCost(self._session().facts)
+        achieved = (cost.prefill(s.reused_tokens + s.prompt_tokens).flops
+                    - (cost.prefill(s.reused_tokens).flops if s.reused_tokens else 0.0)) / (s.prefill_ms / 1000.0)
+        if implausible(self.peaks, achieved):
+            self._remeasured = True
+            log.info("a run achieved %.0f GFLOP/s, above the cached peak: measuring again", achieved / 1e9)
+            self._measure_peaks(remeasure=True)
 
     def _sleep(self, seconds: float) -> None:
         self.control.cancel.wait(seconds)
@@ -172,6 +199,7 @@ class EngineClient(QObject):
     _replay = Signal(dict)
     _experiment = Signal(dict)
     _chat = Signal(dict)
+    _remeasure = Signal()
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -185,6 +213,7 @@ class EngineClient(QObject):
         self._replay.connect(self.worker.replay)
         self._experiment.connect(self.worker.experiment)
         self._chat.connect(self.worker.chat)
+        self._remeasure.connect(self.worker.remeasure_peaks)
         self.worker.pending.connect(self._drain)
         self.thread.finished.connect(self.worker.deleteLater)
         self.busy: str | None = None
@@ -216,6 +245,11 @@ class EngineClient(QObject):
         self.control.reset()
         self.busy = "replay"
         self._replay.emit({"path": path, "speed": speed})
+
+    def remeasure_peaks(self) -> None:
+        self.control.reset()
+        self.busy = "peaks"
+        self._remeasure.emit()
 
     def stop(self) -> None:
         self.control.stop()

@@ -1,5 +1,5 @@
 """Greedy generation for several prompts at once: left padding, an attention mask and per-row positions, so
-each row produces the tokens it would produce alone (ENGINE_FACTS section 8).
+each row produces the tokens it would produce alone (checked against solo runs in the tests).
 
 It generates exactly ``new_tokens`` per row (end of sequence does not stop a row): the batch experiment
 measures throughput at a fixed amount of work, and equality with solo runs is checked token for token.
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import kvcache
 from engine.clock import StepClock
 
 
@@ -42,12 +43,10 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tup
 
 def generate_batch(model, prompts: list[list[int]], new_tokens: int, pad_id: int, device: torch.device,
                    cancel: threading.Event | None = None) -> BatchResult:
-    from transformers import DynamicCache
-
     clock = StepClock(device)
     ids, mask = left_pad(prompts, pad_id, device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)                          # [B, L]
-    cache = DynamicCache(config=model.config)
+    cache = kvcache.new_cache(model)
     rows = len(prompts)
     with torch.inference_mode():
         start = clock.mark()

@@ -13,8 +13,10 @@ import sys
 import threading
 from collections.abc import Callable
 
+from engine import kvcache
 from engine.errors import EngineError
-from engine.events import LoadProgress, RunFailed, TokenStep
+from engine.events import LoadProgress, RunFailed, RunStarted, TokenStep
+from engine.load import busy
 from engine.params import GenerationParams
 
 EXIT_BAD_INPUT = 2
@@ -114,11 +116,14 @@ def run_generate(args: argparse.Namespace) -> int:
 
     writer = TraceWriter(args.trace) if args.trace else None
     out = sys.stdout
+    started: list[RunStarted] = []
 
     def sink(event: object) -> None:
         if writer is not None:
             writer(event)
-        if not args.json and isinstance(event, TokenStep) and not event.special:
+        if isinstance(event, RunStarted):
+            started.append(event)
+        elif not args.json and isinstance(event, TokenStep) and not event.special:
             out.write(event.text)
             out.flush()
 
@@ -132,16 +137,23 @@ def run_generate(args: argparse.Namespace) -> int:
         if writer is not None and writer.events:
             writer.close()
     summary = result.summary
+    facts = loaded.facts
     if args.json:
-        payload = {"model": loaded.facts.name, "device": loaded.facts.device, "dtype": loaded.facts.dtype,
-                   "params": dataclasses.asdict(params),
+        used = started[0].params if started else params          # the seed the session picked, if it did
+        formula = kvcache.predicted_kv_bytes(facts, summary.kv_tokens) if params.kv_cache else 0
+        payload = {"model": facts.name, "device": facts.device, "dtype": facts.dtype,
+                   "params": dataclasses.asdict(used),
                    "result": "failed" if isinstance(result, RunFailed) else result.reason,
                    "prefill_tok_s": summary.prefill_tok_s, "decode_tok_s": summary.decode_tok_s,
-                   **dataclasses.asdict(summary)}
+                   **dataclasses.asdict(summary),
+                   "kv_bytes_formula": formula, "kv_bytes_full_context": kvcache.full_context_kv_bytes(facts),
+                   "kv_positions_full_context": kvcache.full_context_positions(facts),
+                   "kv_layers": [dataclasses.asdict(layer) for layer in facts.kv_layers],
+                   "busy": busy(summary.cpu_share)}
         print(json.dumps(payload, indent=2))
     else:
         print("\n", file=out)
-        print(report(loaded.facts, summary, kv_on=params.kv_cache))
+        print(report(facts, summary, kv_on=params.kv_cache))
     if isinstance(result, RunFailed):
         print(f"error: {result.message}", file=sys.stderr)
         return EXIT_RUN_FAILED

@@ -9,6 +9,7 @@ import sys
 
 from engine import costmodel
 from engine.events import ExperimentFinished, ExperimentPoint, ExperimentProgress, ModelFacts
+from engine.load import busy_note
 
 
 def _fmt(v: float) -> str:
@@ -26,6 +27,8 @@ def costmodel_main(argv: list[str]) -> int:
         "FLOPs and bytes of prefill and decode. --seed-example prints the course module's worked example; "
         "otherwise the whole-model estimate for --model on this machine's measured ceilings."))
     p.add_argument("--seed-example", action="store_true", help="the attention-only example, exactly as the seed")
+    p.add_argument("--remeasure", action="store_true",
+                   help="measure this machine's peak FLOP/s and bandwidth again instead of using the cached ones")
     add_model_arguments(p)
     args = p.parse_args(argv)
     if args.seed_example:
@@ -34,9 +37,11 @@ def costmodel_main(argv: list[str]) -> int:
     loaded = load_for_cli(args)
     from engine.hardware import peaks_event
 
-    peaks = peaks_event(loaded)
+    peaks = peaks_event(loaded, remeasure=args.remeasure)
     device = costmodel.Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
     print(whole_model_table(loaded.facts, device))
+    when = f"cached, measured {peaks.measured}" if peaks.cached else "measured now"
+    print(f"\nPeaks: {when}" + (f"; {busy_note(peaks.cpu_share)}" if busy_note(peaks.cpu_share) else ""))
     return 0
 
 

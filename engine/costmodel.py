@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine import kvcache
 from engine.events import ModelFacts
 
 SEED_D_MODEL = 64
@@ -99,24 +100,26 @@ class ModelCost:
         self.output_params = model.vocab_size * model.hidden_size
         embeddings = self.output_params * (1 if model.tied_embeddings else 2)
         self.body_params = max(model.num_params - embeddings, 0)
+        # A sliding layer's query sees at most its window (the positions kept plus itself); a full one all.
+        self.windows = [None if layer.kind == kvcache.FULL else (layer.capacity or 0) + 1
+                        for layer in kvcache.attention_layers(model)]
 
     def _attention(self, queries_from: int, queries_to: int) -> float:
-        """Attention FLOPs for query positions ``queries_from .. queries_to - 1`` (each sees p + 1 keys)."""
-        keys = (queries_to * (queries_to + 1) - queries_from * (queries_from + 1)) / 2
-        return 4.0 * self.m.num_layers * self.head_width * keys
+        """Attention FLOPs for query positions ``queries_from .. queries_to - 1`` (each sees p + 1 keys, or its
+        window), QK^T and softmax@V, 2 FLOPs per multiply-add, summed over the attention layers."""
+        keys = sum(_keys_seen(queries_from, queries_to, window) for window in self.windows)
+        return 4.0 * self.head_width * keys
 
     def prefill(self, n: int) -> Cost:
         flops = 2.0 * self.body_params * n + 2.0 * self.output_params + self._attention(0, n)
         weights = (self.body_params + self.output_params) * self.m.dtype_bytes
-        kv_written = 2 * self.m.num_layers * self.m.num_kv_heads * self.m.head_dim * n * self.m.dtype_bytes
-        return Cost(flops, weights + kv_written)
+        return Cost(flops, weights + kvcache.predicted_kv_bytes(self.m, n))
 
     def decode(self, position: int) -> Cost:
-        """One decode step: the token at ``position`` attends to ``position + 1`` keys."""
+        """One decode step: the token at ``position`` attends to ``position + 1`` keys (or its window)."""
         flops = 2.0 * (self.body_params + self.output_params) + self._attention(position, position + 1)
         weights = (self.body_params + self.output_params) * self.m.dtype_bytes
-        kv_read = 2 * self.m.num_layers * self.m.num_kv_heads * self.m.head_dim * (position + 1) * self.m.dtype_bytes
-        return Cost(flops, weights + kv_read)
+        return Cost(flops, weights + kvcache.predicted_kv_bytes(self.m, position + 1))
 
     def decode_without_cache(self, position: int) -> Cost:
         """Without a cache a decode step is a prefill of the whole sequence so far."""
@@ -130,3 +133,12 @@ class ModelCost:
     def decode_bound_tok_s(self, position: int, device: Device) -> float:
         """The most tokens per second one sequence can decode at ``position`` on ``device``."""
         return 1.0 / self.decode(position).predicted_s(device)
+
+
+def _keys_seen(queries_from: int, queries_to: int, window: int | None) -> float:
+    """Sum over query positions p in [from, to) of the keys p sees: p + 1, capped at ``window``."""
+    def total(n: int) -> float:            # sum over p < n of min(p + 1, window)
+        if window is None or n <= window:
+            return n * (n + 1) / 2
+        return window * (window + 1) / 2 + (n - window) * window
+    return total(queries_to) - total(queries_from)

@@ -18,15 +18,32 @@ FINISH_REASONS = ("eos", "max_tokens", "stopped", "context_full")
 
 
 @dataclass(frozen=True)
+class KVLayer:
+    """What one decoder layer keeps per sequence, read from the cache the model really builds (not the config).
+
+    ``kind``: ``"full"`` holds every position, ``"sliding"`` the last ``capacity`` positions, ``"state"`` a
+    fixed-size recurrent state (state-space layers) and no positions, ``"none"`` nothing (e.g. a layer that
+    reuses another layer's keys and values). ``state_bytes`` is the fixed part, per sequence."""
+
+    kind: str
+    kv_heads: int = 0
+    k_dim: int = 0
+    v_dim: int = 0
+    dtype_bytes: int = 0
+    capacity: int | None = None
+    state_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class ModelFacts:
-    """What the KV formula and the panels need to know about a loaded model."""
+    """What the KV formula and the panels need to know about a loaded model. ``num_heads`` and ``head_dim``
+    are the query side (attention FLOPs); what the cache holds per layer is ``kv_layers``."""
 
     name: str
     source: str
     architecture: str
     num_layers: int
     num_heads: int
-    num_kv_heads: int
     head_dim: int
     hidden_size: int
     vocab_size: int
@@ -36,8 +53,7 @@ class ModelFacts:
     num_params: int
     device: str
     layer_devices: list[str]
-    layer_types: list[str]
-    sliding_window: int | None = None
+    kv_layers: list[KVLayer]
     tied_embeddings: bool = False
 
 
@@ -71,7 +87,8 @@ class RunStarted:
     prompt_pieces: list[str]
     started_at: str
     t_ms: float = 0.0
-    kind: str = "generate"
+    kind: str = "generate"         # "generate" | "chat"
+    experiment: str = ""           # the exp_id of the experiment that made this run, if one did
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,8 @@ class PrefillDone:
     forward_ms: float
     kv_bytes_per_layer: list[list[int]]
     reused_tokens: int = 0          # positions already in the cache from an earlier turn (llama.cpp's cache_n)
+    kv_positions_per_layer: list[int] = field(default_factory=list)   # read from the tensors' shapes
+    cache_note: str = ""            # a chat turn: why less than the whole kept cache was reused
 
 
 @dataclass(frozen=True)
@@ -114,7 +133,8 @@ class Candidate:
 @dataclass(frozen=True)
 class TokenStep:
     """One generated token. Step 0 comes from the prefill's last position (``phase == "prefill"``); every
-    later step is one decode forward pass. ``latency_ms`` is forward plus sampling."""
+    later step is one decode forward pass. ``latency_ms`` is forward plus sampling; ``waited_ms`` is the time
+    the run stood still before this step (paused, single-stepped, slow motion), which is not decode time."""
 
     run_id: str
     t_ms: float
@@ -130,12 +150,16 @@ class TokenStep:
     raw_prob: float
     candidates: list[Candidate]
     kv_bytes_per_layer: list[list[int]]
+    kv_positions_per_layer: list[int] = field(default_factory=list)
+    waited_ms: float = 0.0
 
 
 @dataclass(frozen=True)
 class RunSummary:
     """The llama.cpp-style figures of a run. ``decode_runs`` excludes the first token (it came from the
-    prefill), exactly as llama.cpp's ``eval time ... runs`` does."""
+    prefill), exactly as llama.cpp's ``eval time ... runs`` does. ``decode_ms`` sums the steps' forward and
+    sampling time, never the ``waited_ms`` spent paused; ``cpu_share`` (CPU runs) says whether other programs
+    competed for the cores while it was measured (``engine.load``)."""
 
     prompt_tokens: int = 0          # evaluated by the prefill (the reused ones are not)
     generated_tokens: int = 0
@@ -150,6 +174,8 @@ class RunSummary:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     reused_tokens: int = 0
+    waited_ms: float = 0.0
+    cpu_share: float | None = None
 
     @property
     def prefill_tok_s(self) -> float:
@@ -181,13 +207,16 @@ class RunFailed:
 
 @dataclass(frozen=True)
 class HardwarePeaks:
-    """This machine's measured ceilings (a matmul and a large copy), for the roofline bounds."""
+    """This machine's measured ceilings (a matmul and a large copy), for the roofline bounds. ``cpu_share``
+    as in ``RunSummary``: a low share means they were measured on a busy machine (and were not cached)."""
 
     device: str
     dtype: str
     flops_per_s: float
     bytes_per_s: float
     cached: bool = False
+    cpu_share: float | None = None
+    measured: str = ""             # the date they were measured
 
 
 @dataclass(frozen=True)

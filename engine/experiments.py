@@ -7,6 +7,7 @@ Each runs in the caller's thread, emits ``Experiment*`` events (which traces sav
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import threading
@@ -21,12 +22,14 @@ from engine.batch import generate_batch
 from engine.costmodel import Device, ModelCost
 from engine.errors import ParameterError
 from engine.events import (
+    ExperimentFailed,
     ExperimentFinished,
     ExperimentPoint,
     ExperimentProgress,
     ExperimentStarted,
     HardwarePeaks,
     RunFinished,
+    RunStarted,
 )
 from engine.params import GenerationParams
 from engine.resources import sample_prompts
@@ -298,7 +301,7 @@ def continuous_batching(session: Session, emit: Sink, cancel: threading.Event | 
     for p, policy in enumerate(POLICIES):
         x.progress(p, len(POLICIES) + int(check_solo), f"{requests} requests, {policy} batching")
         batch = [Request(i, ids, n, i * arrive_every) for i, (ids, n) in enumerate(zip(encoded, lengths))]
-        finished = serve(session.model, session.device, batch, policy,
+        finished = serve(session.model, session.device, session.facts, batch, policy,
                          on_step=lambda t, size, pol=p: x.point("batch", policy=float(pol == 0), t_ms=t,
                                                                  batch_size=size),
                          cancel=x.cancel, sync=sync)
@@ -329,8 +332,39 @@ def continuous_batching(session: Session, emit: Sink, cancel: threading.Event | 
 
 def run_experiment(kind: str, session: Session, emit: Sink, cancel: threading.Event | None = None,
                    peaks: HardwarePeaks | None = None, **settings) -> ExperimentFinished:
+    """Run one experiment. Runs it makes are tagged with its id (``RunStarted.experiment``), and if it breaks
+    after it started, ``ExperimentFailed`` closes its record before the error goes on to the caller."""
     runners = {"prefill": prefill_sweep, "cache": cache_comparison, "batch": batch_sweep, "chat": chat_reuse,
                "continuous": continuous_batching}
     if kind not in runners:
         raise ParameterError(f"Unknown experiment {kind!r}: use one of {', '.join(KINDS)}")
-    return runners[kind](session, emit, cancel, peaks=peaks, **settings)
+    tagged = _Tagged(emit)
+    try:
+        return runners[kind](session, tagged, cancel, peaks=peaks, **settings)
+    except BaseException as exc:
+        tagged.fail(exc)
+        raise
+
+
+class _Tagged:
+    """The experiment's sink: tags the runs it starts and knows whether it is still open."""
+
+    def __init__(self, emit: Sink) -> None:
+        self.emit = emit
+        self.open: str | None = None
+        self.t0 = time.perf_counter()
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, ExperimentStarted):
+            self.open, self.t0 = event.exp_id, time.perf_counter()
+        elif isinstance(event, RunStarted) and self.open is not None:
+            event = dataclasses.replace(event, experiment=self.open)
+        elif isinstance(event, (ExperimentFinished, ExperimentFailed)):
+            self.open = None
+        self.emit(event)
+
+    def fail(self, exc: BaseException) -> None:
+        if self.open is None:
+            return
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        self(ExperimentFailed(self.open, (time.perf_counter() - self.t0) * 1000.0, type(exc).__name__, message))

@@ -1,7 +1,9 @@
 """This machine's ceilings, measured: peak matmul FLOP/s and memory bandwidth, for the cost model's roofline.
 
 Measured once per device, dtype, torch version and thread count, and cached (a few seconds the first time),
-so every later launch shows the bounds at once. On CUDA both are measured on the GPU with CUDA events.
+so every later launch shows the bounds at once; but not cached when the machine was busy while measuring, and
+measured again on request or when a run achieves more than the cached ceiling allows. On CUDA both are
+measured on the GPU with CUDA events.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from engine.costmodel import Device
 from engine.events import HardwarePeaks
+from engine.load import LoadMeter, busy
 from engine.paths import cache_dir
 
 
@@ -54,9 +57,12 @@ def _best_seconds(fn: Callable[[], None], device: torch.device, repeats: int) ->
     return best
 
 
-def measure(device: torch.device, dtype: torch.dtype) -> Device:
-    """Best of a few: a square matmul (2 n^3 FLOPs) and a large copy (read + write bytes)."""
+def measure(device: torch.device, dtype: torch.dtype) -> tuple[Device, float | None]:
+    """Best of a few: a square matmul (2 n^3 FLOPs) and a large copy (read + write bytes); with the share of
+    the cores this process got meanwhile (``engine.load``; None on a GPU)."""
     gpu = device.type == "cuda"
+    meter = LoadMeter()
+    meter.start()
     n = 8192 if gpu else 1024
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
@@ -66,34 +72,53 @@ def measure(device: torch.device, dtype: torch.dtype) -> Device:
     src = torch.ones(elements, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)
     copy_s = _best_seconds(lambda: dst.copy_(src), device, 10 if gpu else 5)
-    return Device(name=device_name(device), flops_per_s=2.0 * n**3 / matmul_s,
-                  bytes_per_s=2.0 * src.nbytes / copy_s)
+    meter.stop()
+    found = Device(name=device_name(device), flops_per_s=2.0 * n**3 / matmul_s, bytes_per_s=2.0 * src.nbytes / copy_s)
+    return found, None if gpu else meter.share()
 
 
-def peaks(device: torch.device, dtype: torch.dtype) -> tuple[Device, bool]:
-    """The ceilings for ``device``/``dtype`` and whether they came from the cache."""
+def peaks(device: torch.device, dtype: torch.dtype, remeasure: bool = False) -> HardwarePeaks:
+    """The ceilings for ``device``/``dtype``: from the cache unless ``remeasure``; a fresh measurement is
+    cached only if the machine was quiet while it ran (a busy machine's peaks would sit below the truth)."""
     path = cache_dir() / "hardware.json"
     key = _key(device, dtype)
+    dtype_name = str(dtype).removeprefix("torch.")
     try:
         table = json.loads(path.read_text())
     except (OSError, ValueError):
         table = {}
-    if isinstance(table.get(key), dict):
-        d = table[key]
-        return Device(d["name"], float(d["flops_per_s"]), float(d["bytes_per_s"])), True
-    found = measure(device, dtype)
-    table[key] = {"name": found.name, "flops_per_s": found.flops_per_s, "bytes_per_s": found.bytes_per_s,
-                  "measured": time.strftime("%Y-%m-%d")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table, indent=1))
-    tmp.replace(path)
-    return found, False
+    entry = table.get(key) if isinstance(table, dict) else None
+    if not remeasure and isinstance(entry, dict):
+        try:
+            return HardwarePeaks(str(entry["name"]), dtype_name, float(entry["flops_per_s"]),
+                                 float(entry["bytes_per_s"]), cached=True, cpu_share=entry.get("cpu_share"),
+                                 measured=str(entry.get("measured", "")))
+        except (KeyError, TypeError, ValueError):
+            pass                                    # a damaged entry is measured again
+    found, share = measure(device, dtype)
+    today = time.strftime("%Y-%m-%d")
+    if not busy(share):
+        table = table if isinstance(table, dict) else {}
+        table[key] = {"name": found.name, "flops_per_s": found.flops_per_s, "bytes_per_s": found.bytes_per_s,
+                      "measured": today, "cpu_share": share}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(table, indent=1))
+        tmp.replace(path)
+    return HardwarePeaks(found.name, dtype_name, found.flops_per_s, found.bytes_per_s, cached=False,
+                         cpu_share=share, measured=today)
 
 
-def peaks_event(loaded) -> HardwarePeaks:
+def peaks_event(loaded, remeasure: bool = False) -> HardwarePeaks:
     """The ``HardwarePeaks`` event for a loaded model's device and dtype (measured once, then cached)."""
-    dtype = loaded.model.dtype
-    found, cached = peaks(loaded.device, dtype)
-    return HardwarePeaks(device=found.name, dtype=str(dtype).removeprefix("torch."),
-                         flops_per_s=found.flops_per_s, bytes_per_s=found.bytes_per_s, cached=cached)
+    return peaks(loaded.device, loaded.model.dtype, remeasure)
+
+
+def implausible(peaks: HardwarePeaks, achieved_flops_per_s: float, achieved_bytes_per_s: float = 0.0) -> bool:
+    """A run that achieved more than a ceiling shows the ceiling is wrong (measured while busy, or the
+    machine changed): time to measure it again."""
+    return achieved_flops_per_s > 1.1 * peaks.flops_per_s or achieved_bytes_per_s > 1.1 * peaks.bytes_per_s
+
+
+def as_device(peaks: HardwarePeaks) -> Device:
+    return Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)

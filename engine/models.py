@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine import embedded, gguf
+from engine import embedded, gguf, kvcache
 from engine.errors import ModelSourceError
 from engine.events import LoadProgress, ModelFacts, ModelLoaded
 
@@ -23,6 +23,8 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DECODER_LAYER = re.compile(r"(.*\.)?(layers|h|blocks)\.\d+")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+SUPPORTED = ("KVScope shows decoder-only transformers whose layers keep an attention KV cache (Llama, Qwen, Mistral, "
+             "Gemma, Phi, GPT-2, Falcon and the like; hybrids with some state-space layers load too)")
 Progress = Callable[[LoadProgress], None]
 
 
@@ -172,6 +174,9 @@ def _load_folder(folder: str, device: Any, dtype: Any, trust_remote_code: bool) 
         raise ModelSourceError(f"Cannot read {folder}/config.json: {_first_line(exc)}") from None
     except OSError as exc:
         raise ModelSourceError(f"Cannot read {folder}/config.json: {_first_line(exc)}") from None
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelSourceError(f"{Path(folder).name} is an encoder-decoder model ({type(config).__name__}): "
+                               f"{SUPPORTED}")
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
     if device.type == "cuda":
         # accelerate spreads a model larger than the GPU over GPU, CPU and disk; a small one stays whole.
@@ -226,22 +231,29 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
 
 
 def model_facts(model: Any, *, name: str, source: str, device: Any) -> ModelFacts:
+    """Sizes from the config; what the cache keeps per layer from the cache the model really builds."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    layers = int(config.num_hidden_layers)
-    layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * layers)
-    sliding = getattr(config, "sliding_window", None) if "sliding_attention" in layer_types else None
+    architecture = (config.architectures or [type(model).__name__])[0]
+    try:
+        kv_layers = kvcache.probe_layers(model)
+    except Exception as exc:  # noqa: BLE001  (a model's own forward can fail in any way; say which)
+        raise ModelSourceError(f"{architecture} could not run one token through its cache "
+                               f"({type(exc).__name__}: {_first_line(exc)}): {SUPPORTED}") from None
+    if not any(layer.kind in (kvcache.FULL, kvcache.SLIDING) for layer in kv_layers):
+        raise ModelSourceError(f"{architecture} keeps no attention KV cache (it is a state-space model, whose "
+                               f"state has a fixed size): {SUPPORTED}")
+    layers = len(kv_layers)
+    heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    attention = [layer for layer in kv_layers if layer.kind in (kvcache.FULL, kvcache.SLIDING)]
+    head_dim = attention[0].k_dim
     return ModelFacts(
-        name=name, source=source, architecture=(config.architectures or [type(model).__name__])[0],
-        num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        name=name, source=source, architecture=architecture,
+        num_layers=layers, num_heads=heads or attention[0].kv_heads, head_dim=head_dim,
         hidden_size=int(config.hidden_size), vocab_size=int(config.vocab_size),
         max_context=int(getattr(config, "max_position_embeddings", None) or 2048),
         dtype=str(model.dtype).removeprefix("torch."), dtype_bytes=int(model.dtype.itemsize),
         num_params=int(sum(p.numel() for p in model.parameters())), device=str(device),
-        layer_devices=layer_devices(model, layers), layer_types=layer_types,
-        sliding_window=int(sliding) if sliding else None,
+        layer_devices=layer_devices(model, layers), kv_layers=kv_layers,
         tied_embeddings=bool(getattr(model.config, "tie_word_embeddings", False)))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from engine import kvcache
 from engine.events import ModelFacts, RunSummary
+from engine.load import busy_note
 
 
 def timing_lines(s: RunSummary) -> list[str]:
@@ -21,12 +22,15 @@ def _line(label: str, ms: float, count: int, unit: str) -> str:
             f"{rate:8.2f} tokens per second)")
 
 
-def kv_line(model: ModelFacts, tokens_held: int, bytes_held: int) -> str:
-    """Formula per token, what the cache measured holding, and the formula at full context."""
+def kv_line(model: ModelFacts, positions: int, bytes_held: int) -> str:
+    """Formula per token, what the cache tensors held (measured) beside the formula for those positions, and
+    the formula at full context."""
     full = kvcache.full_context_kv_bytes(model)
-    return (f"KV cache: {kvcache.formula_text(model)}; holds {tokens_held:,} tokens = "
-            f"{kvcache.format_bytes(bytes_held)}; at full context ({model.max_context:,}) = "
-            f"{kvcache.format_bytes(full)}")
+    predicted = kvcache.predicted_kv_bytes(model, positions)
+    check = "= the formula" if predicted == bytes_held else f"but the formula says {kvcache.format_bytes(predicted)}"
+    return (f"KV cache: {kvcache.formula_text(model)}; after {positions:,} positions the tensors hold "
+            f"{kvcache.format_bytes(bytes_held)} (measured, {check}); at full context "
+            f"({kvcache.full_context_positions(model):,} positions) = {kvcache.format_bytes(full)} (computed)")
 
 
 def report(model: ModelFacts, s: RunSummary, kv_on: bool = True) -> str:
@@ -35,4 +39,10 @@ def report(model: ModelFacts, s: RunSummary, kv_on: bool = True) -> str:
     lines.append(kv_line(model, s.kv_tokens, s.kv_bytes) if kv_on else
                  f"KV cache: off (every step recomputed all {s.prompt_tokens + s.decode_runs:,} positions); "
                  f"{kvcache.formula_text(model)} if it were on")
+    if s.waited_ms:
+        lines.append(f"waited {s.waited_ms:,.0f} ms paused, stepping or in slow motion "
+                     "(in total time, not in eval time)")
+    note = busy_note(s.cpu_share)
+    if note:
+        lines.append(f"note: {note}")
     return "\n".join(lines)

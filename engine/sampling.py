@@ -9,6 +9,7 @@ normaliser, one top-k, and filters applied to the kept tokens only, never a full
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -58,15 +59,17 @@ def choose(logits: torch.Tensor, params: GenerationParams, generator: torch.Gene
     logits = logits.float()
     log_z = torch.logsumexp(logits, -1)
     top_logits, top_ids = torch.topk(logits, min(n_candidates, logits.size(-1)))
-    top_raw = (top_logits - log_z).exp()
     if params.temperature == 0.0:
-        # argmax semantics: among tied maxima (common in bf16) the lowest id, as generate() picks; topk's order
-        # among equal values is unspecified.
-        token = torch.where(top_logits == top_logits[0], top_ids, logits.size(-1)).min().view(1)
-        ids = torch.cat([token, top_ids]).tolist()
-        raw = torch.cat([(logits[token] - log_z).exp(), top_raw]).tolist()
-        return Choice(token_id=ids[0], prob=1.0, raw_prob=raw[0], candidate_ids=ids[1:], candidate_raw=raw[1:],
-                      candidate_final=[1.0 if i == ids[0] else 0.0 for i in ids[1:]])
+        # Greedy needs no tensor work beyond the top-k: two small copies to the host, the rest in Python (a
+        # dozen tiny tensor ops cost more than the arithmetic). argmax semantics: among tied maxima (common in
+        # bf16) the lowest id, as generate() picks; topk's order among equal values is unspecified.
+        *values, z = torch.cat([top_logits, log_z.view(1)]).tolist()
+        ids = top_ids.tolist()
+        token = min(i for v, i in zip(values, ids) if v == values[0])
+        raw = [math.exp(v - z) for v in values]
+        return Choice(token_id=token, prob=1.0, raw_prob=raw[ids.index(token)], candidate_ids=ids,
+                      candidate_raw=raw, candidate_final=[1.0 if i == token else 0.0 for i in ids])
+    top_raw = (top_logits - log_z).exp()
     scores = logits / params.temperature if params.temperature != 1.0 else logits
     kept = kept_tokens(scores, params)
     if kept is None:

@@ -2,10 +2,11 @@
 steps; finished ones leave and free their rows. Static batching, for comparison, admits waiting requests only
 when the whole batch has finished.
 
-The batch is one left-padded KV cache with an attention mask and a position per row (ENGINE_FACTS section 8),
-so every request produces the greedy tokens it would produce alone. A newcomer is prefilled on its own, then
-its cache is padded or the batch's is, and the rows are stacked; leaving rows are dropped, and columns that are
-padding in every remaining row are trimmed.
+The batch is one left-padded KV cache with an attention mask and a position per row, so every request produces
+the greedy tokens it would produce alone. A newcomer is prefilled on its own, then its cache is padded or the
+batch's is, and the rows are stacked; leaving rows are dropped, and columns that are padding in every remaining
+row are trimmed. Rows stay right-aligned, so a sliding-window layer's last positions are the same for every row
+(``engine.kvcache`` keeps each layer within the capacity the model really has).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import kvcache
+from engine.errors import ParameterError
+from engine.events import ModelFacts
 
 POLICIES = ("continuous", "static")
 
@@ -42,8 +45,8 @@ class Request:
 class BatchedDecoder:
     """The running batch: rows, their cache, mask and next positions."""
 
-    def __init__(self, model, device: torch.device) -> None:
-        self.model, self.device = model, device
+    def __init__(self, model, device: torch.device, facts: ModelFacts) -> None:
+        self.model, self.device, self.facts = model, device, facts
         self.rows: list[Request] = []
         self.cache = None
         self.mask: torch.Tensor | None = None          # [B, L] 1 = real position, 0 = padding
@@ -51,10 +54,8 @@ class BatchedDecoder:
 
     def admit(self, request: Request) -> None:
         """Prefill ``request`` alone, take its first token, and stack its cache under the batch's."""
-        from transformers import DynamicCache
-
         ids = torch.tensor([request.ids], device=self.device)
-        cache = DynamicCache(config=self.model.config)
+        cache = kvcache.new_cache(self.model)
         with torch.inference_mode():
             out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         request.tokens.append(int(out.logits[0, -1].argmax()))
@@ -65,10 +66,10 @@ class BatchedDecoder:
         else:
             width = self.mask.shape[1]
             if n < width:
-                kvcache.pad_left(cache, width - n)
+                kvcache.pad_left(cache, width - n, self.facts)
                 mask = torch.cat([mask.new_zeros(1, width - n), mask], dim=1)
             elif n > width:
-                kvcache.pad_left(self.cache, n - width)
+                kvcache.pad_left(self.cache, n - width, self.facts)
                 self.mask = torch.cat([self.mask.new_zeros(len(self.rows), n - width), self.mask], dim=1)
             kvcache.append_rows(self.cache, cache)
             self.mask = torch.cat([self.mask, mask], dim=0)
@@ -106,7 +107,7 @@ class BatchedDecoder:
         return finished
 
 
-def serve(model, device: torch.device, requests: list[Request], policy: str,
+def serve(model, device: torch.device, facts: ModelFacts, requests: list[Request], policy: str,
           on_step: Callable[[float, int], None] | None = None, cancel: threading.Event | None = None,
           sync: Callable[[], None] = lambda: None) -> bool:
     """Run ``requests`` (arrival times in decode steps) to completion under ``policy``; fills their timings
@@ -121,7 +122,10 @@ def serve(model, device: torch.device, requests: list[Request], policy: str,
 
     upcoming = sorted(requests, key=lambda r: (r.arrival_step, r.index))
     waiting: list[Request] = []
-    batch = BatchedDecoder(model, device)
+    refusal = kvcache.batching_refusal(facts)
+    if refusal is not None:
+        raise ParameterError(f"Continuous batching is not available for {facts.name}: {refusal}")
+    batch = BatchedDecoder(model, device, facts)
     step = 0
     while upcoming or waiting or batch.rows:
         if cancel is not None and cancel.is_set():

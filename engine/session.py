@@ -24,6 +24,7 @@ from engine import faults, kvcache
 from engine.clock import StepClock
 from engine.errors import ParameterError, PromptError
 from engine.events import Candidate, KVNorms, PrefillDone, RunFailed, RunFinished, RunStarted, RunSummary, TokenStep
+from engine.load import LoadMeter
 from engine.models import LoadedModel
 from engine.params import GenerationParams
 from engine.sampling import choose, make_generator
@@ -45,8 +46,11 @@ class _Tally:
     prefill_ms: float = 0.0
     ttft_ms: float = 0.0
     decode_ms: float = 0.0
+    waited_ms: float = 0.0
     kv_tokens: int = 0
     kv_bytes: int = 0
+    cache_note: str = ""
+    load: LoadMeter = field(default_factory=LoadMeter)
     token_ids: list[int] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
 
@@ -56,7 +60,8 @@ class _Tally:
             prompt_tokens=self.prompt_tokens, generated_tokens=generated, decode_runs=max(generated - 1, 0),
             tokenize_ms=self.tokenize_ms, prefill_ms=self.prefill_ms, ttft_ms=self.ttft_ms,
             decode_ms=self.decode_ms, total_ms=total_ms, kv_tokens=self.kv_tokens, kv_bytes=self.kv_bytes,
-            text="".join(self.text), token_ids=list(self.token_ids), reused_tokens=self.reused_tokens)
+            text="".join(self.text), token_ids=list(self.token_ids), reused_tokens=self.reused_tokens,
+            waited_ms=self.waited_ms, cpu_share=self.load.share(self.waited_ms))
 
 
 class Session:
@@ -77,6 +82,7 @@ class Session:
         self._candidate_text: dict[int, str] = {}
         self._kept_cache: Any = None        # the cache a chat keeps between turns
         self._kept_ids: list[int] = []      # ...and the ids it holds
+        self._dropped = "this is the first turn"     # why there is no kept cache, for the next turn to say
 
     # --- prompt -------------------------------------------------------------------------------------------
     @property
@@ -105,10 +111,8 @@ class Session:
         """One forward pass over the prompt. ``input_ids``: ``[1, n]``; returns last logits ``[V]`` and the
         filled cache (None with the cache off). Given a ``cache`` that already holds the first positions
         (an earlier turn), only the new ids are passed; their positions continue from the cache."""
-        from transformers import DynamicCache
-
         if use_cache and cache is None:
-            cache = DynamicCache(config=self.model.config)
+            cache = kvcache.new_cache(self.model)
         out = self.model(input_ids=input_ids, cache=cache if use_cache else None, use_cache=use_cache,
                          logits_to_keep=1)
         return out.logits[0, -1], cache
@@ -135,7 +139,8 @@ class Session:
         if not prompt or not prompt.strip():
             raise PromptError("The prompt is empty: type something for the model to read")
         ids = self.encode(prompt, params.chat_template)
-        self.forget()
+        if self._kept_cache is not None:
+            self.forget("a plain run since the last turn replaced the conversation's cache")
         return self._run(ids, prompt, "generate", params, sink, cancel, before_step, t0, reuse=False)
 
     def chat(self, messages: list[dict], params: GenerationParams, sink: Sink | None = None,
@@ -153,14 +158,14 @@ class Session:
         else:
             ids = list(self.tokenizer("\n".join(f"{m['role']}: {m['content']}" for m in messages)
                                       + "\nassistant:")["input_ids"])
-        if not reuse:
-            self.forget()
+        if not reuse or not params.kv_cache:
+            self.forget("reuse is off" if not reuse else "the KV cache is off")
         return self._run(ids, messages[-1]["content"], "chat", params, sink, cancel, before_step, t0,
                          reuse=reuse and params.kv_cache)
 
-    def forget(self) -> None:
-        """Drop the cache kept for the next turn (a new conversation, or a plain run)."""
-        self._kept_cache, self._kept_ids = None, []
+    def forget(self, reason: str = "a new conversation started") -> None:
+        """Drop the cache kept for the next turn, remembering why (the next turn reports it)."""
+        self._kept_cache, self._kept_ids, self._dropped = None, [], reason
 
     @property
     def kept_tokens(self) -> int:
@@ -176,8 +181,9 @@ class Session:
                                  f"got {params.top_k:,} (0 = off)")
         if params.seed is None:
             params = params.with_(seed=secrets.randbelow(2**31))
-        cache, reused = self._reusable_cache(ids) if reuse else (None, 0)
-        tally = _Tally(prompt_tokens=len(ids) - reused, reused_tokens=reused, tokenize_ms=_since(t0))
+        cache, reused, cache_note = self._reusable_cache(ids) if reuse else (None, 0, "")
+        tally = _Tally(prompt_tokens=len(ids) - reused, reused_tokens=reused, tokenize_ms=_since(t0),
+                       cache_note=cache_note)
         run_id = uuid.uuid4().hex[:12]
         emit(RunStarted(
             run_id=run_id, label=params.describe() + (", reuse" if reuse else ""), model=self.facts, params=params,
@@ -198,7 +204,7 @@ class Session:
         if failure is not None:
             # Outside the except block: the traceback no longer pins the cache tensors, so they can go.
             cache = None
-            self.forget()
+            self.forget("the last turn failed")
             _release_device_memory(self.device)
             failed = RunFailed(run_id, _since(t0), failure[0], failure[1], tally.summary(_since(t0)))
             emit(failed)
@@ -212,23 +218,30 @@ class Session:
         emit(finished)
         return finished
 
-    def _reusable_cache(self, ids: list[int]) -> tuple[Any, int]:
-        """The kept cache cropped to what it shares with ``ids`` (at least one id is left to prefill)."""
+    def _reusable_cache(self, ids: list[int]) -> tuple[Any, int, str]:
+        """The kept cache cut back to what it shares with ``ids`` (at least one id is left to prefill), the
+        positions reused, and why nothing (or less than everything kept) was reused."""
         if self._kept_cache is None:
-            return None, 0
+            return None, 0, f"nothing reused: {self._dropped}"
         shared = min(kvcache.common_prefix(self._kept_ids, ids), len(ids) - 1)
-        cache = self._kept_cache
-        self.forget()
+        cache, kept = self._kept_cache, len(self._kept_ids)
+        self.forget("the kept cache was handed to the last turn")
+        refusal = kvcache.rollback_refusal(self.facts, cache, shared)
+        if refusal is not None:
+            return None, 0, f"nothing reused: {refusal}"
         try:
             kvcache.crop_to(cache, shared)
-        except (RuntimeError, ValueError):          # e.g. sliding-window layers that cannot roll back
-            return None, 0
-        return cache, shared
+        except kvcache.CacheReshapeError as exc:
+            return None, 0, f"nothing reused: the cache could not be rolled back ({exc})"
+        if shared == 0:
+            return None, 0, "nothing reused: the conversation shares no prefix with the kept cache"
+        note = "" if shared == kept else f"{kept - shared:,} kept positions differed from the new conversation"
+        return cache, shared, note
 
     def _generate(self, run_id: str, ids: list[int], params: GenerationParams, emit: Sink,
                   cancel: threading.Event | None, before_step: Callable[[int], None] | None,
                   tally: _Tally, t0: float, cache: Any = None, reused: int = 0) -> tuple[str, Any]:
-        clock, n_layers = self.clock, self.facts.num_layers
+        clock = self.clock
         generator = make_generator(self.device, params.seed)
         text = TextStream(self.tokenizer)
         sequence = torch.tensor([ids], device=self.device)                 # [1, n]
@@ -237,6 +250,8 @@ class Session:
             return "stopped", cache
 
         self._fault("prefill", 0)
+        if self.device.type == "cpu":
+            tally.load.start()
         start = clock.mark()
         logits, cache = self.prefill(sequence[:, reused:], params.kv_cache, cache)
         forward_end = clock.mark()
@@ -244,24 +259,29 @@ class Session:
         end = clock.mark()
         forward_ms, latency_ms = clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end)
         tally.prefill_ms, tally.ttft_ms = forward_ms, _since(t0)
-        kv = kvcache.kv_bytes_per_layer(cache, n_layers)
-        emit(PrefillDone(run_id, _since(t0), len(ids) - reused, tally.tokenize_ms, forward_ms, kv, reused))
-        self._record(tally, cache, kv)
+        kv, held = self._record(tally, cache)
+        emit(PrefillDone(run_id, _since(t0), len(ids) - reused, tally.tokenize_ms, forward_ms, kv, reused, held,
+                         tally.cache_note))
         norms_from = self._emit_norms(emit, run_id, t0, cache, 0)
         position = len(ids)
-        step = 0
+        step, waited_ms = 0, 0.0
         while True:
             emit(self._token_step(run_id, t0, step, position, choice, text, "prefill" if step == 0 else "decode",
-                                  latency_ms, forward_ms, kv, tally))
+                                  latency_ms, forward_ms, kv, held, waited_ms, tally))
             if step % NORMS_EVERY == 0:
                 norms_from = self._emit_norms(emit, run_id, t0, cache, norms_from)
             token = torch.tensor([choice.token_id], device=self.device)
             reason = self._stop_reason(choice.token_id, step + 1, position + 1, params)
+            waited_ms = 0.0
             if reason is None and before_step is not None:
-                before_step(step + 1)
+                wait_start = time.perf_counter()
+                before_step(step + 1)                    # pause, single step, slow motion: not decode time
+                waited_ms = _since(wait_start)
+                tally.waited_ms += waited_ms
             if reason is None and cancelled():
                 reason = "stopped"
             if reason is not None:
+                tally.load.stop()
                 self._emit_norms(emit, run_id, t0, cache, norms_from)
                 return reason, cache
             if cache is None:
@@ -276,12 +296,11 @@ class Session:
             forward_ms, latency_ms = clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end)
             tally.decode_ms += latency_ms
             position += 1
-            kv = kvcache.kv_bytes_per_layer(cache, n_layers)
-            self._record(tally, cache, kv)
+            kv, held = self._record(tally, cache)
 
     def _token_step(self, run_id: str, t0: float, step: int, position: int, choice: Any, text: TextStream,
-                    phase: str, latency_ms: float, forward_ms: float, kv: list[list[int]],
-                    tally: _Tally) -> TokenStep:
+                    phase: str, latency_ms: float, forward_ms: float, kv: list[list[int]], held: list[int],
+                    waited_ms: float, tally: _Tally) -> TokenStep:
         piece = text.step(choice.token_id)
         special = choice.token_id in self._special
         tally.token_ids.append(choice.token_id)
@@ -292,7 +311,7 @@ class Session:
         return TokenStep(run_id=run_id, t_ms=_since(t0), step=step, position=position, token_id=choice.token_id,
                          text=piece, special=special, phase=phase, latency_ms=latency_ms, forward_ms=forward_ms,
                          prob=choice.prob, raw_prob=choice.raw_prob, candidates=candidates,
-                         kv_bytes_per_layer=kv)
+                         kv_bytes_per_layer=kv, kv_positions_per_layer=held, waited_ms=waited_ms)
 
     def _stop_reason(self, token_id: int, generated: int, length: int, params: GenerationParams) -> str | None:
         if token_id in self._eos:
@@ -303,9 +322,12 @@ class Session:
             return "context_full"
         return None
 
-    def _record(self, tally: _Tally, cache: Any, kv: list[list[int]]) -> None:
-        tally.kv_tokens = kvcache.kv_tokens_held(cache)
+    def _record(self, tally: _Tally, cache: Any) -> tuple[list[list[int]], list[int]]:
+        """Bytes and positions each layer holds, read from the cache tensors' metadata (no device work)."""
+        kv, held = kvcache.held_per_layer(cache, self.facts.num_layers)
+        tally.kv_tokens = kvcache.positions_seen(cache)
         tally.kv_bytes = sum(k + v for k, v in kv)
+        return kv, held
 
     def _fault(self, phase: str, step: int) -> None:
         if self.fault_hook is not None:
@@ -316,7 +338,7 @@ class Session:
         """Emit ``KVNorms`` for the positions cached since ``first``; returns the next first position."""
         if cache is None or not self.record_kv_norms:
             return first
-        held = kvcache.kv_tokens_held(cache)
+        held = kvcache.positions_seen(cache)
         if held <= first:
             return first
         k, v = kv_norms(cache, first, held)
@@ -332,18 +354,20 @@ class Session:
 
 def kv_norms(cache: Any, first: int, end: int) -> tuple[list[list[float]], list[list[float]]]:
     """Mean over KV heads of the L2 norm of each cached key and value, positions ``first:end``, one stacked
-    reduction and one copy to the host. Sliding layers holding fewer positions are left-padded with 0."""
+    reduction and one copy to the host. A sliding layer holding fewer positions is left-padded with 0, and a
+    layer with no keys (a state-space layer) is all 0."""
     span = end - first
     rows = []
     for layer in cache.layers:
-        for t in (layer.keys, layer.values):                                  # [1, kv_heads, held, head_dim]
-            held = t.shape[2]                                                 # a sliding layer keeps the last
-            take = end - max(first, end - held)                               # `held` positions only
-            rows.append(t[0, :, held - take:])
-    if all(r.shape[1] == span for r in rows):
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):  # [1, kv_heads, held, dim]
+            held = t.shape[2] if t is not None else 0                         # a sliding layer keeps the last
+            take = max(min(held, end - first), 0)                             # `held` positions only
+            rows.append(t[0, :, held - take:] if take else None)
+    if all(r is not None and r.shape[1] == span for r in rows):
         values = torch.stack(rows).float().norm(dim=-1).mean(dim=1).tolist()  # [2 * layers, span]
     else:
-        values = [[0.0] * (span - r.shape[1]) + r.float().norm(dim=-1).mean(dim=0).tolist() for r in rows]
+        values = [[0.0] * span if r is None else
+                  [0.0] * (span - r.shape[1]) + r.float().norm(dim=-1).mean(dim=0).tolist() for r in rows]
     return values[0::2], values[1::2]
 
 

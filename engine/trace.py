@@ -19,7 +19,7 @@ from engine.errors import TraceError
 from engine.events import ExperimentStarted, RunStarted, from_dict, to_dict
 
 FORMAT = "kvscope-trace"
-VERSION = 1
+VERSION = 2            # 2: per-layer KV facts from the cache (ModelFacts.kv_layers), waits and CPU share
 
 
 def header() -> dict:

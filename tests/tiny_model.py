@@ -17,10 +17,10 @@ CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}<
                  "{% if add_generation_prompt %}<s>assistant: {% endif %}")
 
 
-def build_tiny_model(folder: Path, *, layers: int = 2, max_positions: int = 256, seed: int = 0) -> Path:
-    import torch
+def build_tokenizer():
+    """A byte-level BPE trained on ``CORPUS`` (no network), with a chat template and left padding."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -31,6 +31,14 @@ def build_tiny_model(folder: Path, *, layers: int = 2, max_positions: int = 256,
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
                                   unk_token="<unk>", padding_side="left")
     tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def build_tiny_model(folder: Path, *, layers: int = 2, max_positions: int = 256, seed: int = 0) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = build_tokenizer()
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,

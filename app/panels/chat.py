@@ -130,6 +130,9 @@ class ChatPanel(QWidget):
                 s = run.summary(with_text=False)
                 stats = (f"<br><small>turn {turn + 1} · reused {s.reused_tokens:,} (cache_n) · prefilled "
                          f"{s.prompt_tokens:,} · prefill {s.prefill_ms:,.0f} ms · TTFT {s.ttft_ms:,.0f} ms</small>")
+                note = run.prefill.cache_note if run.prefill is not None else ""
+                if note and self.reuse.isChecked():
+                    stats += f"<br><small><i>{html.escape(note)}</i></small>"
             turn += 1
             parts.append(f"<p><b>Assistant:</b> {html.escape(message['content'])}{stats}</p>")
         self.view.setHtml("".join(parts) or "<p><i>Start a conversation below.</i></p>")

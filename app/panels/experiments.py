@@ -40,7 +40,6 @@ COLUMNS = {
                    ("new_tokens", "new", "{:,.0f}"), ("queue_ms", "waited ms", "{:,.1f}"), ("ttft_ms", "TTFT ms",
                    "{:,.1f}"), ("e2e_ms", "end-to-end ms", "{:,.1f}")],
 }
-WAITING = "#BBBBBB"
 
 
 class ExperimentView(QWidget):
@@ -267,7 +266,7 @@ class ExperimentView(QWidget):
         ticks = []
         for policy, offset in ((1.0, 0), (0.0, n + 1)):
             rows = [r for r in requests if r["policy"] == policy]
-            for name, start, end, colour in (("waiting", "arrival_ms", "admitted_ms", WAITING),
+            for name, start, end, colour in (("waiting", "arrival_ms", "admitted_ms", th.WAITING),
                                              ("prefill", "admitted_ms", "first_token_ms", th.PREFILL),
                                              ("decode", "first_token_ms", "done_ms", th.DECODE)):
                 if rows:

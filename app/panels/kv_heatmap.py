@@ -7,6 +7,8 @@ layer, and the arithmetic: what the tensors hold (measured) next to the formula 
 
 from __future__ import annotations
 
+from html import escape
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
@@ -75,7 +77,9 @@ class KVHeatmapPanel(QWidget):
         self.empty = QGraphicsRectItem()
         self.empty.setPen(QPen(Qt.PenStyle.NoPen))
         self.plot.addItem(self.empty)
-        self.image = pg.ImageItem()
+        # Row-major (layers x positions) set here, not from pyqtgraph's global option: the panel exists before
+        # the theme sets that option, and a transposed grid looks right only while every cell is equal.
+        self.image = pg.ImageItem(axisOrder="row-major")
         self.image.setColorMap(pg.colormap.get(th.HEATMAP))
         self.plot.addItem(self.image)
         self.strip_reused = QGraphicsRectItem()
@@ -164,7 +168,8 @@ class KVHeatmapPanel(QWidget):
         self.empty.setRect(QRectF(0, 0, context, layers))
         grid = self.grid(run)
         if grid.shape[1]:
-            high = float(grid.max()) or 1.0
+            high = float(np.nanmax(grid)) if np.isfinite(grid).any() else 0.0
+            high = high or 1.0
             self.image.setImage(grid, levels=(0.0, high), autoLevels=False)
             self.image.setRect(QRectF(0, 0, grid.shape[1], layers))
             self.image.setVisible(True)
@@ -183,8 +188,13 @@ class KVHeatmapPanel(QWidget):
         self.boundary.setVisible(used > 0)
         earlier = f"earlier turns (reused): {reused:,}   " if reused else ""
         decoded = max(used - n_prompt, 0)
-        self.strip_text.setText(f"{earlier}prefill: {n_prompt - reused:,} positions   decode: {decoded:,}"
-                                if used else "KV cache off: nothing is held; every step recomputes all positions")
+        if used:
+            caption = f"{earlier}prefill: {n_prompt - reused:,} positions   decode: {decoded:,}"
+        elif run.started.params.kv_cache:
+            caption = "prefill running: the cache fills when the prompt's forward pass ends"
+        else:
+            caption = "KV cache off: nothing is held; every step recomputes all positions"
+        self.strip_text.setText(caption)
         self.strip_text.setPos(0, layers + 0.3 + strip)
         self.plot.getAxis("left").setTicks([[(i + 0.5, str(i)) for i in range(0, layers, max(1, layers // 10))]])
         self._draw_bars(run)
@@ -212,20 +222,25 @@ class KVHeatmapPanel(QWidget):
 
     def _info_html(self, run: RunRecord) -> str:
         m = run.model
+        fmt = kvcache.format_bytes
         kv = run.kv_bytes_per_layer
         k_total, v_total = sum(k for k, _ in kv), sum(v for _, v in kv)
         held = k_total + v_total
-        predicted = kvcache.predicted_kv_bytes(m, run.kv_tokens)
-        agree = "✓ equals the formula" if held == predicted else f"✗ formula says {kvcache.format_bytes(predicted)}"
-        ratio = m.num_heads // max(m.num_kv_heads, 1)
-        heads = (f"{m.num_heads} query heads share {m.num_kv_heads} KV heads (GQA, {ratio} per KV head): the cache "
-                 f"is {ratio}x smaller than if every head kept its own" if m.num_kv_heads < m.num_heads else
-                 f"{m.num_heads} heads, each with its own K and V (no GQA)")
-        fmt = kvcache.format_bytes
-        measured = (f"<b>Measured</b> (read from the cache tensors): {fmt(held)} in {run.kv_tokens:,} positions "
-                    f"(K {fmt(k_total)} + V {fmt(v_total)}) {agree}" if run.kv_tokens else
-                    "<b>Measured</b>: 0 B: the KV cache is off for this run")
-        return (f"{measured}<br><b>Formula</b> (computed): {kvcache.formula_text(m)} × {run.kv_tokens:,} tokens = "
-                f"{fmt(predicted)}<br><b>Full context</b> ({m.max_context:,} tokens, computed): "
-                f"{fmt(kvcache.full_context_kv_bytes(m))} — {run.kv_tokens / m.max_context:.1%} used<br>"
-                f"{heads}<br>Devices: {layer_ranges(m.layer_devices)} · dtype {m.dtype} ({m.dtype_bytes} B)")
+        seen = run.kv_tokens
+        predicted = kvcache.predicted_kv_bytes(m, seen)
+        full = kvcache.full_context_positions(m)
+        if not run.started.params.kv_cache:
+            measured = "<b>Measured</b>: 0 B: the KV cache is off for this run (every step recomputes all positions)"
+        elif run.prefill is None:
+            measured = "<b>Measured</b>: the prefill is running; the cache fills when the prompt's forward pass ends"
+        else:
+            agree = ("✓ equals the formula" if held == predicted else
+                     f"✗ the formula says {fmt(predicted)} for these positions")
+            measured = (f"<b>Measured</b> (read from the cache tensors): {fmt(held)} after {seen:,} positions "
+                        f"(K {fmt(k_total)} + V {fmt(v_total)}) {agree}")
+        notes = "".join(f"<br>{escape(note)}" for note in kvcache.layer_notes(m))
+        return (f"{measured}<br><b>Formula</b> (computed): {escape(kvcache.formula_text(m))}; for {seen:,} positions "
+                f"{fmt(predicted)}<br><b>Full context</b> ({full:,} positions, computed): "
+                f"{fmt(kvcache.full_context_kv_bytes(m))} — {seen / max(full, 1):.1%} used<br>"
+                f"{escape(kvcache.heads_text(m))}{notes}<br>Devices: {escape(layer_ranges(m.layer_devices))} · "
+                f"dtype {escape(m.dtype)}")

@@ -4,6 +4,8 @@ on" and "off" are one click apart; the legend names each run's settings."""
 
 from __future__ import annotations
 
+from html import escape
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
@@ -12,7 +14,10 @@ from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLay
 from app import theme as th
 from app.paint import TimedGraphics
 from app.store import RunRecord, RunStore
+from engine import load
 from engine.costmodel import Device, ModelCost
+
+WAIT_GAP_MS = 1.0           # waits shorter than this are not drawn apart
 
 
 class _RunItems:
@@ -26,11 +31,12 @@ class _RunItems:
         self.cumulative = panel.cumulative.plot([], [], pen=pen, name=name)
         self.prefill_bar = pg.BarGraphItem(x0=[], y=[], height=0.6, width=[], brush=th.PREFILL, pen=None)
         self.decode_bars = pg.BarGraphItem(x0=[], y=[], height=0.6, width=[], brush=colour, pen=None)
+        self.wait_bars = pg.BarGraphItem(x0=[], y=[], height=0.25, width=[], brush=th.WAITING, pen=None)
         # Step boundaries as white ticks over the decode bar: one bar per step reads the same and draws in
         # one call however long the run (thousands of separate bars made painting the slowest thing here).
         self.boundaries = pg.PlotCurveItem(pen=pg.mkPen(panel.theme.background, width=1), connect="pairs")
         self.ttft = pg.ScatterPlotItem(symbol="t", size=12, brush=th.CHOSEN, pen=None)
-        for item in (self.prefill_bar, self.decode_bars, self.boundaries, self.ttft):
+        for item in (self.prefill_bar, self.decode_bars, self.wait_bars, self.boundaries, self.ttft):
             panel.timeline.addItem(item)
         self.items = [self.latency, self.rate, self.cumulative]
         self.panel = panel
@@ -39,7 +45,7 @@ class _RunItems:
         for plot, item in ((self.panel.latency, self.latency), (self.panel.rate, self.rate),
                            (self.panel.cumulative, self.cumulative)):
             plot.removeItem(item)
-        for item in (self.prefill_bar, self.decode_bars, self.boundaries, self.ttft):
+        for item in (self.prefill_bar, self.decode_bars, self.wait_bars, self.boundaries, self.ttft):
             self.panel.timeline.removeItem(item)
 
     def update(self, run: RunRecord, row: int) -> None:
@@ -56,13 +62,23 @@ class _RunItems:
             self.prefill_bar.setOpts(x0=[start], y=[row], width=[max(t[0] - start, 0.0)], height=0.6)
             self.ttft.setData([t[0]], [row + 0.45])
         if n > 1:
-            start = t[1] - lat[1]
-            self.decode_bars.setOpts(x0=[start], y=[row], width=[t[-1] - start], height=0.6)
+            ends, starts = t[1:], t[1:] - lat[1:]
+            waited = run.series["waited_ms"].values[1:]
+            # A wait (paused, single-stepped, slow motion) splits the decode bar: the gap is drawn apart, in
+            # grey, and is not decode time.
+            breaks = np.nonzero(waited > WAIT_GAP_MS)[0]
+            first = np.unique(np.concatenate([[0], breaks]))
+            last = np.concatenate([first[1:] - 1, [len(ends) - 1]])
+            self.decode_bars.setOpts(x0=starts[first], y=np.full(len(first), row), width=ends[last] - starts[first],
+                                     height=0.6)
+            self.wait_bars.setOpts(x0=starts[breaks] - waited[breaks], y=np.full(len(breaks), row),
+                                   width=waited[breaks], height=0.25)
             edges = np.repeat(t[1:-1], 2)                                  # one vertical tick per step end
             ys = np.tile([row - 0.3, row + 0.3], n - 2)
             self.boundaries.setData(edges, ys)
         else:
             self.decode_bars.setOpts(x0=[], y=[], width=[], height=0.6)
+            self.wait_bars.setOpts(x0=[], y=[], width=[], height=0.25)
             self.boundaries.setData([], [])
 
 
@@ -160,9 +176,15 @@ class TimingPanel(QWidget):
         s = run.summary(with_text=False)
         if run.n_steps:
             self.ttft_line.setValue(run.steps[0].t_ms)
-        text = (f"<b>#{run.number}</b> {run.label} · TTFT <b>{s.ttft_ms:,.1f} ms</b> · prefill {s.prompt_tokens} "
-                f"tokens in {s.prefill_ms:,.1f} ms ({s.prefill_tok_s:,.0f} tok/s) · decode {s.decode_runs} steps, "
-                f"<b>{s.decode_tok_s:,.1f} tok/s</b> (measured)")
+        text = (f"<b>#{run.number}</b> {escape(run.label)} · TTFT <b>{s.ttft_ms:,.1f} ms</b> · prefill "
+                f"{s.prompt_tokens} tokens in {s.prefill_ms:,.1f} ms ({s.prefill_tok_s:,.0f} tok/s) · decode "
+                f"{s.decode_runs} steps, <b>{s.decode_tok_s:,.1f} tok/s</b> (measured)")
+        if s.waited_ms:
+            text += (f" · {s.waited_ms / 1000:,.1f} s waiting (grey in the timeline) not counted; a step after a wait "
+                     "starts cold and is slower")
+        note = load.busy_note(s.cpu_share)
+        if note:
+            text += f"<br><b>Note:</b> {escape(note)}"
         peaks = self.store.peaks
         if peaks is not None and s.prefill_ms > 0:
             text += "<br>" + bounds_text(run, s, peaks)
@@ -170,7 +192,8 @@ class TimingPanel(QWidget):
 
 
 def bounds_text(run: RunRecord, s, peaks) -> str:
-    """Measured rates beside the ceilings the cost model computes from this machine's measured peaks."""
+    """Measured rates beside the ceilings the cost model computes from this machine's measured peaks. The
+    prefill FLOP/s is *achieved*: the cost model's FLOPs divided by the measured prefill time."""
     cost = ModelCost(run.model)
     device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
     position = s.reused_tokens + s.prompt_tokens + max(s.generated_tokens - 1, 0)
@@ -182,5 +205,7 @@ def bounds_text(run: RunRecord, s, peaks) -> str:
     decode = (f"decode {s.decode_tok_s:,.1f} tok/s measured vs ceiling <b>{ceiling:,.1f}"
               f" tok/s</b> computed ({peaks.bytes_per_s / 1e9:,.1f} GB/s ÷ {step.bytes / 2**20:,.0f} MiB read per "
               f"token)" if run.started.params.kv_cache else "decode without cache: every step is a prefill")
-    return (f"{decode} · prefill {prefill_flops / 1e9:,.1f} GFLOP/s measured vs peak {peaks.flops_per_s / 1e9:,.0f} "
-            f"GFLOP/s (measured matmul)")
+    busy = " (peaks measured on a busy machine)" if load.busy(peaks.cpu_share) else ""
+    return (f"{decode} · prefill {prefill_flops / 1e9:,.1f} GFLOP/s achieved ({evaluated / 1e9:,.2f} GFLOP computed "
+            f"÷ {s.prefill_ms:,.1f} ms measured) vs peak {peaks.flops_per_s / 1e9:,.0f} GFLOP/s (measured matmul)"
+            f"{busy}")

@@ -47,3 +47,15 @@ def test_empty_message_is_not_sent_and_new_conversation_clears(qtbot, window):
     send(qtbot, window, "hi")
     window.chat.new_button.click()
     assert window.chat.messages == [] and "Start a conversation" in window.chat.view.toHtml()
+
+
+def test_a_plain_run_between_turns_says_why_nothing_was_reused(qtbot, window):
+    from tests.app.conftest import run_and_wait
+
+    window.controls.max_tokens.setValue(4)
+    send(qtbot, window, "hello there")
+    run_and_wait(qtbot, window)
+    send(qtbot, window, "and again")
+    second = window.store.find(window.chat.turn_runs[1])
+    assert second.reused_tokens == 0
+    assert "nothing reused: a plain run since the last turn replaced the conversation" in window.chat.view.toHtml()

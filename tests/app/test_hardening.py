@@ -29,7 +29,7 @@ def test_out_of_memory_mid_run_keeps_the_numbers_and_the_next_run_works(qtbot, w
     (b"", "is empty"),
     (b'{"format": "kvscope-trace", "version": 7}\n', "version 7"),
     (b"<html>not a trace</html>\n", "not valid JSON"),
-    (b'{"format": "kvscope-trace", "version": 1}\n{"type": "RunStarted", "run_id"', "truncated"),
+    (b'{"format": "kvscope-trace", "version": 2}\n{"type": "RunStarted", "run_id"', "truncated"),
 ])
 def test_bad_trace_files_show_a_clear_message(qtbot, window, tmp_path, content, fragment):
     path = tmp_path / "bad.jsonl"
@@ -78,39 +78,41 @@ def patched(args):
     app, w = build(args)
     def close_when(busy=sys.argv[1]):
         if w.client.busy == busy and (busy != "run" or w.store.current is not None):
-            QTimer.singleShot(300, lambda: (print(f"closing {{time.perf_counter():.3f}}", flush=True), w.close()))
+            QTimer.singleShot(300, lambda: (print(f"closing {{time.time():.3f}}", flush=True), w.close()))
         else:
             QTimer.singleShot(50, close_when)
     QTimer.singleShot(50, close_when)
     return app, w
 m.build = patched
 code = m.main(sys.argv[2:])
-print(f"exited {{time.perf_counter():.3f}}", flush=True)
+print(f"exited {{time.time():.3f}}", flush=True)
 sys.exit(code)
 """
 
 
-def close_while_busy(busy: str, args: list[str], env: dict) -> tuple[float, subprocess.CompletedProcess]:
+def close_while_busy(busy: str, args: list[str], env: dict) -> tuple[float, subprocess.CompletedProcess, float]:
+    """Close the window once it is ``busy``; returns when it closed and when the process had ended (wall clock,
+    both)."""
     r = subprocess.run([sys.executable, "-c", CLOSE_WHILE_BUSY.format(), busy, *args], capture_output=True,
                        text=True, timeout=120, env={**os.environ, "QT_QPA_PLATFORM": "offscreen", **env})
     closing = [float(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("closing")]
     assert closing, (r.stdout, r.stderr)
-    return closing[0], r
+    return closing[0], r, time.time()
 
 
 def test_closing_during_a_forward_pass_that_cannot_be_interrupted_exits_within_two_seconds(tiny_model_dir,
                                                                                            tmp_path):
-    start = time.perf_counter()
-    closing, r = close_while_busy("run", ["--model", str(tiny_model_dir), "--device", "cpu", "--run"],
-                                  {"KVSCOPE_FAULTS": "prefill:0:sleep=30", "KVSCOPE_SETTINGS": str(tmp_path / "s.ini")})
+    closing, r, ended = close_while_busy("run", ["--model", str(tiny_model_dir), "--device", "cpu", "--run"],
+                                         {"KVSCOPE_FAULTS": "prefill:0:sleep=30",
+                                          "KVSCOPE_SETTINGS": str(tmp_path / "s.ini")})
     assert r.returncode == 0 and "Traceback" not in r.stderr
-    assert time.perf_counter() - start < 25                      # it did not wait for the 30 s forward pass
+    assert ended - closing < 2.0                                 # not the 30 s the forward pass would take
 
 
 @pytest.mark.real
 def test_closing_during_the_first_conversion_exits_cleanly(tmp_path):
     start = time.perf_counter()
-    closing, r = close_while_busy("load", [], {"KVSCOPE_CACHE_DIR": str(tmp_path / "cache"),
+    closing, r, _ended = close_while_busy("load", [], {"KVSCOPE_CACHE_DIR": str(tmp_path / "cache"),
                                                "KVSCOPE_SETTINGS": str(tmp_path / "s.ini")})
     assert r.returncode == 0 and "Traceback" not in r.stderr
     assert time.perf_counter() - start < 40

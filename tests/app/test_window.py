@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 from PySide6.QtCore import Qt
 
-from engine import kvcache
 from engine.params import GenerationParams
 from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
 
@@ -18,10 +17,13 @@ def test_a_run_fills_every_panel(qtbot, window):
     assert window.tokens.rendered_tokens() == run.prompt_tokens + n
     doc = window.tokens.text.toPlainText().replace("↵", "")
     assert "".join(run.started.prompt_pieces) + "".join(s.text for s in run.steps) == doc.replace("▫", "")
-    # KV heatmap: one row per layer, one column per cached position, and the measured bytes equal the formula
+    # KV heatmap: one row per layer, one column per cached position, each cell the layer's measured bytes
+    # (from the last step's event) over the positions its tensors hold; the formula is the check beside it
     image = window.kv.image.image
     assert image.shape == (run.model.num_layers, run.kv_tokens)
-    assert np.all(image == kvcache.bytes_per_token_per_layer(run.model))
+    last = run.steps[-1]
+    for layer, ((k, v), held) in enumerate(zip(last.kv_bytes_per_layer, last.kv_positions_per_layer)):
+        assert np.all(image[layer] == (k + v) / held)
     assert "equals the formula" in window.kv.info.text()
     # timing: a latency point per decode step, cumulative tokens for every step, a timeline bar per decode step
     items = window.timing._items[run.run_id]
@@ -186,3 +188,69 @@ def test_every_axis_has_a_label_and_plain_numbers(qtbot, window):
                 assert axis.autoSIPrefixScale == 1.0, (plot, side, axis.labelText)
     units = {plot.getAxis(side).labelUnits for plot in plots for side in ("bottom", "left")}
     assert {"ms", "tok/s", "tokens", "s"} <= units
+
+
+def test_the_heatmap_says_the_prefill_is_running_before_the_cache_fills(qtbot, window, tiny):
+    from engine.events import RunStarted
+    from engine.params import GenerationParams as Params
+
+    params = Params(max_new_tokens=3)
+    window.store.add(RunStarted("r1", "x", tiny.facts, params, "hi", [1, 2], ["a", "b"], "now"))
+    window.refresh(force=True)
+    assert "prefill is running" in window.kv.info.text() and "KV cache is off" not in window.kv.info.text()
+    assert "prefill running" in window.kv.strip_text.toPlainText()
+    window.store.add(RunStarted("r2", "x", tiny.facts, params.with_(kv_cache=False), "hi", [1, 2], ["a", "b"], "now"))
+    window.refresh(force=True)
+    assert "KV cache is off for this run" in window.kv.info.text()
+
+
+def test_waiting_between_steps_is_drawn_apart_and_not_counted_as_decode(qtbot, window):
+    window.controls.max_tokens.setValue(5)
+    window.controls.slow.setValue(60)                     # slow motion: 60 ms before each decode step
+    run = run_and_wait(qtbot, window)
+    items = window.timing._items[run.run_id]
+    assert len(items.wait_bars.opts["x0"]) == run.n_steps - 1          # one grey gap before each decode step
+    assert all(w >= 60 for w in items.wait_bars.opts["width"])
+    assert len(items.decode_bars.opts["x0"]) == run.n_steps - 1        # the decode bar is split at every wait
+    s = run.summary()
+    assert s.waited_ms >= 60 * (run.n_steps - 1) and s.decode_ms < s.waited_ms
+    assert "waiting (grey in the timeline) not counted" in window.timing.summary.text()
+
+
+def test_the_sampling_caption_and_bars_show_the_same_step_while_stepping(qtbot, window):
+    window.controls.max_tokens.setValue(6)
+    window.step_run()                                     # starts paused after the prefill
+    for expected in range(4):
+        qtbot.waitUntil(lambda: (r := window.store.current) is not None and r.n_steps == expected + 1)
+        window.refresh(force=True)
+        step = window.store.current.steps[-1]
+        assert f"Step {step.step}</b>" in window.sampling.caption.text()
+        heights = list(window.sampling.raw_bars.opts["height"])[:len(step.candidates)]
+        assert heights == [c.p_raw for c in step.candidates]
+        window.step_run()
+    window.stop_run()
+    wait_idle(qtbot, window)
+
+
+def test_a_sliding_layer_row_is_drawn_only_over_the_positions_it_holds(qtbot, tmp_path):
+    """Rendered pixels, not data: a transposed image looked right while every cell was equal."""
+    from tests.architectures import WINDOW, build
+
+    w = make_window(qtbot, build("gemma2-alternating", tmp_path / "gemma2"))
+    try:
+        w.controls.max_tokens.setValue(30)
+        run = run_and_wait(qtbot, w)
+        seen = run.kv_tokens
+        assert seen > WINDOW + 10
+        image = w.kv.image
+        image.render()
+        pixels = image.qimage
+        assert (pixels.width(), pixels.height()) == (seen, run.model.num_layers)
+        sliding_row, full_row = 0, 1                           # gemma2 alternates: layer 0 slides, layer 1 is full
+        assert pixels.pixelColor(0, sliding_row).alpha() == 0              # dropped by the window: not drawn
+        assert pixels.pixelColor(seen - 1, sliding_row).alpha() == 255
+        assert pixels.pixelColor(seen - WINDOW, sliding_row).alpha() == 0   # it holds window - 1 positions
+        assert pixels.pixelColor(seen - WINDOW + 1, sliding_row).alpha() == 255
+        assert all(pixels.pixelColor(x, full_row).alpha() == 255 for x in (0, seen // 2, seen - 1))
+    finally:
+        close_and_dispose(w)

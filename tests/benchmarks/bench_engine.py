@@ -1,10 +1,19 @@
-"""Does instrumenting cost anything? The session and plain ``model.generate`` alternate on the same model,
-prompt and settings (greedy, 128 new tokens); medians of TTFT and decode tok/s are compared, and the per-step
-cost of each instrument is timed on its own."""
+"""Does instrumenting cost anything? Whole runs, by the wall clock, with the sinks users really have.
+
+The instrumented session and plain ``model.generate`` produce the same greedy tokens on the same model and
+prompt, interleaved round by round (the order rotates, so drift in machine load hits every variant alike).
+Each run is timed from the call to its return, so everything the instruments do between forward passes
+(events, text pieces, KV bytes and positions, norms, the sink) is inside the figure. Sinks: the window's own
+(``EngineWorker.push``: the outbox deque, the coalesced signal, memory notes), the trace writer (including
+writing the file), and none. Decode tok/s is also timed from the consumer's side: when each token reached
+the sink (session) or the stopping criterion (``generate``). Per-instrument costs are timed on their own.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 import time
 
 from tests.benchmarks.common import machine, median, save
@@ -27,42 +36,85 @@ class _Stamps:
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
-def generate_once(loaded, ids: list[int], n: int) -> tuple[float, float, int]:
+def _rate(stamps: list[float]) -> float:
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
+
+
+def generate_once(loaded, ids: list[int], n: int) -> dict:
     import torch
     from transformers import StoppingCriteriaList
 
     stamps = _Stamps(loaded.device.type == "cuda")
     x = torch.tensor([ids], device=loaded.device)
     with torch.inference_mode():
-        if stamps.cuda:
-            torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = loaded.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
                                     stopping_criteria=StoppingCriteriaList([stamps]))
-    generated = out.shape[1] - len(ids)
-    ttft = (stamps.times[0] - t0) * 1000.0
-    decode = (len(stamps.times) - 1) / (stamps.times[-1] - stamps.times[0]) if len(stamps.times) > 1 else 0.0
-    return ttft, decode, generated
+        wall = time.perf_counter() - t0
+    return {"wall_s": wall, "decode_tok_s": _rate(stamps.times), "tokens": out[0, len(ids):].tolist()}
 
 
-def session_once(session, n: int) -> tuple[float, float, int]:
+def window_sink():
+    """The sink the window uses: the worker's push (no thread, no GUI: the GUI's own cost is bench_gui's)."""
+    from app.control import RunControl
+    from app.worker import EngineWorker
+
+    worker = EngineWorker(RunControl())
+    return worker, worker.push
+
+
+def session_once(session, n: int, sink_name: str) -> dict:
+    from engine.events import TokenStep
     from engine.params import GenerationParams
+    from engine.trace import TraceWriter
 
-    s = session.run(PROMPT, GenerationParams(max_new_tokens=n)).summary
-    return s.ttft_ms - s.tokenize_ms, s.decode_tok_s, s.generated_tokens
+    stamps: list[float] = []
+    writer = None
+    if sink_name == "window":
+        worker, push = window_sink()
+
+        def sink(event: object) -> None:
+            push(event)
+            if isinstance(event, TokenStep):
+                stamps.append(time.perf_counter())
+    elif sink_name == "trace":
+        folder = tempfile.mkdtemp(prefix="kvscope-bench-")
+        writer = TraceWriter(os.path.join(folder, "run.jsonl"))
+
+        def sink(event: object) -> None:
+            writer(event)
+            if isinstance(event, TokenStep):
+                stamps.append(time.perf_counter())
+    else:
+        def sink(event: object) -> None:
+            if isinstance(event, TokenStep):
+                stamps.append(time.perf_counter())
+
+    t0 = time.perf_counter()
+    result = session.run(PROMPT, GenerationParams(max_new_tokens=n), sink)
+    if writer is not None:
+        writer.close()
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "decode_tok_s": _rate(stamps), "tokens": result.summary.token_ids,
+            "cpu_share": result.summary.cpu_share}
 
 
 def instrument_costs(session, reps: int = 300) -> dict[str, float]:
     """Microseconds per call of each instrument on a real cache (KV norms run once every 8 decode steps)."""
     import torch
-    from transformers import DynamicCache
 
     from engine import kvcache
+    from engine.events import to_dict
+    from engine.params import GenerationParams
     from engine.session import kv_norms
     from engine.textstream import TextStream
 
     ids = torch.tensor([session.encode(PROMPT)], device=session.device)
-    cache = DynamicCache(config=session.model.config)
+    cache = kvcache.new_cache(session.model)
+    events: list = []
+    session.run(PROMPT, GenerationParams(max_new_tokens=4), events.append)
+    step = next(e for e in events if type(e).__name__ == "TokenStep")
+    _worker, push = window_sink()
     with torch.inference_mode():
         session.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
 
@@ -77,11 +129,16 @@ def instrument_costs(session, reps: int = 300) -> dict[str, float]:
         clock = session.clock
         stream = TextStream(session.tokenizer)
         return {
-            "kv_bytes_per_layer_us": per_call(lambda: kvcache.kv_bytes_per_layer(cache, layers)),
+            "kv_bytes_and_positions_per_layer_us": per_call(lambda: kvcache.held_per_layer(cache, layers)),
             "clock_marks_us": per_call(lambda: clock.elapsed_ms(clock.mark(), clock.mark())),
             "kv_norms_batch_of_8_us": per_call(lambda: kv_norms(cache, ids.shape[1] - 8, ids.shape[1])),
             "text_piece_us": per_call(lambda: stream.step(1234)),
+            "window_sink_push_us": per_call(lambda: push(step)),
+            "trace_event_to_json_us": per_call(lambda: to_dict(step)),
         }
+
+
+VARIANTS = ("generate", "window", "trace", "none")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -89,42 +146,61 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", default="embedded")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--tokens", type=int, default=96)
     args = p.parse_args(argv)
 
+    from engine.load import busy_note
     from engine.models import load
     from engine.session import Session
 
     loaded = load(args.model, args.device, args.dtype)
     session = Session(loaded)
     ids = session.encode(PROMPT)
-    session_once(session, 8)                     # warm-up, reported separately from the measured runs
+    session_once(session, 8, "none")             # warm-up, not measured
     generate_once(loaded, ids, 8)
-    rows = {"session": [], "generate": []}
-    for _ in range(args.runs):                   # interleaved, so drift in machine load hits both alike
-        rows["session"].append(session_once(session, args.tokens))
-        rows["generate"].append(generate_once(loaded, ids, args.tokens))
-    med = {k: {"ttft_ms": median([r[0] for r in v]), "decode_tok_s": median([r[1] for r in v]),
-               "tokens": [r[2] for r in v]} for k, v in rows.items()}
+    rows: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    for r in range(args.rounds):
+        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+        for variant in order:
+            rows[variant].append(generate_once(loaded, ids, args.tokens) if variant == "generate"
+                                 else session_once(session, args.tokens, variant))
+    reference = rows["generate"][0]["tokens"]
+    same = all(row["tokens"] == reference for variant in VARIANTS for row in rows[variant])
+    med = {v: {"wall_s": median([r["wall_s"] for r in rows[v]]),
+               "decode_tok_s": median([r["decode_tok_s"] for r in rows[v]]),
+               "wall_s_min": min(r["wall_s"] for r in rows[v]), "wall_s_max": max(r["wall_s"] for r in rows[v])}
+           for v in VARIANTS}
+    # Per round, generate()'s time over the variant's (the two ran minutes apart at most), then the median:
+    # slow drift in the machine's load cancels out of each pair.
+    ratios = {v: median([g["wall_s"] / r["wall_s"] for g, r in zip(rows["generate"], rows[v])])
+              for v in VARIANTS if v != "generate"}
+    shares = [r["cpu_share"] for v in VARIANTS if v != "generate" for r in rows[v] if r.get("cpu_share")]
     costs = instrument_costs(session)
     result = {
         "machine": machine(), "model": loaded.facts.name, "device": loaded.facts.device,
-        "dtype": loaded.facts.dtype, "prompt_tokens": len(ids), "new_tokens": args.tokens, "runs": args.runs,
-        "medians": med, "decode_ratio": med["session"]["decode_tok_s"] / med["generate"]["decode_tok_s"],
-        "ttft_ratio": med["session"]["ttft_ms"] / med["generate"]["ttft_ms"], "instrument_us": costs,
-        "raw": rows,
+        "dtype": loaded.facts.dtype, "prompt_tokens": len(ids), "new_tokens": args.tokens, "rounds": args.rounds,
+        "same_tokens": same, "medians": med, "throughput_ratio_vs_generate": ratios,
+        "lowest_cpu_share": min(shares) if shares else None, "instrument_us": costs,
+        "raw": {v: [{k: r[k] for k in ("wall_s", "decode_tok_s")} for r in rows[v]] for v in VARIANTS},
     }
     print(f"machine: {result['machine']}")
     print(f"model: {result['model']} on {result['device']} ({result['dtype']}), prompt {len(ids)} tokens, "
-          f"{args.tokens} new tokens, greedy, {args.runs} interleaved runs each (medians)")
-    print("| | TTFT (ms) | decode (tok/s) | tokens |")
-    print("|---|---:|---:|---:|")
-    for k, v in med.items():
-        print(f"| {k} | {v['ttft_ms']:.1f} | {v['decode_tok_s']:.2f} | {v['tokens'][0]} |")
-    print(f"decode tok/s ratio session/generate = {result['decode_ratio']:.3f}; "
-          f"TTFT ratio = {result['ttft_ratio']:.3f}")
-    print("instrument cost per decode step: " + ", ".join(f"{k} {v:.1f} us" for k, v in costs.items()))
+          f"{args.tokens} new tokens, greedy, {args.rounds} interleaved rounds (medians); whole runs by the wall "
+          "clock, call to return")
+    print("| variant | whole run (s) | min-max (s) | throughput vs generate() (median of rounds) | "
+          "decode tok/s (consumer side) |")
+    print("|---|---:|---:|---:|---:|")
+    for v in VARIANTS:
+        ratio = "1 (reference)" if v == "generate" else f"{ratios[v]:.3f}"
+        name = "model.generate()" if v == "generate" else f"session, sink: {v}"
+        print(f"| {name} | {med[v]['wall_s']:.3f} | {med[v]['wall_s_min']:.3f}-{med[v]['wall_s_max']:.3f} | "
+              f"{ratio} | {med[v]['decode_tok_s']:.2f} |")
+    print(f"same greedy tokens in every run: {'yes' if same else 'NO'}")
+    note = busy_note(result["lowest_cpu_share"])
+    if note:
+        print(f"note: at least one run was {note}")
+    print("instrument cost per call: " + ", ".join(f"{k} {v:.1f} us" for k, v in costs.items()))
     save(f"engine-{loaded.facts.device.split(':')[0]}-{loaded.facts.dtype}", result)
     return result
 

@@ -60,7 +60,7 @@ def kv_memory(loaded, n: int = 1024) -> dict:
     del out
     torch.cuda.synchronize()
     after = torch.cuda.memory_allocated()
-    read = sum(k + v for k, v in kvcache.kv_bytes_per_layer(cache, loaded.facts.num_layers))
+    read = sum(k + v for k, v in kvcache.held_per_layer(cache, loaded.facts.num_layers)[0])
     return {"tokens": n, "read_from_tensors": read, "formula": kvcache.predicted_kv_bytes(loaded.facts, n),
             "cuda_allocated_delta": after - before}
 

@@ -44,3 +44,15 @@ events = list(replay(read_trace({str(path)!r}), speed=0))
 assert kvcache.bytes_per_token(events[0].model) == 512
 print(report.report(events[0].model, events[-1].summary))
 """)
+
+
+def test_every_engine_module_imports_without_qt():
+    """The whole package, not only the load and session chain: a Qt import anywhere in engine/ fails here."""
+    import pkgutil
+
+    import engine
+
+    modules = sorted(f"engine.{m.name}" for m in pkgutil.iter_modules(engine.__path__) if m.name != "__main__")
+    assert len(modules) > 20
+    run_blocked(["PySide6", "pyqtgraph", "app", "shiboken6"], "import importlib\n" + "".join(
+        f"importlib.import_module({name!r})\n" for name in modules))

@@ -60,3 +60,15 @@ def test_broken_model_folder(tiny_model_dir, cache_root, tmp_path):
     (broken / "model.safetensors").write_bytes(b"\x00" * 64)
     r = cli("--model", str(broken), "--prompt", "hi", cache=cache_root)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "error: Cannot load the model" in r.stderr
+
+
+def test_json_reports_the_seed_a_sampled_run_really_used(tiny_model_dir, capsys):
+    from engine import cli as engine_cli
+
+    assert engine_cli.main(["--model", str(tiny_model_dir), "--prompt", "hello", "--max-new-tokens", "3", "--json",
+                            "--temperature", "0.8"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert isinstance(data["params"]["seed"], int)
+    again = engine_cli.main(["--model", str(tiny_model_dir), "--prompt", "hello", "--max-new-tokens", "3", "--json",
+                             "--temperature", "0.8", "--seed", str(data["params"]["seed"])])
+    assert again == 0 and json.loads(capsys.readouterr().out)["token_ids"] == data["token_ids"]

@@ -27,7 +27,7 @@ def test_each_request_gets_its_solo_tokens(tiny, policy):
     session = Session(tiny)
     requests = make_requests(session)
     sizes = []
-    assert serve(model, torch.device("cpu"), requests, policy, on_step=lambda t, b: sizes.append(b))
+    assert serve(model, torch.device("cpu"), tiny.facts, requests, policy, on_step=lambda t, b: sizes.append(b))
     for r in requests:
         solo = generate_batch(model, [r.ids], r.new_tokens, 0, torch.device("cpu")).tokens[0]
         assert r.tokens == solo, r.index
@@ -38,8 +38,8 @@ def test_each_request_gets_its_solo_tokens(tiny, policy):
 def test_continuous_admits_at_once_static_waits_for_the_batch(tiny):
     session = Session(tiny)
     cont, stat = make_requests(session), make_requests(session)
-    serve(tiny.model, torch.device("cpu"), cont, "continuous")
-    serve(tiny.model, torch.device("cpu"), stat, "static")
+    serve(tiny.model, torch.device("cpu"), tiny.facts, cont, "continuous")
+    serve(tiny.model, torch.device("cpu"), tiny.facts, stat, "static")
     # request 1 arrives while request 0 is still decoding: continuous admits it at once, static makes it wait
     assert cont[1].admitted_ms - cont[1].arrival_ms < stat[1].admitted_ms - stat[1].arrival_ms
     assert stat[1].admitted_ms >= stat[0].done_ms
@@ -51,7 +51,8 @@ def test_cancel_stops_serving(tiny):
 
     cancel = threading.Event()
     cancel.set()
-    assert serve(tiny.model, torch.device("cpu"), make_requests(Session(tiny)), "continuous", cancel=cancel) is False
+    requests = make_requests(Session(tiny))
+    assert serve(tiny.model, torch.device("cpu"), tiny.facts, requests, "continuous", cancel=cancel) is False
 
 
 def test_the_experiment_reports_lanes_batch_sizes_and_the_token_check(tiny):

@@ -164,3 +164,41 @@ def test_hardware_peaks_are_measured_once_then_cached(tiny):
     second = peaks_event(tiny)
     assert first.flops_per_s > 1e8 and first.bytes_per_s > 1e8
     assert second.cached and second.flops_per_s == first.flops_per_s
+
+
+def test_an_experiment_that_breaks_closes_its_record_and_later_runs_are_not_filed_under_it(tiny):
+    from engine.events import ExperimentFailed, ExperimentStarted, RunStarted
+    from engine.experiments import run_experiment
+
+    session = Session(tiny)
+    calls = []
+    real_prefill = session.prefill
+
+    def failing_prefill(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("injected failure in the third prefill")
+        return real_prefill(*args, **kwargs)
+
+    session.prefill = failing_prefill
+    events: list = []
+    with pytest.raises(RuntimeError, match="injected"):
+        run_experiment("prefill", session, events.append, max_length=64, repeats=1)
+    started = next(e for e in events if isinstance(e, ExperimentStarted))
+    failed = events[-1]
+    assert isinstance(failed, ExperimentFailed) and failed.exp_id == started.exp_id
+    assert failed.message == "injected failure in the third prefill"
+    session.prefill = real_prefill
+    session.run("hello", GenerationParams(max_new_tokens=2), events.append)
+    assert next(e for e in events if isinstance(e, RunStarted)).experiment == ""
+
+
+def test_runs_an_experiment_makes_name_it(tiny):
+    from engine.events import ExperimentStarted, RunStarted
+    from engine.experiments import run_experiment
+
+    events: list = []
+    run_experiment("cache", Session(tiny), events.append, new_tokens=3)
+    exp_id = next(e for e in events if isinstance(e, ExperimentStarted)).exp_id
+    runs = [e for e in events if isinstance(e, RunStarted)]
+    assert len(runs) == 2 and all(r.experiment == exp_id for r in runs)

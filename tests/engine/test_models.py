@@ -1,6 +1,7 @@
 import pytest
 
 from engine.errors import ModelSourceError
+from engine.events import KVLayer
 from engine.models import load, resolve_source
 
 
@@ -75,7 +76,8 @@ def test_unknown_device_and_dtype(tiny_model_dir):
 
 def test_facts_of_the_tiny_model(tiny):
     f = tiny.facts
-    assert (f.num_layers, f.num_heads, f.num_kv_heads, f.head_dim) == (2, 4, 2, 16)
+    assert (f.num_layers, f.num_heads, f.head_dim) == (2, 4, 16)
+    assert f.kv_layers == [KVLayer("full", kv_heads=2, k_dim=16, v_dim=16, dtype_bytes=4)] * 2
     assert f.dtype == "float32" and f.dtype_bytes == 4 and f.device == "cpu"
     assert f.layer_devices == ["cpu", "cpu"] and f.max_context == 256
 

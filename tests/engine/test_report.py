@@ -13,8 +13,14 @@ def test_llama_cpp_vocabulary_and_arithmetic():
                         "10.00 tokens per second)")
     assert lines[2] == "      total time =    6600.00 ms /   101 tokens"
     text = report(smol_facts(), s)
-    assert ("KV cache: 30 layers x 3 KV heads x 64 dims x 2 (K,V) x 4 B = 46,080 B/token; holds 101 tokens = "
-            "4.44 MiB; at full context (8,192) = 360 MiB") in text
+    assert ("KV cache: 30 layers x 3 KV heads x 64 dims x 2 (K,V) x 4 B = 46,080 B/token; after 101 positions the "
+            "tensors hold 4.44 MiB (measured, = the formula); at full context (8,191 positions) = 360 MiB (computed)"
+            ) in text
+
+
+def test_a_disagreeing_measurement_is_reported_not_hidden():
+    s = RunSummary(prompt_tokens=10, kv_tokens=10, kv_bytes=12345)
+    assert "hold 12.1 KiB (measured, but the formula says 450 KiB)" in report(smol_facts(), s)
 
 
 def test_zero_runs_do_not_divide_by_zero():

@@ -67,9 +67,9 @@ def test_kv_bytes_read_from_cache_equal_the_formula_after_every_step(tiny):
     events, result = run_collect(Session(tiny), max_new_tokens=12)
     facts = events[0].model
     n = len(events[0].prompt_ids)
-    assert facts.num_kv_heads < facts.num_heads        # GQA is exercised
+    assert kvcache.kv_heads(facts) < facts.num_heads        # GQA is exercised
     prefill = events[1]
-    per_layer = kvcache.bytes_per_token_per_layer(facts)
+    per_layer = kvcache.bytes_per_position(facts.kv_layers[0])
     assert [k + v for k, v in prefill.kv_bytes_per_layer] == [per_layer * n] * facts.num_layers
     assert all(k == v for k, v in prefill.kv_bytes_per_layer)
     for step in (e for e in events if isinstance(e, TokenStep)):

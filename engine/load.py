@@ -1,0 +1,63 @@
+"""Was the machine busy while we measured? A figure taken while other programs competed for the cores is not
+the machine's figure, and must say so instead of being charted (or cached) as the truth.
+
+The signal is this process's CPU time against the wall time it was measuring, per compute thread: torch's
+threads keep their cores busy while a forward pass runs, so when other programs take the cores the share
+falls (measured on a 2-core machine: 0.97 quiet, 0.49 while another process computed on both cores). It costs
+two clock reads per measurement, none per step. On a GPU the host's CPU share says nothing about the
+device, so no verdict is given there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+BUSY_BELOW = 0.7            # process CPU seconds per wall second per compute thread
+
+
+def compute_threads() -> int:
+    """Threads torch computes with on the CPU (read without importing torch if it is not loaded yet)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return max(int(torch.get_num_threads()), 1)
+    return max(os.cpu_count() or 1, 1)
+
+
+class LoadMeter:
+    """``start()`` / ``stop()`` around work; ``share()`` is CPU seconds per wall second per compute thread."""
+
+    def __init__(self) -> None:
+        self._cpu = self._wall = 0.0
+        self.cpu_s = self.wall_s = 0.0
+
+    def start(self) -> None:
+        self._cpu, self._wall = time.process_time(), time.perf_counter()
+
+    def stop(self) -> None:
+        if self._wall:
+            self.cpu_s += time.process_time() - self._cpu
+            self.wall_s += time.perf_counter() - self._wall
+            self._wall = 0.0
+
+    def share(self, idle_ms: float = 0.0) -> float | None:
+        """The CPU share over the measured wall time minus ``idle_ms`` spent waiting on purpose (pauses).
+        None when too little was measured to say."""
+        wall = self.wall_s - idle_ms / 1000.0
+        if wall < 0.05:
+            return None
+        return self.cpu_s / (wall * compute_threads())
+
+
+def busy(cpu_share: float | None) -> bool:
+    return cpu_share is not None and cpu_share < BUSY_BELOW
+
+
+def busy_note(cpu_share: float | None) -> str:
+    """The words shown next to a figure measured while the machine was busy; empty otherwise."""
+    if not busy(cpu_share):
+        return ""
+    return (f"measured while the machine was busy (this process got {cpu_share:.0%} of its compute threads' "
+            "time): other programs competed for the cores")

@@ -1,0 +1,84 @@
+"""Tiny random models of the cache shapes KVScope must get right, saved as Hugging Face folders so tests go
+through the real loading path: GQA, MQA two ways, an explicit head_dim, a Mistral-style sliding window on every
+layer, Gemma2's alternating sliding and full layers, GPT-2, a hybrid with state-space layers (Jamba), and two
+models KVScope must refuse with a message (Mamba: no attention cache; T5: encoder-decoder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+WINDOW = 16                 # sliding layers: short, so a test runs well past the window
+CONTEXT = 64                # max positions: short, so a full-context forward is cheap
+
+# name -> (config class, model class, config keywords, what the cache must hold per layer)
+SHAPES: dict[str, tuple[str, str, dict]] = {
+    "llama-gqa": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)),
+    "llama-1kv": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1)),
+    "falcon-mqa": ("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, multi_query=True, new_decoder_architecture=False)),
+    "qwen3-head-dim": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32)),
+    "mistral-sliding": ("MistralConfig", "MistralForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        sliding_window=WINDOW)),
+    "gemma2-alternating": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, sliding_window=WINDOW)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4)),
+    "jamba-hybrid": ("JambaConfig", "JambaForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=2,
+        mamba_d_state=8, mamba_expand=2)),
+    "mamba": ("MambaConfig", "MambaForCausalLM", dict(hidden_size=64, num_hidden_layers=2, state_size=8)),
+}
+REFUSED = ("mamba",)
+# (kind, kv_heads, k_dim, capacity) per layer, as the cache must report it
+EXPECTED = {
+    "llama-gqa": [("full", 2, 16, None)] * 2,
+    "llama-1kv": [("full", 1, 16, None)] * 2,
+    "falcon-mqa": [("full", 1, 16, None)] * 2,
+    "qwen3-head-dim": [("full", 2, 32, None)] * 2,
+    "mistral-sliding": [("sliding", 2, 16, WINDOW - 1)] * 2,
+    "gemma2-alternating": [("sliding", 2, 16, WINDOW - 1), ("full", 2, 16, None)] * 2,
+    "gpt2": [("full", 4, 16, None)] * 2,
+    "jamba-hybrid": [("state", 0, 0, None), ("full", 2, 16, None)] * 2,
+}
+
+
+def build(name: str, folder: Path) -> Path:
+    import torch
+    import transformers
+
+    from tests.tiny_model import build_tokenizer
+
+    config_class, model_class, keywords = SHAPES[name]
+    tokenizer = build_tokenizer()
+    keywords = dict(keywords)
+    if name == "gpt2":
+        keywords["n_positions"] = CONTEXT
+    elif name != "mamba":
+        keywords["max_position_embeddings"] = CONTEXT
+    config = getattr(transformers, config_class)(
+        vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, **keywords)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(config).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def build_encoder_decoder(folder: Path) -> Path:
+    import transformers
+
+    from tests.tiny_model import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = transformers.T5Config(vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
+                                   decoder_start_token_id=tokenizer.pad_token_id, pad_token_id=tokenizer.pad_token_id)
+    transformers.T5ForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -1,0 +1,164 @@
+"""Every figure true on every cache shape: what the model's cache really holds per layer (not what its config
+suggests), measured bytes equal to the formula past the sliding window, the full-context figure equal to what
+the cache holds at ``max_context - 1`` positions, greedy tokens equal to ``generate()``, and chat reuse and
+continuous batching either working or declined with a reason."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from engine import cli, kvcache
+from engine.errors import ModelSourceError, ParameterError
+from engine.events import PrefillDone, TokenStep
+from engine.models import load
+from engine.params import GenerationParams
+from engine.session import Session
+from tests.architectures import CONTEXT, EXPECTED, WINDOW, build, build_encoder_decoder
+
+PROMPT = "The KV cache holds keys and values for every position"
+NEW_TOKENS = 40             # with the prompt, well past the sliding window and short of the context
+
+
+@pytest.fixture(scope="module", params=list(EXPECTED))
+def arch(request, tmp_path_factory):
+    folder = build(request.param, tmp_path_factory.mktemp(request.param))
+    return request.param, str(folder), load(str(folder), device="cpu", dtype="float32")
+
+
+def run_events(loaded, params: GenerationParams, prompt: str = PROMPT) -> tuple[list, object]:
+    events: list = []
+    result = Session(loaded).run(prompt, params, events.append)
+    return events, result
+
+
+def test_facts_come_from_the_cache_the_model_builds(arch):
+    name, _folder, loaded = arch
+    layers = loaded.facts.kv_layers
+    assert [(a.kind, a.kv_heads, a.k_dim, a.capacity) for a in layers] == EXPECTED[name]
+    assert loaded.facts.num_layers == len(EXPECTED[name])
+
+
+def test_measured_bytes_equal_the_formula_after_every_step_past_the_window(arch):
+    _name, _folder, loaded = arch
+    facts = loaded.facts
+    events, result = run_events(loaded, GenerationParams(max_new_tokens=NEW_TOKENS, chat_template=False))
+    steps = [e for e in events if isinstance(e, TokenStep)]
+    assert steps[-1].position > WINDOW + 8, "the run must go well past the sliding window"
+    prefill = next(e for e in events if isinstance(e, PrefillDone))
+    assert [k + v for k, v in prefill.kv_bytes_per_layer] == kvcache.predicted_kv_bytes_per_layer(
+        facts, prefill.n_tokens)
+    for step in steps:
+        measured = [k + v for k, v in step.kv_bytes_per_layer]
+        assert measured == kvcache.predicted_kv_bytes_per_layer(facts, step.position), step.step
+        assert step.kv_positions_per_layer == [kvcache.held_positions(layer, step.position)
+                                               for layer in facts.kv_layers]
+    assert result.summary.kv_bytes == kvcache.predicted_kv_bytes(facts, result.summary.kv_tokens)
+
+
+def test_full_context_figure_is_what_the_cache_holds_at_max_context_minus_one(arch):
+    _name, _folder, loaded = arch
+    facts = loaded.facts
+    assert facts.max_context == CONTEXT
+    ids = torch.arange(kvcache.full_context_positions(facts)).remainder(facts.vocab_size - 4).add(4).view(1, -1)
+    session = Session(loaded)
+    with torch.inference_mode():
+        _logits, cache = session.prefill(ids, use_cache=True)
+    held = sum(k + v for k, v in kvcache.held_per_layer(cache, facts.num_layers)[0])
+    assert held == kvcache.full_context_kv_bytes(facts)
+
+
+def test_greedy_tokens_equal_generate(arch):
+    _name, _folder, loaded = arch
+    events, result = run_events(loaded, GenerationParams(max_new_tokens=NEW_TOKENS, chat_template=False))
+    ids = torch.tensor([events[0].prompt_ids])
+    with torch.inference_mode():
+        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                    max_new_tokens=NEW_TOKENS, pad_token_id=loaded.tokenizer.pad_token_id)
+    assert result.summary.token_ids == out[0, ids.shape[1]:].tolist()
+
+
+def test_cli_json_measured_formula_and_full_context_agree(arch, capsys):
+    _name, folder, loaded = arch
+    code = cli.main(["--model", folder, "--device", "cpu", "--dtype", "float32", "--raw", "--json",
+                     "--prompt", PROMPT, "--max-new-tokens", str(NEW_TOKENS)])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert payload["kv_bytes"] == payload["kv_bytes_formula"] > 0
+    assert payload["kv_bytes_full_context"] == kvcache.full_context_kv_bytes(loaded.facts)
+    assert payload["kv_positions_full_context"] == CONTEXT - 1
+
+
+def test_chat_reuse_works_or_says_why_not(arch):
+    _name, _folder, loaded = arch
+    replies: dict[bool, list] = {}
+    notes: list[str] = []
+    reused: list[int] = []
+    seen: list[int] = []
+    for reuse in (True, False):
+        session = Session(loaded)
+        messages: list[dict] = []
+        replies[reuse] = []
+        for turn in ("hello world", "and the cache?"):
+            events: list = []
+            messages.append({"role": "user", "content": turn})
+            result = session.chat(messages, GenerationParams(max_new_tokens=8), events.append, reuse=reuse)
+            prefill = next(e for e in events if isinstance(e, PrefillDone))
+            if reuse:
+                notes.append(prefill.cache_note)
+                reused.append(prefill.reused_tokens)
+                seen.append(result.summary.kv_tokens)
+            replies[reuse].append(result.summary.token_ids)
+            messages.append({"role": "assistant", "content": result.summary.text})
+    assert replies[True] == replies[False]
+    assert reused[0] == 0 and "first turn" in notes[0]
+    facts = loaded.facts
+    if reused[1] == seen[0]:
+        return                                  # the new turn extends the whole kept cache: no rollback needed
+    if kvcache.state_layers(facts):         # a running state cannot be rolled back to where the turns differ
+        assert reused[1] == 0 and "state-space" in notes[1]
+    elif any(layer.kind == kvcache.SLIDING and layer.capacity < seen[0] for layer in facts.kv_layers):
+        assert reused[1] == 0 and "sliding-window" in notes[1]     # the window dropped what a rollback needs
+    else:
+        assert 0 < reused[1] < seen[0] and "differed" in notes[1]
+
+
+def test_continuous_batching_gives_solo_tokens_or_declines(arch):
+    from engine.batch import generate_batch
+    from engine.scheduler import Request, serve
+
+    _name, _folder, loaded = arch
+    facts = loaded.facts
+    model = copy.deepcopy(loaded.model).to(torch.float64)     # exact, so padding and masks must be right
+    session = Session(loaded)
+    prompts = [session.encode(t, chat_template=False) for t in
+               ("hello world", "The KV cache holds keys and values for every position so decode does not",
+                "Prefill reads the whole prompt")]
+    requests = [Request(i, ids, 20, i * 3) for i, ids in enumerate(prompts)]
+    if kvcache.batching_refusal(facts) is not None:
+        with pytest.raises(ParameterError, match="Continuous batching is not available"):
+            serve(model, torch.device("cpu"), facts, requests, "continuous")
+        return
+    assert serve(model, torch.device("cpu"), facts, requests, "continuous")
+    pad = loaded.tokenizer.pad_token_id
+    solo = [generate_batch(model, [r.ids], 20, pad, torch.device("cpu")).tokens[0] for r in requests]
+    assert [r.tokens for r in requests] == solo
+
+
+def test_a_model_without_attention_cache_is_refused_with_one_line(tmp_path):
+    from tests.architectures import build as build_shape
+
+    folder = build_shape("mamba", tmp_path / "mamba")
+    with pytest.raises(ModelSourceError, match="keeps no attention KV cache") as err:
+        load(str(folder), device="cpu", dtype="float32")
+    assert "\n" not in str(err.value)
+
+
+def test_an_encoder_decoder_model_is_refused_with_one_line(tmp_path):
+    folder = build_encoder_decoder(tmp_path / "t5")
+    with pytest.raises(ModelSourceError, match="encoder-decoder") as err:
+        load(str(folder), device="cpu", dtype="float32")
+    assert "\n" not in str(err.value)
