@@ -4,6 +4,7 @@ that explains the one-time conversion of the built-in model while it happens."""
 from __future__ import annotations
 
 import platform
+from html import escape
 from importlib import metadata
 from pathlib import Path
 
@@ -43,19 +44,20 @@ class AboutDialog(QDialog):
         versions = " · ".join(f"{k} {v}" for k, v in package_versions().items())
         if model is not None:
             m = model.model
-            model_text = (f"{m.name} ({m.architecture}, {m.num_params / 1e6:,.1f}M parameters) on {m.device}, "
-                          f"{m.dtype}; source: {m.source}")
+            model_text = escape(f"{m.name} ({m.architecture}, {m.num_params / 1e6:,.1f}M parameters) on {m.device}, "
+                                f"{m.dtype}; source: {m.source}")
         else:
             model_text = "no model loaded"
-        device_text = (f"{peaks.device}: {peaks.flops_per_s / 1e9:,.0f} GFLOP/s, {peaks.bytes_per_s / 1e9:,.1f} GB/s "
-                       "(measured)" if peaks is not None else "not measured yet")
+        device_text = escape(f"{peaks.device}: {peaks.flops_per_s / 1e9:,.0f} GFLOP/s, "
+                             f"{peaks.bytes_per_s / 1e9:,.1f} GB/s (measured)" if peaks is not None
+                             else "not measured yet")
         converted = converted_models_dir()
         self.label = QLabel(
             f"<h3>KVScope {__version__}</h3><p>See LLM inference live: tokens, the KV cache, prefill and decode.</p>"
             f"<p><b>Model:</b> {model_text}<br><b>Device:</b> {device_text}</p>"
             f"<p><b>Versions:</b> {versions}</p>"
-            f"<p><b>Files:</b><br>cache: {cache_dir()}<br>converted models: {converted} "
-            f"({format_bytes(folder_bytes(converted))})<br>settings: {settings_file}</p>")
+            f"<p><b>Files:</b><br>cache: {escape(str(cache_dir()))}<br>converted models: {escape(str(converted))} "
+            f"({format_bytes(folder_bytes(converted))})<br>settings: {escape(settings_file)}</p>")
         self.label.setTextFormat(Qt.TextFormat.RichText)
         self.label.setWordWrap(True)
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -86,11 +88,12 @@ class FirstRunDialog(QDialog):
         self.setWindowTitle("Preparing the built-in model")
         self.explain = QLabel(
             "KVScope ships SmolLM2-135M-Instruct as a compressed GGUF file. The first time, it is unpacked into "
-            f"plain weights in <code>{converted_models_dir()}</code> and checked against the original, so every "
-            "later launch loads in about a second. This takes about 20 seconds and happens once.")
+            f"plain weights in <code>{escape(str(converted_models_dir()))}</code> and checked against the original, "
+            "so later launches skip this step. It takes about half a minute and happens once.")
         self.explain.setWordWrap(True)
         self.explain.setTextFormat(Qt.TextFormat.RichText)
         self.step = QLabel("Starting…")
+        self.step.setTextFormat(Qt.TextFormat.PlainText)
         self.bar = QProgressBar()
         self.bar.setRange(0, 1000)
         cancel = QPushButton("Cancel")

@@ -67,6 +67,7 @@ class RunRecord:
         self.kv_tokens = 0            # positions the cache has been fed (sliding layers may hold fewer)
         self._norms = np.zeros((2, self.model.num_layers, 0), dtype=np.float32)   # K, V x layers x positions
         self.norm_positions = 0       # positions whose norms have arrived (they come in batches)
+        self.incomplete = False       # a replayed trace ended before this run did
 
     # --- identity -----------------------------------------------------------------------------------------
     @property
@@ -88,10 +89,12 @@ class RunRecord:
 
     @property
     def finished(self) -> bool:
-        return self.end is not None
+        return self.end is not None or self.incomplete
 
     @property
     def reason(self) -> str:
+        if self.incomplete:
+            return "incomplete"
         if isinstance(self.end, RunFinished):
             return self.end.reason
         return "failed" if isinstance(self.end, RunFailed) else "running"
@@ -299,6 +302,14 @@ class RunStore:
             owner.events.append(event)        # an experiment's trace carries the runs it made
         self.version += 1
         if isinstance(event, (RunFinished, RunFailed)):
+            self._notify("ended", record)
+
+    def mark_incomplete(self, run_id: str) -> None:
+        """A replayed trace ended before this run finished: show it as far as it goes, marked."""
+        record = self.find(run_id)
+        if record is not None:
+            record.incomplete = True
+            self.version += 1
             self._notify("ended", record)
 
     def trim(self) -> None:

@@ -44,9 +44,12 @@ from engine.errors import EngineError
 from engine.events import LoadProgress, ModelLoaded, RunFailed, RunFinished, RunStarted
 from engine.gguf import remove_all_conversions
 from engine.kvcache import format_bytes
+from engine.trace import ReplayGap, ReplayIncomplete
 
 log = logging.getLogger(__name__)
 REFRESH_MS = 33            # token text and status strip: ~30 fps; charts as often as paint.METER allows
+PANEL_NAMES = {"KVHeatmapPanel": "KV heatmap", "TimingPanel": "timing charts", "SamplingPanel": "sampling chart",
+               "ExperimentsPanel": "experiment charts", "ChatPanel": "chat view"}
 REPLAY_SPEEDS = (("0.5x", 0.5), ("1x (as recorded)", 1.0), ("2x", 2.0), ("4x", 4.0), ("instant", 0.0))
 
 
@@ -60,6 +63,7 @@ class ErrorBanner(QWidget):
     def __init__(self) -> None:
         super().__init__()
         self.label = QLabel()
+        self.label.setTextFormat(Qt.TextFormat.PlainText)      # messages quote file names and model output
         self.label.setWordWrap(True)
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         close = QPushButton("Dismiss")
@@ -90,6 +94,7 @@ class MainWindow(FileActions, QMainWindow):
         self._run_after_load = False
         self._replaying = False           # events arrive in batches; the notes in them say when a replay ends
         self.first_run: FirstRunDialog | None = None
+        self._last_failure: tuple[str, str] | None = None
         self.lecture = False
         self.replay_speed = 1.0
         self.setWindowTitle("KVScope")
@@ -353,25 +358,35 @@ class MainWindow(FileActions, QMainWindow):
     # --- events from the worker ---------------------------------------------------------------------------
     def on_events(self, items: list) -> None:
         for item in items:
-            if isinstance(item, Note):
-                self._on_note(item)
-            elif isinstance(item, LoadProgress):
-                self.status.show_progress(item.message, item.fraction)
-                self.controls.model_status.setText(item.message)
-                self._first_run_progress(item)
-            elif isinstance(item, ModelLoaded):
-                self._on_loaded(item)
-            else:
-                self.store.add(item)
-                if isinstance(item, RunFailed):
-                    self.show_error(f"The run failed: {item.message}")
-                elif isinstance(item, RunStarted) and self._replaying:
-                    loaded = self.client.model.model.name if self.client.model else None
-                    other = f" (not the loaded model, {loaded})" if loaded and loaded != item.model.name else ""
-                    self.status.showMessage(f"Replaying a trace recorded with {item.model.name} on "
-                                            f"{item.model.device}{other}", 8000)
-                elif isinstance(item, (RunStarted, RunFinished)) and not self._replaying:
-                    self.status.showMessage(f"Run #{self.store.current.number}: {self.store.current.reason}", 5000)
+            self.guarded("Showing what the engine reported", lambda item=item: self._on_event(item))
+
+    def _on_event(self, item: object) -> None:
+        if isinstance(item, Note):
+            self._on_note(item)
+        elif isinstance(item, LoadProgress):
+            self.status.show_progress(item.message, item.fraction)
+            self.controls.model_status.setText(item.message)
+            self._first_run_progress(item)
+        elif isinstance(item, ModelLoaded):
+            self._on_loaded(item)
+        elif isinstance(item, ReplayGap):
+            self.status.showMessage(f"The recording paused for {_duration(item.recorded_ms)} here; the replay "
+                                    f"shortened the pause to {_duration(item.shown_ms)}", 8000)
+        elif isinstance(item, ReplayIncomplete):
+            self.store.mark_incomplete(item.run_id)
+            self.banner.show_message("The trace ends before its run finished: the run is shown as far as it "
+                                     "goes, marked incomplete.", warning=True)
+        else:
+            self.store.add(item)
+            if isinstance(item, RunFailed):
+                self.show_error(f"The run failed: {item.message}")
+            elif isinstance(item, RunStarted) and self._replaying:
+                loaded = self.client.model.model.name if self.client.model else None
+                other = f" (not the loaded model, {loaded})" if loaded and loaded != item.model.name else ""
+                self.status.showMessage(f"Replaying a trace recorded with {item.model.name} on "
+                                        f"{item.model.device}{other}", 8000)
+            elif isinstance(item, (RunStarted, RunFinished)) and not self._replaying:
+                self.status.showMessage(f"Run #{self.store.current.number}: {self.store.current.reason}", 5000)
 
     def _first_run_progress(self, progress: LoadProgress) -> None:
         """The one-time conversion gets a dialog that explains it; everything else stays in the status bar."""
@@ -426,6 +441,22 @@ class MainWindow(FileActions, QMainWindow):
         if loaded.warnings:
             self.banner.show_message(" ".join(loaded.warnings), warning=True)
 
+    def guarded(self, what: str, action) -> bool:
+        """Run ``action`` (drawing, taking in an event); if it raises, say so in the banner once and keep the
+        window working: one broken panel or event must not take the others down."""
+        try:
+            action()
+            return True
+        except Exception as exc:  # noqa: BLE001  (anything a panel or a hostile trace can raise)
+            log.exception("%s failed", what)
+            key = (what, type(exc).__name__)
+            if key != self._last_failure:
+                self._last_failure = key
+                text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+                self.show_error(f"{what} failed ({type(exc).__name__}{': ' + text if text else ''}). The window "
+                                "keeps working; what was recorded is kept.")
+            return False
+
     def show_error(self, message: str) -> None:
         log.info("shown to the user: %s", message)
         self.banner.show_error(message)
@@ -445,13 +476,13 @@ class MainWindow(FileActions, QMainWindow):
         if force or version != self._text_version:
             self._text_version = version
             self.frames += 1
-            self.tokens.refresh()
-            self.status.show_run(run)
+            self.guarded("Drawing the token stream", self.tokens.refresh)
+            self.guarded("Updating the status strip", lambda: self.status.show_run(run))
         charts = (self.kv, self.timing, self.sampling, self.experiments, self.chat)
         if force or (version != self._chart_version and (run is None or run.finished)):
             self._chart_version, self._chart_queue = version, []
             for panel in charts:
-                panel.refresh()
+                self.guarded(f"Drawing the {PANEL_NAMES[type(panel).__name__]}", panel.refresh)
             self.chart_frames += 1
             return
         if not self._chart_queue and version != self._chart_version \
@@ -461,7 +492,8 @@ class MainWindow(FileActions, QMainWindow):
             self._chart_cost = 0.0
         if self._chart_queue:
             started = time.perf_counter()
-            self._chart_queue.pop(0).refresh()
+            panel = self._chart_queue.pop(0)
+            self.guarded(f"Drawing the {PANEL_NAMES[type(panel).__name__]}", panel.refresh)
             self._chart_cost += (time.perf_counter() - started) * 1000.0
             if not self._chart_queue:
                 self.chart_frames += 1
@@ -563,6 +595,13 @@ class MainWindow(FileActions, QMainWindow):
         self.save_settings()
         self.worker_stopped = self.client.shutdown(1500)
         event.accept()
+
+
+def _duration(ms: float) -> str:
+    for unit, size in (("days", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= size:
+            return f"{ms / size:,.1f} {unit}"
+    return f"{ms:,.0f} ms"
 
 
 def _loaded_text(loaded: ModelLoaded) -> str:

@@ -14,27 +14,58 @@ import threading
 from collections.abc import Callable
 
 from engine import kvcache
-from engine.errors import EngineError
+from engine.errors import EngineError, ParameterError
 from engine.events import LoadProgress, RunFailed, RunStarted, TokenStep
 from engine.load import busy
-from engine.params import GenerationParams
+from engine.params import MAX_SEED, GenerationParams
+from engine.textstream import clean_text
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {}
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one line on stderr for a bad argument (not usage plus error), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"error: {message} (see {self.prog} --help)\n")
+
+
+def bounded(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in ``[low, high]``, refused with the range."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value:,} is out of range: use {low:,} to {high:,}")
+        return value
+    parse.__name__ = "whole number"
+    return parse
+
+
+def prompt_text(text: str) -> str:
+    """The prompt as valid Unicode; bytes that were not UTF-8 become U+FFFD, and stderr says so."""
+    fixed, replaced = clean_text(text)
+    if replaced:
+        print(f"warning: the prompt was not valid UTF-8: {replaced} character(s) replaced with U+FFFD",
+              file=sys.stderr)
+    return fixed
+
+
 def generate_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engine", description=(
+    p = Parser(prog="python -m engine", description=(
         "Run a prompt through a real model, streaming the text, then print prefill/decode timing and KV-cache "
         "memory. Subcommands: " + (", ".join(SUBCOMMANDS) or "none yet") + "."))
     p.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     add_model_arguments(p)
-    p.add_argument("--max-new-tokens", type=int, default=GenerationParams.max_new_tokens)
+    p.add_argument("--max-new-tokens", type=bounded(1, 1 << 24), default=GenerationParams.max_new_tokens)
     p.add_argument("--temperature", type=float, default=GenerationParams.temperature, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=GenerationParams.top_k, help="0 = off")
+    p.add_argument("--top-k", type=bounded(0, 1 << 24), default=GenerationParams.top_k, help="0 = off")
     p.add_argument("--top-p", type=float, default=GenerationParams.top_p, help="1 = off")
-    p.add_argument("--seed", type=int, default=None, help="default: a random seed, reported")
+    p.add_argument("--seed", type=bounded(0, MAX_SEED), default=None, help="default: a random seed, reported")
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole sequence every step")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--trace", metavar="FILE", help="save the run's events as JSON lines")
@@ -104,17 +135,23 @@ def load_for_cli(args: argparse.Namespace):
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    """Everything the user typed is checked before the model loads (seconds on a slow disk)."""
+    from engine.trace import TraceWriter
+
     params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                               kv_cache=not args.no_kv_cache, chat_template=not args.raw)
-    if not args.prompt.strip():
+    prompt = prompt_text(args.prompt)
+    if not prompt.strip():
         raise EngineError("The prompt is empty: pass some text with --prompt")
+    writer = TraceWriter(args.trace) if args.trace else None
     loaded = load_for_cli(args)
+    if params.top_k > loaded.facts.vocab_size:
+        raise ParameterError(f"--top-k {params.top_k:,} is more than {loaded.facts.name}'s vocabulary of "
+                             f"{loaded.facts.vocab_size:,} tokens (0 = off)")
     from engine.report import report
     from engine.session import Session
-    from engine.trace import TraceWriter
 
-    writer = TraceWriter(args.trace) if args.trace else None
     out = sys.stdout
     started: list[RunStarted] = []
 
@@ -129,13 +166,12 @@ def run_generate(args: argparse.Namespace) -> int:
 
     cancel = threading.Event()
     try:
-        result = Session(loaded).run(args.prompt, params, sink, cancel)
+        result = Session(loaded).run(prompt, params, sink, cancel)
     except KeyboardInterrupt:
         cancel.set()
-        raise
-    finally:
         if writer is not None and writer.events:
-            writer.close()
+            writer.close()                 # what was measured before Ctrl+C is kept
+        raise
     summary = result.summary
     facts = loaded.facts
     if args.json:
@@ -154,6 +190,12 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         print("\n", file=out)
         print(report(facts, summary, kv_on=params.kv_cache))
+    if writer is not None:
+        try:
+            writer.close()
+        except OSError as exc:            # the disk filled or the folder went away during the run
+            print(f"error: could not write the trace to {writer.path}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_RUN_FAILED
     if isinstance(result, RunFailed):
         print(f"error: {result.message}", file=sys.stderr)
         return EXIT_RUN_FAILED

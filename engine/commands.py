@@ -8,6 +8,7 @@ import json
 import sys
 
 from engine import costmodel
+from engine.cli import Parser
 from engine.events import ExperimentFinished, ExperimentPoint, ExperimentProgress, ModelFacts
 from engine.load import busy_note
 
@@ -23,7 +24,7 @@ def _fmt(v: float) -> str:
 def costmodel_main(argv: list[str]) -> int:
     from engine.cli import add_model_arguments, load_for_cli
 
-    p = argparse.ArgumentParser(prog="python -m engine costmodel", description=(
+    p = Parser(prog="python -m engine costmodel", description=(
         "FLOPs and bytes of prefill and decode. --seed-example prints the course module's worked example; "
         "otherwise the whole-model estimate for --model on this machine's measured ceilings."))
     p.add_argument("--seed-example", action="store_true", help="the attention-only example, exactly as the seed")
@@ -70,43 +71,18 @@ def whole_model_table(m: ModelFacts, device: costmodel.Device) -> str:
 
 
 def sweep_main(argv: list[str]) -> int:
-    from engine.cli import add_model_arguments, load_for_cli
+    from engine.cli import load_for_cli
+    from engine.trace import TraceWriter
 
-    p = argparse.ArgumentParser(prog="python -m engine sweep", description="Run an experiment and print its table.")
-    p.add_argument("kind", choices=("prefill", "cache", "batch", "chat", "continuous"))
-    add_model_arguments(p)
-    p.add_argument("--max-length", type=int, help="prefill: longest prompt (default: the context)")
-    p.add_argument("--start", type=int, default=16, help="prefill: shortest prompt")
-    p.add_argument("--repeats", type=int, default=3, help="prefill: timed repeats per length (after 1 warm-up)")
-    p.add_argument("--tokens", type=int, default=32, help="cache/batch: new tokens per request")
-    p.add_argument("--prompt", help="cache: the prompt (default: the first sample prompt)")
-    p.add_argument("--sizes", default="1,2,4,8,16", help="batch: comma-separated batch sizes")
-    p.add_argument("--requests", type=int, default=8, help="continuous: how many requests arrive")
-    p.add_argument("--arrive-every", type=int, default=4, help="continuous: decode steps between arrivals")
-    p.add_argument("--trace", metavar="FILE", help="save the experiment's events as JSON lines")
-    p.add_argument("--json", action="store_true", help="print the points and summary as JSON")
+    p = sweep_parser()
     args = p.parse_args(argv)
-    settings: dict = {}
-    if args.kind == "prefill":
-        settings = {"max_length": args.max_length, "start": args.start, "repeats": args.repeats}
-    elif args.kind == "cache":
-        settings = {"new_tokens": args.tokens, "prompt": args.prompt}
-    elif args.kind == "chat":
-        settings = {"new_tokens": args.tokens}
-    elif args.kind == "continuous":
-        settings = {"requests": args.requests, "arrive_every": args.arrive_every}
-    else:
-        try:
-            settings = {"sizes": tuple(int(s) for s in args.sizes.split(",")), "new_tokens": args.tokens}
-        except ValueError:
-            raise ValueError(f"--sizes must be whole numbers separated by commas, got {args.sizes!r}") from None
+    settings = sweep_settings(p, args)
+    writer = TraceWriter(args.trace) if args.trace else None            # a bad path fails before the load
     loaded = load_for_cli(args)
     from engine.experiments import run_experiment
     from engine.hardware import peaks_event
     from engine.session import Session
-    from engine.trace import TraceWriter
 
-    writer = TraceWriter(args.trace) if args.trace else None
     events: list[object] = []
 
     def sink(event: object) -> None:
@@ -128,6 +104,52 @@ def sweep_main(argv: list[str]) -> int:
     else:
         print(experiment_table(args.kind, points, finished))
     return 0 if finished.reason == "done" else 1
+
+
+def sweep_parser() -> argparse.ArgumentParser:
+    from engine.cli import Parser, add_model_arguments, bounded
+
+    p = Parser(prog="python -m engine sweep", description="Run an experiment and print its table.")
+    p.add_argument("kind", choices=("prefill", "cache", "batch", "chat", "continuous"))
+    add_model_arguments(p)
+    p.add_argument("--max-length", type=bounded(2, 1 << 24),
+                   help="prefill: longest prompt (default: the whole context, 8,192 tokens on the embedded model)")
+    p.add_argument("--start", type=bounded(1, 1 << 24), default=16, help="prefill: shortest prompt (default 16)")
+    p.add_argument("--repeats", type=bounded(1, 100), default=3,
+                   help="prefill: timed repeats per length, after 1 warm-up (default 3)")
+    p.add_argument("--tokens", type=bounded(2, 1 << 16), default=32,
+                   help="cache/batch/chat: new tokens per request (default 32)")
+    p.add_argument("--prompt", help="cache: the prompt (default: the first sample prompt)")
+    p.add_argument("--sizes", default="1,2,4,8,16", help="batch: comma-separated batch sizes, 1 to 1,024")
+    p.add_argument("--requests", type=bounded(1, 256), default=8, help="continuous: how many requests arrive")
+    p.add_argument("--arrive-every", type=bounded(0, 10_000), default=4,
+                   help="continuous: decode steps between arrivals (default 4)")
+    p.add_argument("--trace", metavar="FILE", help="save the experiment's events as JSON lines")
+    p.add_argument("--json", action="store_true", help="print the points and summary as JSON")
+    return p
+
+
+def sweep_settings(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """The experiment's settings, every range checked here, before anything loads."""
+    from engine.cli import prompt_text
+
+    if args.kind == "prefill":
+        if args.max_length is not None and args.max_length < args.start:
+            p.error(f"--max-length ({args.max_length:,}) must be at least --start ({args.start:,})")
+        return {"max_length": args.max_length, "start": args.start, "repeats": args.repeats}
+    if args.kind == "cache":
+        prompt = prompt_text(args.prompt) if args.prompt is not None else None
+        if prompt is not None and not prompt.strip():
+            p.error("--prompt is empty")
+        return {"new_tokens": args.tokens, "prompt": prompt}
+    if args.kind == "chat":
+        return {"new_tokens": args.tokens}
+    if args.kind == "continuous":
+        return {"requests": args.requests, "arrive_every": args.arrive_every}
+    parts = [s.strip() for s in args.sizes.split(",")]
+    if not all(s.isdigit() and 1 <= int(s) <= 1024 for s in parts):
+        p.error(f"--sizes must be whole numbers from 1 to 1,024 separated by commas, not {args.sizes!r}")
+    return {"sizes": tuple(int(s) for s in parts), "new_tokens": args.tokens}
 
 
 def experiment_table(kind: str, points: list[ExperimentPoint], finished: ExperimentFinished) -> str:

@@ -121,8 +121,9 @@ def prefill_sweep(session: Session, emit: Sink, cancel: threading.Event | None =
     """Prompt lengths doubling from ``start`` to the context (or ``max_length``): median prefill time and
     TTFT per length, next to the cost model's prediction; the fitted exponent says how time scales."""
     limit = min(max_length or session.facts.max_context, session.facts.max_context - 1)
-    if limit < start or repeats < 1:
-        raise ParameterError(f"The sweep needs max length >= {start} and repeats >= 1")
+    if start < 1 or limit < start or repeats < 1:
+        raise ParameterError(f"The sweep needs 1 <= shortest prompt ({start:,}) <= longest ({limit:,}) and at "
+                             f"least one repeat ({repeats})")
     lengths = doubling_lengths(start, limit)
     x = _Experiment("prefill", session, {"lengths": lengths, "repeats": repeats, "warmup": warmup}, emit,
                     cancel, peaks)
@@ -182,6 +183,9 @@ def cache_comparison(session: Session, emit: Sink, cancel: threading.Event | Non
     """The same greedy run with the cache and without: latency per step (flat vs growing), total time, the
     measured speedup next to the cost model's FLOPs ratio. The two runs' own events go to ``emit`` too, so
     the timing panel overlays them."""
+    if new_tokens < 2:
+        raise ParameterError(f"The cache comparison needs at least 2 new tokens (got {new_tokens}): one token has "
+                             "no decode step to compare")
     prompt = prompt or sample_prompts()[0][1]
     x = _Experiment("cache", session, {"prompt": prompt, "new_tokens": new_tokens}, emit, cancel, peaks)
     session.run(prompt, GenerationParams(max_new_tokens=2))                 # warm-up, not measured or shown
@@ -216,6 +220,9 @@ def batch_sweep(session: Session, emit: Sink, cancel: threading.Event | None = N
                 prompts: list[str] | None = None, peaks: HardwarePeaks | None = None) -> ExperimentFinished:
     """Batches of 1, 2, 4, ... requests decoding together: aggregate tokens/s rises while each request's
     per-token latency grows, the throughput-latency trade-off serving systems tune."""
+    if not sizes or min(sizes) < 1 or new_tokens < 2:
+        raise ParameterError(f"The batch sweep needs batch sizes of at least 1 (got {list(sizes)}) and at least "
+                             f"2 new tokens per request (got {new_tokens}): one token has no decode step to time")
     texts = prompts or [text for _title, text in sample_prompts()]
     encoded = [session.encode(t) for t in texts]
     pad = session.tokenizer.pad_token_id
@@ -289,6 +296,9 @@ def continuous_batching(session: Session, emit: Sink, cancel: threading.Event | 
     whole batch to finish. Per request: waiting, prefill, decode, done; per step: the batch size."""
     from engine.scheduler import POLICIES, Request, serve
 
+    if requests < 1 or arrive_every < 0 or not new_tokens or min(new_tokens) < 1:
+        raise ParameterError(f"Continuous batching needs at least one request (got {requests}), arrivals every 0 or "
+                             f"more steps (got {arrive_every}) and at least one new token per request")
     texts = prompts or [text for _title, text in sample_prompts()]
     usable = fitting(session, [session.encode(t) for t in texts], max(new_tokens))
     encoded = [usable[i % len(usable)] for i in range(requests)]

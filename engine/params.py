@@ -10,6 +10,8 @@ from engine.errors import ParameterError
 
 MAX_SEED = 2**63 - 1
 MAX_TEMPERATURE = 100.0
+MIN_TEMPERATURE = 0.01      # below it logits / T overflows toward inf (NaN probabilities); 0 means greedy
+MIN_TOP_P = 0.01            # below it the filter is argmax in all but name, and tiny values underflow
 
 
 @dataclass(frozen=True)
@@ -28,13 +30,13 @@ class GenerationParams:
     def __post_init__(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, low=1)
         _check_float("temperature", self.temperature)
-        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
-            raise ParameterError(
-                f"temperature must be between 0 (greedy) and {MAX_TEMPERATURE:g}, got {self.temperature:g}")
+        if self.temperature != 0.0 and not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
+            raise ParameterError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and "
+                                 f"{MAX_TEMPERATURE:g}, got {self.temperature:g}")
         _check_int("top_k", self.top_k, low=0)
         _check_float("top_p", self.top_p)
-        if not 0.0 < self.top_p <= 1.0:
-            raise ParameterError(f"top_p must be in (0, 1] (1 = off), got {self.top_p:g}")
+        if not MIN_TOP_P <= self.top_p <= 1.0:
+            raise ParameterError(f"top_p must be between {MIN_TOP_P:g} and 1 (1 = off), got {self.top_p:g}")
         if self.seed is not None:
             _check_int("seed", self.seed, low=0, high=MAX_SEED)
         for name in ("kv_cache", "chat_template"):

@@ -28,7 +28,7 @@ from engine.load import LoadMeter
 from engine.models import LoadedModel
 from engine.params import GenerationParams
 from engine.sampling import choose, make_generator
-from engine.textstream import TextStream, pieces
+from engine.textstream import TextStream, clean_text, pieces
 
 log = logging.getLogger(__name__)
 Sink = Callable[[object], None]
@@ -136,7 +136,8 @@ class Session:
         ``RunFinished`` (or ``RunFailed``). Bad input raises before any compute. ``cancel`` is checked
         before every forward pass; ``before_step(step)`` may block (pause, single-step, slow motion)."""
         t0 = time.perf_counter()
-        if not prompt or not prompt.strip():
+        prompt, _replaced = clean_text(prompt or "")
+        if not prompt.strip():
             raise PromptError("The prompt is empty: type something for the model to read")
         ids = self.encode(prompt, params.chat_template)
         if self._kept_cache is not None:
@@ -151,7 +152,8 @@ class Session:
         shares with the newly rendered conversation (cropped where they diverge) and only the rest is
         prefilled; without, every turn prefills the whole conversation again."""
         t0 = time.perf_counter()
-        if not messages or not str(messages[-1].get("content", "")).strip():
+        messages = [{**m, "content": clean_text(str(m.get("content", "")))[0]} for m in messages]
+        if not messages or not messages[-1]["content"].strip():
             raise PromptError("The message is empty: type something for the model to read")
         if self.has_chat_template:
             ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))

@@ -7,7 +7,10 @@ completes it carries the whole character, so the pieces always join to ``tokeniz
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+_LONE_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
 
 
 class TextStream:
@@ -43,3 +46,16 @@ def pieces(tokenizer: Any, ids: list[int]) -> list[str]:
     """The display text of each token in ``ids`` (special tokens included, characters unbroken)."""
     stream = TextStream(tokenizer)
     return [stream.step(i) for i in ids]
+
+
+def clean_text(text: str) -> tuple[str, int]:
+    """``text`` as valid Unicode, and how many characters had to be replaced with U+FFFD. Bytes that were not
+    UTF-8 (a shell passes them to Python as surrogate escapes) and lone surrogates have no tokens; a tokenizer
+    given them raises deep inside, so they are replaced here, where the caller can say so."""
+    try:
+        text.encode("utf-8")
+        return text, 0
+    except UnicodeEncodeError:
+        pass
+    fixed = _LONE_SURROGATE.sub("\ufffd", text).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return fixed, fixed.count("\ufffd") - text.count("\ufffd")

@@ -63,6 +63,7 @@ class ControlsPanel(QWidget):
         self.load_button = QPushButton("Load model")
         self.load_button.clicked.connect(self._request_load)
         self.model_status = QLabel("No model loaded yet.")
+        self.model_status.setTextFormat(Qt.TextFormat.PlainText)
         self.model_status.setWordWrap(True)
         model_group = self.model_group = QGroupBox("Model")
         form = QFormLayout(model_group)

@@ -3,6 +3,8 @@ cost model predicts, a table of the numbers and a few sentences on what they sho
 
 from __future__ import annotations
 
+from html import escape
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
@@ -84,6 +86,7 @@ class ExperimentView(QWidget):
         buttons.addWidget(self.cancel_button)
         row.addLayout(buttons)
         self.status = QLabel("Not run yet.")
+        self.status.setTextFormat(Qt.TextFormat.PlainText)
         self.graphics = TimedGraphics()
         self.plot: pg.PlotItem = self.graphics.addPlot()
         self.plot.addLegend(offset=(10, 10))
@@ -214,7 +217,7 @@ class ExperimentView(QWidget):
             self.explain.setText(
                 f"<b>time ~ n<sup>{s['exponent']:.2f}</sup></b> (measured fit); short prompts "
                 f"n<sup>{s['exponent_short']:.2f}</sup>, long prompts n<sup>{s['exponent_long']:.2f}</sup>. "
-                f"Doubling {s['last_doubling']}: <b>{s['last_doubling_x']:.1f}x</b> measured, "
+                f"Doubling {escape(str(s['last_doubling']))}: <b>{s['last_doubling_x']:.1f}x</b> measured, "
                 f"{s['flops_doubling_x']:.1f}x FLOPs (computed). Short prompts are dominated by reading the "
                 "weights and fixed per-pass costs, so time grows slower than n; as prompts grow, the "
                 "2&nbsp;×&nbsp;parameters FLOPs per token (linear) and then attention's n² term take over and "

@@ -3,6 +3,8 @@ before (outline) and after (filled) temperature / top-k / top-p, and the token t
 
 from __future__ import annotations
 
+from html import escape
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
@@ -96,7 +98,8 @@ class SamplingPanel(QWidget):
             f"T={params.temperature:g}, top-k={params.top_k or 'off'}, top-p={params.top_p:g}, seed {params.seed}"
             if params is not None else "")
         self.caption.setText(
-            f"<b>Step {step.step}</b> ({step.phase}) · drew <b>\"{escaped(step.text)}\"</b> (id {step.token_id}) "
+            f"<b>Step {step.step}</b> ({escape(step.phase)}) · drew <b>\"{escape(escaped(step.text))}\"</b> "
+            f"(id {step.token_id}) "
             f"with p = {step.prob:.3f} after filters, {step.raw_prob:.3f} before · {how}")
 
 

@@ -25,7 +25,7 @@ class _RunItems:
 
     def __init__(self, panel: TimingPanel, run: RunRecord, colour: str, width: float) -> None:
         pen = pg.mkPen(colour, width=width)
-        name = f"#{run.number} {run.label}"
+        name = escape(f"#{run.number} {run.label}")             # legends render HTML
         self.latency = panel.latency.plot([], [], pen=pen, name=name)
         self.rate = panel.rate.plot([], [], pen=pen, name=name)
         self.cumulative = panel.cumulative.plot([], [], pen=pen, name=name)

@@ -83,6 +83,7 @@ class TokensPanel(QWidget):
         top.addWidget(self.legend, 1)
         self.text = TokenText()
         self.detail = QLabel("Hover over or click a token to see its id, position, latency and candidates.")
+        self.detail.setTextFormat(Qt.TextFormat.PlainText)
         self.detail.setWordWrap(True)
         self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout = QVBoxLayout(self)

@@ -37,19 +37,51 @@ def test_json_summary(tiny_model_dir, cache_root):
     assert data["result"] == "max_tokens" and data["params"]["kv_cache"] is False
 
 
+NOWHERE = ["--model", "/no/such/model"]          # every case below is refused before the model would load
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--model", "/no/such/model", "--prompt", "hi"], "No such file or folder: /no/such/model"),
-    (["--prompt", "   "], "prompt is empty"),
-    (["--prompt", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
-    (["--prompt", "hi", "--max-new-tokens", "0"], "max_new_tokens must be at least 1"),
-    (["--prompt", "hi", "--temperature", "-1"], "temperature must be between 0"),
+    ([*NOWHERE, "--prompt", "   "], "prompt is empty"),
+    ([*NOWHERE, "--prompt", "hi", "--top-p", "0"], "top_p must be between 0.01 and 1"),
+    ([*NOWHERE, "--prompt", "hi", "--top-p", "1e-300"], "top_p must be between 0.01 and 1 (1 = off), got 1e-300"),
+    ([*NOWHERE, "--prompt", "hi", "--temperature", "1e-300"], "temperature must be 0 (greedy) or between 0.01"),
+    ([*NOWHERE, "--prompt", "hi", "--temperature", "-1"], "temperature must be 0 (greedy) or between 0.01 and 100"),
+    ([*NOWHERE, "--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens: 0 is out of range: use 1 to"),
+    ([*NOWHERE, "--prompt", "hi", "--trace", "/tmp"], "/tmp is a folder: give a file name for the trace"),
+    ([*NOWHERE, "--prompt", "hi", "--trace", "/missing/dir/t.jsonl"], "the folder /missing/dir does not exist"),
+    (["sweep", "prefill", *NOWHERE, "--start", "0"], "--start: 0 is out of range: use 1 to"),
+    (["sweep", "prefill", *NOWHERE, "--start", "-5"], "--start: -5 is out of range"),
+    (["sweep", "prefill", *NOWHERE, "--start", "64", "--max-length", "32"], "--max-length (32) must be at least"),
+    (["sweep", "batch", *NOWHERE, "--sizes", "0"], "--sizes must be whole numbers from 1 to 1,024"),
+    (["sweep", "batch", *NOWHERE, "--tokens", "0"], "--tokens: 0 is out of range: use 2 to"),
+    (["sweep", "continuous", *NOWHERE, "--requests", "0"], "--requests: 0 is out of range: use 1 to 256"),
+    (["sweep", "cache", *NOWHERE, "--trace", "/missing/dir/t.jsonl"], "the folder /missing/dir does not exist"),
 ])
 def test_bad_input_exits_with_one_clear_line(args, fragment, cache_root):
     r = cli(*args, cache=cache_root)
     assert r.returncode == 2
-    assert "Traceback" not in r.stderr
-    lines = [line for line in r.stderr.strip().splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and fragment in lines[0]
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error:") and fragment in r.stderr, r.stderr
+
+
+def test_a_prompt_that_is_not_utf8_runs_with_replacement_characters(tiny_model_dir, cache_root):
+    env = {**os.environ, "KVSCOPE_CACHE_DIR": str(cache_root), "PYTHONWARNINGS": "ignore"}
+    r = subprocess.run([sys.executable.encode(), b"-m", b"engine", b"--model", str(tiny_model_dir).encode(),
+                        b"--prompt", b"\xff\xfe hello", b"--max-new-tokens", b"2", b"--json"],
+                       capture_output=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert b"warning: the prompt was not valid UTF-8: 2 character(s) replaced with U+FFFD" in r.stderr
+    assert json.loads(r.stdout)["generated_tokens"] == 2
+
+
+def test_a_trace_gets_the_permissions_of_any_other_file(tiny_model_dir, cache_root, tmp_path):
+    trace = tmp_path / "run.jsonl"
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    r = cli("--model", str(tiny_model_dir), "--prompt", "hi", "--max-new-tokens", "2", "--trace", str(trace),
+            cache=cache_root)
+    assert r.returncode == 0, r.stderr
+    assert trace.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
 
 
 def test_broken_model_folder(tiny_model_dir, cache_root, tmp_path):

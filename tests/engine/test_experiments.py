@@ -144,7 +144,7 @@ def test_prompts_that_do_not_fit_the_context_are_refused(tiny):
 def test_bad_experiment_settings(tiny):
     with pytest.raises(ParameterError, match="Unknown experiment"):
         run_experiment("nope", Session(tiny), lambda e: None)
-    with pytest.raises(ParameterError, match="max length"):
+    with pytest.raises(ParameterError, match="shortest prompt"):
         run_experiment("prefill", Session(tiny), lambda e: None, max_length=8)
 
 

@@ -51,7 +51,7 @@ def test_a_failed_write_leaves_the_existing_trace_intact(run_events, tmp_path):
     (b"not json at all\n", "not valid JSON"),
     (b'{"format": "something-else"}\n', "not a KVScope trace"),
     (b'{"format": "kvscope-trace", "version": 99}\n', "version 99"),
-    (b"\xff\xfe\x00binary", "not text"),
+    (b"\xff\xfe\x00binary", "not UTF-8 text"),
     (b'{"format": "kvscope-trace", "version": %d}\n{"type": "Nope"}\n' % VERSION, "line 2 is not a valid event"),
     (b'{"format": "kvscope-trace", "version": %d}\n[1, 2]\n' % VERSION, "line 2 is not a valid event"),
     (b'{"format": "kvscope-trace", "version": %d}\n' % VERSION, "holds no run and no experiment"),
@@ -85,7 +85,7 @@ def test_a_trace_is_data_not_code(tmp_path):
            "reason": "eos", "summary": {"text": "${jndi}"}}
     lines.append(json.dumps(run))
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(TraceError, match="no run and no experiment"):
+    with pytest.raises(TraceError, match="which has not started"):
         read_trace(path)
     assert not (tmp_path / "pwned").exists()
 
