@@ -1,4 +1,4 @@
-"""Getting data out: charts to PNG or SVG, a run's per-step data to CSV or JSON."""
+"""Getting data out: panels to PNG or SVG, a run's per-step data to CSV or JSON."""
 
 from __future__ import annotations
 
@@ -56,41 +56,50 @@ def write_text(path: str | Path, text: str) -> Path:
     return target
 
 
-def export_chart(item: object, path: str | Path) -> Path:
-    """A pyqtgraph item (a plot or a whole layout) to PNG or SVG, chosen by the file's suffix."""
-    import pyqtgraph.exporters as exporters
+def export_widget(widget, path: str | Path) -> Path:
+    """A panel, its header numbers and captions included, to PNG (at twice its size on screen) or SVG (text
+    and lines stay vectors), chosen by the file's suffix; in the SVG every plot's data is cut to its axes."""
+    from PySide6.QtCore import QPoint, QRect, QSize
+    from PySide6.QtGui import QImage, QPainter
+    from PySide6.QtSvg import QSvgGenerator
+    from PySide6.QtWidgets import QWidget
+
+    from app.svgclip import cut_to_axes
 
     target = Path(path)
     suffix = target.suffix.lower()
+    size = widget.size()
     if suffix == ".svg":
-        return _export_svg(item, target)
-    if suffix in (".png", ".jpg", ".jpeg"):
-        exporter = exporters.ImageExporter(item)
-        exporter.parameters()["width"] = int(exporter.parameters()["width"]) * 2     # crisp, same proportions
-        exporter.export(str(target))
-        return target
-    raise ValueError(f"Charts export to .png or .svg, not {suffix or 'a file without a suffix'}")
-
-
-def _export_svg(item: object, target: Path) -> Path:
-    """Qt's own SVG generator: pyqtgraph's SVGExporter cannot parse the paths Qt 6.11 writes
-    (pyqtgraph issue #3485), and this keeps lines and text as vectors just the same."""
-    from PySide6.QtCore import QRectF, QSize
-    from PySide6.QtGui import QPainter
-    from PySide6.QtSvg import QSvgGenerator
-
-    source = item.sceneBoundingRect()
-    size = QSize(int(source.width()), int(source.height()))
-    generator = QSvgGenerator()
-    generator.setFileName(str(target))
-    generator.setSize(size)
-    generator.setViewBox(QRectF(0, 0, size.width(), size.height()))
-    generator.setTitle("KVScope chart")
-    painter = QPainter(generator)
-    try:
-        item.scene().render(painter, QRectF(0, 0, size.width(), size.height()), source)
-    finally:
-        painter.end()
+        # SVG 1.1, not Qt's default SVG Tiny 1.2, so the clip paths are written for readers that honour them.
+        generator = QSvgGenerator(QSvgGenerator.SvgVersion.Svg11)
+        generator.setFileName(str(target))
+        generator.setSize(size)
+        generator.setViewBox(QRect(0, 0, size.width(), size.height()))
+        generator.setTitle("KVScope")
+        painter = QPainter(generator)
+        try:
+            with cut_to_axes(widget):                   # readers that ignore clip paths still see nothing outside
+                QWidget.render(widget, painter, QPoint())   # QWidget's: a chart view has its own
+        finally:
+            painter.end()
+        # An empty clip region is written as d="", which SVG readers reject ("invalid path data"); a path to
+        # nowhere means the same thing and parses.
+        text = target.read_text(encoding="utf-8")
+        if ' d=""' in text:
+            target.write_text(text.replace(' d=""', ' d="M0,0 Z"'), encoding="utf-8")
+    elif suffix in (".png", ".jpg", ".jpeg"):
+        image = QImage(QSize(size.width() * 2, size.height() * 2), QImage.Format.Format_ARGB32)
+        image.setDevicePixelRatio(2.0)
+        image.fill(widget.palette().window().color())
+        painter = QPainter(image)
+        try:
+            QWidget.render(widget, painter, QPoint())
+        finally:
+            painter.end()
+        if not image.save(str(target)):
+            raise OSError(f"could not write {target}")
+    else:
+        raise ValueError(f"Panels export to .png or .svg, not {suffix or 'a file without a suffix'}")
     if not target.is_file():
         raise OSError(f"could not write {target}")
     return target

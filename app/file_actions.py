@@ -1,113 +1,152 @@
-"""File > Open / Save / Export for ``MainWindow``: traces in and out, charts and data out. A mixin, so the
-window file stays about layout and wiring; it uses the window's store, client, settings, status and banner."""
+"""File > Open / Save / Export: traces in and out, panels and data out. Composed into the window with its
+dependencies named, not mixed in: it needs the store and view state (what to save), the controller (to open
+a trace), a parent for dialogs, the settings (last folder) and somewhere to say what happened.
+
+Exports render the whole panel widget, header numbers and captions included, to PNG or SVG: a chart without
+the figures above it loses half its meaning, and rendering the widget keeps every plot clipped to its axes.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtCore import QFileInfo, QSettings, QSortFilterProxyModel
+from PySide6.QtGui import QIcon
+from PySide6.QtWidgets import QFileDialog, QFileIconProvider, QWidget
 
 from app import export
+from app.controller import Controller
+from app.store import RunStore
+from app.viewstate import ViewState
+from engine.errors import TraceError
 from engine.trace import write_trace
+
+UNREADABLE_TREES = ("/proc/", "/sys/", "/dev/")
+
+
+class RegularFilesOnly(QSortFilterProxyModel):
+    """Hide what a trace cannot be: special files, and the kernel's pseudo-files, which can block a reader
+    forever (``/proc/kmsg``) and looked like ordinary empty files to the dialog."""
+
+    def filterAcceptsRow(self, row: int, parent) -> bool:  # noqa: N802 (Qt override)
+        model = self.sourceModel()
+        info = QFileInfo(model.filePath(model.index(row, 0, parent)))
+        path = info.absoluteFilePath() + ("/" if info.isDir() else "")
+        if any(path.startswith(tree) for tree in UNREADABLE_TREES):
+            return False
+        return info.isDir() or (info.isFile() and info.isReadable() and not info.isSymLink() or
+                                info.isSymLink() and QFileInfo(info.symLinkTarget()).isFile())
+
+
+class PlainIcons(QFileIconProvider):
+    """Icons by kind only: the default provider reads files to guess their type, which blocks on some."""
+
+    def icon(self, what) -> QIcon:  # noqa: D102
+        if isinstance(what, QFileInfo):
+            what = QFileIconProvider.IconType.Folder if what.isDir() else QFileIconProvider.IconType.File
+        return super().icon(what)
 
 
 class FileActions:
+    def __init__(self, parent: QWidget, store: RunStore, state: ViewState, controller: Controller,
+                 settings: QSettings, say: Callable[[str, int], None], show_error: Callable[[str], None],
+                 replay_speed: Callable[[], float]) -> None:
+        self.parent, self.store, self.state, self.controller = parent, store, state, controller
+        self.settings, self.say, self.show_error, self.replay_speed = settings, say, show_error, replay_speed
+
+    # --- traces -------------------------------------------------------------------------------------------
     def open_trace_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open a KVScope trace", self._last_dir(),
-                                              "KVScope traces (*.jsonl);;All files (*)")
-        if path:
-            self.open_trace(path)
+        dialog = QFileDialog(self.parent, "Open a KVScope trace", self.last_dir(),
+                             "KVScope traces (*.jsonl);;All files (*)")
+        dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
+        dialog.setOption(QFileDialog.Option.DontUseNativeDialog, True)     # the filter below needs Qt's dialog
+        dialog.setIconProvider(PlainIcons())
+        dialog.setProxyModel(RegularFilesOnly(dialog))
+        if dialog.exec() and dialog.selectedFiles():
+            self.open_trace(dialog.selectedFiles()[0])
 
     def open_trace(self, path: str) -> None:
-        if self.client.busy:
-            self.show_error("Stop the current run before opening a trace.")
-            return
-        self._remember_dir(path)
-        self.banner.hide()
-        self._replaying = True
-        self.client.open_trace(path, self.replay_speed)
-        self._update_buttons()
+        if self.controller.open_trace(path, self.replay_speed()):
+            self.remember_dir(path)
+
+    def selected_run(self):
+        return self.store.find(self.state.selected) if self.state.selected else None
 
     def save_trace_dialog(self) -> None:
-        run = self.store.current
+        run = self.selected_run()
         if run is None:
             self.show_error("There is no run to save yet.")
             return
-        path, _ = QFileDialog.getSaveFileName(self, "Save run as trace", str(Path(self._last_dir()) /
-                                              f"kvscope-run-{run.number}.jsonl"), "KVScope traces (*.jsonl)")
+        path, _ = QFileDialog.getSaveFileName(self.parent, "Save run as trace", str(
+            Path(self.last_dir()) / f"kvscope-run-{run.number}.kvscope.jsonl"), "KVScope traces (*.jsonl)")
         if path:
             self.save_trace(path)
 
     def save_trace(self, path: str, events: list | None = None) -> None:
-        events = self.store.current.events if events is None else events
+        if events is None:
+            run = self.selected_run()
+            if run is None:
+                self.show_error("There is no run to save yet.")
+                return
+            events = run.events
         try:
             write_trace(path, events)
-            self._remember_dir(path)
-            self.status.showMessage(f"Saved {len(events)} events to {path}", 5000)
-        except OSError as exc:
-            self.show_error(f"Could not save the trace to {path}: {exc.strerror or exc}")
+            self.remember_dir(path)
+            self.say(f"Saved {len(events)} events to {path}", 5000)
+        except (OSError, TraceError) as exc:
+            self.show_error(f"Could not save the trace to {path}: {getattr(exc, 'strerror', None) or exc}")
 
-    def current_experiment(self):
-        kind = "chat" if self.docks["chat"].isVisible() and not self.docks["experiments"].isVisible() \
-            else self.experiments.current.kind
-        return self.store.latest_experiment(kind) or (self.store.experiments[-1] if self.store.experiments else None)
-
-    def save_experiment_trace_dialog(self) -> None:
-        record = self.current_experiment()
+    def save_experiment_trace_dialog(self, record) -> None:
         if record is None:
             self.show_error("There is no experiment to save yet.")
             return
-        path, _ = QFileDialog.getSaveFileName(self, "Save experiment as trace", str(Path(self._last_dir()) /
-                                              f"kvscope-{record.kind}-experiment.jsonl"), "KVScope traces (*.jsonl)")
+        path, _ = QFileDialog.getSaveFileName(self.parent, "Save experiment as trace", str(
+            Path(self.last_dir()) / f"kvscope-{record.kind}-experiment.kvscope.jsonl"), "KVScope traces (*.jsonl)")
         if path:
             self.save_trace(path, record.events)
 
-    def export_chart_of(self, name: str, item_of: Callable[[], object]) -> None:
-        self.export_chart(name, item_of())
-
-    def export_chart(self, name: str, item: object) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, f"Export {name}", str(Path(self._last_dir()) /
-                                              f"kvscope-{name.lower().replace(' ', '-')}.png"),
-                                              "PNG image (*.png);;SVG drawing (*.svg)")
+    # --- exports ------------------------------------------------------------------------------------------
+    def export_panel(self, name: str, widget: QWidget) -> None:
+        path, _ = QFileDialog.getSaveFileName(self.parent, f"Export {name}", str(
+            Path(self.last_dir()) / f"kvscope-{name.lower().replace(' ', '-')}.png"),
+            "PNG image (*.png);;SVG drawing (*.svg)")
         if path:
             try:
-                export.export_chart(item, path)
-                self.status.showMessage(f"Exported {name} to {path}", 5000)
+                export.export_widget(widget, path)
+                self.say(f"Exported {name} to {path}", 5000)
             except (OSError, ValueError) as exc:
                 self.show_error(f"Could not export {name}: {exc}")
 
     def export_run(self, kind: str) -> None:
-        run = self.store.current
+        run = self.selected_run()
         if run is None:
             self.show_error("There is no run to export yet.")
             return
-        path, _ = QFileDialog.getSaveFileName(self, f"Export run data as {kind.upper()}", str(
-            Path(self._last_dir()) / f"kvscope-run-{run.number}.{kind}"), f"{kind.upper()} (*.{kind})")
+        path, _ = QFileDialog.getSaveFileName(self.parent, f"Export run data as {kind.upper()}", str(
+            Path(self.last_dir()) / f"kvscope-run-{run.number}.{kind}"), f"{kind.upper()} (*.{kind})")
         if path:
             try:
                 export.write_text(path, export.run_csv(run) if kind == "csv" else export.run_json(run))
-                self.status.showMessage(f"Exported run #{run.number} to {path}", 5000)
+                self.say(f"Exported run #{run.number} to {path}", 5000)
             except OSError as exc:
                 self.show_error(f"Could not write {path}: {exc.strerror or exc}")
 
-    def export_experiment(self) -> None:
-        record = self.current_experiment()
+    def export_experiment(self, record) -> None:
         if record is None:
             self.show_error("Run this experiment first: there is no data to export yet.")
             return
-        path, _ = QFileDialog.getSaveFileName(self, "Export experiment data as CSV", str(
-            Path(self._last_dir()) / f"kvscope-{record.kind}-experiment.csv"), "CSV (*.csv)")
+        path, _ = QFileDialog.getSaveFileName(self.parent, "Export experiment data as CSV", str(
+            Path(self.last_dir()) / f"kvscope-{record.kind}-experiment.csv"), "CSV (*.csv)")
         if path:
             try:
                 export.write_text(path, export.experiment_csv(record))
-                self.status.showMessage(f"Exported the {record.kind} experiment to {path}", 5000)
+                self.say(f"Exported the {record.kind} experiment to {path}", 5000)
             except OSError as exc:
                 self.show_error(f"Could not write {path}: {exc.strerror or exc}")
 
-    def _last_dir(self) -> str:
+    def last_dir(self) -> str:
         return self.settings.value("files/last_dir", str(Path.home()), str)
 
-    def _remember_dir(self, path: str) -> None:
+    def remember_dir(self, path: str) -> None:
         self.settings.setValue("files/last_dir", str(Path(path).parent))
-

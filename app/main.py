@@ -1,4 +1,5 @@
-"""The composition root: ``QApplication``, store, engine client and window, wired once.
+"""The composition root: ``QApplication``, the models (store, view state, conversation), the engine client,
+the window and the controller between them, wired once.
 
 The window shows before torch is imported (the worker imports the engine in its own thread), then the model
 loads with progress in the status strip.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -17,8 +19,10 @@ from PySide6.QtCore import QEvent, QTimer, qInstallMessageHandler
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
+from app.controller import Controller
 from app.resources import icon_path
 from app.store import RunStore
+from app.viewstate import SCENES, Conversation, ViewState
 from app.window import MainWindow
 from app.worker import EngineClient
 
@@ -28,10 +32,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model", help="model to load at start (default: the last one used, else 'embedded')")
     p.add_argument("--device", help="auto, cpu, cuda or mps")
     p.add_argument("--dtype", help="auto, float32, bfloat16 or float16")
+    p.add_argument("trace_file", nargs="?", metavar="TRACE",
+                   help="a KVScope trace (.jsonl) to open and replay, as --trace (desktop entries pass files so)")
     p.add_argument("--trace", help="open and replay this trace instead of loading a model")
     p.add_argument("--no-load", action="store_true", help="open the window without loading a model")
     p.add_argument("--run", action="store_true", help="run the prompt as soon as the model has loaded")
-    p.add_argument("--lecture", action="store_true", help="start in lecture mode (large type, high contrast)")
+    p.add_argument("--lecture", action="store_true",
+                   help="start in lecture mode: one scene at a time, large type, full screen")
+    p.add_argument("--scene", choices=SCENES, help="lecture mode, opened on this scene (implies --lecture)")
     p.add_argument("--self-test", action="store_true",
                    help="offscreen: load the model, generate a few tokens, print the timing report, exit 0")
     return p.parse_args(argv)
@@ -52,9 +60,11 @@ def build(args: argparse.Namespace) -> tuple[QApplication, MainWindow]:
     icon = icon_path()
     if icon.is_file():
         app.setWindowIcon(QIcon(str(icon)))
-    store = RunStore()
+    store, state, conversation = RunStore(), ViewState(), Conversation()
     client = EngineClient()
-    window = MainWindow(store, client)
+    window = MainWindow(store, state, conversation, client)
+    controller = Controller(store, state, conversation, client, window, remember_model=window.controls.remember_model)
+    window.attach(controller)
     client.setParent(window)          # deleted with the window, after its thread has been joined
     return app, window
 
@@ -70,12 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     window.show()
     window.raise_()
     window.activateWindow()
-    if args.lecture and not window.lecture:
-        window.toggle_lecture()
+    stop_on_signals(app, window)
+    if args.lecture or args.scene:
+        window.enter_lecture(args.scene)
     if args.run:
         window.run_when_loaded()
-    if args.trace:
-        QTimer.singleShot(0, lambda: window.open_trace(args.trace))
+    trace = args.trace or args.trace_file
+    if trace:
+        QTimer.singleShot(0, lambda: window.open_trace(trace))
     elif not args.no_load:
         model, device, dtype, trust = window.controls.model_request()
         QTimer.singleShot(0, lambda: window.load_model(args.model or model, args.device or device,
@@ -88,6 +100,22 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(code)
     dispose(app, window)
     return code
+
+
+def stop_on_signals(app: QApplication, window: MainWindow) -> None:
+    """SIGTERM (logout, ``kill``) and SIGINT close the window as a click would: settings saved, worker joined.
+    The process also ends when its window's native surface is destroyed from outside (a window manager or
+    ``xdotool windowclose``), which Qt reports as the window no longer being exposed and visible."""
+    def close(*_args) -> None:
+        QTimer.singleShot(0, window.close)
+
+    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), close)
+    # Python runs signal handlers only when it gets control: a timer hands it control a few times a second.
+    app._signal_timer = QTimer(app)
+    app._signal_timer.start(250)
+    app._signal_timer.timeout.connect(lambda: None)
 
 
 def self_test(args: argparse.Namespace, started: float) -> int:

@@ -17,13 +17,19 @@ CACHE_OFF = "#CC79A7"    # reddish purple
 FORMULA = "#888888"      # grey: computed, not measured
 CHOSEN = "#009E73"       # bluish green: the sampled token
 WAITING = "#BBBBBB"      # light grey: time spent waiting (queued, paused), not computing
-OVERLAY = ["#E69F00", "#56B4E9", "#F0E442", "#000000", "#999999"]
+KV_BARS = "#4D4D4D"      # K solid, V hatched in the same dark grey: a pair, neither a phase nor a run
 HEATMAP = "viridis"
-LECTURE_PT = 14.0        # about 19 px at 96 dpi: at least ~18 px stays readable in a 1080p recording
+LECTURE_PT = 15.0        # 20 px at 96 dpi: the smallest lecture text (ticks) stays readable in a 1080p recording
+LECTURE_TICK_DENSITY = 0.3   # at most about six labelled ticks per axis, whatever the screen
 
 
 def run_colour(kv_cache: bool) -> str:
     return DECODE if kv_cache else CACHE_OFF
+
+
+def run_pen(colour: str, width: float, dashed: bool):
+    """A run's line: its own colour, dashed when its KV cache was off."""
+    return pg.mkPen(colour, width=width, style=Qt.PenStyle.DashLine if dashed else Qt.PenStyle.SolidLine)
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,10 @@ class Theme:
     foreground: str
     base_pt: float
     line_width: float
+
+    @property
+    def lecture(self) -> bool:
+        return self.name == "lecture"
 
     @property
     def axis_font(self) -> QFont:
@@ -52,7 +62,7 @@ def platform_is_dark() -> bool:
 
 def current_theme(lecture: bool) -> Theme:
     if lecture:
-        return Theme("lecture", False, "#FFFFFF", "#000000", LECTURE_PT, 3.0)
+        return Theme("lecture", False, "#FFFFFF", "#000000", LECTURE_PT, 4.0)
     if platform_is_dark():
         return Theme("dark", True, "#1E1E1E", "#DDDDDD", 9.5, 1.5)
     return Theme("light", False, "#FFFFFF", "#222222", 9.5, 1.5)
@@ -88,9 +98,17 @@ def style_plot(plot: pg.PlotItem, theme: Theme, x: str, x_unit: str | None, y: s
         axis.setTickFont(theme.axis_font)
         axis.setPen(theme.foreground)
         axis.setTextPen(theme.foreground)
+        style_ticks(axis, theme)
     plot.showGrid(x=False, y=False)
     if plot.titleLabel.text:
         plot.setTitle(plot.titleLabel.text, size=f"{theme.base_pt + 1:.0f}pt", color=theme.foreground)
+
+
+def style_ticks(axis: pg.AxisItem, theme: Theme) -> None:
+    """Lecture mode labels only major ticks, few of them: a tick label the back row cannot read is noise."""
+    axis.setTickDensity(LECTURE_TICK_DENSITY if theme.lecture else 1.0)
+    axis.setStyle(maxTickLevel=0 if theme.lecture else 1, hideOverlappingLabels=True,
+                  tickTextOffset=8 if theme.lecture else 5)
 
 
 def label_axis(axis: pg.AxisItem, label: str, unit: str | None, theme: Theme) -> None:

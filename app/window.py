@@ -1,17 +1,15 @@
-"""``MainWindow``: dock layout, menus, shortcuts, status strip, the refresh timer and the error banner.
-
-Events from the worker go straight into the ``RunStore`` (cheap appends); panels redraw from the store on a
-~30 fps timer only when it changed, never once per event.
+"""``MainWindow``: the workbench layout (docks around the token stream), lecture mode (one scene at a time),
+the status strip and the error banner, and remembered settings. It is the view: actions and event routing
+live in ``app.controller``, the refresh timer in ``app.frames``, menus in ``app.menus``, file actions in
+``app.file_actions``, what is shown in the models of ``app.viewstate``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from functools import partial
+from collections.abc import Callable
 
-from PySide6.QtCore import QByteArray, QElapsedTimer, Qt, QTimer
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtCore import QByteArray, QRect, Qt, QTimer
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
@@ -21,14 +19,17 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QPushButton,
+    QStackedWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from app import theme as th
+from app.controller import Controller, describe_loaded
 from app.dialogs import AboutDialog, FirstRunDialog
 from app.file_actions import FileActions
-from app.paint import METER
+from app.frames import FrameScheduler
+from app.menus import SHORTCUTS, build_menus, set_lecture_keys
 from app.panels.chat import ChatPanel
 from app.panels.controls import ControlsPanel
 from app.panels.experiments import ExperimentsPanel
@@ -36,25 +37,21 @@ from app.panels.kv_heatmap import KVHeatmapPanel
 from app.panels.sampling import SamplingPanel
 from app.panels.timing import TimingPanel
 from app.panels.tokens import TokensPanel
+from app.scenes import SceneView
 from app.settings import open_settings
 from app.status import StatusStrip
 from app.store import RunStore
-from app.worker import EngineClient, Note
+from app.viewstate import SCENES, Conversation, ViewState
+from app.worker import EngineClient
 from engine.errors import EngineError
-from engine.events import LoadProgress, ModelLoaded, RunFailed, RunFinished, RunStarted
+from engine.events import LoadProgress, ModelLoaded
 from engine.gguf import remove_all_conversions
 from engine.kvcache import format_bytes
-from engine.trace import ReplayGap, ReplayIncomplete
 
 log = logging.getLogger(__name__)
-REFRESH_MS = 33            # token text and status strip: ~30 fps; charts as often as paint.METER allows
-PANEL_NAMES = {"KVHeatmapPanel": "KV heatmap", "TimingPanel": "timing charts", "SamplingPanel": "sampling chart",
-               "ExperimentsPanel": "experiment charts", "ChatPanel": "chat view"}
-REPLAY_SPEEDS = (("0.5x", 0.5), ("1x (as recorded)", 1.0), ("2x", 2.0), ("4x", 4.0), ("instant", 0.0))
-
-
 ERROR_STYLE = "background:#FBE3D6; color:#7A2600;"
 WARNING_STYLE = "background:#FFF4CC; color:#5A4500;"
+SAVE_DELAY_MS = 800        # settings are written this long after the last change (and at exit)
 
 
 class ErrorBanner(QWidget):
@@ -75,45 +72,50 @@ class ErrorBanner(QWidget):
         self.setStyleSheet(ERROR_STYLE)
         self.hide()
 
-    def show_error(self, message: str) -> None:
-        self.show_message(message)
-
     def show_message(self, message: str, warning: bool = False) -> None:
         self.setStyleSheet(WARNING_STYLE if warning else ERROR_STYLE)
         self.label.setText(message)
         self.show()
 
 
-class MainWindow(FileActions, QMainWindow):
-    def __init__(self, store: RunStore, client: EngineClient) -> None:
+class MainWindow(QMainWindow):
+    def __init__(self, store: RunStore, state: ViewState, conversation: Conversation, client: EngineClient) -> None:
         super().__init__()
-        self.store, self.client = store, client
+        self.store, self.state, self.conversation, self.client = store, state, conversation, client
         self.settings = open_settings()
         self._font_pt = QApplication.font().pointSizeF()
         self.worker_stopped = True
-        self._run_after_load = False
-        self._replaying = False           # events arrive in batches; the notes in them say when a replay ends
         self.first_run: FirstRunDialog | None = None
-        self._last_failure: tuple[str, str] | None = None
         self.lecture = False
         self.replay_speed = 1.0
+        self._last_failure: tuple[str, str] | None = None
+        self._workbench_geometry: QByteArray | None = None
         self.setWindowTitle("KVScope")
         self.setObjectName("KVScopeMain")
         self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowNestedDocks)
 
         self.controls = ControlsPanel()
-        self.tokens = TokensPanel(store)
-        self.kv = KVHeatmapPanel(store)
-        self.timing = TimingPanel(store)
-        self.sampling = SamplingPanel(store)
+        self.tokens = TokensPanel(store, state)
+        self.kv = KVHeatmapPanel(store, state)
+        self.timing = TimingPanel(store, state)
+        self.sampling = SamplingPanel(store, state)
         self.experiments = ExperimentsPanel(store)
-        self.chat = ChatPanel(store)
+        self.chat = ChatPanel(store, conversation)
         self.banner = ErrorBanner()
+        self.workbench = QWidget()
+        wv = QVBoxLayout(self.workbench)
+        wv.setContentsMargins(0, 0, 0, 0)
+        wv.addWidget(self.tokens, 1)
+        self.scene_view = SceneView(store, state, conversation, self._scene_arrangements(), self._enter_scene,
+                                    self._leave_scene)
+        self.stack = QStackedWidget()
+        self.stack.addWidget(self.workbench)
+        self.stack.addWidget(self.scene_view)
         central = QWidget()
         cv = QVBoxLayout(central)
         cv.setContentsMargins(0, 0, 0, 0)
         cv.addWidget(self.banner)
-        cv.addWidget(self.tokens, 1)
+        cv.addWidget(self.stack, 1)
         self.setCentralWidget(central)
         # Left and right docks run the full height; the KV heatmap sits under the token stream.
         self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
@@ -133,21 +135,48 @@ class MainWindow(FileActions, QMainWindow):
         self.docks["timing"].raise_()
         self.status = StatusStrip()
         self.setStatusBar(self.status)
-        self._build_menus()
-        self._wire()
         self.resize(1600, 1000)
+        self._default_layout()
+        self._default_state = self.saveState()
+        self.state.subscribe(self._state_changed)
+        self.conversation.subscribe(lambda _names: self.frames.refresh(force=True) if hasattr(self, "frames")
+                                    else None)
+        self._save_timer = QTimer(self)
+        self._save_timer.setSingleShot(True)
+        self._save_timer.setInterval(SAVE_DELAY_MS)
+        self._save_timer.timeout.connect(self.save_settings)
+
+    def attach(self, controller: Controller) -> None:
+        """Wire the controller in (the composition root makes it with this window as its surface)."""
+        self.controller = controller
+        self.files = FileActions(self, self.store, self.state, controller, self.settings, self.show_status,
+                                 self.show_error, lambda: self.replay_speed)
+        self.actions_by_name = build_menus(self)
+        c = self.controls
+        c.run_requested.connect(self.start_run)
+        c.stop_requested.connect(controller.stop)
+        c.step_requested.connect(self.step_run)
+        c.pause_toggled.connect(self.set_paused)
+        c.load_requested.connect(lambda *request: controller.load_model(*request))
+        c.delay_changed.connect(lambda s: setattr(self.client.control, "delay_s", s))
+        c.changed.connect(self.settings_changed)
+        self.tokens.step_selected.connect(self.sampling.show_step)
+        self.experiments.run_requested.connect(self.start_experiment)
+        self.experiments.cancel_requested.connect(controller.stop)
+        self.chat.send_requested.connect(self.send_chat)
+        self.chat.compare_requested.connect(lambda turns: self.start_experiment(
+            "chat", {"turns": turns} if turns else {}, dock="chat"))
+        self.frames = FrameScheduler(
+            self.store, self.state,
+            text=[("Drawing the token stream", self.tokens.refresh),
+                  ("Updating the status strip", lambda: self.status.show_run(self.selected_run())),
+                  ("Writing the scene caption", self.scene_view.refresh)],
+            charts=[("Drawing the KV heatmap", self.kv), ("Drawing the timing charts", self.timing),
+                    ("Drawing the sampling chart", self.sampling), ("Drawing the experiment charts", self.experiments),
+                    ("Drawing the chat view", self.chat)],
+            guard=self.guarded, parent=self)
         self._restore()
-        self._text_version = self._chart_version = -1
-        self._chart_queue: list = []
-        self._chart_cost = 0.0
-        self.frames = self.chart_frames = 0
-        self._chart_clock = QElapsedTimer()
-        self._chart_clock.start()
-        self.timer = QTimer(self)
-        self.timer.setInterval(REFRESH_MS)
-        self.timer.timeout.connect(self.refresh)
-        self.timer.start()
-        self._enter_mode()
+        self._apply_mode()
 
     # --- construction -------------------------------------------------------------------------------------
     def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
@@ -157,187 +186,109 @@ class MainWindow(FileActions, QMainWindow):
         self.addDockWidget(area, dock)
         return dock
 
-    def _action(self, menu, text: str, slot, shortcut: str | QKeySequence | None = None,
-                checkable: bool = False) -> QAction:
-        action = QAction(text, self)
-        if shortcut:
-            action.setShortcut(QKeySequence(shortcut))
-            action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
-        action.setCheckable(checkable)
-        action.triggered.connect(lambda: slot())    # drop the "checked" argument: slots take their own
-        menu.addAction(action)
-        self.addAction(action)      # shortcuts keep working when the menu bar is hidden (lecture mode)
-        return action
+    def _scene_arrangements(self) -> dict[str, list[tuple[QWidget, int]]]:
+        views = self.experiments.views
+        return {"prefill": [(self.tokens, 4), (self.timing.timeline, 5)], "kv": [(self.kv, 1)],
+                "cache": [(views["cache"], 1)], "prompt": [(views["prefill"], 1)],
+                "batch": [(views["batch"], 1), (views["continuous"], 1)], "sampling": [(self.sampling, 1)],
+                "chat": [(self.chat, 1)], "memory": [(self.kv, 1)]}
 
-    def _build_menus(self) -> None:
-        bar = self.menuBar()
-        file = bar.addMenu("&File")
-        self._action(file, "Open trace…", self.open_trace_dialog, QKeySequence.StandardKey.Open)
-        self._action(file, "Save run as trace…", self.save_trace_dialog, QKeySequence.StandardKey.Save)
-        self._action(file, "Save experiment as trace…", self.save_experiment_trace_dialog)
-        speed = file.addMenu("Replay speed")
-        for label, value in REPLAY_SPEEDS:
-            act = self._action(speed, label, partial(setattr, self, "replay_speed", value), checkable=True)
-            act.setChecked(value == 1.0)
-        exports = file.addMenu("Export")
-        for label, item in (("Timing charts", lambda: self.timing.graphics.ci),
-                            ("KV heatmap", lambda: self.kv.graphics.ci),
-                            ("Sampling chart", lambda: self.sampling.graphics.ci)):
-            self._action(exports, f"{label} as PNG or SVG…", partial(self.export_chart_of, label, item))
-        self._action(exports, "Experiment chart as PNG or SVG…",
-                     partial(self.export_chart_of, "Experiment", lambda: self.experiments.current.graphics.ci))
-        self._action(exports, "Experiment data as CSV…", self.export_experiment)
-        self._action(exports, "Run data as CSV…", lambda: self.export_run("csv"))
-        self._action(exports, "Run data as JSON…", lambda: self.export_run("json"))
-        file.addSeparator()
-        self._action(file, "Quit", self.close, QKeySequence.StandardKey.Quit)
-        run = bar.addMenu("&Run")
-        self._action(run, "Run", self.start_run, "Ctrl+Return")
-        self._action(run, "Run (keypad Enter)", self.start_run, "Ctrl+Enter").setVisible(False)
-        self._action(run, "Stop", self.stop_run, "Esc")
-        self._action(run, "Step one token", self.step_run, "F10")
-        self._action(run, "Pause / resume", self.toggle_pause, "F9")
-        self._action(run, "Load model", self.load_from_controls, "Ctrl+L")
-        self._action(run, "Measure this machine's peaks again", self.remeasure_peaks)
-        self._action(run, "Send chat message", self.chat.send, "Ctrl+Shift+Return")
-        run.addSeparator()
-        self._action(run, "Clear runs", self.clear_runs)
-        self._action(run, "Keep the last N runs…", self.ask_history)
-        view = bar.addMenu("&View")
-        self.lecture_action = self._action(view, "Lecture mode", self.toggle_lecture, "F11", checkable=True)
-        colour = view.addMenu("Token colours")
-        for i, mode in enumerate(("phase", "latency", "probability")):
-            self._action(colour, mode.capitalize(), partial(self.tokens.set_mode, mode), f"Ctrl+{i + 1}")
-        heat = view.addMenu("KV heatmap")
-        for i, (mode, label) in enumerate((("memory", "Memory"), ("k", "Key norm"), ("v", "Value norm"))):
-            self._action(heat, label, partial(self.kv.set_mode, mode), f"Ctrl+Shift+{i + 1}")
-        view.addSeparator()
-        for dock in self.docks.values():
-            view.addAction(dock.toggleViewAction())
-        self._action(view, "Reset layout", self.reset_layout)
-        help_menu = bar.addMenu("&Help")
-        self._action(help_menu, "Keyboard shortcuts", self.show_shortcuts, QKeySequence.StandardKey.HelpContents)
-        self._action(help_menu, "About KVScope", self.show_about)
+    def _enter_scene(self, name: str) -> None:
+        for view in self.experiments.views.values():
+            view.set_compact(True)
+        self.kv.whole_window_only = name == "memory"
+        self.kv.set_controls_visible(False)
+        self.tokens.set_controls_visible(False)
+        self.chat.set_wide(True)
+        self.kv.refresh_range()
 
-    def _wire(self) -> None:
-        c = self.controls
-        c.run_requested.connect(self.start_run)
-        c.stop_requested.connect(self.stop_run)
-        c.step_requested.connect(self.step_run)
-        c.pause_toggled.connect(self.set_paused)
-        c.load_requested.connect(self.load_model)
-        c.delay_changed.connect(lambda s: setattr(self.client.control, "delay_s", s))
-        self.tokens.step_selected.connect(self.sampling.show_step)
-        self.experiments.run_requested.connect(self.start_experiment)
-        self.chat.send_requested.connect(self.send_chat)
-        self.chat.compare_requested.connect(
-            lambda turns: self.start_experiment("chat", {"turns": turns} if turns else {}, dock="chat"))
-        self.store.subscribe(self._run_changed)
-        self.experiments.cancel_requested.connect(self.stop_run)
-        self.client.events_ready.connect(self.on_events)
+    def _leave_scene(self, _name: str) -> None:
+        for view in self.experiments.views.values():
+            view.set_compact(False)
+        self.kv.whole_window_only = False
+        self.kv.set_controls_visible(True)
+        self.tokens.set_controls_visible(True)
+        self.chat.set_wide(False)
+        self.kv.refresh_range()
 
-    # --- actions ------------------------------------------------------------------------------------------
-    def load_from_controls(self) -> None:
-        self.load_model(*self.controls.model_request())
+    # --- actions that read the controls -------------------------------------------------------------------
+    def selected_run(self):
+        return self.store.find(self.state.selected) if self.state.selected else None
 
-    def load_model(self, model: str, device: str = "auto", dtype: str = "auto", trust: bool = False) -> None:
-        if self.client.busy:
-            self.show_error("Wait for the current run to finish (or Stop it) before loading another model.")
-            return
-        self.banner.hide()
-        self.status.show_progress(f"Loading {model}…", None)
-        self.controls.model_status.setText(f"Loading {model}…")
-        self.client.load_model(model, device, dtype, trust)
-        self._update_buttons()
+    def _params(self):
+        try:
+            return self.controls.params()
+        except EngineError as exc:
+            self.show_error(str(exc))
+            return None
 
     def start_run(self, paused: bool = False) -> None:
-        if self.client.busy:
-            return
-        if self.client.model is None:
-            self.show_error("No model is loaded yet: wait for loading to finish (status bar), or press Load model.")
-            return
-        prompt = self.controls.prompt_text()
-        if not prompt.strip():
-            self.show_error("The prompt is empty: type something for the model to read (or pick a sample prompt).")
-            return
-        try:
-            params = self.controls.params()
-        except EngineError as exc:
-            self.show_error(str(exc))
-            return
-        self.banner.hide()
-        self.sampling.show_step("", -1)
-        self.client.control.delay_s = self.controls.slow.value() / 1000.0
-        self.client.start_run(prompt, params, paused=bool(paused))
-        self.controls.set_paused(bool(paused))
-        self._update_buttons()
-
-    def send_chat(self, messages: list, reuse: bool) -> None:
-        if self.client.busy or self.client.model is None:
-            self.chat.request_failed()
-            self.show_error("Wait for the model to load and for the current work to finish before sending.")
-            return
-        try:
-            params = self.controls.params()
-        except EngineError as exc:
-            self.chat.request_failed()
-            self.show_error(str(exc))
-            return
-        self.banner.hide()
-        self.client.control.delay_s = self.controls.slow.value() / 1000.0
-        self.client.start_chat(messages, params, reuse)
-        self._update_buttons()
-
-    def _run_changed(self, kind: str, run) -> None:
-        if kind == "started":
-            self.chat.turn_started(run)
-        else:
-            self.chat.turn_ended(run)
-
-    def start_experiment(self, kind: str, settings: dict, dock: str = "experiments") -> None:
-        if self.client.busy:
-            return
-        if self.client.model is None:
-            self.show_error("No model is loaded yet: wait for loading to finish (status bar), or press Load model.")
-            return
-        self.banner.hide()
-        self.docks[dock].raise_()
-        self.client.start_experiment(kind, settings)
-        self._update_buttons()
-
-    def stop_run(self) -> None:
-        self.client.stop()
-
-    def remeasure_peaks(self) -> None:
-        """The roofline ceilings are cached; a lecturer who moved to a quieter machine (or suspects the cached
-        figure) measures them again here."""
-        if self.client.busy:
-            self.show_error("Wait for the current work to finish before measuring the peaks again.")
-            return
-        if self.client.model is None:
-            self.show_error("Load a model first: the peaks are measured for its device and dtype.")
-            return
-        self.client.remeasure_peaks()
-        self._update_buttons()
+        params = self._params()
+        if params is not None:
+            self.controller.start_run(self.controls.prompt_text(), params, paused=bool(paused),
+                                      delay_s=self.controls.slow.value() / 1000.0)
+            self.controls.set_paused(bool(paused) and self.client.busy == "run")
 
     def step_run(self) -> None:
-        """Idle: start a run that pauses after the prefill. Running: let exactly one more token through."""
+        self.controller.step(lambda: self.start_run(paused=True))
         if self.client.busy == "run":
-            self.client.control.step()
             self.controls.set_paused(True)
-        elif not self.client.busy:
-            self.start_run(paused=True)
 
     def toggle_pause(self) -> None:
-        if self.client.busy == "run":
-            self.set_paused(not self.client.control.paused)
+        self.set_paused(not self.client.control.paused)
 
     def set_paused(self, paused: bool) -> None:
-        if paused:
-            self.client.control.pause()
+        self.controls.set_paused(paused if self.controller.set_paused(paused) else False)
+
+    def load_from_controls(self) -> None:
+        self.controller.load_model(*self.controls.model_request())
+
+    def load_model(self, model: str, device: str = "auto", dtype: str = "auto", trust: bool = False) -> None:
+        self.controller.load_model(model, device, dtype, trust)
+
+    def send_chat(self, text: str, reuse: bool) -> None:
+        params = self._params()
+        if params is not None:
+            self.controller.send_chat(text, params, reuse, delay_s=self.controls.slow.value() / 1000.0)
+
+    def start_experiment(self, kind: str, settings: dict, dock: str = "experiments") -> None:
+        if self.controller.start_experiment(kind, settings) and not self.lecture:
+            self.docks[dock].raise_()
+            if kind in self.experiments.views:
+                self.experiments.setCurrentWidget(self.experiments.views[kind])
+
+    def scene_action(self) -> None:
+        """R in a lecture scene: run what the scene is about."""
+        scene = self.state.scene
+        if scene in ("cache", "prompt", "batch"):
+            kind = {"cache": "cache", "prompt": "prefill", "batch": "batch"}[scene]
+            self.start_experiment(kind, self.experiments.views[kind].settings())
+        elif scene == "chat":
+            self.start_experiment("chat", {"turns": self.conversation.user_turns()} if self.conversation.user_turns()
+                                  else {})
         else:
-            self.client.control.resume()
-        self.controls.set_paused(paused)
+            self.start_run()
+
+    def current_experiment(self):
+        kind = "chat" if self.docks["chat"].isVisible() and not self.docks["experiments"].isVisible() \
+            else self.experiments.current.kind
+        return self.store.latest_experiment(kind) or (self.store.experiments[-1] if self.store.experiments else None)
+
+    def set_replay_speed(self, speed: float) -> None:
+        self.replay_speed = speed
+        for name, action in self.actions_by_name.items():
+            if name.startswith("speed "):
+                action.setChecked(name == f"speed {speed}")
+
+    def open_trace(self, path: str) -> None:
+        self.files.open_trace(path)
+
+    def save_trace(self, path: str, events: list | None = None) -> None:
+        self.files.save_trace(path, events)
+
+    def clear_runs(self) -> None:
+        self.controller.clear_runs()
+        self.frames.refresh(force=True)
 
     def ask_history(self) -> None:
         value, ok = QInputDialog.getInt(self, "Run history", "Keep this many runs (older ones are dropped, with "
@@ -348,51 +299,41 @@ class MainWindow(FileActions, QMainWindow):
     def set_history(self, max_runs: int) -> None:
         self.store.max_runs = max_runs
         self.store.trim()
-        self.settings.setValue("history/max_runs", max_runs)
+        self.state.forget_runs({r.run_id for r in self.store.runs})
+        self.settings_changed()
 
-    def clear_runs(self) -> None:
-        if not self.client.busy:
-            self.store.clear()
-            self.refresh(force=True)
+    def run_when_loaded(self) -> None:
+        self.controller.run_when_loaded(self.start_run)
 
-    # --- events from the worker ---------------------------------------------------------------------------
-    def on_events(self, items: list) -> None:
-        for item in items:
-            self.guarded("Showing what the engine reported", lambda item=item: self._on_event(item))
+    # --- Surface: what the controller shows -----------------------------------------------------------------
+    def show_error(self, message: str) -> None:
+        log.info("shown to the user: %s", message)
+        self.banner.show_message(message)
 
-    def _on_event(self, item: object) -> None:
-        if isinstance(item, Note):
-            self._on_note(item)
-        elif isinstance(item, LoadProgress):
-            self.status.show_progress(item.message, item.fraction)
-            self.controls.model_status.setText(item.message)
-            self._first_run_progress(item)
-        elif isinstance(item, ModelLoaded):
-            self._on_loaded(item)
-        elif isinstance(item, ReplayGap):
-            self.status.showMessage(f"The recording paused for {_duration(item.recorded_ms)} here; the replay "
-                                    f"shortened the pause to {_duration(item.shown_ms)}", 8000)
-        elif isinstance(item, ReplayIncomplete):
-            self.store.mark_incomplete(item.run_id)
-            self.banner.show_message("The trace ends before its run finished: the run is shown as far as it "
-                                     "goes, marked incomplete.", warning=True)
-        else:
-            self.store.add(item)
-            if isinstance(item, RunFailed):
-                self.show_error(f"The run failed: {item.message}")
-            elif isinstance(item, RunStarted) and self._replaying:
-                loaded = self.client.model.model.name if self.client.model else None
-                other = f" (not the loaded model, {loaded})" if loaded and loaded != item.model.name else ""
-                self.status.showMessage(f"Replaying a trace recorded with {item.model.name} on "
-                                        f"{item.model.device}{other}", 8000)
-            elif isinstance(item, (RunStarted, RunFinished)) and not self._replaying:
-                self.status.showMessage(f"Run #{self.store.current.number}: {self.store.current.reason}", 5000)
+    def show_warning(self, message: str) -> None:
+        self.banner.show_message(message, warning=True)
 
-    def _first_run_progress(self, progress: LoadProgress) -> None:
+    def show_status(self, message: str, ms: int = 5000) -> None:
+        self.status.showMessage(message, ms)
+
+    def show_progress(self, message: str, fraction: float | None) -> None:
+        self.status.show_progress(message, fraction)
+
+    def hide_progress(self) -> None:
+        self.status.hide_progress()
+        self._close_first_run()
+
+    def show_model_status(self, text: str) -> None:
+        self.controls.model_status.setText(text)
+
+    def show_memory(self, rss: int, gpu: tuple[int, int] | None) -> None:
+        self.status.show_memory(rss, gpu)
+
+    def loading(self, progress: LoadProgress) -> None:
         """The one-time conversion gets a dialog that explains it; everything else stays in the status bar."""
         if progress.stage == "convert" and self.first_run is None:
             self.first_run = FirstRunDialog(self)
-            self.first_run.cancel_requested.connect(self.stop_run)
+            self.first_run.cancel_requested.connect(self.controller.stop)
             self.first_run.show()
         if self.first_run is not None:
             if progress.stage == "convert":
@@ -406,42 +347,24 @@ class MainWindow(FileActions, QMainWindow):
             self.first_run.deleteLater()
             self.first_run = None
 
-    def _on_note(self, note: Note) -> None:
-        if note.kind in ("error", "idle"):
-            self._close_first_run()
-        if note.kind == "error":
-            self.chat.request_failed()
-            self.show_error(str(note.payload))
-            self.status.hide_progress()
-            if self.client.model is not None:
-                self.controls.model_status.setText(_loaded_text(self.client.model))
-        elif note.kind == "memory":
-            self.status.show_memory(*note.payload)
-        elif note.kind == "idle":
-            self._replaying = False
-            self.status.hide_progress()
-            if self.client.model is not None:
-                self.controls.model_status.setText(_loaded_text(self.client.model))
-            self.controls.set_paused(False)
-        self._update_buttons()
-        if note.kind == "idle" and self._run_after_load and self.client.model is not None:
-            self._run_after_load = False
-            self.start_run()
-
-    def run_when_loaded(self) -> None:
-        """Start the prompt once the model is in (``kvscope --run``: a demo that needs no click)."""
-        self._run_after_load = True
-
-    def _on_loaded(self, loaded: ModelLoaded) -> None:
+    def model_loaded(self, loaded: ModelLoaded) -> None:
         m = loaded.model
         self.controls.set_model_limits(m.max_context, m.vocab_size)
-        self.controls.model_status.setText(_loaded_text(loaded))
-        self.status.showMessage(_loaded_text(loaded), 8000)
+        self.controls.model_status.setText(describe_loaded(loaded))
+        self.status.showMessage(describe_loaded(loaded), 8000)
         self.setWindowTitle(f"KVScope — {m.name} on {m.device}")
         if loaded.warnings:
-            self.banner.show_message(" ".join(loaded.warnings), warning=True)
+            self.show_warning(" ".join(loaded.warnings))
+        self.settings_changed()
 
-    def guarded(self, what: str, action) -> bool:
+    def busy_changed(self, busy: str | None) -> None:
+        self.controls.set_running(busy == "run", busy=bool(busy))
+        if not busy:
+            self.controls.set_paused(False)
+        self.experiments.set_busy(busy)
+        self.chat.set_busy(busy)
+
+    def guarded(self, what: str, action: Callable[[], None]) -> bool:
         """Run ``action`` (drawing, taking in an event); if it raises, say so in the banner once and keep the
         window working: one broken panel or event must not take the others down."""
         try:
@@ -457,80 +380,88 @@ class MainWindow(FileActions, QMainWindow):
                                 "keeps working; what was recorded is kept.")
             return False
 
-    def show_error(self, message: str) -> None:
-        log.info("shown to the user: %s", message)
-        self.banner.show_error(message)
-
-    def _update_buttons(self) -> None:
-        busy = self.client.busy
-        self.controls.set_running(busy == "run", busy=bool(busy))
-        self.experiments.set_busy(busy)
-        self.chat.set_busy(busy)
-
-    # --- refresh ------------------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> None:
-        """Called every ``REFRESH_MS``: text and status follow the store at once. While a run streams, the
-        charts refresh no more often than their measured painting cost allows (``app.paint``), one chart per
-        tick so no single tick paints them all; forced or at the end of a run, all at once."""
-        version, run = self.store.version, self.store.current
-        if force or version != self._text_version:
-            self._text_version = version
-            self.frames += 1
-            self.guarded("Drawing the token stream", self.tokens.refresh)
-            self.guarded("Updating the status strip", lambda: self.status.show_run(run))
-        charts = (self.kv, self.timing, self.sampling, self.experiments, self.chat)
-        if force or (version != self._chart_version and (run is None or run.finished)):
-            self._chart_version, self._chart_queue = version, []
-            for panel in charts:
-                self.guarded(f"Drawing the {PANEL_NAMES[type(panel).__name__]}", panel.refresh)
-            self.chart_frames += 1
-            return
-        if not self._chart_queue and version != self._chart_version \
-                and self._chart_clock.elapsed() >= METER.interval_ms():
-            self._chart_version, self._chart_queue = version, list(charts)
-            self._chart_clock.restart()
-            self._chart_cost = 0.0
-        if self._chart_queue:
-            started = time.perf_counter()
-            panel = self._chart_queue.pop(0)
-            self.guarded(f"Drawing the {PANEL_NAMES[type(panel).__name__]}", panel.refresh)
-            self._chart_cost += (time.perf_counter() - started) * 1000.0
-            if not self._chart_queue:
-                self.chart_frames += 1
-                METER.close_frame(self._chart_cost)
+        self.frames.refresh(force)
 
-    # --- view ---------------------------------------------------------------------------------------------
+    # --- lecture mode: scenes -----------------------------------------------------------------------------
     def toggle_lecture(self) -> None:
-        """Lecture mode has its own remembered layout: switching saves this one and restores the other."""
-        self.settings.setValue(self._layout_key(), self.saveState())
-        self.lecture = not self.lecture
-        self._enter_mode()
+        self.leave_lecture() if self.lecture else self.enter_lecture()
 
-    def _enter_mode(self) -> None:
-        self.lecture_action.setChecked(self.lecture)
+    def enter_lecture(self, scene: str | None = None) -> None:
+        if not self.lecture:
+            self.settings.setValue("window/state", self.saveState())
+            self._workbench_geometry = self.saveGeometry()
+            self.lecture = True
+            self._apply_mode()
+        wanted = scene or self.settings.value("view/scene", SCENES[0], str)
+        self.state.show_scene(wanted if wanted in SCENES else SCENES[0])
+
+    def leave_lecture(self) -> None:
+        if not self.lecture:
+            return
+        self.state.show_scene(None)
+        self.lecture = False
+        self._apply_mode()
+
+    def show_scene(self, name: str) -> None:
+        if not self.lecture:
+            self.enter_lecture(name)
+        else:
+            self.state.show_scene(name)
+
+    def _state_changed(self, names: set[str]) -> None:
+        if "scene" in names:
+            self.scene_view.show_scene(self.state.scene)
+            if self.state.scene is not None:
+                self.settings.setValue("view/scene", self.state.scene)
+        if "heatmap_fit" in names:
+            self.settings_changed()
+        if "selected" in names and hasattr(self, "frames"):
+            self.frames.refresh(force=True)
+
+    def _apply_mode(self) -> None:
+        """Workbench: docks around the token stream. Lecture: the scene fills the screen, large type."""
+        set_lecture_keys(self.actions_by_name, self.lecture)
         self._apply_theme()
-        self.controls.set_compact(self.lecture)
         self.menuBar().setVisible(not self.lecture)
-        if self.lecture and QApplication.platformName() not in ("offscreen", "minimal"):
-            self.setGeometry(self.screen().geometry())      # also right where no window manager makes it so
-            self.showFullScreen()
-        elif not self.lecture and self.isFullScreen():
-            self.showNormal()
-        self._apply_layout()
+        self.stack.setCurrentWidget(self.scene_view if self.lecture else self.workbench)
+        if self.lecture:
+            for dock in self.docks.values():
+                dock.hide()
+            if QApplication.platformName() not in ("offscreen", "minimal"):
+                self.setGeometry(self.screen().geometry())      # also right where no window manager makes it so
+                self.showFullScreen()
+        else:
+            if self.isFullScreen():
+                self.showNormal()
+            if isinstance(self._workbench_geometry, QByteArray):
+                self.restoreGeometry(self._workbench_geometry)
+            state = self.settings.value("window/state")
+            if not (isinstance(state, QByteArray) and self.restoreState(state)):
+                self.restoreState(self._default_state)
+            self.fit_to_screen()
+        self.frames.refresh(force=True)
 
-    def _layout_key(self) -> str:
-        return "window/lecture_state" if self.lecture else "window/state"
-
-    def _apply_layout(self) -> None:
-        state = self.settings.value(self._layout_key())
-        if not (isinstance(state, QByteArray) and self.restoreState(state)):
-            self._default_layout()
+    def fit_to_screen(self) -> None:
+        """A window never extends past the screen it is on, whatever was remembered or a mode left behind."""
+        screen = self.screen()
+        if screen is None or self.isFullScreen():
+            return
+        area: QRect = screen.availableGeometry()
+        frame = self.frameGeometry()
+        width, height = min(frame.width(), area.width()), min(frame.height(), area.height())
+        if (width, height) != (frame.width(), frame.height()):
+            self.resize(width - (frame.width() - self.width()), height - (frame.height() - self.height()))
+        frame = self.frameGeometry()
+        x = min(max(frame.x(), area.x()), area.right() - frame.width() + 1)
+        y = min(max(frame.y(), area.y()), area.bottom() - frame.height() + 1)
+        if (x, y) != (frame.x(), frame.y()):
+            self.move(x, y)
 
     def _default_layout(self) -> None:
         """Controls left, timing and sampling right, token stream over the KV heatmap in the middle."""
-        controls, right = (430, 720) if self.lecture else (330, 560)
         height = max(self.height(), 600)
-        self.resizeDocks([self.docks["controls"], self.docks["timing"]], [controls, right], Qt.Orientation.Horizontal)
+        self.resizeDocks([self.docks["controls"], self.docks["timing"]], [330, 560], Qt.Orientation.Horizontal)
         self.resizeDocks([self.docks["timing"], self.docks["sampling"]], [int(height * 0.58), int(height * 0.38)],
                          Qt.Orientation.Vertical)
         self.resizeDocks([self.docks["kv"]], [int(height * 0.55)], Qt.Orientation.Vertical)
@@ -538,15 +469,21 @@ class MainWindow(FileActions, QMainWindow):
     def _apply_theme(self) -> None:
         theme = th.current_theme(self.lecture)
         th.apply(QApplication.instance(), theme, self._font_pt)
-        for panel in (self.tokens, self.kv, self.timing, self.sampling, self.experiments, self.chat):
+        for panel in (self.tokens, self.kv, self.timing, self.sampling, self.experiments, self.chat,
+                      self.scene_view):
             panel.set_theme(theme)
-        self.refresh(force=True)
 
     def reset_layout(self) -> None:
+        """Every panel back in its dock, floating ones included, at the default sizes."""
+        if self.lecture:
+            self.leave_lecture()
         for dock in self.docks.values():
+            dock.setFloating(False)
             dock.show()
-        self.settings.remove(self._layout_key())
+        self.restoreState(self._default_state)
         self._default_layout()
+        self.settings.remove("window/state")
+        self.fit_to_screen()
 
     def show_about(self) -> None:
         dialog = AboutDialog(self, self.client.model, self.store.peaks, self.settings.fileName(),
@@ -556,56 +493,52 @@ class MainWindow(FileActions, QMainWindow):
 
     def clear_converted_models(self) -> None:
         if self.client.busy:
-            self.show_error("Wait for the current work to finish before clearing the cache.")
+            self.show_status("Clearing the cache is not available while work is in progress.", 5000)
             return
         freed = remove_all_conversions()
         self.status.showMessage(f"Cleared converted models ({format_bytes(freed)}); the built-in model converts "
                                 "again on its next load", 8000)
 
     def show_shortcuts(self) -> None:
-        QMessageBox.information(self, "Keyboard shortcuts", (
-            "Ctrl+Enter  run the prompt\nEsc  stop\nF10  step one token (starts paused after the prefill)\n"
-            "F9  pause / resume\nCtrl+L  load the model\nF11  lecture mode\nCtrl+1/2/3  token colours\n"
-            "Ctrl+Shift+1/2/3  KV heatmap mode\nCtrl+O / Ctrl+S  open / save a trace"))
+        QMessageBox.information(self, "Keyboard shortcuts", SHORTCUTS)
 
     # --- settings and closing -----------------------------------------------------------------------------
+    def settings_changed(self) -> None:
+        """Settings are written shortly after they change, so a logout or ``kill`` loses nothing."""
+        self._save_timer.start()
+
     def _restore(self) -> None:
         s = self.settings
         geometry = s.value("window/geometry")
         if isinstance(geometry, QByteArray):
             self.restoreGeometry(geometry)
+        state = s.value("window/state")
+        if isinstance(state, QByteArray):
+            self.restoreState(state)
+        self.fit_to_screen()
         self.controls.restore(s)
         self.store.max_runs = s.value("history/max_runs", self.store.max_runs, int)
         self.tokens.set_mode(s.value("view/token_colours", "phase", str))
         self.kv.set_mode(s.value("view/kv_mode", "memory", str))
-        self.lecture = s.value("view/lecture", False, bool)
+        self.state.set_heatmap_fit(s.value("view/heatmap_fit", True, bool))
 
     def save_settings(self) -> None:
         s = self.settings
-        s.setValue("window/geometry", self.saveGeometry())
-        s.setValue(self._layout_key(), self.saveState())
+        if not self.lecture:
+            s.setValue("window/geometry", self.saveGeometry())
+            s.setValue("window/state", self.saveState())
+        elif isinstance(self._workbench_geometry, QByteArray):
+            s.setValue("window/geometry", self._workbench_geometry)
         s.setValue("view/token_colours", self.tokens.mode)
         s.setValue("view/kv_mode", self.kv.mode)
-        s.setValue("view/lecture", self.lecture)
+        s.setValue("view/heatmap_fit", self.state.heatmap_fit)
+        s.setValue("history/max_runs", self.store.max_runs)
         self.controls.save(s)
         s.sync()
 
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt override)
-        self.timer.stop()
+        self.frames.stop()
+        self._save_timer.stop()
         self.save_settings()
         self.worker_stopped = self.client.shutdown(1500)
         event.accept()
-
-
-def _duration(ms: float) -> str:
-    for unit, size in (("days", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
-        if ms >= size:
-            return f"{ms / size:,.1f} {unit}"
-    return f"{ms:,.0f} ms"
-
-
-def _loaded_text(loaded: ModelLoaded) -> str:
-    m = loaded.model
-    how = " (converted from GGUF this time)" if loaded.converted else ""
-    return (f"{m.name}: {m.num_params / 1e6:,.0f}M parameters, {m.num_layers} layers, {m.dtype} on {m.device}; "
-            f"loaded in {loaded.load_ms / 1000:.1f} s{how}")

@@ -116,7 +116,8 @@ def sweep_parser() -> argparse.ArgumentParser:
                    help="prefill: longest prompt (default: the whole context, 8,192 tokens on the embedded model)")
     p.add_argument("--start", type=bounded(1, 1 << 24), default=16, help="prefill: shortest prompt (default 16)")
     p.add_argument("--repeats", type=bounded(1, 100), default=3,
-                   help="prefill: timed repeats per length, after 1 warm-up (default 3)")
+                   help="prefill: timed repeats per length, after 1 warm-up; chat: how many times the comparison "
+                        "runs, order alternating (default 3)")
     p.add_argument("--tokens", type=bounded(2, 1 << 16), default=32,
                    help="cache/batch/chat: new tokens per request (default 32)")
     p.add_argument("--prompt", help="cache: the prompt (default: the first sample prompt)")
@@ -143,13 +144,23 @@ def sweep_settings(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict
             p.error("--prompt is empty")
         return {"new_tokens": args.tokens, "prompt": prompt}
     if args.kind == "chat":
-        return {"new_tokens": args.tokens}
+        return {"new_tokens": args.tokens, "repeats": args.repeats}
     if args.kind == "continuous":
         return {"requests": args.requests, "arrive_every": args.arrive_every}
     parts = [s.strip() for s in args.sizes.split(",")]
     if not all(s.isdigit() and 1 <= int(s) <= 1024 for s in parts):
         p.error(f"--sizes must be whole numbers from 1 to 1,024 separated by commas, not {args.sizes!r}")
     return {"sizes": tuple(int(s) for s in parts), "new_tokens": args.tokens}
+
+
+def chat_turn_line(s: dict, turn: int) -> str:
+    """One turn of the chat comparison: medians, spreads, and whether the difference stands out of the noise."""
+    on, off = s[f"turn{turn}_on_ms"], s[f"turn{turn}_off_ms"]
+    (on_lo, on_hi), (off_lo, off_hi) = s[f"turn{turn}_on_range"], s[f"turn{turn}_off_range"]
+    verdict = (f"reuse {off / on:.1f}x faster" if on < off else f"reuse {on / off:.1f}x slower") \
+        if s[f"turn{turn}_clear"] else "no clear difference: the spreads overlap"
+    return (f"turn {turn}: TTFT median {on:,.0f} ms with reuse ({on_lo:,.0f}-{on_hi:,.0f}), {off:,.0f} ms without "
+            f"({off_lo:,.0f}-{off_hi:,.0f}) over {s['repeats']} repeats: {verdict}")
 
 
 def experiment_table(kind: str, points: list[ExperimentPoint], finished: ExperimentFinished) -> str:
@@ -180,15 +191,18 @@ def experiment_table(kind: str, points: list[ExperimentPoint], finished: Experim
                       f"{s['flops_ratio']:.1f}x fewer FLOPs (computed, whole model); "
                       f"{s['attention_flops_ratio']:.1f}x fewer attention FLOPs (computed, the seed's model)"]
     elif kind == "chat":
-        lines = ["reuse | turn | reused (cache_n) | prefilled | conversation | prefill ms | TTFT ms",
-                 "------+------+------------------+-----------+--------------+------------+--------"]
+        lines = ["repeat | reuse | turn | reused (cache_n) | prefilled | conversation | prefill ms | TTFT ms",
+                 "-------+-------+------+------------------+-----------+--------------+------------+--------"]
         for p in points:
             v = p.values
-            lines.append(f"{'on' if v['reuse'] else 'off':>5} | {int(v['turn']):4d} | {int(v['reused_tokens']):16,d} | "
-                         f"{int(v['prefilled_tokens']):9,d} | {int(v['conversation_tokens']):12,d} | "
-                         f"{v['prefill_ms']:10.1f} | {v['ttft_ms']:7.1f}")
-        if "tokens_match" in s:
+            lines.append(f"{int(v.get('repeat', 1)):6d} | {'on' if v['reuse'] else 'off':>5} | {int(v['turn']):4d} | "
+                         f"{int(v['reused_tokens']):16,d} | {int(v['prefilled_tokens']):9,d} | "
+                         f"{int(v['conversation_tokens']):12,d} | {v['prefill_ms']:10.1f} | {v['ttft_ms']:7.1f}")
+        if "tokens_match" in s and not s.get("incomplete"):
             lines += ["", f"replies identical with and without reuse: {'yes' if s['tokens_match'] else 'NO'}"]
+            lines += [chat_turn_line(s, i) for i in range(1, int(s["turns"]) + 1)]
+            if busy_note(s.get("lowest_cpu_share")):
+                lines.append(f"note: some turns were {busy_note(s['lowest_cpu_share'])}")
     elif kind == "continuous":
         lines = ["policy     | request | prompt | new | arrived ms | waited ms | TTFT ms | end-to-end ms",
                  "-----------+---------+--------+-----+------------+-----------+---------+--------------"]

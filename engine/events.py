@@ -151,6 +151,7 @@ class TokenStep:
     kv_bytes_per_layer: list[list[int]]
     kv_positions_per_layer: list[int] = field(default_factory=list)
     waited_ms: float = 0.0
+    kept: int = 1                   # tokens the filters left with a probability above 0 (1 when greedy)
 
 
 @dataclass(frozen=True)

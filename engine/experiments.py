@@ -257,33 +257,57 @@ def batch_sweep(session: Session, emit: Sink, cancel: threading.Event | None = N
 
 # --- 4. a conversation with and without reusing the cache across turns --------------------------------------
 def chat_reuse(session: Session, emit: Sink, cancel: threading.Event | None = None, *,
-               turns: list[str] | None = None, new_tokens: int = 48,
+               turns: list[str] | None = None, new_tokens: int = 48, repeats: int = 3,
                peaks: HardwarePeaks | None = None) -> ExperimentFinished:
-    """The same conversation twice, greedy: keeping the cache between turns (only the new turn is
-    prefilled; TTFT stays flat) and re-prefilling everything each turn (TTFT grows with the conversation)."""
+    """The same conversation with the cache kept between turns (only the new turn is prefilled; TTFT stays
+    flat) and re-prefilled every turn (TTFT grows with the conversation), greedy, ``repeats`` times with the
+    order alternating, so a machine busy for a moment cannot decide the comparison. The summary gives each
+    turn's median TTFT both ways with the spread, and calls the difference clear only where the spreads do
+    not overlap."""
     turns = turns or CONVERSATION
-    x = _Experiment("chat", session, {"turns": turns, "new_tokens": new_tokens}, emit, cancel, peaks)
+    if repeats < 1 or new_tokens < 1 or not turns:
+        raise ParameterError(f"The chat comparison needs turns, at least one repeat (got {repeats}) and at least "
+                             f"one new token (got {new_tokens})")
+    x = _Experiment("chat", session, {"turns": turns, "new_tokens": new_tokens, "repeats": repeats}, emit, cancel,
+                    peaks)
     params = GenerationParams(max_new_tokens=new_tokens)
     replies: dict[bool, list[list[int]]] = {}
-    for mode, reuse in enumerate((True, False)):
-        session.forget()
-        messages: list[dict] = []
-        replies[reuse] = []
-        for i, turn in enumerate(turns):
-            if x.cancel.is_set():
-                return x.finish({"tokens_match": False, "incomplete": True})
-            x.progress(mode * len(turns) + i, 2 * len(turns), f"turn {i + 1} with reuse {'on' if reuse else 'off'}")
-            messages.append({"role": "user", "content": turn})
-            result = session.chat(messages, params, emit, x.cancel, reuse=reuse)
-            s = result.summary
-            replies[reuse].append(s.token_ids)
-            messages.append({"role": "assistant", "content": s.text})
-            x.point("turn", reuse=float(reuse), turn=i + 1, reused_tokens=s.reused_tokens,
-                    prefilled_tokens=s.prompt_tokens, conversation_tokens=s.reused_tokens + s.prompt_tokens,
-                    prefill_ms=s.prefill_ms, ttft_ms=s.ttft_ms, generated=s.generated_tokens)
-    session.forget()
-    x.progress(2 * len(turns), 2 * len(turns), "done")
-    return x.finish({"tokens_match": replies[True] == replies[False], "turns": len(turns)})
+    ttft: dict[tuple[bool, int], list[float]] = {}
+    shares: list[float] = []
+    total = 2 * len(turns) * repeats
+    done = 0
+    for r in range(repeats):
+        for reuse in ((True, False) if r % 2 == 0 else (False, True)):
+            session.forget("a new conversation started")
+            messages: list[dict] = []
+            conversation_replies = []
+            for i, turn in enumerate(turns):
+                if x.cancel.is_set():
+                    return x.finish({"tokens_match": False, "incomplete": True})
+                x.progress(done, total, f"repeat {r + 1}: turn {i + 1} with reuse {'on' if reuse else 'off'}")
+                messages.append({"role": "user", "content": turn})
+                s = session.chat(messages, params, emit, x.cancel, reuse=reuse).summary
+                done += 1
+                conversation_replies.append(s.token_ids)
+                messages.append({"role": "assistant", "content": s.text})
+                ttft.setdefault((reuse, i + 1), []).append(s.ttft_ms)
+                if s.cpu_share is not None:
+                    shares.append(s.cpu_share)
+                x.point("turn", reuse=float(reuse), turn=i + 1, repeat=r + 1, reused_tokens=s.reused_tokens,
+                        prefilled_tokens=s.prompt_tokens, conversation_tokens=s.reused_tokens + s.prompt_tokens,
+                        prefill_ms=s.prefill_ms, ttft_ms=s.ttft_ms, generated=s.generated_tokens)
+            if replies.setdefault(reuse, conversation_replies) != conversation_replies:
+                replies[reuse] = []                         # greedy replies must repeat exactly
+    session.forget("a new conversation started")
+    x.progress(total, total, "done")
+    summary: dict = {"tokens_match": replies[True] == replies[False] and bool(replies[True]), "turns": len(turns),
+                     "repeats": repeats, "lowest_cpu_share": min(shares) if shares else None}
+    for i in range(1, len(turns) + 1):
+        on, off = ttft[(True, i)], ttft[(False, i)]
+        summary[f"turn{i}_on_ms"], summary[f"turn{i}_off_ms"] = statistics.median(on), statistics.median(off)
+        summary[f"turn{i}_on_range"], summary[f"turn{i}_off_range"] = [min(on), max(on)], [min(off), max(off)]
+        summary[f"turn{i}_clear"] = max(on) < min(off) or max(off) < min(on)
+    return x.finish(summary)
 
 
 # --- 5. continuous vs static batching on the same arrival schedule ------------------------------------------

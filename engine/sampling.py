@@ -28,6 +28,7 @@ class Choice:
     candidate_ids: list[int]
     candidate_raw: list[float]
     candidate_final: list[float]
+    kept: int = 1        # tokens with a probability above 0 after the filters (what the draw chose among)
 
 
 def kept_tokens(scores: torch.Tensor, params: GenerationParams) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -68,22 +69,24 @@ def choose(logits: torch.Tensor, params: GenerationParams, generator: torch.Gene
         token = min(i for v, i in zip(values, ids) if v == values[0])
         raw = [math.exp(v - z) for v in values]
         return Choice(token_id=token, prob=1.0, raw_prob=raw[ids.index(token)], candidate_ids=ids,
-                      candidate_raw=raw, candidate_final=[1.0 if i == token else 0.0 for i in ids])
+                      candidate_raw=raw, candidate_final=[1.0 if i == token else 0.0 for i in ids], kept=1)
     top_raw = (top_logits - log_z).exp()
     scores = logits / params.temperature if params.temperature != 1.0 else logits
     kept = kept_tokens(scores, params)
     if kept is None:
         final = scores.softmax(-1)                                          # [V]
         token = torch.multinomial(final, 1, generator=generator)            # [1]
+        survivors = torch.count_nonzero(final).view(1)
     else:
         kept_ids, kept_probs = kept
         token = kept_ids[torch.multinomial(kept_probs, 1, generator=generator)]
         final = torch.zeros_like(logits).scatter_(0, kept_ids, kept_probs)  # [V], zero where filtered
-    ids = torch.cat([token, top_ids]).tolist()
+        survivors = torch.count_nonzero(kept_probs).view(1)
+    ids = torch.cat([token, top_ids, survivors]).tolist()
     probs = torch.cat([(logits[token] - log_z).exp(), final[token], top_raw, final[top_ids]]).tolist()
-    k = len(ids) - 1
-    return Choice(token_id=ids[0], raw_prob=probs[0], prob=probs[1], candidate_ids=ids[1:],
-                  candidate_raw=probs[2:2 + k], candidate_final=probs[2 + k:])
+    k = len(ids) - 2
+    return Choice(token_id=ids[0], raw_prob=probs[0], prob=probs[1], candidate_ids=ids[1:1 + k],
+                  candidate_raw=probs[2:2 + k], candidate_final=probs[2 + k:], kept=ids[-1])
 
 
 def make_generator(device: torch.device, seed: int) -> torch.Generator:

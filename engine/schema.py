@@ -403,7 +403,8 @@ class Checker:
             phase=_str(data, "phase", 16, ("prefill", "decode")), latency_ms=_num(data, "latency_ms"),
             forward_ms=_num(data, "forward_ms"), prob=_num(data, "prob", 0.0, 1.0),
             raw_prob=_num(data, "raw_prob", 0.0, 1.0), candidates=_candidates(data, facts), kv_bytes_per_layer=sizes,
-            kv_positions_per_layer=held, waited_ms=_num(data, "waited_ms") if "waited_ms" in data else 0.0)
+            kv_positions_per_layer=held, waited_ms=_num(data, "waited_ms") if "waited_ms" in data else 0.0,
+            kept=_int(data, "kept", 1, facts.vocab_size) if "kept" in data else 1)
 
     def run_finished(self, data: dict) -> RunFinished:
         _fields(data, RunFinished, ("run_id", "t_ms", "reason", "summary"))

@@ -313,7 +313,8 @@ class Session:
         return TokenStep(run_id=run_id, t_ms=_since(t0), step=step, position=position, token_id=choice.token_id,
                          text=piece, special=special, phase=phase, latency_ms=latency_ms, forward_ms=forward_ms,
                          prob=choice.prob, raw_prob=choice.raw_prob, candidates=candidates,
-                         kv_bytes_per_layer=kv, kv_positions_per_layer=held, waited_ms=waited_ms)
+                         kv_bytes_per_layer=kv, kv_positions_per_layer=held, waited_ms=waited_ms,
+                         kept=choice.kept)
 
     def _stop_reason(self, token_id: int, generated: int, length: int, params: GenerationParams) -> str | None:
         if token_id in self._eos:

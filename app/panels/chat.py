@@ -1,8 +1,11 @@
 """Chat mode: a conversation whose KV cache is kept between turns, so each turn prefills only what is new.
 
 Each turn shows what llama-server calls ``cache_n`` (positions reused from the cache) next to the positions
-prefilled, the prefill time and TTFT; the chart draws TTFT per turn, and *Compare reuse on vs off* runs the
-conversation both ways (flat vs growing) and checks the replies are the same tokens.
+prefilled, the prefill time and TTFT, and why nothing was reused when that happens; the chart draws TTFT per
+turn. *Compare reuse on vs off* runs the conversation both ways, several times with the order alternating,
+and states a difference only where the spreads of the repeats do not overlap.
+
+The conversation itself lives in ``app.viewstate.Conversation``; this panel draws it and asks for turns.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import html
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QBoxLayout,
     QCheckBox,
     QHBoxLayout,
     QLabel,
@@ -23,21 +27,20 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme as th
-from app.paint import TimedGraphics
-from app.store import RunRecord, RunStore
+from app.panels.chart import Chart
+from app.store import RunStore
+from app.viewstate import Conversation
+from engine import load
 
 
 class ChatPanel(QWidget):
-    send_requested = Signal(list, bool)          # messages, reuse
+    send_requested = Signal(str, bool)           # the new message, reuse
     compare_requested = Signal(list)             # user turns
 
-    def __init__(self, store: RunStore) -> None:
+    def __init__(self, store: RunStore, conversation: Conversation) -> None:
         super().__init__()
-        self.store = store
+        self.store, self.conversation = store, conversation
         self.theme = th.current_theme(False)
-        self.messages: list[dict] = []
-        self.turn_runs: list[str] = []           # run id of each assistant turn
-        self._pending_user: str | None = None
         self.view = QTextBrowser()
         self.input = QPlainTextEdit()
         self.input.setPlaceholderText("Your next message (Ctrl+Shift+Enter sends it)")
@@ -48,11 +51,10 @@ class ChatPanel(QWidget):
         self.new_button = QPushButton("New conversation")
         self.compare_button = QPushButton("Compare reuse on vs off")
         self.send_button.clicked.connect(self.send)
-        self.new_button.clicked.connect(self.new_conversation)
-        self.compare_button.clicked.connect(self._compare)
-        self.graphics = TimedGraphics()
-        self.plot: pg.PlotItem = self.graphics.addPlot(title="TTFT per turn")
-        self.plot.addLegend(offset=(10, 10))
+        self.new_button.clicked.connect(conversation.clear)
+        self.compare_button.clicked.connect(lambda: self.compare_requested.emit(conversation.user_turns()))
+        self.chart = Chart("TTFT per turn")
+        self.plot = self.chart.plot
         self.explain = QLabel()
         self.explain.setWordWrap(True)
         self.explain.setTextFormat(Qt.TextFormat.RichText)
@@ -62,56 +64,40 @@ class ChatPanel(QWidget):
         buttons.addWidget(self.new_button)
         buttons.addWidget(self.compare_button)
         buttons.addWidget(self.send_button)
+        self.conversation_box = QWidget()
+        box = QVBoxLayout(self.conversation_box)
+        box.setContentsMargins(0, 0, 0, 0)
+        box.addWidget(self.view, 1)
+        box.addWidget(self.input)
+        box.addLayout(buttons)
+        self.content = QBoxLayout(QBoxLayout.Direction.TopToBottom)
+        self.content.addWidget(self.conversation_box, 3)
+        self.content.addWidget(self.chart, 2)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(self.view, 3)
-        layout.addWidget(self.input)
-        layout.addLayout(buttons)
-        layout.addWidget(self.graphics, 2)
+        layout.addLayout(self.content, 1)
         layout.addWidget(self.explain)
         self._shown = None
+        conversation.subscribe(self._conversation_changed)
         self.set_busy(None)
+        self._render()
 
     # --- conversation -------------------------------------------------------------------------------------
     def send(self) -> None:
         text = self.input.toPlainText().strip()
-        if not text or self._pending_user is not None:
-            return
-        self._pending_user = text
-        self.send_requested.emit(self.messages + [{"role": "user", "content": text}], self.reuse.isChecked())
+        if text:
+            self.send_requested.emit(text, self.reuse.isChecked())
 
-    def turn_started(self, run: RunRecord) -> None:
-        """The worker began answering: the user's message is now part of the conversation."""
-        if self._pending_user is None or run.started.kind != "chat":
-            return
-        self.messages.append({"role": "user", "content": self._pending_user})
-        self.turn_runs.append(run.run_id)
-        self.input.clear()
-
-    def turn_ended(self, run: RunRecord) -> None:
-        if self._pending_user is None or run.run_id not in self.turn_runs:
-            return
-        self._pending_user = None
-        if run.reason == "failed":
-            self.messages.pop()
-            self.turn_runs.pop()
-        else:
-            self.messages.append({"role": "assistant", "content": run.summary().text})
+    def _conversation_changed(self, _names: set[str]) -> None:
+        if self.conversation.messages and self.conversation.messages[-1]["role"] == "user":
+            self.input.clear()                   # the model started answering what was typed
         self._render()
-
-    def request_failed(self) -> None:
-        self._pending_user = None
-
-    def new_conversation(self) -> None:
-        self.messages, self.turn_runs, self._pending_user = [], [], None
-        self._render()
+        self._shown = None
         self.refresh()
 
-    def user_turns(self) -> list[str]:
-        return [m["content"] for m in self.messages if m["role"] == "user"]
-
-    def _compare(self) -> None:
-        self.compare_requested.emit(self.user_turns())
+    def set_wide(self, wide: bool) -> None:
+        """A lecture scene is wide: the conversation beside its chart rather than above it."""
+        self.content.setDirection(QBoxLayout.Direction.LeftToRight if wide else QBoxLayout.Direction.TopToBottom)
 
     def set_busy(self, busy: str | None) -> None:
         for button in (self.send_button, self.compare_button, self.new_button):
@@ -120,11 +106,12 @@ class ChatPanel(QWidget):
     # --- drawing ------------------------------------------------------------------------------------------
     def _render(self) -> None:
         parts, turn = [], 0
-        for message in self.messages:
+        runs = self.conversation.turn_runs
+        for message in self.conversation.messages:
             if message["role"] == "user":
                 parts.append(f"<p><b>You:</b> {html.escape(message['content'])}</p>")
                 continue
-            run = self.store.find(self.turn_runs[turn]) if turn < len(self.turn_runs) else None
+            run = self.store.find(runs[turn]) if turn < len(runs) else None
             stats = ""
             if run is not None:
                 s = run.summary(with_text=False)
@@ -136,43 +123,72 @@ class ChatPanel(QWidget):
             turn += 1
             parts.append(f"<p><b>Assistant:</b> {html.escape(message['content'])}{stats}</p>")
         self.view.setHtml("".join(parts) or "<p><i>Start a conversation below.</i></p>")
+        bar = self.view.verticalScrollBar()
+        bar.setValue(bar.maximum())                      # the newest turn is the one being discussed
 
     def set_theme(self, theme: th.Theme) -> None:
         self.theme = theme
-        self.graphics.setBackground(theme.background)
-        th.style_plot(self.plot, theme, "turn", None, "TTFT", "ms")
+        self.chart.style(theme, "turn", None, "TTFT", "ms")
         self._shown = None
         self.refresh()
 
     def refresh(self) -> None:
         record = self.store.latest_experiment("chat")
-        key = (len(self.turn_runs), self.store.version if self._pending_user else 0,
-               (record.exp_id, len(record.events)) if record else None)
+        runs = [self.store.find(r) for r in self.conversation.turn_runs]
+        done = [r for r in runs if r is not None and r.finished]
+        key = (len(done), (record.exp_id, len(record.events)) if record else None)
         if key == self._shown:
             return
         self._shown = key
-        self.plot.clear()
+        self.chart.clear_data()
         width = self.theme.line_width * 1.5
-        live = [self.store.find(r) for r in self.turn_runs]
-        live = [r for r in live if r is not None and r.finished]
-        if live:
-            ttft = [r.summary(with_text=False).ttft_ms for r in live]
-            self.plot.plot(list(range(1, len(ttft) + 1)), ttft, pen=pg.mkPen(th.CHOSEN, width=width), symbol="o",
-                           symbolBrush=th.CHOSEN, name="this conversation (measured)")
+        turns = len(done)
+        if done:
+            ttft = [r.summary(with_text=False).ttft_ms for r in done]
+            self.chart.add(pg.PlotDataItem(list(range(1, len(ttft) + 1)), ttft, pen=pg.mkPen(th.CHOSEN, width=width),
+                                           symbol="o", symbolBrush=th.CHOSEN), "this conversation (measured)")
         if record is not None:
-            for reuse, colour in ((1.0, th.DECODE), (0.0, th.CACHE_OFF)):
-                points = [p.values for p in record.points if p.values.get("reuse") == reuse]
-                if points:
-                    self.plot.plot([p["turn"] for p in points], [p["ttft_ms"] for p in points],
-                                   pen=pg.mkPen(colour, width=width), symbol="o", symbolBrush=colour,
-                                   name=f"reuse {'on' if reuse else 'off'} (measured)")
-            summary = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
-            if "tokens_match" in summary and not summary.get("incomplete"):
-                on = [p.values for p in record.points if p.values.get("reuse") == 1.0]
-                off = [p.values for p in record.points if p.values.get("reuse") == 0.0]
-                match = "the same tokens ✓" if summary["tokens_match"] else "DIFFERENT tokens ✗"
-                self.explain.setText(
-                    f"Both ways gave {match}. Last turn: with reuse {on[-1]['reused_tokens']:,} of "
-                    f"{on[-1]['conversation_tokens']:,} positions came from the cache and only "
-                    f"{on[-1]['prefilled_tokens']:,} were prefilled (TTFT {on[-1]['ttft_ms']:,.0f} ms); without, "
-                    f"all {off[-1]['prefilled_tokens']:,} were prefilled again (TTFT {off[-1]['ttft_ms']:,.0f} ms).")
+            turns = max(turns, len(record.started.settings.get("turns", [])))
+            self._draw_comparison(record, width)
+        self.plot.getAxis("bottom").setTicks([[(t, str(t)) for t in range(1, max(turns, 1) + 1)]])
+
+    def _draw_comparison(self, record, width: float) -> None:
+        """Medians per turn as lines, every repeat as a dot: the spread is on screen, not only the average."""
+        for reuse, colour in ((1.0, th.DECODE), (0.0, th.CACHE_OFF)):
+            points = [p.values for p in record.points if p.values.get("reuse") == reuse]
+            if not points:
+                continue
+            by_turn: dict[int, list[float]] = {}
+            for p in points:
+                by_turn.setdefault(int(p["turn"]), []).append(p["ttft_ms"])
+            turns = sorted(by_turn)
+            medians = [sorted(v)[len(v) // 2] for v in (by_turn[t] for t in turns)]
+            name = f"reuse {'on' if reuse else 'off'} (measured, median of repeats)"
+            self.chart.add(pg.PlotDataItem(turns, medians, pen=th.run_pen(colour, width, not reuse)), name)
+            self.chart.add(pg.ScatterPlotItem([int(p["turn"]) for p in points], [p["ttft_ms"] for p in points],
+                                              size=8, brush=colour, pen=None))
+        summary = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
+        if "tokens_match" in summary and not summary.get("incomplete"):
+            self.explain.setText(comparison_text(summary))
+
+
+def comparison_text(s: dict) -> str:
+    """What the repeats show, and only what they show: a difference is called only where the spreads of the
+    repeats do not overlap; a busy machine is named."""
+    match = "the same tokens ✓" if s["tokens_match"] else "DIFFERENT tokens ✗"
+    last = int(s["turns"])
+    on, off = s[f"turn{last}_on_ms"], s[f"turn{last}_off_ms"]
+    (on_lo, on_hi), (off_lo, off_hi) = s[f"turn{last}_on_range"], s[f"turn{last}_off_range"]
+    if s[f"turn{last}_clear"]:
+        verdict = (f"with reuse TTFT is <b>{off / on:.1f}x lower</b>" if on < off else
+                   f"with reuse TTFT is {on / off:.1f}x <b>higher</b>")
+    else:
+        verdict = "the difference is <b>within the noise</b> (the spreads overlap)"
+    clear = sum(bool(s.get(f"turn{i}_clear")) for i in range(1, last + 1))
+    text = (f"Both ways gave {match}. Turn {last}, median of {s['repeats']} repeats: {on:,.0f} ms with reuse "
+            f"({on_lo:,.0f}–{on_hi:,.0f}) vs {off:,.0f} ms without ({off_lo:,.0f}–{off_hi:,.0f}): {verdict}. "
+            f"{clear} of {last} turns differ beyond the spread of the repeats.")
+    note = load.busy_note(s.get("lowest_cpu_share"))
+    if note:
+        text += f" <b>Note:</b> some turns were {html.escape(note)}."
+    return text

@@ -39,6 +39,7 @@ class ControlsPanel(QWidget):
     pause_toggled = Signal(bool)
     load_requested = Signal(str, str, str, bool)
     delay_changed = Signal(float)
+    changed = Signal()                      # any setting the user changed (the window saves them soon after)
 
     def __init__(self) -> None:
         super().__init__()
@@ -181,6 +182,11 @@ class ControlsPanel(QWidget):
         layout.addWidget(prompt_group, 1)
         layout.addWidget(params_group)
         layout.addWidget(run_group)
+        self.loaded: tuple[str, str, str] | None = None
+        for signal in (self.prompt.textChanged, self.max_tokens.valueChanged, self.temperature.valueChanged,
+                       self.top_k.valueChanged, self.top_p.valueChanged, self.seed.valueChanged,
+                       self.random_seed.toggled, self.kv_box.toggled, self.chat_box.toggled, self.slow.valueChanged):
+            signal.connect(lambda *_: self.changed.emit())
         self.set_running(False)
 
     # --- values -------------------------------------------------------------------------------------------
@@ -198,9 +204,10 @@ class ControlsPanel(QWidget):
         return (self.model_box.currentText().strip() or "embedded", self.device_box.currentText(),
                 self.dtype_box.currentText(), self.trust_box.isChecked())
 
-    def set_compact(self, compact: bool) -> None:
-        """Lecture mode: the model box goes (it is set before the talk); what an audience watches stays."""
-        self.model_group.setVisible(not compact)
+    def remember_model(self, model: str, device: str, dtype: str) -> None:
+        """Called when a load succeeded: only a model that loaded is offered again at the next launch."""
+        self.loaded = (model, device, dtype)
+        self.changed.emit()
 
     def set_model_limits(self, max_context: int, vocab_size: int, has_chat_template: bool = True) -> None:
         self.max_tokens.setMaximum(max(1, max_context - 1))
@@ -226,10 +233,12 @@ class ControlsPanel(QWidget):
 
     # --- settings -----------------------------------------------------------------------------------------
     def save(self, s: QSettings) -> None:
-        s.setValue("controls/model", self.model_box.currentText())
+        if self.loaded is not None:
+            model, device, dtype = self.loaded
+            s.setValue("controls/model", model)
+            s.setValue("controls/device", device)
+            s.setValue("controls/dtype", dtype)
         s.setValue("controls/models", [self.model_box.itemText(i) for i in range(self.model_box.count())][:10])
-        for key, box in (("device", self.device_box), ("dtype", self.dtype_box)):
-            s.setValue(f"controls/{key}", box.currentText())
         s.setValue("controls/prompt", self.prompt.toPlainText())
         for key, value in (("max_tokens", self.max_tokens.value()), ("temperature", self.temperature.value()),
                            ("top_k", self.top_k.value()), ("top_p", self.top_p.value()),

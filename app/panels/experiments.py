@@ -11,6 +11,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QLineEdit,
     QProgressBar,
@@ -24,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme as th
-from app.paint import TimedGraphics
+from app.panels.chart import Chart
 from app.store import ExperimentRecord, RunStore
 
 TITLES = {"prefill": "Prefill vs prompt length", "cache": "KV cache on vs off", "batch": "Batch size",
@@ -87,15 +88,19 @@ class ExperimentView(QWidget):
         row.addLayout(buttons)
         self.status = QLabel("Not run yet.")
         self.status.setTextFormat(Qt.TextFormat.PlainText)
-        self.graphics = TimedGraphics()
-        self.plot: pg.PlotItem = self.graphics.addPlot()
-        self.plot.addLegend(offset=(10, 10))
+        self.chart = Chart(TITLES[kind])
+        self.plot = self.chart.plot
+        self.sizes_chart: Chart | None = None
         self.sizes_plot: pg.PlotItem | None = None
+        self.charts = QWidget()
+        charts = QVBoxLayout(self.charts)
+        charts.setContentsMargins(0, 0, 0, 0)
+        charts.addWidget(self.chart, 3)
         if kind == "continuous":                        # lanes above, batch size over time below
-            self.sizes_plot = self.graphics.addPlot(row=1, col=0)
-            self.sizes_plot.addLegend(offset=(10, 10))
+            self.sizes_chart = Chart("Batch size over time")
+            self.sizes_plot = self.sizes_chart.plot
             self.sizes_plot.setXLink(self.plot)
-            self.graphics.ci.layout.setRowStretchFactor(0, 3)
+            charts.addWidget(self.sizes_chart, 1)
         self.plot.getViewBox().setDefaultPadding(0.08)       # room for point labels at the edges
         self.explain = QLabel()
         self.explain.setWordWrap(True)
@@ -103,13 +108,16 @@ class ExperimentView(QWidget):
         self.table = QTableWidget(0, len(COLUMNS[kind]))
         self.table.setHorizontalHeaderLabels([c[1] for c in COLUMNS[kind]])
         self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.setMaximumHeight(170)
+        self.settings_box = QWidget()
+        self.settings_box.setLayout(row)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addLayout(row)
+        layout.addWidget(self.settings_box)
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
-        layout.addWidget(self.graphics, 1)
+        layout.addWidget(self.charts, 1)
         layout.addWidget(self.explain)
         layout.addWidget(self.table)
         self._shown: tuple | None = None
@@ -140,6 +148,12 @@ class ExperimentView(QWidget):
             return
         self.run_requested.emit(self.kind, settings)
 
+    def set_compact(self, compact: bool) -> None:
+        """A lecture scene shows the chart, the caption states what it means; settings, progress, the
+        explanation and the table stay behind (the numbers are in the caption and on the axes)."""
+        for widget in (self.settings_box, self.progress, self.status, self.table, self.explain):
+            widget.setVisible(not compact)
+
     def set_busy(self, busy: bool, mine: bool = False) -> None:
         self.run_button.setEnabled(not busy)
         self.cancel_button.setEnabled(busy and mine)
@@ -147,18 +161,15 @@ class ExperimentView(QWidget):
     # --- drawing ------------------------------------------------------------------------------------------
     def set_theme(self, theme: th.Theme) -> None:
         self.theme = theme
-        self.graphics.setBackground(theme.background)
-        if self.plot.legend is not None:
-            self.plot.legend.setLabelTextSize(f"{theme.base_pt:.0f}pt")
         labels = {"prefill": ("prompt length", "tokens", "time", "ms"), "cache": ("decode step", None, "latency", "ms"),
                   "batch": ("per-token latency of each request", "ms", "throughput of all requests", "tok/s"),
                   "continuous": ("time since the first arrival", "ms", "requests", None)}
         x, xu, y, yu = labels[self.kind]
-        th.style_plot(self.plot, theme, x, xu, y, yu)
+        self.chart.style(theme, x, xu, y, yu)
         if self.kind == "prefill":
             self.plot.setLogMode(x=True, y=True)
-        if self.sizes_plot is not None:
-            th.style_plot(self.sizes_plot, theme, "time since the first arrival", "ms", "batch size", "rows")
+        if self.sizes_chart is not None:
+            self.sizes_chart.style(theme, "time since the first arrival", "ms", "batch size", "rows")
             for plot in (self.plot, self.sizes_plot):              # same left edge, so the time axes line up
                 plot.getAxis("left").setWidth(int(theme.base_pt * 11))
         self._shown = None
@@ -176,9 +187,9 @@ class ExperimentView(QWidget):
             self.progress.setRange(0, max(record.progress.total, 1))
             self.progress.setValue(record.progress.done)
             self.status.setText(record.progress.message if not record.finished else _end_text(record))
-        self.plot.clear()
-        if self.sizes_plot is not None:
-            self.sizes_plot.clear()
+        self.chart.clear_data()
+        if self.sizes_chart is not None:
+            self.sizes_chart.clear_data()
         getattr(self, f"_draw_{self.kind}")(record)
         self._fill_table(record)
 
@@ -204,14 +215,19 @@ class ExperimentView(QWidget):
         if not len(n):
             return
         width = self.theme.line_width * 1.5
-        self.plot.plot(n, record.series("prefill", "prefill_ms"), pen=pg.mkPen(th.PREFILL, width=width),
-                       symbol="o", symbolBrush=th.PREFILL, name="prefill time (measured)")
-        self.plot.plot(n, record.series("prefill", "ttft_ms"), pen=pg.mkPen(th.CHOSEN, width=width),
-                       name="TTFT (measured)")
+        prefill = record.series("prefill", "prefill_ms")
+        self.chart.add(pg.PlotDataItem(n, prefill, pen=pg.mkPen(th.PREFILL, width=width), symbol="o",
+                                       symbolBrush=th.PREFILL), "prefill time (measured)")
+        self.chart.add(pg.PlotDataItem(n, record.series("prefill", "ttft_ms"), pen=pg.mkPen(th.CHOSEN, width=width)),
+                       "TTFT (measured)")
         predicted = record.series("prefill", "predicted_ms")
         if len(predicted) == len(n):
-            self.plot.plot(n, predicted, pen=pg.mkPen(th.FORMULA, width=width, style=Qt.PenStyle.DashLine),
-                           name="cost model, roofline (computed)")
+            self.chart.add(pg.PlotDataItem(n, predicted, pen=pg.mkPen(th.FORMULA, width=width,
+                                                                       style=Qt.PenStyle.DashLine)),
+                           "cost model, roofline (computed)")
+        values = np.concatenate([prefill, predicted]) if len(predicted) == len(n) else prefill
+        self.plot.getAxis("bottom").setTicks([log_ticks(n, base=2)])
+        self.plot.getAxis("left").setTicks([log_ticks(values[values > 0], base=10)])
         s = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
         if "exponent" in s:
             self.explain.setText(
@@ -224,17 +240,23 @@ class ExperimentView(QWidget):
                 "the exponent rises toward 1 and beyond.")
 
     def _draw_cache(self, record: ExperimentRecord) -> None:
-        runs = [self.store.find(run_id) for run_id in record.run_ids]
-        for run in (r for r in runs if r is not None):
+        runs = [r for r in (self.store.find(run_id) for run_id in record.run_ids) if r is not None]
+        latency = {}
+        for run in runs:
             kv = run.started.params.kv_cache
-            lat = run.series["latency_ms"].values[1:]
-            self.plot.plot(np.arange(1, len(lat) + 1), lat, pen=pg.mkPen(th.run_colour(kv),
-                           width=self.theme.line_width * 1.5), name=f"KV cache {'on' if kv else 'off'} (measured)")
+            lat = latency[kv] = run.series["latency_ms"].values[1:]
+            self.chart.add(pg.PlotDataItem(np.arange(1, len(lat) + 1), lat,
+                                           pen=th.run_pen(th.run_colour(kv), self.theme.line_width * 1.5, not kv)),
+                           f"KV cache {'on' if kv else 'off'} (measured)")
         s = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
         if "decode_speedup" in s:
             match = "identical ✓" if s["tokens_match"] else "DIFFERENT ✗"
+            step = min(len(latency.get(True, [])), len(latency.get(False, [])))
+            at_step = (f"At step {step}: <b>{latency[False][step - 1]:,.0f} ms vs {latency[True][step - 1]:,.0f} ms "
+                       f"per step, {latency[False][step - 1] / latency[True][step - 1]:.1f}x</b> (measured). "
+                       if step else "")
             self.explain.setText(
-                f"Tokens with and without the cache: <b>{match}</b>. Decode with the cache is "
+                f"{at_step}Tokens with and without the cache: <b>{match}</b>. Decode with the cache is "
                 f"<b>{s['decode_speedup']:.2f}x faster</b> (measured) for {s['generated']} tokens after a "
                 f"{s['prompt_tokens']}-token prompt; the cost model says {s['flops_ratio']:.1f}x fewer FLOPs "
                 f"(whole model, computed) and {s['attention_flops_ratio']:.0f}x fewer attention FLOPs (the "
@@ -247,12 +269,13 @@ class ExperimentView(QWidget):
         sizes = record.series("batch", "batch")
         if not len(x):
             return
-        self.plot.plot(x, y, pen=pg.mkPen(th.DECODE, width=self.theme.line_width * 1.5), symbol="o",
-                       symbolBrush=th.DECODE, name="batch sizes (measured)")
+        self.chart.add(pg.PlotDataItem(x, y, pen=pg.mkPen(th.DECODE, width=self.theme.line_width * 1.5), symbol="o",
+                                       symbolBrush=th.DECODE), "batch sizes (measured)")
         for xi, yi, b in zip(x, y, sizes):
             label = pg.TextItem(f"B={int(b)}", color=self.theme.foreground, anchor=(0, 1))
+            label.setFont(self.theme.axis_font)
             label.setPos(xi, yi)
-            self.plot.addItem(label)
+            self.chart.add(label)
         s = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
         if "throughput_gain" in s:
             self.explain.setText(
@@ -275,18 +298,18 @@ class ExperimentView(QWidget):
                 if rows:
                     bars = pg.BarGraphItem(x0=[r[start] for r in rows],
                                            width=[max(r[end] - r[start], 0.0) for r in rows],
-                                           y=[offset + r["index"] for r in rows], height=0.7, brush=colour, pen=None,
-                                           name=name if policy == 1.0 else None)
-                    self.plot.addItem(bars)
+                                           y=[offset + r["index"] for r in rows], height=0.7, brush=colour, pen=None)
+                    self.chart.add(bars, name if policy == 1.0 else None)
             label = "continuous" if policy else "static"
             ticks.append((offset + (n - 1) / 2, label))
             sizes = [p.values for p in record.points if p.series == "batch" and p.values["policy"] == policy]
-            if sizes and self.sizes_plot is not None:
+            if sizes and self.sizes_chart is not None:
                 t = np.array([0.0] + [p["t_ms"] for p in sizes])
                 b = np.array([sizes[0]["batch_size"]] + [p["batch_size"] for p in sizes])
-                self.sizes_plot.plot(np.repeat(t, 2)[1:], np.repeat(b, 2)[:-1],      # a step: size holds until
-                                     pen=pg.mkPen(th.DECODE if policy else th.CACHE_OFF, width=self.theme.line_width),
-                                     name=f"{label} (measured)")                     # the next decode step
+                self.sizes_chart.add(pg.PlotDataItem(np.repeat(t, 2)[1:], np.repeat(b, 2)[:-1],  # a step: the size
+                                                     pen=th.run_pen(th.DECODE if policy else th.CACHE_OFF,  # holds
+                                                                    self.theme.line_width, not policy)),  # until the
+                                     f"{label} (measured)")                                 # next decode step
         self.plot.getAxis("left").setTicks([ticks, []])
         self.plot.invertY(True)
         s = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
@@ -300,6 +323,19 @@ class ExperimentView(QWidget):
                 f"measured). Static batching makes a newcomer wait for the whole batch (grey); continuous batching "
                 f"prefills it at the next step and lets finished rows leave. "
                 f"{solo.get(s.get('tokens_match_solo'), '')}")
+
+
+def log_ticks(values: np.ndarray, base: int) -> list[tuple[float, str]]:
+    """Ticks for a log axis at powers of ``base`` (2: token counts; 10: times) within the data, at most six, so
+    labels never pile up ("4·10¹5·10¹6·10¹")."""
+    import math
+
+    if not len(values):
+        return []
+    low, high = math.floor(math.log(float(values.min()), base)), math.ceil(math.log(float(values.max()), base))
+    powers = list(range(low, high + 1))
+    stride = max(1, math.ceil(len(powers) / 6))
+    return [(math.log10(base**p), f"{base**p:,}" if base**p >= 1 else f"{base**p:g}") for p in powers[::stride]]
 
 
 def _end_text(record: ExperimentRecord) -> str:

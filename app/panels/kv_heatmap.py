@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 from app import theme as th
 from app.paint import TimedGraphics
 from app.store import RunRecord, RunStore
+from app.viewstate import ViewState
 from engine import kvcache
 
 MODES = {"memory": "Memory (bytes held)", "k": "Key norm", "v": "Value norm"}
@@ -53,10 +54,11 @@ def layer_ranges(devices: list[str]) -> str:
 
 
 class KVHeatmapPanel(QWidget):
-    def __init__(self, store: RunStore) -> None:
+    def __init__(self, store: RunStore, state: ViewState) -> None:
         super().__init__()
-        self.store = store
+        self.store, self.state = store, state
         self.mode = "memory"
+        self.whole_window_only = False     # the "memory" lecture scene shows the whole context, always
         self.theme = th.current_theme(False)
         self.mode_box = QComboBox()
         for key, label in MODES.items():
@@ -64,11 +66,17 @@ class KVHeatmapPanel(QWidget):
         self.mode_box.currentIndexChanged.connect(lambda _i: self.set_mode(self.mode_box.currentData()))
         self.fit_button = QPushButton("Zoom to used positions")
         self.fit_button.setCheckable(True)
-        self.fit_button.toggled.connect(lambda _on: self._apply_range(force=True))
+        self.fit_button.setChecked(state.heatmap_fit)
+        self.fit_button.setToolTip("On: the used positions and some headroom fill the chart. Off: the whole "
+                                   "context window (remembered)")
+        self.fit_button.toggled.connect(state.set_heatmap_fit)
+        state.subscribe(self._state_changed)
         top = QHBoxLayout()
-        top.addWidget(QLabel("Show:"))
+        show = QLabel("Show:")
+        top.addWidget(show)
         top.addWidget(self.mode_box)
         top.addWidget(self.fit_button)
+        self._controls = (show, self.mode_box, self.fit_button)
         top.addStretch(1)
 
         self.graphics = TimedGraphics()
@@ -104,8 +112,11 @@ class KVHeatmapPanel(QWidget):
         self.bars_plot.hideAxis("left")
         self.graphics.ci.layout.setColumnStretchFactor(0, 5)
         self.graphics.ci.layout.setColumnStretchFactor(2, 1)
-        self.k_bars = pg.BarGraphItem(x0=[], y=[], height=0.4, width=[], brush=th.PREFILL)
-        self.v_bars = pg.BarGraphItem(x0=[], y=[], height=0.4, width=[], brush=th.DECODE)
+        self.k_bars = pg.BarGraphItem(x0=[], y=[], height=0.4, width=[], brush=QBrush(QColor(th.KV_BARS)),
+                                      pen=pg.mkPen(th.KV_BARS))
+        self.v_bars = pg.BarGraphItem(x0=[], y=[], height=0.4, width=[],
+                                      brush=QBrush(QColor(th.KV_BARS), Qt.BrushStyle.BDiagPattern),
+                                      pen=pg.mkPen(th.KV_BARS))
         self.bars_plot.addItem(self.k_bars)
         self.bars_plot.addItem(self.v_bars)
         self.info = QLabel("Load a model and run a prompt to see the cache fill.")
@@ -141,22 +152,42 @@ class KVHeatmapPanel(QWidget):
         self.graphics.setBackground(theme.background)
         th.style_plot(self.plot, theme, "position in the context window", "tokens", "layer", None)
         th.style_plot(self.bars_plot, theme, "per layer", "B", "", None)
-        self.bars_plot.setTitle("K (blue), V (red)", size=f"{theme.base_pt:.0f}pt")
+        self.bars_plot.setTitle("K solid, V hatched", size=f"{theme.base_pt:.0f}pt", color=theme.foreground)
         self.colorbar.getAxis("right").setTickFont(theme.axis_font)
         self.empty.setBrush(QBrush(QColor("#3A3A3A" if theme.dark else "#E4E4E4")))
         self.strip_text.setColor(theme.foreground)
         self._shown = None
         self.refresh()
 
+    def selected(self) -> RunRecord | None:
+        return self.store.find(self.state.selected) if self.state.selected else None
+
     def refresh(self) -> None:
-        run = self.store.current
-        if run is None:
-            return
-        key = (run.run_id, self.store.version)
+        run = self.selected()
+        key = (run.run_id if run else None, self.store.version)
         if key == self._shown:
             return
         self._shown = key
+        if run is None:
+            self.image.setVisible(False)
+            self.info.setText("Load a model and run a prompt to see the cache fill.")
+            return
         self._draw(run)
+
+    def set_controls_visible(self, visible: bool) -> None:
+        """A lecture scene shows the heatmap and its arithmetic; the mode and zoom buttons stay behind."""
+        for widget in self._controls:
+            widget.setVisible(visible)
+
+    def refresh_range(self) -> None:
+        self._apply_range(force=True)
+
+    def _state_changed(self, names: set[str]) -> None:
+        if "heatmap_fit" in names:
+            self.fit_button.blockSignals(True)
+            self.fit_button.setChecked(self.state.heatmap_fit)
+            self.fit_button.blockSignals(False)
+            self._apply_range(force=True)
 
     def grid(self, run: RunRecord) -> np.ndarray:
         return run.memory_grid() if self.mode == "memory" else run.norm_grid(self.mode)
@@ -180,7 +211,7 @@ class KVHeatmapPanel(QWidget):
         th.label_axis(self.colorbar.getAxis("right"), label, unit, self.theme)
         n_prompt = min(run.prompt_tokens, used) if used else 0
         reused = min(run.reused_tokens, n_prompt)
-        strip = max(0.6, layers * 0.04)
+        strip = min(0.6, max(0.15, layers * 0.04))
         self.strip_reused.setRect(QRectF(0, layers + 0.2, reused, strip))
         self.strip_prefill.setRect(QRectF(reused, layers + 0.2, n_prompt - reused, strip))
         self.strip_decode.setRect(QRectF(n_prompt, layers + 0.2, max(used - n_prompt, 0), strip))
@@ -210,15 +241,17 @@ class KVHeatmapPanel(QWidget):
         th.label_axis(self.bars_plot.getAxis("bottom"), "per layer", unit, self.theme)
 
     def _apply_range(self, force: bool = False) -> None:
-        run = self.store.current
+        """Zoomed: the used positions plus a quarter more (the run grows into it); else the whole context."""
+        run = self.selected()
         if run is None:
             return
-        fit = self.fit_button.isChecked()
+        fit = self.state.heatmap_fit and not self.whole_window_only
         if force or fit or self._range_for != run.run_id:
             self._range_for = run.run_id
-            right = max(run.kv_tokens, 16) * 1.05 if fit else run.model.max_context
+            right = min(max(run.kv_tokens, 16) * 1.25, run.model.max_context) if fit else run.model.max_context
             self.plot.setXRange(0, right, padding=0.01)
-            self.plot.setYRange(0, run.model.num_layers * 1.12 + 1, padding=0)
+            layers = run.model.num_layers
+            self.plot.setYRange(0, layers + min(0.6, max(0.15, layers * 0.04)) + layers * 0.12 + 0.3, padding=0)
 
     def _info_html(self, run: RunRecord) -> str:
         m = run.model
@@ -239,8 +272,23 @@ class KVHeatmapPanel(QWidget):
             measured = (f"<b>Measured</b> (read from the cache tensors): {fmt(held)} after {seen:,} positions "
                         f"(K {fmt(k_total)} + V {fmt(v_total)}) {agree}")
         notes = "".join(f"<br>{escape(note)}" for note in kvcache.layer_notes(m))
+        notes += f"<br>{escape(concurrency_text(m))}"
         return (f"{measured}<br><b>Formula</b> (computed): {escape(kvcache.formula_text(m))}; for {seen:,} positions "
                 f"{fmt(predicted)}<br><b>Full context</b> ({full:,} positions, computed): "
                 f"{fmt(kvcache.full_context_kv_bytes(m))} — {seen / max(full, 1):.1%} used<br>"
                 f"{escape(kvcache.heads_text(m))}{notes}<br>Devices: {escape(layer_ranges(m.layer_devices))} · "
                 f"dtype {escape(m.dtype)}")
+
+
+GPU_GIB = (24, 80)
+
+
+def concurrency_text(m) -> str:
+    """What full-context caches mean for serving: how many fit on common GPUs beside the weights (computed)."""
+    full = kvcache.full_context_kv_bytes(m)
+    if not full:
+        return ""
+    weights = m.num_params * m.dtype_bytes
+    fits = [f"{max(int((gib * 2**30 - weights) // full), 0):,} on {gib} GiB" for gib in GPU_GIB]
+    return (f"Requests at full context that fit beside the weights ({kvcache.format_bytes(weights)}), computed: "
+            + ", ".join(fits))

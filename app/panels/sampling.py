@@ -1,5 +1,8 @@
-"""The sampling view: for the newest (or hovered) step, the likeliest candidates with their probability
-before (outline) and after (filled) temperature / top-k / top-p, and the token that was drawn marked."""
+"""The sampling view: for the selected run's newest (or a clicked) step, the likeliest candidates, one bar each,
+with their probability before (outline) and after (filled) temperature / top-k / top-p, the drawn token
+starred, the tokens the filters cut greyed below a marked line, and how many tokens survived.
+
+Bars run horizontally so every candidate's text has a line of its own (labels under vertical bars overlap)."""
 
 from __future__ import annotations
 
@@ -11,10 +14,13 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app import theme as th
-from app.paint import TimedGraphics
+from app.panels.chart import Chart
 from app.panels.tokens import escaped
 from app.store import RunStore
+from app.viewstate import ViewState
 from engine.events import TokenStep
+
+CUT = "#BBBBBB"
 
 
 def candidate_rows(step: TokenStep) -> list[tuple[str, float, float, bool]]:
@@ -26,38 +32,43 @@ def candidate_rows(step: TokenStep) -> list[tuple[str, float, float, bool]]:
 
 
 class SamplingPanel(QWidget):
-    def __init__(self, store: RunStore) -> None:
+    def __init__(self, store: RunStore, state: ViewState) -> None:
         super().__init__()
-        self.store = store
+        self.store, self.state = store, state
         self.theme = th.current_theme(False)
         self.pinned: tuple[str, int] | None = None      # (run id, step) chosen in the token view
         self.caption = QLabel("The candidates for the next token appear here during a run.")
         self.caption.setWordWrap(True)
         self.caption.setTextFormat(Qt.TextFormat.RichText)
-        self.graphics = TimedGraphics()
-        self.plot: pg.PlotItem = self.graphics.addPlot()
-        self.plot.addLegend(offset=(-10, 10))
-        self.raw_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=None, pen=pg.mkPen(th.FORMULA, width=2),
-                                        name="before filters (softmax of logits)")
-        self.final_bars = pg.BarGraphItem(x=[], height=[], width=0.5, brush=th.DECODE, pen=None,
-                                          name="after temperature / top-k / top-p")
-        self.chosen = pg.ScatterPlotItem(symbol="star", size=18, brush=th.CHOSEN, pen=None, name="token drawn")
-        for item in (self.raw_bars, self.final_bars, self.chosen):
-            self.plot.addItem(item)
+        self.chart = Chart(legend_columns=2)
+        self.plot = self.chart.plot
+        self.raw_bars = pg.BarGraphItem(x0=[], y=[], height=0.8, width=[], brush=None,
+                                        pen=pg.mkPen(th.FORMULA, width=2))
+        self.final_bars = pg.BarGraphItem(x0=[], y=[], height=0.5, width=[], brush=th.DECODE, pen=None)
+        self.cut_bars = pg.BarGraphItem(x0=[], y=[], height=0.8, width=[], brush=CUT, pen=None)
+        self.chosen = pg.ScatterPlotItem(symbol="star", size=18, brush=th.CHOSEN, pen=None)
+        self.cut_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(th.CACHE_OFF, width=2, style=Qt.PenStyle.DashLine),
+                                        label="cut by the filters", labelOpts={"position": 0.75,
+                                                                               "color": th.CACHE_OFF})
+        self.chart.add(self.raw_bars, "before the filters")
+        self.chart.add(self.final_bars, "after the filters")
+        self.chart.add(self.cut_bars, "cut by the filters")
+        self.chart.add(self.chosen, "token drawn")
+        self.chart.add(self.cut_line)
+        self.plot.invertY(True)
+        self.plot.enableAutoRange(x=False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.caption)
-        layout.addWidget(self.graphics, 1)
+        layout.addWidget(self.chart, 1)
         self._shown: tuple | None = None
         self.set_theme(self.theme)
 
     def set_theme(self, theme: th.Theme) -> None:
         self.theme = theme
-        self.graphics.setBackground(theme.background)
-        if self.plot.legend is not None:
-            self.plot.legend.setLabelTextSize(f"{theme.base_pt:.0f}pt")
-        th.style_plot(self.plot, theme, "candidate token", None, "probability", None)
-        self.plot.setYRange(0, 1.05, padding=0)
+        self.chart.style(theme, "probability", None, "candidate token", None)
+        self.plot.setXRange(0, 1.1, padding=0)
+        self.plot.getAxis("left").setStyle(hideOverlappingLabels=False)
         self._shown = None
         self.refresh()
 
@@ -69,9 +80,9 @@ class SamplingPanel(QWidget):
     def current_step(self) -> TokenStep | None:
         if self.pinned is not None:
             run = self.store.find(self.pinned[0])
-            if run is not None and self.pinned[1] < run.n_steps:
+            if run is not None and self.pinned[1] < run.n_steps and run.run_id == self.state.selected:
                 return run.steps[self.pinned[1]]
-        run = self.store.current
+        run = self.store.find(self.state.selected) if self.state.selected else None
         return run.steps[-1] if run is not None and run.steps else None
 
     def refresh(self) -> None:
@@ -81,28 +92,47 @@ class SamplingPanel(QWidget):
             return
         self._shown = key
         if step is None:
-            for bars in (self.raw_bars, self.final_bars):
-                bars.setOpts(x=[], height=[])
+            for bars in (self.raw_bars, self.final_bars, self.cut_bars):
+                bars.setOpts(x0=[], y=[], width=[])
             self.chosen.setData([], [])
+            self.cut_line.setVisible(False)
+            self.caption.setText("The candidates for the next token appear here during a run.")
             return
         rows = candidate_rows(step)
-        x = np.arange(len(rows))
-        self.raw_bars.setOpts(x=x, height=[r[1] for r in rows], width=0.8)
-        self.final_bars.setOpts(x=x, height=[r[2] for r in rows], width=0.5)
-        chosen = [i for i, r in enumerate(rows) if r[3]]
-        self.chosen.setData(chosen, [max(rows[i][1], rows[i][2]) + 0.04 for i in chosen])
-        self.plot.getAxis("bottom").setTicks([[(i, _label(r[0])) for i, r in enumerate(rows)]])
+        y = np.arange(len(rows))
+        raw = np.array([r[1] for r in rows])
+        final = np.array([r[2] for r in rows])
+        cut = final == 0.0
         run = self.store.find(step.run_id)
         params = run.started.params if run is not None else None
-        how = "greedy (argmax)" if params is not None and params.temperature == 0 else (
-            f"T={params.temperature:g}, top-k={params.top_k or 'off'}, top-p={params.top_p:g}, seed {params.seed}"
-            if params is not None else "")
-        self.caption.setText(
-            f"<b>Step {step.step}</b> ({escape(step.phase)}) · drew <b>\"{escape(escaped(step.text))}\"</b> "
-            f"(id {step.token_id}) "
-            f"with p = {step.prob:.3f} after filters, {step.raw_prob:.3f} before · {how}")
+        sampled = params is not None and params.temperature > 0 and (params.top_k or params.top_p < 1.0)
+        zeros = np.zeros(len(rows))
+        self.raw_bars.setOpts(x0=zeros, y=y, width=raw, height=0.8)
+        self.final_bars.setOpts(x0=zeros, y=y, width=final, height=0.5)
+        shown_cut = cut if sampled else np.zeros(len(rows), dtype=bool)
+        self.cut_bars.setOpts(x0=zeros[shown_cut], y=y[shown_cut], width=raw[shown_cut], height=0.8)
+        first_cut = int(np.argmax(shown_cut)) if shown_cut.any() else None
+        self.cut_line.setVisible(first_cut is not None)
+        if first_cut is not None:
+            self.cut_line.setValue(first_cut - 0.5)
+        chosen = [i for i, r in enumerate(rows) if r[3]]
+        self.chosen.setData([max(raw[i], final[i]) + 0.04 for i in chosen], chosen)
+        self.plot.getAxis("left").setTicks([[(i, _label(r[0])) for i, r in enumerate(rows)]])
+        self.plot.setYRange(-0.6, len(rows) - 0.4, padding=0)
+        self.caption.setText(caption(step, params, run.model.vocab_size if run is not None else 0))
+
+
+def caption(step: TokenStep, params, vocab: int) -> str:
+    if params is None or params.temperature == 0:
+        how = "greedy: the likeliest token, always"
+    else:
+        filters = [f"T={params.temperature:g}"] + ([f"top-k {params.top_k}"] if params.top_k else []) + \
+            ([f"top-p {params.top_p:g}"] if params.top_p < 1.0 else []) + [f"seed {params.seed}"]
+        how = f"{', '.join(filters)}: <b>{step.kept:,} of {vocab:,}</b> tokens survive the filters"
+    return (f"<b>Step {step.step}</b> ({escape(step.phase)}) · drew <b>\"{escape(escaped(step.text))}\"</b> "
+            f"(id {step.token_id}) with p = {step.prob:.3f} after the filters, {step.raw_prob:.3f} before · {how}")
 
 
 def _label(text: str) -> str:
     shown = escaped(text) if text else "▫"
-    return shown if len(shown) <= 10 else shown[:9] + "…"
+    return shown if len(shown) <= 12 else shown[:11] + "…"

@@ -1,6 +1,9 @@
-"""Prefill vs decode timing: a timeline per run (the prefill bar, then one bar per decode step, TTFT marked),
-per-step latency, running tokens/s and cumulative tokens vs time. Earlier runs can be overlaid, so "KV cache
-on" and "off" are one click apart; the legend names each run's settings."""
+"""Prefill vs decode timing, four charts: a timeline per run (the prefill bar, then the decode steps, TTFT
+marked, waits drawn apart in grey), per-step latency, running tokens/s and cumulative tokens vs time.
+
+The selected run is drawn with earlier main runs overlaid (chat turns and experiment runs have their own
+views), each in the style it got when it started, so "KV cache on" and "off" are one click apart; the header
+states the comparison in numbers."""
 
 from __future__ import annotations
 
@@ -9,11 +12,12 @@ from html import escape
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QGridLayout, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 from app import theme as th
-from app.paint import TimedGraphics
+from app.panels.chart import Chart
 from app.store import RunRecord, RunStore
+from app.viewstate import MAIN, ViewState
 from engine import load
 from engine.costmodel import Device, ModelCost
 
@@ -23,30 +27,32 @@ WAIT_GAP_MS = 1.0           # waits shorter than this are not drawn apart
 class _RunItems:
     """The curves and bars one run contributes to the four charts."""
 
-    def __init__(self, panel: TimingPanel, run: RunRecord, colour: str, width: float) -> None:
-        pen = pg.mkPen(colour, width=width)
-        name = escape(f"#{run.number} {run.label}")             # legends render HTML
-        self.latency = panel.latency.plot([], [], pen=pen, name=name)
-        self.rate = panel.rate.plot([], [], pen=pen, name=name)
-        self.cumulative = panel.cumulative.plot([], [], pen=pen, name=name)
+    def __init__(self, panel: TimingPanel, run: RunRecord, selected: bool) -> None:
+        style = panel.state.style(run.run_id)
+        width = panel.theme.line_width * (1.6 if selected else 1.0)
+        pen = th.run_pen(style.colour, width, style.dashed)
+        name = escape(f"#{run.number} {run.label}")                 # legends render HTML
+        self.charts = (panel.latency, panel.rate, panel.cumulative)
+        self.latency = panel.latency.add(pg.PlotCurveItem(pen=pen), name)
+        self.rate = panel.rate.add(pg.PlotCurveItem(pen=pen), name)
+        self.cumulative = panel.cumulative.add(pg.PlotCurveItem(pen=pen), name)
         self.prefill_bar = pg.BarGraphItem(x0=[], y=[], height=0.6, width=[], brush=th.PREFILL, pen=None)
-        self.decode_bars = pg.BarGraphItem(x0=[], y=[], height=0.6, width=[], brush=colour, pen=None)
+        self.decode_bars = pg.BarGraphItem(x0=[], y=[], height=0.6, width=[], brush=style.colour, pen=None)
         self.wait_bars = pg.BarGraphItem(x0=[], y=[], height=0.25, width=[], brush=th.WAITING, pen=None)
-        # Step boundaries as white ticks over the decode bar: one bar per step reads the same and draws in
-        # one call however long the run (thousands of separate bars made painting the slowest thing here).
+        # Step boundaries as ticks over the decode bar: one bar per step reads the same and draws in one call
+        # however long the run (thousands of separate bars made painting the slowest thing here).
         self.boundaries = pg.PlotCurveItem(pen=pg.mkPen(panel.theme.background, width=1), connect="pairs")
-        self.ttft = pg.ScatterPlotItem(symbol="t", size=12, brush=th.CHOSEN, pen=None)
-        for item in (self.prefill_bar, self.decode_bars, self.wait_bars, self.boundaries, self.ttft):
-            panel.timeline.addItem(item)
-        self.items = [self.latency, self.rate, self.cumulative]
+        self.ttft = pg.ScatterPlotItem(symbol="t", size=14, brush=th.CHOSEN, pen=None)
+        self.timeline_items = (self.prefill_bar, self.decode_bars, self.wait_bars, self.boundaries, self.ttft)
+        for item in self.timeline_items:
+            panel.timeline.add(item)
         self.panel = panel
 
     def remove(self) -> None:
-        for plot, item in ((self.panel.latency, self.latency), (self.panel.rate, self.rate),
-                           (self.panel.cumulative, self.cumulative)):
-            plot.removeItem(item)
-        for item in (self.prefill_bar, self.decode_bars, self.wait_bars, self.boundaries, self.ttft):
-            self.panel.timeline.removeItem(item)
+        for chart, item in zip(self.charts, (self.latency, self.rate, self.cumulative)):
+            chart.remove(item)
+        for item in self.timeline_items:
+            self.panel.timeline.remove(item)
 
     def update(self, run: RunRecord, row: int) -> None:
         n = run.n_steps
@@ -83,11 +89,11 @@ class _RunItems:
 
 
 class TimingPanel(QWidget):
-    def __init__(self, store: RunStore) -> None:
+    def __init__(self, store: RunStore, state: ViewState) -> None:
         super().__init__()
-        self.store = store
+        self.store, self.state = store, state
         self.theme = th.current_theme(False)
-        self.overlay = QCheckBox("Overlay previous runs")
+        self.overlay = QCheckBox("Overlay earlier runs")
         self.overlay.setChecked(True)
         self.overlay_count = QSpinBox()
         self.overlay_count.setRange(1, 10)
@@ -100,88 +106,103 @@ class TimingPanel(QWidget):
         top = QHBoxLayout()
         top.addWidget(self.overlay)
         top.addWidget(self.overlay_count)
-        top.addWidget(self.summary, 1)
-        self.graphics = TimedGraphics()
-        self.timeline: pg.PlotItem = self.graphics.addPlot(row=0, col=0, colspan=2,
-                                                           title="Timeline: prefill bar, then one bar per decode step")
-        self.latency: pg.PlotItem = self.graphics.addPlot(row=1, col=0, title="Per-step latency")
-        self.rate: pg.PlotItem = self.graphics.addPlot(row=1, col=1, title="Decode throughput (last 8 steps)")
-        self.cumulative: pg.PlotItem = self.graphics.addPlot(row=2, col=0, colspan=2,
-                                                             title="Tokens generated vs time")
-        for plot in (self.latency, self.rate, self.cumulative):
-            plot.addLegend(offset=(-10, 10))
+        top.addStretch(1)
+        self.legend = QLabel()                  # one legend for the four charts: every run shown, its style
+        self.legend.setTextFormat(Qt.TextFormat.RichText)
+        self.legend.setWordWrap(True)
+        self.timeline = Chart("Timeline: one prefill bar, then one bar per decode step", legend=False)
+        self.latency = Chart("Per-step latency", legend=False)
+        self.rate = Chart("Decode throughput (last 8 steps)", legend=False)
+        self.cumulative = Chart("Tokens generated vs time", legend=False)
         self.ttft_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(th.CHOSEN, width=2, style=Qt.PenStyle.DashLine),
-                                         label="TTFT", labelOpts={"position": 0.9, "color": th.CHOSEN})
-        self.timeline.addItem(self.ttft_line)
+                                         label="TTFT", labelOpts={"position": 0.92, "color": th.CHOSEN})
+        self.timeline.add(self.ttft_line)
+        self.charts = QWidget()
+        grid = QGridLayout(self.charts)
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.addWidget(self.timeline, 0, 0, 1, 2)
+        grid.addWidget(self.latency, 1, 0)
+        grid.addWidget(self.rate, 1, 1)
+        grid.addWidget(self.cumulative, 2, 0, 1, 2)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(top)
-        layout.addWidget(self.graphics, 1)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.legend)
+        layout.addWidget(self.charts, 1)
         self._items: dict[str, _RunItems] = {}
-        self._shown_version = -1
+        self._shown: tuple | None = None
         self.set_theme(self.theme)
 
     def set_theme(self, theme: th.Theme) -> None:
         self.theme = theme
-        self.graphics.setBackground(theme.background)
-        if self.latency.legend is not None:
-            self.latency.legend.setLabelTextSize(f"{theme.base_pt:.0f}pt")
-        if self.rate.legend is not None:
-            self.rate.legend.setLabelTextSize(f"{theme.base_pt:.0f}pt")
-        if self.cumulative.legend is not None:
-            self.cumulative.legend.setLabelTextSize(f"{theme.base_pt:.0f}pt")
-        th.style_plot(self.timeline, theme, "time since run start", "ms", "run", None)
-        th.style_plot(self.latency, theme, "decode step", None, "latency", "ms")
-        th.style_plot(self.rate, theme, "decode step", None, "throughput", "tok/s")
-        th.style_plot(self.cumulative, theme, "time since run start", "s", "tokens generated", "tokens")
+        self.timeline.style(theme, "time since run start", "ms", "run", None)
+        self.latency.style(theme, "decode step", None, "latency", "ms")
+        self.rate.style(theme, "decode step", None, "throughput", "tok/s")
+        self.cumulative.style(theme, "time since run start", "s", "tokens generated", "tokens")
         self._invalidate()
 
+    def selected(self) -> RunRecord | None:
+        return self.store.find(self.state.selected) if self.state.selected else None
+
     def visible_runs(self) -> list[RunRecord]:
-        runs = self.store.runs
-        if not runs:
-            return []
+        """The selected run and, with the overlay on, the newest earlier main runs; oldest first."""
+        selected = self.selected()
         if not self.overlay.isChecked():
-            return [runs[-1]]
-        return runs[-(self.overlay_count.value() + 1):]
+            return [selected] if selected is not None else []
+        main = [r for r in self.store.runs if self.state.style(r.run_id).group == MAIN and r is not selected]
+        runs = main[-self.overlay_count.value():] if selected is not None else main[-(self.overlay_count.value()
+                                                                                        + 1):]
+        return sorted(runs + ([selected] if selected is not None else []), key=lambda r: r.number)
 
     def _invalidate(self) -> None:
         for items in self._items.values():
             items.remove()
         self._items.clear()
-        self._shown_version = -1
+        self._shown = None
         self.refresh()
 
     def refresh(self) -> None:
-        if self.store.version == self._shown_version:
+        key = (self.store.version, self.state.selected)
+        if key == self._shown:
             return
-        self._shown_version = self.store.version
+        if self._shown is not None and self._shown[1] != self.state.selected:
+            self._shown = None                       # the thicker line moves to the new selection
+            self._invalidate()
+            return
+        self._shown = key
         runs = self.visible_runs()
         wanted = {r.run_id for r in runs}
         for run_id in [k for k in self._items if k not in wanted]:
             self._items.pop(run_id).remove()
-        current = runs[-1] if runs else None
+        selected = self.selected()
         for index, run in enumerate(reversed(runs)):          # row 0 = the newest run
             items = self._items.get(run.run_id)
             if items is None:
-                colour = th.run_colour(run.started.params.kv_cache) if run is current else \
-                    th.OVERLAY[run.number % len(th.OVERLAY)]
-                items = self._items[run.run_id] = _RunItems(self, run, colour,
-                                                            self.theme.line_width * (1.5 if run is current else 1))
+                items = self._items[run.run_id] = _RunItems(self, run, run is selected)
             items.update(run, index)
-        self.timeline.getAxis("left").setTicks([[(i, f"#{r.number}") for i, r in enumerate(reversed(runs))]])
-        if current is not None:
-            self._update_summary(current)
+        self.timeline.plot.getAxis("left").setTicks([[(i, f"#{r.number}") for i, r in enumerate(reversed(runs))]])
+        self.legend.setText(legend_html(runs, self.state, selected))
+        self.timeline.plot.setYRange(-0.6, max(len(runs), 1) - 0.4, padding=0.02)
+        if selected is not None:
+            self._update_summary(selected, [r for r in runs if r is not selected])
+        else:
+            self.summary.setText("")
 
-    def _update_summary(self, run: RunRecord) -> None:
+    def _update_summary(self, run: RunRecord, others: list[RunRecord]) -> None:
         s = run.summary(with_text=False)
         if run.n_steps:
             self.ttft_line.setValue(run.steps[0].t_ms)
+        incomplete = " · <b>incomplete</b> (the trace ends before the run did)" if run.incomplete else ""
         text = (f"<b>#{run.number}</b> {escape(run.label)} · TTFT <b>{s.ttft_ms:,.1f} ms</b> · prefill "
                 f"{s.prompt_tokens} tokens in {s.prefill_ms:,.1f} ms ({s.prefill_tok_s:,.0f} tok/s) · decode "
-                f"{s.decode_runs} steps, <b>{s.decode_tok_s:,.1f} tok/s</b> (measured)")
+                f"{s.decode_runs} steps, <b>{s.decode_tok_s:,.1f} tok/s</b> (measured){incomplete}")
         if s.waited_ms:
             text += (f" · {s.waited_ms / 1000:,.1f} s waiting (grey in the timeline) not counted; a step after a wait "
                      "starts cold and is slower")
+        comparison = compare(run, others[-1]) if others else ""
+        if comparison:
+            text += f"<br><b>{escape(comparison)}</b>"
         note = load.busy_note(s.cpu_share)
         if note:
             text += f"<br><b>Note:</b> {escape(note)}"
@@ -189,6 +210,33 @@ class TimingPanel(QWidget):
         if peaks is not None and s.prefill_ms > 0:
             text += "<br>" + bounds_text(run, s, peaks)
         self.summary.setText(text)
+
+
+def legend_html(runs: list[RunRecord], state: ViewState, selected: RunRecord | None) -> str:
+    """Every run shown, newest first, in its own colour; dashed (KV off) runs marked; the selected one bold."""
+    parts = []
+    for run in reversed(runs):
+        style = state.style(run.run_id)
+        line = "╌╌" if style.dashed else "━━"
+        text = escape(f"#{run.number} {run.label}")
+        if run is selected:
+            text = f"<b>{text}</b>"
+        parts.append(f"<span style='color:{style.colour}'>{line}</span>&nbsp;{text}")
+    return " &nbsp; ".join(parts)
+
+
+def compare(run: RunRecord, other: RunRecord) -> str:
+    """The comparison two overlaid runs invite, in numbers: per-step latency at the last step both reached."""
+    a, b = run.series["latency_ms"].values, other.series["latency_ms"].values
+    step = min(len(a), len(b)) - 1
+    if step < 1:
+        return ""
+    fast, slow = (run, other) if a[step] <= b[step] else (other, run)
+    lat = {run.run_id: a[step], other.run_id: b[step]}
+    ratio = lat[slow.run_id] / lat[fast.run_id] if lat[fast.run_id] > 0 else float("inf")
+    how = "KV off" if not slow.started.params.kv_cache and fast.started.params.kv_cache else f"#{slow.number}"
+    return (f"#{run.number} vs #{other.number}, step latency at step {step}: {lat[run.run_id]:,.0f} ms vs "
+            f"{lat[other.run_id]:,.0f} ms; {how} is {ratio:.1f}x slower per step (measured)")
 
 
 def bounds_text(run: RunRecord, s, peaks) -> str:

@@ -15,8 +15,10 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QTextEdit, QVBoxLa
 
 from app import theme as th
 from app.store import RunRecord, RunStore
+from app.viewstate import ViewState
 
 MODES = ("phase", "latency", "probability")
+HINT = "Hover over or click a token to see its id, position, latency and candidates."
 MODE_LABELS = {"phase": "Phase (prefill / decode)", "latency": "Step latency", "probability": "Probability"}
 
 
@@ -65,9 +67,9 @@ class TokenText(QTextEdit):
 class TokensPanel(QWidget):
     step_selected = Signal(str, int)   # run id, step (-1 = follow the newest)
 
-    def __init__(self, store: RunStore) -> None:
+    def __init__(self, store: RunStore, state: ViewState) -> None:
         super().__init__()
-        self.store = store
+        self.store, self.state = store, state
         self.mode = "phase"
         self.theme = th.current_theme(False)
         self.mode_box = QComboBox()
@@ -78,11 +80,13 @@ class TokensPanel(QWidget):
         self.legend.setTextFormat(Qt.TextFormat.RichText)
         self.legend.setWordWrap(True)
         top = QHBoxLayout()
-        top.addWidget(QLabel("Colour:"))
+        colour = QLabel("Colour:")
+        top.addWidget(colour)
         top.addWidget(self.mode_box)
         top.addWidget(self.legend, 1)
+        self._controls = [colour, self.mode_box]
         self.text = TokenText()
-        self.detail = QLabel("Hover over or click a token to see its id, position, latency and candidates.")
+        self.detail = QLabel(HINT)
         self.detail.setTextFormat(Qt.TextFormat.PlainText)
         self.detail.setWordWrap(True)
         self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -118,23 +122,38 @@ class TokensPanel(QWidget):
         self._run_id = None
         self.refresh()
 
+    def selected(self) -> RunRecord | None:
+        return self.store.find(self.state.selected) if self.state.selected else None
+
     def refresh(self) -> None:
-        run = self.store.current
+        run = self.selected()
         if run is None:
             if self._run_id is not None:
                 self.text.clear()
                 self._run_id = None
+                self._forget_detail()
             return
         if self.mode == "latency" and self._latency_changed(run):
             self._run_id = None
         if run.run_id != self._run_id:
+            if self._run_id is not None:
+                self._forget_detail()              # the line described a token of a run no longer shown
             self._render_all(run)
         elif run.n_steps > self._rendered:
             self._append(run, self._rendered, run.n_steps)
 
+    def set_controls_visible(self, visible: bool) -> None:
+        """A lecture scene shows the stream and its colour legend; the mode box and hover line stay behind."""
+        for widget in (*self._controls, self.detail):
+            widget.setVisible(visible)
+
+    def _forget_detail(self) -> None:
+        self._pinned = None
+        self.detail.setText(HINT)
+
     def rendered_tokens(self) -> int:
         """Prompt plus generated tokens now in the document (tests read this)."""
-        run = self.store.current
+        run = self.selected()
         return (run.prompt_tokens + self._rendered) if run is not None and self._run_id == run.run_id else 0
 
     # --- rendering ----------------------------------------------------------------------------------------
@@ -217,7 +236,7 @@ class TokensPanel(QWidget):
         self._show(position)
 
     def _show(self, position: int) -> None:
-        run = self.store.current
+        run = self.selected()
         if run is None:
             return
         self.detail.setText(describe_token(run, position))

@@ -15,13 +15,14 @@ def test_turns_reuse_the_cache_and_the_view_says_so(qtbot, window):
     send(qtbot, window, "hello there")
     send(qtbot, window, "and again")
     chat = window.chat
-    assert [m["role"] for m in chat.messages] == ["user", "assistant", "user", "assistant"]
-    second = window.store.find(chat.turn_runs[1])
+    assert [m["role"] for m in window.conversation.messages] == ["user", "assistant", "user", "assistant"]
+    second = window.store.find(window.conversation.turn_runs[1])
     assert second.started.kind == "chat" and second.reused_tokens > 0
     assert f"reused {second.reused_tokens:,} (cache_n)" in chat.view.toHtml()
     assert second.kv_tokens == len(second.started.prompt_ids) + second.n_steps - 1   # the whole conversation
     assert "earlier turns (reused)" in window.kv.strip_text.toPlainText()
     assert len(chat.plot.listDataItems()[0].getData()[0]) == 2                      # TTFT of both turns
+    assert chat.chart.legend_names() == ["this conversation (measured)"]
 
 
 def test_compare_runs_the_conversation_both_ways(qtbot, window):
@@ -34,8 +35,8 @@ def test_compare_runs_the_conversation_both_ways(qtbot, window):
     record = window.store.latest_experiment("chat")
     assert record.end.summary["tokens_match"] is True
     assert record.started.settings["turns"] == ["hello there", "tell me more"]
-    names = [item.name() for item in window.chat.plot.listDataItems()]
-    assert "reuse on (measured)" in names and "reuse off (measured)" in names
+    names = window.chat.chart.legend_names()
+    assert "reuse on (measured, median of repeats)" in names and "reuse off (measured, median of repeats)" in names
     assert "the same tokens ✓" in window.chat.explain.text()
 
 
@@ -46,7 +47,7 @@ def test_empty_message_is_not_sent_and_new_conversation_clears(qtbot, window):
     window.controls.max_tokens.setValue(3)
     send(qtbot, window, "hi")
     window.chat.new_button.click()
-    assert window.chat.messages == [] and "Start a conversation" in window.chat.view.toHtml()
+    assert window.conversation.messages == [] and "Start a conversation" in window.chat.view.toHtml()
 
 
 def test_a_plain_run_between_turns_says_why_nothing_was_reused(qtbot, window):
@@ -56,6 +57,6 @@ def test_a_plain_run_between_turns_says_why_nothing_was_reused(qtbot, window):
     send(qtbot, window, "hello there")
     run_and_wait(qtbot, window)
     send(qtbot, window, "and again")
-    second = window.store.find(window.chat.turn_runs[1])
+    second = window.store.find(window.conversation.turn_runs[1])
     assert second.reused_tokens == 0
     assert "nothing reused: a plain run since the last turn replaced the conversation" in window.chat.view.toHtml()

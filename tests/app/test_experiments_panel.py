@@ -26,7 +26,7 @@ def test_prefill_sweep_fills_chart_table_and_explanation(qtbot, window):
     view, record = run_experiment(qtbot, window, "prefill", max_length=128, repeats=1)
     assert record is not None and record.finished and record.end.reason == "done"
     assert list(record.series("prefill", "tokens")) == [16, 32, 64, 128]
-    names = [item.name() for item in view.plot.listDataItems()]
+    names = view.chart.legend_names()
     assert "prefill time (measured)" in names and "cost model, roofline (computed)" in names
     assert view.table.rowCount() == 4 and view.table.item(3, 0).text() == "128"
     assert "time ~ n" in view.explain.text() and "Doubling 64-&gt;128" in view.explain.text()
@@ -37,7 +37,7 @@ def test_cache_experiment_overlays_both_runs(qtbot, window):
     view, record = run_experiment(qtbot, window, "cache", tokens=16)
     assert record.end.summary["tokens_match"] is True
     assert len(record.run_ids) == 2
-    names = [item.name() for item in view.plot.listDataItems()]
+    names = view.chart.legend_names()
     assert names == ["KV cache on (measured)", "KV cache off (measured)"]
     assert "identical ✓" in view.explain.text()
     assert {window.store.find(r).started.params.kv_cache for r in record.run_ids} == {True, False}
@@ -94,7 +94,7 @@ def test_timing_panel_labels_measured_computed_and_achieved_figures(qtbot, windo
 @pytest.mark.parametrize("suffix", [".png", ".svg"])
 def test_experiment_chart_exports(qtbot, window, tmp_path, suffix):
     view, _record = run_experiment(qtbot, window, "batch", sizes="1, 2", tokens=3)
-    path = export.export_chart(view.graphics.ci, tmp_path / f"batch{suffix}")
+    path = export.export_widget(view, tmp_path / f"batch{suffix}")
     assert path.stat().st_size > 2000
 
 
@@ -122,4 +122,4 @@ def test_an_experiment_saved_as_a_trace_replays_with_its_runs(qtbot, window, tmp
     window.refresh(force=True)
     replayed = window.store.latest_experiment("cache")
     assert replayed.events == original.events and len(replayed.run_ids) == 2
-    assert [i.name() for i in view.plot.listDataItems()] == ["KV cache on (measured)", "KV cache off (measured)"]
+    assert view.chart.legend_names() == ["KV cache on (measured)", "KV cache off (measured)"]

@@ -17,7 +17,7 @@ def finished(qtbot, window):
 @pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG"), (".svg", b"<?xml")])
 @pytest.mark.parametrize("panel", ["timing", "kv", "sampling"])
 def test_every_chart_exports_to_png_and_svg(window, finished, tmp_path, panel, suffix, magic):
-    path = export.export_chart(getattr(window, panel).graphics.ci, tmp_path / f"chart{suffix}")
+    path = export.export_widget(getattr(window, panel), tmp_path / f"chart{suffix}")
     data = path.read_bytes()
     assert data.startswith(magic) and len(data) > 2000
     if suffix == ".svg":
@@ -26,7 +26,7 @@ def test_every_chart_exports_to_png_and_svg(window, finished, tmp_path, panel, s
 
 def test_unknown_chart_format_is_refused(window, finished, tmp_path):
     with pytest.raises(ValueError, match="png or .svg"):
-        export.export_chart(window.timing.graphics.ci, tmp_path / "chart.gif")
+        export.export_widget(window.timing, tmp_path / "chart.gif")
 
 
 def test_run_data_as_csv_and_json(finished):

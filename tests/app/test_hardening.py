@@ -49,8 +49,8 @@ def test_stop_during_a_long_prefill_keeps_the_window_responsive(qtbot, window):
     qtbot.waitUntil(lambda: window.store.current is not None)
     started = time.perf_counter()
     ticks = []
-    window.timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
-    window.stop_run()
+    window.frames.timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+    window.controller.stop()
     wait_idle(qtbot, window, timeout=30_000)
     assert len(ticks) >= 10                                          # the GUI kept refreshing meanwhile
     run = window.store.current

@@ -55,10 +55,10 @@ def test_clearing_the_cache_removes_conversions(qtbot, window, monkeypatch, tmp_
 def test_first_run_dialog_follows_conversion_progress(qtbot, window):
     from engine.events import LoadProgress
 
-    window.on_events([LoadProgress("convert", "De-quantizing tensor 10 of 272", 0.3)])
+    window.controller.on_events([LoadProgress("convert", "De-quantizing tensor 10 of 272", 0.3)])
     assert window.first_run is not None and window.first_run.isVisible()
     assert window.first_run.bar.value() == 300 and "tensor 10" in window.first_run.step.text()
-    window.on_events([LoadProgress("load", "Loading weights", None)])
+    window.controller.on_events([LoadProgress("load", "Loading weights", None)])
     assert window.first_run is None
 
 

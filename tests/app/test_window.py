@@ -32,7 +32,7 @@ def test_a_run_fills_every_panel(qtbot, window):
     assert len(items.boundaries.getData()[0]) == 2 * (n - 2)          # a tick between consecutive steps
     assert f"{run.summary().decode_tok_s:,.1f} tok/s" in window.timing.summary.text()
     # sampling: at least ten candidates for the newest step, the drawn one marked
-    assert len(window.sampling.raw_bars.opts["height"]) >= 10
+    assert len(window.sampling.raw_bars.opts["width"]) >= 10
     assert f"Step {n - 1}" in window.sampling.caption.text()
     assert len(window.sampling.chosen.data) == 1
     # status strip
@@ -158,13 +158,15 @@ def test_settings_are_remembered(qtbot, tiny_model_dir):
     close_and_dispose(again)
 
 
-def test_lecture_mode_uses_large_type_and_hides_the_menu(qtbot, window):
+def test_lecture_mode_shows_a_scene_in_large_type_and_esc_returns_to_the_workbench(qtbot, window):
     qtbot.keyClick(window, Qt.Key.Key_F11)
-    assert window.lecture and window.menuBar().isHidden()
-    qtbot.waitUntil(lambda: window.controls.run_button.font().pointSizeF() >= 14)      # >= 18 px at 96 dpi
-    assert window.timing.latency.getAxis("bottom").style["tickFont"].pointSizeF() >= 14
-    qtbot.keyClick(window, Qt.Key.Key_F11)
-    assert not window.lecture and not window.menuBar().isHidden()
+    assert window.lecture and window.menuBar().isHidden() and window.state.scene == "prefill"
+    assert window.stack.currentWidget() is window.scene_view
+    assert window.scene_view.caption.font().pointSizeF() >= 15 * 1.3
+    assert window.timing.latency.plot.getAxis("bottom").style["tickFont"].pointSizeF() >= 15   # 20 px at 96 dpi
+    qtbot.keyClick(window, Qt.Key.Key_Escape)
+    assert not window.lecture and not window.menuBar().isHidden() and window.state.scene is None
+    assert window.stack.currentWidget() is window.workbench
 
 
 @pytest.mark.parametrize("mode", ["latency", "probability"])
@@ -178,8 +180,8 @@ def test_token_colour_modes_render_every_token(qtbot, window, mode):
 def test_every_axis_has_a_label_and_plain_numbers(qtbot, window):
     window.controls.max_tokens.setValue(5)
     run_and_wait(qtbot, window)
-    plots = [window.kv.plot, window.kv.bars_plot, window.timing.timeline, window.timing.latency,
-             window.timing.rate, window.timing.cumulative, window.sampling.plot]
+    plots = [window.kv.plot, window.kv.bars_plot, window.timing.timeline.plot, window.timing.latency.plot,
+             window.timing.rate.plot, window.timing.cumulative.plot, window.sampling.plot]
     for plot in plots:
         for side in ("bottom", "left"):
             axis = plot.getAxis(side)
@@ -195,11 +197,12 @@ def test_the_heatmap_says_the_prefill_is_running_before_the_cache_fills(qtbot, w
     from engine.params import GenerationParams as Params
 
     params = Params(max_new_tokens=3)
-    window.store.add(RunStarted("r1", "x", tiny.facts, params, "hi", [1, 2], ["a", "b"], "now"))
+    window.controller.on_events([RunStarted("r1", "x", tiny.facts, params, "hi", [1, 2], ["a", "b"], "now")])
     window.refresh(force=True)
     assert "prefill is running" in window.kv.info.text() and "KV cache is off" not in window.kv.info.text()
     assert "prefill running" in window.kv.strip_text.toPlainText()
-    window.store.add(RunStarted("r2", "x", tiny.facts, params.with_(kv_cache=False), "hi", [1, 2], ["a", "b"], "now"))
+    window.controller.on_events([RunStarted("r2", "x", tiny.facts, params.with_(kv_cache=False), "hi", [1, 2],
+                                            ["a", "b"], "now")])
     window.refresh(force=True)
     assert "KV cache is off for this run" in window.kv.info.text()
 
@@ -225,10 +228,10 @@ def test_the_sampling_caption_and_bars_show_the_same_step_while_stepping(qtbot, 
         window.refresh(force=True)
         step = window.store.current.steps[-1]
         assert f"Step {step.step}</b>" in window.sampling.caption.text()
-        heights = list(window.sampling.raw_bars.opts["height"])[:len(step.candidates)]
-        assert heights == [c.p_raw for c in step.candidates]
+        widths = list(window.sampling.raw_bars.opts["width"])[:len(step.candidates)]
+        assert widths == [c.p_raw for c in step.candidates]
         window.step_run()
-    window.stop_run()
+    window.controller.stop()
     wait_idle(qtbot, window)
 
 

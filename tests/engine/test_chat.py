@@ -49,17 +49,26 @@ def test_a_plain_run_or_a_new_conversation_forgets_the_kept_cache(tiny):
     assert session.kept_tokens == 0
 
 
-def test_chat_experiment_compares_reuse_on_and_off(tiny):
+def test_chat_experiment_compares_reuse_on_and_off_repeated_and_interleaved(tiny):
     events = []
-    finished = run_experiment("chat", Session(tiny), events.append, turns=CONVERSATION[:3], new_tokens=8)
+    finished = run_experiment("chat", Session(tiny), events.append, turns=CONVERSATION[:3], new_tokens=8, repeats=3)
     points = [e.values for e in events if isinstance(e, ExperimentPoint)]
-    assert finished.summary["tokens_match"] is True and len(points) == 6
-    on = [p for p in points if p["reuse"]]
-    off = [p for p in points if not p["reuse"]]
+    s = finished.summary
+    assert s["tokens_match"] is True and len(points) == 2 * 3 * 3 and s["repeats"] == 3
+    order = [p["reuse"] for p in points if p["turn"] == 1]
+    assert order == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]                         # the order alternates per repeat
+    first = [p for p in points if p["repeat"] == 1]
+    on = [p for p in first if p["reuse"]]
+    off = [p for p in first if not p["reuse"]]
     assert [p["conversation_tokens"] for p in on] == [p["conversation_tokens"] for p in off]
     assert all(a["prefilled_tokens"] < b["prefilled_tokens"] for a, b in zip(on[1:], off[1:]))
     conv = [p["conversation_tokens"] for p in off]
     assert conv == sorted(conv) and len(set(conv)) == 3                     # the conversation grows
+    for turn in (1, 2, 3):
+        ttft = sorted(p["ttft_ms"] for p in points if p["turn"] == turn and p["reuse"])
+        assert s[f"turn{turn}_on_ms"] == ttft[1] and s[f"turn{turn}_on_range"] == [ttft[0], ttft[-1]]
+        off_range = s[f"turn{turn}_off_range"]
+        assert s[f"turn{turn}_clear"] == (ttft[-1] < off_range[0] or off_range[1] < ttft[0])
 
 
 def test_empty_chat_message_is_refused(tiny):

@@ -119,3 +119,24 @@ def test_greedy_breaks_ties_like_argmax():
     c = choose(logits, GenerationParams(), None)
     assert c.token_id == int(logits.argmax()) == 1
     assert c.candidate_final[c.candidate_ids.index(1)] == 1.0 and sum(c.candidate_final) == 1.0
+
+
+def test_the_number_of_tokens_that_survive_the_filters_is_reported():
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(3)) * 3
+    gen = make_generator(torch.device("cpu"), 0)
+    assert choose(logits, GenerationParams(), None).kept == 1
+    assert choose(logits, GenerationParams(temperature=0.8, top_k=40), gen).kept == 40
+    assert choose(logits, GenerationParams(temperature=1.0), gen).kept == 1000
+    top_p = choose(logits, GenerationParams(temperature=1.0, top_p=0.5), gen)
+    probs = torch.softmax(logits, -1).sort(descending=True).values
+    assert top_p.kept == int((probs.cumsum(-1) - probs < 0.5).sum())
+
+
+@pytest.mark.parametrize("params", [GenerationParams(temperature=0.01, seed=1),
+                                    GenerationParams(temperature=100.0, seed=1),
+                                    GenerationParams(temperature=1.0, top_p=0.01, seed=1),
+                                    GenerationParams(temperature=0.01, top_p=0.01, top_k=1, seed=1)])
+def test_the_edges_of_the_parameter_ranges_sample_a_valid_token(params):
+    logits = torch.randn(49152, generator=torch.Generator().manual_seed(2)) * 30
+    choice = choose(logits, params, make_generator(torch.device("cpu"), 1))
+    assert 0 <= choice.token_id < 49152 and 0 < choice.prob <= 1 and math.isfinite(choice.raw_prob)

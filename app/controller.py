@@ -1,0 +1,279 @@
+"""The window's actions and the routing of what the engine reports, without a widget in sight.
+
+Every action either starts work in the engine or says in the status bar why it did not (busy with what,
+nothing loaded yet); a Run pressed while the previous run winds down after Stop is queued, not dropped.
+Events from the worker go to the store, fix each run's style, move the selection (new main runs and chat
+turns are shown; experiment runs stay in their own views) and advance the conversation. The window is told
+what to show through the small ``Surface`` interface it implements, so this module is testable as is.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from app.store import RunStore
+from app.viewstate import CHAT, EXPERIMENT, Conversation, ViewState
+from app.worker import EngineClient, Note
+from engine.events import LoadProgress, ModelLoaded, RunFailed, RunFinished, RunStarted
+from engine.params import GenerationParams
+from engine.trace import ReplayGap, ReplayIncomplete
+
+log = logging.getLogger(__name__)
+BUSY = {"load": "a model is loading", "run": "a run is in progress (Esc stops it)",
+        "experiment": "an experiment is running (its Cancel button stops it)", "replay": "a trace is replaying (Esc "
+        "stops it)", "peaks": "this machine's peaks are being measured"}
+
+
+class Surface(Protocol):
+    """What the controller asks of the window."""
+
+    def show_error(self, message: str) -> None: ...
+    def show_warning(self, message: str) -> None: ...
+    def show_status(self, message: str, ms: int = 5000) -> None: ...
+    def show_progress(self, message: str, fraction: float | None) -> None: ...
+    def hide_progress(self) -> None: ...
+    def show_model_status(self, text: str) -> None: ...
+    def loading(self, progress: LoadProgress) -> None: ...
+    def model_loaded(self, loaded: ModelLoaded) -> None: ...
+    def busy_changed(self, busy: str | None) -> None: ...
+    def show_memory(self, rss: int, gpu: tuple[int, int] | None) -> None: ...
+
+
+def describe_loaded(loaded: ModelLoaded) -> str:
+    m = loaded.model
+    how = " (converted from GGUF this time)" if loaded.converted else ""
+    return (f"{m.name}: {m.num_params / 1e6:,.0f}M parameters, {m.num_layers} layers, {m.dtype} on {m.device}; "
+            f"loaded in {loaded.load_ms / 1000:.1f} s{how}")
+
+
+class Controller:
+    def __init__(self, store: RunStore, state: ViewState, conversation: Conversation, client: EngineClient,
+                 surface: Surface, remember_model: Callable[[str, str, str], None] = lambda *_: None) -> None:
+        self.store, self.state, self.conversation, self.client = store, state, conversation, client
+        self.surface = surface
+        self.remember_model = remember_model        # called only after a load succeeded
+        self.replaying = False
+        self.loading: tuple[str, str, str] | None = None
+        self._queued: Callable[[], None] | None = None
+        self._run_after_load = False
+        client.events_ready.connect(self.on_events)
+
+    # --- refusals ---
+    def refusal(self, action: str, needs_model: bool = True) -> str | None:
+        """Why ``action`` cannot start now, or None if it can."""
+        busy = self.client.busy
+        if busy:
+            return f"{action} is not available while {BUSY.get(busy, busy)}."
+        if needs_model and self.client.model is None:
+            return (f"{action} needs a model: wait for loading to finish (status bar) or press Load model "
+                    "(Ctrl+L).")
+        return None
+
+    def _refused(self, action: str, needs_model: bool = True) -> bool:
+        reason = self.refusal(action, needs_model)
+        if reason is not None:
+            self.surface.show_status(reason, 6000)
+            return True
+        return False
+
+    # --- actions ---
+    def load_model(self, model: str, device: str = "auto", dtype: str = "auto", trust: bool = False) -> None:
+        if self._refused("Loading a model", needs_model=False):
+            return
+        self.loading = (model, device, dtype)
+        self.surface.show_progress(f"Loading {model}…", None)
+        self.surface.show_model_status(f"Loading {model}…")
+        self.client.load_model(model, device, dtype, trust)
+        self.surface.busy_changed(self.client.busy)
+
+    def start_run(self, prompt: str, params: GenerationParams, paused: bool = False, delay_s: float = 0.0) -> None:
+        if self.client.busy == "run" and self.client.control.cancel.is_set():
+            self._queued = lambda: self.start_run(prompt, params, paused, delay_s)
+            self.surface.show_status("Run queued: it starts as soon as the stopped run has wound down.", 4000)
+            return
+        if self._refused("Run"):
+            return
+        if not prompt.strip():
+            self.surface.show_error("The prompt is empty: type something for the model to read (or pick a sample "
+                                    "prompt).")
+            return
+        self.client.control.delay_s = delay_s
+        self.client.start_run(prompt, params, paused=paused)
+        self.surface.busy_changed(self.client.busy)
+
+    def stop(self) -> None:
+        if not self.client.busy:
+            self.surface.show_status("Nothing to stop: no run, experiment or replay is in progress.", 4000)
+            return
+        self._queued = None
+        self.client.stop()
+
+    def step(self, start: Callable[[], None]) -> None:
+        """Running: let exactly one more token through. Idle: ``start`` a run that pauses after the prefill."""
+        if self.client.busy == "run":
+            self.client.control.step()
+        elif self.client.busy:
+            self._refused("Step")
+        else:
+            start()
+
+    def set_paused(self, paused: bool) -> bool:
+        """Pause or resume the run; False (and a reason in the status bar) if no run is in progress."""
+        if self.client.busy != "run":
+            self.surface.show_status("Pause works during a run: start one with Ctrl+Enter or step with F10.", 4000)
+            return False
+        if paused:
+            self.client.control.pause()
+        else:
+            self.client.control.resume()
+        return True
+
+    def send_chat(self, text: str, params: GenerationParams, reuse: bool, delay_s: float = 0.0) -> bool:
+        if self._refused("Sending a message"):
+            return False
+        messages = self.conversation.send(text)
+        if messages is None:
+            self.surface.show_status("Type a message first (the last one is still being answered).", 4000)
+            return False
+        self.client.control.delay_s = delay_s
+        self.client.start_chat(messages, params, reuse)
+        self.surface.busy_changed(self.client.busy)
+        return True
+
+    def start_experiment(self, kind: str, settings: dict) -> bool:
+        if self._refused("An experiment"):
+            return False
+        self.client.start_experiment(kind, settings)
+        self.surface.busy_changed(self.client.busy)
+        return True
+
+    def open_trace(self, path: str, speed: float) -> bool:
+        if self._refused("Opening a trace", needs_model=False):
+            return False
+        self.replaying = True
+        self.client.open_trace(path, speed)
+        self.surface.busy_changed(self.client.busy)
+        return True
+
+    def remeasure_peaks(self) -> None:
+        if self._refused("Measuring the peaks"):
+            return
+        self.client.remeasure_peaks()
+        self.surface.busy_changed(self.client.busy)
+
+    def run_when_loaded(self, start: Callable[[], None]) -> None:
+        """Start ``start`` once the model is in (``kvscope --run``: a demo that needs no click)."""
+        self._run_after_load = start
+
+    def clear_runs(self) -> None:
+        if self._refused("Clearing the runs", needs_model=False):
+            return
+        self.store.clear()
+        self.state.forget_runs(set())
+
+    # --- what the engine reports ---
+    def on_events(self, items: list) -> None:
+        for item in items:
+            try:
+                self._route(item)
+            except Exception as exc:  # noqa: BLE001  (one bad event must not stop the ones after it)
+                log.exception("taking in %r failed", type(item).__name__)
+                self.surface.show_error(f"Showing what the engine reported failed ({type(exc).__name__}: "
+                                        f"{str(exc).strip()[:200]}). The window keeps working.")
+
+    def _route(self, item: object) -> None:
+        if isinstance(item, Note):
+            self._note(item)
+        elif isinstance(item, LoadProgress):
+            self.surface.show_progress(item.message, item.fraction)
+            self.surface.show_model_status(item.message)
+            self.surface.loading(item)
+        elif isinstance(item, ModelLoaded):
+            if self.loading is not None:
+                self.remember_model(*self.loading)
+            self.loading = None
+            self.surface.model_loaded(item)
+        elif isinstance(item, ReplayGap):
+            self.surface.show_status(f"The recording paused for {duration(item.recorded_ms)} here; the replay "
+                                     f"shortened the pause to {duration(item.shown_ms)}.", 8000)
+        elif isinstance(item, ReplayIncomplete):
+            self.store.mark_incomplete(item.run_id)
+            self.surface.show_warning("The trace ends before its run finished: the run is shown as far as it "
+                                      "goes, marked incomplete.")
+        else:
+            self.store.add(item)
+            if isinstance(item, RunStarted):
+                self._started(item)
+            elif isinstance(item, (RunFinished, RunFailed)):
+                self._ended(item)
+
+    def _started(self, event: RunStarted) -> None:
+        style = self.state.style_run(event.run_id, event.kind, event.experiment, event.params.kv_cache)
+        self.state.forget_runs({r.run_id for r in self.store.runs})
+        record = self.store.find(event.run_id)
+        if style.group == EXPERIMENT or record is None:
+            return
+        if style.group == CHAT:
+            self.conversation.started(event.run_id)
+            if event.run_id in self.conversation.turn_runs:
+                reason = f"chat turn {self.conversation.turn_runs.index(event.run_id) + 1}"
+            else:
+                reason = "a replayed chat turn"
+        else:
+            reason = "replay" if self.replaying else "newest run"
+        self.state.select(event.run_id, reason)
+        if self.replaying:
+            loaded = self.client.model.model.name if self.client.model else None
+            other = f" (not the loaded model, {loaded})" if loaded and loaded != event.model.name else ""
+            self.surface.show_status(f"Replaying run #{record.number}, recorded with {event.model.name} on "
+                                     f"{event.model.device}{other}", 8000)
+
+    def _ended(self, event: RunFinished | RunFailed) -> None:
+        record = self.store.find(event.run_id)
+        if record is None:
+            return
+        if record.started.kind == "chat":
+            self.conversation.ended(event.run_id, isinstance(event, RunFailed), record.summary().text)
+        if isinstance(event, RunFailed):
+            self.surface.show_error(f"The run failed: {event.message}")
+        elif not self.replaying and not record.started.experiment:
+            self.surface.show_status(f"Run #{record.number}: {record.reason}", 5000)
+
+    def _note(self, note: Note) -> None:
+        if note.kind == "error":
+            self.conversation.refused()
+            self.surface.show_error(str(note.payload))
+            self.surface.hide_progress()
+            if self.loading is not None:
+                model = self.loading[0]
+                self.loading = None
+                current = describe_loaded(self.client.model) if self.client.model else "No model is loaded."
+                self.surface.show_model_status(f"Could not load {model}. {current}")
+        elif note.kind == "memory":
+            self.surface.show_memory(*note.payload)
+        elif note.kind == "idle":
+            self.replaying = False
+            self.conversation.refused()
+            self.surface.hide_progress()
+            if self.client.model is not None and self.loading is None:
+                self.surface.show_model_status(describe_loaded(self.client.model))
+        self.surface.busy_changed(self.client.busy)
+        if note.kind == "idle":
+            self._after_idle()
+
+    def _after_idle(self) -> None:
+        queued, self._queued = self._queued, None
+        if queued is not None:
+            queued()
+        elif self._run_after_load and self.client.model is not None:
+            start, self._run_after_load = self._run_after_load, False
+            start()
+
+
+def duration(ms: float) -> str:
+    for unit, size in (("days", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= size:
+            return f"{ms / size:,.1f} {unit}"
+    return f"{ms:,.0f} ms"

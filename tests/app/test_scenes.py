@@ -1,0 +1,193 @@
+"""Lecture scenes and run identity: every scene opens from a trace at 1920x1080 and 1280x720 with its charts
+large enough to read, runs keep their colour, views never leak, exports keep data inside the axes."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QPoint, QRectF
+from PySide6.QtGui import QColor, QImage, QPainter
+from PySide6.QtSvg import QSvgRenderer
+
+from app.export import export_widget
+from app.viewstate import SCENES
+from engine.experiments import run_experiment
+from engine.params import GenerationParams
+from engine.session import Session
+from engine.trace import write_trace
+from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
+
+MIN_PLOT = {(1920, 1080): (700, 300), (1280, 720): (420, 180)}     # plot area (px) of a scene's main chart
+
+
+@pytest.fixture(scope="module")
+def lecture_trace(tiny, tmp_path_factory):
+    """One trace with what every scene draws: a run, and the cache, prefill, batch, continuous and chat
+    experiments (on the tiny model: the shapes of the real thing, in seconds)."""
+    session = Session(tiny)
+    events: list = []
+    session.run("hello <b>world</b>", GenerationParams(max_new_tokens=24, temperature=0.8, top_k=20, seed=1),
+                events.append)
+    for kind, settings in (("cache", {"new_tokens": 12}), ("prefill", {"max_length": 128, "repeats": 1}),
+                           ("batch", {"sizes": (1, 2, 4), "new_tokens": 6}),
+                           ("continuous", {"requests": 3, "arrive_every": 2, "new_tokens": (4, 6)}),
+                           ("chat", {"turns": ["hi", "and then?"], "new_tokens": 6, "repeats": 2})):
+        run_experiment(kind, session, events.append, **settings)
+    return write_trace(tmp_path_factory.mktemp("lecture") / "lecture.kvscope.jsonl", events)
+
+
+def open_replayed(qtbot, trace, size):
+    w = make_window(qtbot)
+    w.resize(*size)
+    w.replay_speed = 0.0
+    w.open_trace(str(trace))
+    wait_idle(qtbot, w)
+    return w
+
+
+def plot_size(chart) -> tuple[float, float]:
+    rect = chart.plot.getViewBox().sceneBoundingRect()
+    return rect.width(), rect.height()
+
+
+SCENE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv],
+                "cache": lambda w: [w.experiments.views["cache"].chart],
+                "prompt": lambda w: [w.experiments.views["prefill"].chart],
+                "batch": lambda w: [w.experiments.views["batch"].chart, w.experiments.views["continuous"].chart],
+                "sampling": lambda w: [w.sampling.chart], "chat": lambda w: [w.chat.chart],
+                "memory": lambda w: [w.kv]}
+
+
+@pytest.mark.parametrize("size", list(MIN_PLOT))
+def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, lecture_trace, size):
+    w = open_replayed(qtbot, lecture_trace, size)
+    try:
+        w.enter_lecture("prefill")
+        w.resize(*size)
+        for scene in SCENES:
+            w.state.show_scene(scene)
+            w.refresh(force=True)
+            qtbot.wait(50)                                 # layouts settle on the next event-loop turn
+            caption = w.scene_view.caption.text()
+            assert "press R" not in caption and "type a message" not in caption, (scene, caption)
+            for chart in SCENE_CHARTS[scene](w):
+                width, height = plot_size(chart)
+                low_w, low_h = MIN_PLOT[size]
+                min_w = low_w / 2 if scene == "batch" else low_w          # two charts side by side
+                assert width >= min_w and height >= low_h, (scene, size, width, height)
+            assert w.scene_view.caption.font().pointSizeF() >= 15       # 20 px at 96 dpi, and larger
+        w.leave_lecture()
+        assert w.kv.parentWidget() is w.docks["kv"] and w.tokens.isVisible()      # every panel given back
+    finally:
+        close_and_dispose(w)
+
+
+def test_a_scene_opens_straight_from_the_command_line(qtbot, lecture_trace):
+    from app.main import build, dispose, parse_args
+
+    args = parse_args(["--scene", "kv", "--no-load", str(lecture_trace)])
+    assert args.scene == "kv" and args.trace_file == str(lecture_trace)
+    app, w = build(args)
+    try:
+        w.enter_lecture(args.scene)
+        assert w.lecture and w.state.scene == "kv" and w.kv.parentWidget() is not w.docks["kv"]
+    finally:
+        w.close()
+        dispose(app, w)
+
+
+def test_a_run_keeps_its_colour_after_five_more_runs_and_is_in_the_legend(qtbot, window):
+    window.controls.max_tokens.setValue(3)
+    first = run_and_wait(qtbot, window)
+    colour = window.state.style(first.run_id).colour
+    window.controls.kv_box.setChecked(False)
+    for _ in range(5):
+        run_and_wait(qtbot, window)
+    assert window.state.style(first.run_id).colour == colour
+    colours = [window.state.style(r.run_id).colour for r in window.store.runs]
+    assert len(set(colours)) == 6                                         # six runs, six colours
+    assert [window.state.style(r.run_id).dashed for r in window.store.runs] == [False] + [True] * 5
+    current = window.store.current
+    assert window.state.selected == current.run_id
+    assert f"#{current.number} " in window.timing.legend.text() and "<b>" in window.timing.legend.text()
+    assert "KV off is" in window.timing.summary.text() or "slower per step" in window.timing.summary.text()
+
+
+def test_an_experiment_does_not_change_what_the_main_views_show(qtbot, window):
+    window.controls.max_tokens.setValue(4)
+    run = run_and_wait(qtbot, window)
+    window.start_experiment("cache", {"new_tokens": 4})
+    wait_idle(qtbot, window)
+    window.refresh(force=True)
+    record = window.store.latest_experiment("cache")
+    assert len(record.run_ids) == 2 and window.state.selected == run.run_id
+    assert window.tokens.rendered_tokens() == run.prompt_tokens + run.n_steps
+    assert set(window.timing._items) == {run.run_id}                      # experiment runs stay in their view
+
+
+def test_chat_turns_do_not_flood_the_main_overlay(qtbot, window):
+    window.controls.max_tokens.setValue(3)
+    run = run_and_wait(qtbot, window)
+    for text in ("hi", "more", "again"):
+        window.chat.input.setPlainText(text)
+        window.chat.send_button.click()
+        wait_idle(qtbot, window)
+    window.refresh(force=True)
+    last_turn = window.conversation.turn_runs[-1]
+    assert window.state.selected == last_turn and window.state.selected_reason == "chat turn 3"
+    assert set(window.timing._items) == {run.run_id, last_turn}           # the earlier turns are not overlaid
+
+
+def test_a_replayed_run_appears_in_the_timing_charts(qtbot, window, tmp_path):
+    window.controls.max_tokens.setValue(6)
+    original = run_and_wait(qtbot, window)
+    path = tmp_path / "run.jsonl"
+    window.save_trace(str(path))
+    window.clear_runs()
+    window.replay_speed = 0.0
+    window.open_trace(str(path))
+    wait_idle(qtbot, window)
+    window.refresh(force=True)
+    replayed = window.store.current
+    assert window.state.selected == replayed.run_id and window.state.selected_reason == "replay"
+    items = window.timing._items[replayed.run_id]
+    assert len(items.latency.getData()[0]) == original.n_steps - 1
+    assert f"#{replayed.number} " in window.timing.legend.text()
+
+
+def test_an_exported_svg_keeps_the_data_inside_the_axes(qtbot, window, tmp_path):
+    window.controls.max_tokens.setValue(30)
+    run = run_and_wait(qtbot, window)
+    chart = window.timing.latency
+    chart.setParent(None)                                  # on its own, at a size where the plot is large
+    chart.resize(640, 420)
+    chart.show()
+    chart.plot.setXRange(5, 10, padding=0)                 # zoomed in: most of the curve lies outside the axes
+    low, high = sorted(run.series["latency_ms"].values[6:8])
+    chart.plot.setYRange(low, (low + high) / 2 if high > low else low * 1.01, padding=0)
+    qtbot.wait(50)
+    path = export_widget(chart, tmp_path / "latency.svg")
+    renderer = QSvgRenderer(str(path))
+    image = QImage(chart.size(), QImage.Format.Format_ARGB32)
+    image.fill(QColor("white"))
+    painter = QPainter(image)
+    renderer.render(painter, QRectF(0, 0, chart.width(), chart.height()))
+    painter.end()
+    box = chart.plot.getViewBox()
+    inside = chart.mapFromScene(box.sceneBoundingRect().toRect().topLeft()), \
+        chart.mapFromScene(box.sceneBoundingRect().toRect().bottomRight())
+    colour = QColor(window.state.style(run.run_id).colour)
+    inside_count = sum(_close(image.pixelColor(QPoint(x, y)), colour) for x in range(inside[0].x(), inside[1].x(), 2)
+                       for y in range(inside[0].y(), inside[1].y(), 2))
+    assert inside_count > 0                                 # the part of the curve in view is drawn
+    outside = 0
+    for x in range(0, image.width(), 2):
+        for y in range(0, image.height(), 2):
+            if inside[0].x() - 2 <= x <= inside[1].x() + 2 and inside[0].y() - 2 <= y <= inside[1].y() + 2:
+                continue
+            outside += _close(image.pixelColor(QPoint(x, y)), colour)
+    assert outside == 0
+
+
+def _close(pixel: QColor, colour: QColor) -> bool:
+    return abs(pixel.red() - colour.red()) + abs(pixel.green() - colour.green()) + \
+        abs(pixel.blue() - colour.blue()) < 40
