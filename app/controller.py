@@ -149,11 +149,11 @@ class Controller:
         self.surface.busy_changed(self.client.busy)
         return True
 
-    def open_trace(self, path: str, speed: float) -> bool:
+    def open_traces(self, paths: list[str], speed: float) -> bool:
         if self._refused("Opening a trace", needs_model=False):
             return False
         self.replaying = True
-        self.client.open_trace(path, speed)
+        self.client.open_traces(paths, speed)
         self.surface.busy_changed(self.client.busy)
         return True
 

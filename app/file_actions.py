@@ -66,9 +66,9 @@ class FileActions:
         if dialog.exec() and dialog.selectedFiles():
             self.open_trace(dialog.selectedFiles()[0])
 
-    def open_trace(self, path: str) -> None:
-        if self.controller.open_trace(path, self.replay_speed()):
-            self.remember_dir(path)
+    def open_trace(self, *paths: str) -> None:
+        if paths and self.controller.open_traces(list(paths), self.replay_speed()):
+            self.remember_dir(paths[-1])
 
     def selected_run(self):
         return self.store.find(self.state.selected) if self.state.selected else None

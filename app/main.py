@@ -32,9 +32,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model", help="model to load at start (default: the last one used, else 'embedded')")
     p.add_argument("--device", help="auto, cpu, cuda or mps")
     p.add_argument("--dtype", help="auto, float32, bfloat16 or float16")
-    p.add_argument("trace_file", nargs="?", metavar="TRACE",
-                   help="a KVScope trace (.jsonl) to open and replay, as --trace (desktop entries pass files so)")
-    p.add_argument("--trace", help="open and replay this trace instead of loading a model")
+    p.add_argument("trace_files", nargs="*", metavar="TRACE",
+                   help="KVScope traces (.jsonl) to replay one after the other, instead of loading a model")
+    p.add_argument("--trace", help="a trace to open and replay instead of loading a model (as TRACE)")
+    p.add_argument("--speed", type=float, default=1.0,
+                   help="replay speed: 1 as recorded, 2 twice as fast, 0 at once (default 1)")
     p.add_argument("--no-load", action="store_true", help="open the window without loading a model")
     p.add_argument("--run", action="store_true", help="run the prompt as soon as the model has loaded")
     p.add_argument("--lecture", action="store_true",
@@ -85,10 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         window.enter_lecture(args.scene)
     if args.run:
         window.run_when_loaded()
-    trace = args.trace or args.trace_file
-    if trace:
-        QTimer.singleShot(0, lambda: window.open_trace(trace))
-    elif not args.no_load:
+    traces = ([args.trace] if args.trace else []) + args.trace_files
+    if traces:
+        window.set_replay_speed(max(args.speed, 0.0))
+        QTimer.singleShot(0, lambda: window.open_trace(*traces))
+    if not traces and not args.no_load:
         model, device, dtype, trust = window.controls.model_request()
         QTimer.singleShot(0, lambda: window.load_model(args.model or model, args.device or device,
                                                        args.dtype or dtype, trust))

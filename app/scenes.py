@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QGridLayout,
     QHBoxLayout,
     QLabel,
+    QScrollArea,
     QSplitter,
     QStackedWidget,
     QTabWidget,
@@ -29,12 +30,11 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme as th
-from app.panels.chat import comparison_text
 from app.panels.kv_heatmap import concurrency_text
 from app.panels.sampling import caption as sampling_caption
 from app.store import RunRecord, RunStore
 from app.viewstate import SCENES, Conversation, ViewState
-from engine import kvcache
+from engine import kvcache, load
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,12 @@ class _Loan:
         self.widget = widget
         self._restore: Callable[[], None] = lambda: None
         parent = widget.parentWidget()
+        holder = parent.parentWidget() if parent is not None else None
         if isinstance(parent, QDockWidget):
             self._restore = lambda: parent.setWidget(widget)
+        elif isinstance(holder, QScrollArea) and holder.widget() is widget:
+            holder.takeWidget()
+            self._restore = lambda: holder.setWidget(widget)
         elif isinstance(parent, QStackedWidget) and isinstance(parent.parentWidget(), QTabWidget):
             tabs = parent.parentWidget()
             index, label = tabs.indexOf(widget), tabs.tabText(tabs.indexOf(widget))
@@ -106,6 +110,7 @@ class SceneView(QWidget):
         self.body_layout.setContentsMargins(0, 0, 0, 0)
         self.footer = QLabel()
         self.footer.setTextFormat(Qt.TextFormat.RichText)
+        self.footer.setWordWrap(True)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 8)
         layout.addWidget(self.caption)
@@ -229,8 +234,9 @@ def _claim(name: str, store: RunStore, run: RunRecord | None, conversation: Conv
         s = _summary(store, "prefill")
         if "exponent" not in s:
             return "press R to time prefill for prompts of growing length"
-        return (f"prefill time ~ n^{s['exponent_long']:.2f} for long prompts; doubling {s['last_doubling']} took "
-                f"{s['last_doubling_x']:.1f}x (FLOPs {s['flops_doubling_x']:.1f}x, computed)")
+        doubling = " → ".join(f"{int(n):,}" for n in str(s["last_doubling"]).split("->"))
+        return (f"prefill time ~ n^{s['exponent_long']:.2f} for long prompts; {doubling} tokens took "
+                f"{s['last_doubling_x']:.1f}x as long (FLOPs {s['flops_doubling_x']:.1f}x, computed)")
     if name == "batch":
         s, c = _summary(store, "batch"), _summary(store, "continuous")
         parts = []
@@ -244,7 +250,7 @@ def _claim(name: str, store: RunStore, run: RunRecord | None, conversation: Conv
     if name == "chat":
         s = _summary(store, "chat")
         if "tokens_match" in s and not s.get("incomplete"):
-            return _plain(comparison_text(s))
+            return chat_claim(s)
         if conversation.turn_runs:
             last = store.find(conversation.turn_runs[-1])
             if last is not None:
@@ -253,6 +259,20 @@ def _claim(name: str, store: RunStore, run: RunRecord | None, conversation: Conv
                         f"{t.prompt_tokens:,} prefilled, TTFT {t.ttft_ms:,.0f} ms (measured)")
         return "type a message below (Ctrl+Shift+Enter sends it); R compares reuse on vs off"
     return ""
+
+
+def chat_claim(s: dict) -> str:
+    """The chat comparison in one line: the last turn's medians and whether they differ beyond the spread."""
+    last = int(s["turns"])
+    on, off = s[f"turn{last}_on_ms"], s[f"turn{last}_off_ms"]
+    if s[f"turn{last}_clear"]:
+        verdict = f"reuse {off / on:.1f}x faster" if on < off else f"reuse {on / off:.1f}x slower"
+    else:
+        verdict = "within the noise of the repeats"
+    busy = " · measured on a busy machine" if load.busy(s.get("lowest_cpu_share")) else ""
+    same = "same replies" if s["tokens_match"] else "DIFFERENT replies"
+    return (f"turn {last} TTFT {on:,.0f} ms with the cache kept vs {off:,.0f} ms re-prefilled (median of "
+            f"{s['repeats']}): {verdict}; {same}{busy}")
 
 
 def _summary(store: RunStore, kind: str) -> dict:

@@ -25,6 +25,12 @@ class StatusStrip(QStatusBar):
         self.show_run(None)
         self.show_memory(0, None)
 
+    def set_lecture(self, lecture: bool) -> None:
+        """A scene's caption carries the numbers; in lecture type the strip would be wider than a 1280 px
+        screen, so it keeps only its message line (refusals, progress) there."""
+        for label in self.labels.values():
+            label.setVisible(not lecture)
+
     def show_run(self, run: RunRecord | None) -> None:
         if run is None:
             for name in ("ttft", "prefill", "decode", "tokens", "context", "kv"):

@@ -313,9 +313,14 @@ class RunStore:
             self._notify("ended", record)
 
     def trim(self) -> None:
-        """Keep the newest ``max_runs`` runs (and experiments); the others' memory goes with them."""
-        del self.runs[: max(0, len(self.runs) - self.max_runs)]
+        """Keep the newest ``max_runs`` runs of your own and the newest ``max_runs`` experiments with every run
+        they made (an experiment of 24 runs must not push your runs out); the rest goes, with its memory."""
         del self.experiments[: max(0, len(self.experiments) - self.max_runs)]
+        kept_experiments = {e.exp_id for e in self.experiments}
+        own = [r for r in self.runs if not r.started.experiment]
+        kept_own = {id(r) for r in own[max(0, len(own) - self.max_runs):]}
+        self.runs = [r for r in self.runs if (r.started.experiment in kept_experiments if r.started.experiment
+                                               else id(r) in kept_own)]
         self.version += 1
 
     def clear(self) -> None:

@@ -13,12 +13,14 @@ from PySide6.QtCore import QByteArray, QRect, Qt, QTimer
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
+    QFrame,
     QHBoxLayout,
     QInputDialog,
     QLabel,
     QMainWindow,
     QMessageBox,
     QPushButton,
+    QScrollArea,
     QStackedWidget,
     QVBoxLayout,
     QWidget,
@@ -180,9 +182,16 @@ class MainWindow(QMainWindow):
 
     # --- construction -------------------------------------------------------------------------------------
     def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+        """A panel in a dock, inside a scroll area: on a small screen the panel scrolls rather than pushing
+        the window past the screen's edge (the workbench's panels add up to more than 1,100 px otherwise)."""
         dock = QDockWidget(title, self)
         dock.setObjectName(f"dock-{title}")
-        dock.setWidget(widget)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(widget)
+        scroll.setMinimumWidth(160)
+        dock.setWidget(scroll)
         self.addDockWidget(area, dock)
         return dock
 
@@ -280,8 +289,8 @@ class MainWindow(QMainWindow):
             if name.startswith("speed "):
                 action.setChecked(name == f"speed {speed}")
 
-    def open_trace(self, path: str) -> None:
-        self.files.open_trace(path)
+    def open_trace(self, *paths: str) -> None:
+        self.files.open_trace(*paths)
 
     def save_trace(self, path: str, events: list | None = None) -> None:
         self.files.save_trace(path, events)
@@ -412,6 +421,8 @@ class MainWindow(QMainWindow):
     def _state_changed(self, names: set[str]) -> None:
         if "scene" in names:
             self.scene_view.show_scene(self.state.scene)
+            if self.lecture:
+                self.cover_screen()                     # a scene's panels must not widen the window
             if self.state.scene is not None:
                 self.settings.setValue("view/scene", self.state.scene)
         if "heatmap_fit" in names:
@@ -424,13 +435,12 @@ class MainWindow(QMainWindow):
         set_lecture_keys(self.actions_by_name, self.lecture)
         self._apply_theme()
         self.menuBar().setVisible(not self.lecture)
+        self.status.set_lecture(self.lecture)
         self.stack.setCurrentWidget(self.scene_view if self.lecture else self.workbench)
         if self.lecture:
             for dock in self.docks.values():
                 dock.hide()
-            if QApplication.platformName() not in ("offscreen", "minimal"):
-                self.setGeometry(self.screen().geometry())      # also right where no window manager makes it so
-                self.showFullScreen()
+            self.cover_screen()
         else:
             if self.isFullScreen():
                 self.showNormal()
@@ -441,6 +451,15 @@ class MainWindow(QMainWindow):
                 self.restoreState(self._default_state)
             self.fit_to_screen()
         self.frames.refresh(force=True)
+
+    def cover_screen(self) -> None:
+        """Lecture mode fills the screen the window is on: set here too, where no window manager obliges."""
+        screen = self.screen()
+        if screen is None:
+            return
+        self.setGeometry(screen.geometry())
+        if QApplication.platformName() not in ("offscreen", "minimal"):
+            self.showFullScreen()
 
     def fit_to_screen(self) -> None:
         """A window never extends past the screen it is on, whatever was remembered or a mode left behind."""

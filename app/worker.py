@@ -138,13 +138,16 @@ class EngineWorker(QObject):
 
     @Slot(dict)
     def replay(self, request: dict) -> None:
-        """Replay a trace: no model, no torch; paced by the recorded timestamps."""
+        """Replay traces, one after the other (a lecture prepared as several files): no model, no torch; paced
+        by the recorded timestamps. Every file is read and checked before the first event is shown."""
         def action() -> None:
             from engine.trace import read_trace, replay
 
-            for event in replay(read_trace(request["path"]), request.get("speed", 1.0),
-                                cancelled=self.control.cancel.is_set, sleep=self._sleep):
-                self.push(event)
+            traces = [read_trace(path) for path in request["paths"]]
+            for events in traces:
+                for event in replay(events, request.get("speed", 1.0), cancelled=self.control.cancel.is_set,
+                                    sleep=self._sleep):
+                    self.push(event)
 
         self._handle("replay", "The replay failed", action)
 
@@ -241,10 +244,10 @@ class EngineClient(QObject):
         self.busy = "experiment"
         self._experiment.emit({"kind": kind, "settings": settings})
 
-    def open_trace(self, path: str, speed: float = 1.0) -> None:
+    def open_traces(self, paths: list[str], speed: float = 1.0) -> None:
         self.control.reset()
         self.busy = "replay"
-        self._replay.emit({"path": path, "speed": speed})
+        self._replay.emit({"paths": list(paths), "speed": speed})
 
     def remeasure_peaks(self) -> None:
         self.control.reset()

@@ -53,13 +53,12 @@ class ChatPanel(QWidget):
         self.send_button.clicked.connect(self.send)
         self.new_button.clicked.connect(conversation.clear)
         self.compare_button.clicked.connect(lambda: self.compare_requested.emit(conversation.user_turns()))
-        self.chart = Chart("TTFT per turn")
+        self.chart = Chart("TTFT per turn", legend_columns=1)
         self.plot = self.chart.plot
         self.explain = QLabel()
         self.explain.setWordWrap(True)
         self.explain.setTextFormat(Qt.TextFormat.RichText)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.reuse)
+        buttons = QHBoxLayout()                  # the check box on a row of its own: a narrow lecture column
         buttons.addStretch(1)
         buttons.addWidget(self.new_button)
         buttons.addWidget(self.compare_button)
@@ -69,6 +68,7 @@ class ChatPanel(QWidget):
         box.setContentsMargins(0, 0, 0, 0)
         box.addWidget(self.view, 1)
         box.addWidget(self.input)
+        box.addWidget(self.reuse)
         box.addLayout(buttons)
         self.content = QBoxLayout(QBoxLayout.Direction.TopToBottom)
         self.content.addWidget(self.conversation_box, 3)
@@ -98,6 +98,9 @@ class ChatPanel(QWidget):
     def set_wide(self, wide: bool) -> None:
         """A lecture scene is wide: the conversation beside its chart rather than above it."""
         self.content.setDirection(QBoxLayout.Direction.LeftToRight if wide else QBoxLayout.Direction.TopToBottom)
+        self.content.setStretch(0, 1 if wide else 3)
+        self.content.setStretch(1, 1 if wide else 2)
+        self.explain.setVisible(not wide)          # the scene's caption states the comparison
 
     def set_busy(self, busy: str | None) -> None:
         for button in (self.send_button, self.compare_button, self.new_button):

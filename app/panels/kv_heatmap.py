@@ -153,9 +153,14 @@ class KVHeatmapPanel(QWidget):
         th.style_plot(self.plot, theme, "position in the context window", "tokens", "layer", None)
         th.style_plot(self.bars_plot, theme, "per layer", "B", "", None)
         self.bars_plot.setTitle("K solid, V hatched", size=f"{theme.base_pt:.0f}pt", color=theme.foreground)
-        self.colorbar.getAxis("right").setTickFont(theme.axis_font)
+        bar_axis = self.colorbar.getAxis("right")
+        bar_axis.setTickFont(theme.axis_font)
+        bar_axis.setPen(theme.foreground)
+        bar_axis.setTextPen(theme.foreground)
+        th.style_ticks(bar_axis, theme)
         self.empty.setBrush(QBrush(QColor("#3A3A3A" if theme.dark else "#E4E4E4")))
         self.strip_text.setColor(theme.foreground)
+        self.strip_text.setFont(theme.axis_font)
         self._shown = None
         self.refresh()
 

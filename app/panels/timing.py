@@ -137,6 +137,7 @@ class TimingPanel(QWidget):
     def set_theme(self, theme: th.Theme) -> None:
         self.theme = theme
         self.timeline.style(theme, "time since run start", "ms", "run", None)
+        self.ttft_line.label.setFont(theme.axis_font)
         self.latency.style(theme, "decode step", None, "latency", "ms")
         self.rate.style(theme, "decode step", None, "throughput", "tok/s")
         self.cumulative.style(theme, "time since run start", "s", "tokens generated", "tokens")

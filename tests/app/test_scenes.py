@@ -60,9 +60,9 @@ SCENE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv]
 @pytest.mark.parametrize("size", list(MIN_PLOT))
 def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, lecture_trace, size):
     w = open_replayed(qtbot, lecture_trace, size)
+    w.cover_screen = lambda: w.setGeometry(0, 0, *size)     # a screen of this size (offscreen's is 800x800)
     try:
         w.enter_lecture("prefill")
-        w.resize(*size)
         for scene in SCENES:
             w.state.show_scene(scene)
             w.refresh(force=True)
@@ -76,7 +76,8 @@ def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, 
                 assert width >= min_w and height >= low_h, (scene, size, width, height)
             assert w.scene_view.caption.font().pointSizeF() >= 15       # 20 px at 96 dpi, and larger
         w.leave_lecture()
-        assert w.kv.parentWidget() is w.docks["kv"] and w.tokens.isVisible()      # every panel given back
+        assert w.docks["kv"].widget().widget() is w.kv and w.tokens.isVisible()     # every panel given back
+        assert w.experiments.count() == 4 and w.timing.charts.layout().count() == 4
     finally:
         close_and_dispose(w)
 
@@ -85,11 +86,11 @@ def test_a_scene_opens_straight_from_the_command_line(qtbot, lecture_trace):
     from app.main import build, dispose, parse_args
 
     args = parse_args(["--scene", "kv", "--no-load", str(lecture_trace)])
-    assert args.scene == "kv" and args.trace_file == str(lecture_trace)
+    assert args.scene == "kv" and args.trace_files == [str(lecture_trace)]
     app, w = build(args)
     try:
         w.enter_lecture(args.scene)
-        assert w.lecture and w.state.scene == "kv" and w.kv.parentWidget() is not w.docks["kv"]
+        assert w.lecture and w.state.scene == "kv" and w.docks["kv"].widget().widget() is not w.kv
     finally:
         w.close()
         dispose(app, w)

@@ -257,3 +257,18 @@ def test_a_sliding_layer_row_is_drawn_only_over_the_positions_it_holds(qtbot, tm
         assert all(pixels.pixelColor(x, full_row).alpha() == 255 for x in (0, seen // 2, seen - 1))
     finally:
         close_and_dispose(w)
+
+
+def test_the_window_fits_its_screen_in_every_mode(qtbot, window):
+    area = window.screen().availableGeometry()
+    window.resize(area.width() + 600, area.height() + 400)          # as a geometry saved on a larger screen
+    window.move(area.x() + 300, area.y() + 200)
+    window.fit_to_screen()
+    assert area.contains(window.frameGeometry())
+    window.enter_lecture("batch")
+    assert window.geometry() == window.screen().geometry()
+    for scene in ("chat", "memory", "prefill"):
+        window.show_scene(scene)
+        assert window.geometry() == window.screen().geometry()
+    window.leave_lecture()
+    assert area.contains(window.frameGeometry())
