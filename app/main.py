@@ -25,6 +25,7 @@ from app.store import RunStore
 from app.viewstate import SCENES, Conversation, ViewState
 from app.window import MainWindow
 from app.worker import EngineClient
+from app.x11watch import WindowWatch
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     window.raise_()
     window.activateWindow()
     stop_on_signals(app, window)
+    WindowWatch(lambda: int(window.winId()), gone=lambda: (window.close(), app.quit()), parent=window)
     if args.lecture or args.scene:
         window.enter_lecture(args.scene)
     if args.run:
@@ -106,9 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def stop_on_signals(app: QApplication, window: MainWindow) -> None:
-    """SIGTERM (logout, ``kill``) and SIGINT close the window as a click would: settings saved, worker joined.
-    The process also ends when its window's native surface is destroyed from outside (a window manager or
-    ``xdotool windowclose``), which Qt reports as the window no longer being exposed and visible."""
+    """SIGTERM (logout, ``kill``), SIGINT and SIGHUP close the window as a click would: settings saved, the
+    worker joined."""
     def close(*_args) -> None:
         QTimer.singleShot(0, window.close)
 

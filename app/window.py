@@ -141,8 +141,6 @@ class MainWindow(QMainWindow):
         self._default_layout()
         self._default_state = self.saveState()
         self.state.subscribe(self._state_changed)
-        self.conversation.subscribe(lambda _names: self.frames.refresh(force=True) if hasattr(self, "frames")
-                                    else None)
         self._save_timer = QTimer(self)
         self._save_timer.setSingleShot(True)
         self._save_timer.setInterval(SAVE_DELAY_MS)
@@ -427,8 +425,6 @@ class MainWindow(QMainWindow):
                 self.settings.setValue("view/scene", self.state.scene)
         if "heatmap_fit" in names:
             self.settings_changed()
-        if "selected" in names and hasattr(self, "frames"):
-            self.frames.refresh(force=True)
 
     def _apply_mode(self) -> None:
         """Workbench: docks around the token stream. Lecture: the scene fills the screen, large type."""

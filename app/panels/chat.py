@@ -78,6 +78,7 @@ class ChatPanel(QWidget):
         layout.addLayout(self.content, 1)
         layout.addWidget(self.explain)
         self._shown = None
+        self._dirty = False
         conversation.subscribe(self._conversation_changed)
         self.set_busy(None)
         self._render()
@@ -89,11 +90,12 @@ class ChatPanel(QWidget):
             self.send_requested.emit(text, self.reuse.isChecked())
 
     def _conversation_changed(self, _names: set[str]) -> None:
+        """Marked here, drawn at the next refresh: rendering the transcript the moment a turn starts took the
+        GIL from the prefill it was waiting for (TTFT grew with the transcript on a 2-core machine)."""
         if self.conversation.messages and self.conversation.messages[-1]["role"] == "user":
             self.input.clear()                   # the model started answering what was typed
-        self._render()
+        self._dirty = True
         self._shown = None
-        self.refresh()
 
     def set_wide(self, wide: bool) -> None:
         """A lecture scene is wide: the conversation beside its chart rather than above it."""
@@ -136,6 +138,9 @@ class ChatPanel(QWidget):
         self.refresh()
 
     def refresh(self) -> None:
+        if self._dirty:
+            self._dirty = False
+            self._render()
         record = self.store.latest_experiment("chat")
         runs = [self.store.find(r) for r in self.conversation.turn_runs]
         done = [r for r in runs if r is not None and r.finished]

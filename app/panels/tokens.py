@@ -133,10 +133,18 @@ class TokensPanel(QWidget):
                 self._run_id = None
                 self._forget_detail()
             return
+        if run.prefill is None and not run.finished:
+            # Laying out a long prompt takes the GIL (Qt calls keep it) from the prefill that is running now;
+            # the prompt appears when its forward pass is done, a few hundred ms later, with the first token.
+            if self._run_id != ("waiting", run.run_id):
+                self.text.setPlainText(f"Prefill: reading {run.prompt_tokens - run.reused_tokens:,} prompt tokens "
+                                       "in one forward pass…")
+                self._run_id, self._rendered = ("waiting", run.run_id), 0
+            return
         if self.mode == "latency" and self._latency_changed(run):
             self._run_id = None
         if run.run_id != self._run_id:
-            if self._run_id is not None:
+            if self._run_id is not None and self._run_id != ("waiting", run.run_id):
                 self._forget_detail()              # the line described a token of a run no longer shown
             self._render_all(run)
         elif run.n_steps > self._rendered:

@@ -47,6 +47,7 @@ def test_empty_message_is_not_sent_and_new_conversation_clears(qtbot, window):
     window.controls.max_tokens.setValue(3)
     send(qtbot, window, "hi")
     window.chat.new_button.click()
+    window.refresh(force=True)                       # the transcript is drawn at the next refresh
     assert window.conversation.messages == [] and "Start a conversation" in window.chat.view.toHtml()
 
 

@@ -96,7 +96,7 @@ def responsiveness(tokens: int) -> dict:
         clock.restart()
 
     timer.timeout.connect(tick)
-    frames0, charts0 = window.frames, window.chart_frames
+    frames0, charts0 = window.frames.frames, window.frames.chart_frames
     clock.start()
     timer.start()
     started = time.perf_counter()
@@ -108,8 +108,8 @@ def responsiveness(tokens: int) -> dict:
         "timer_lateness_ms_p50": float(np.percentile(lateness, 50)),
         "timer_lateness_ms_p99": float(np.percentile(lateness, 99)),
         "timer_lateness_ms_max": float(np.max(lateness)), "timer_ticks": len(lateness),
-        "text_refresh_per_s": (window.frames - frames0) / seconds,
-        "chart_refresh_per_s": (window.chart_frames - charts0) / seconds,
+        "text_refresh_per_s": (window.frames.frames - frames0) / seconds,
+        "chart_refresh_per_s": (window.frames.chart_frames - charts0) / seconds,
         "store_run_bytes": deep_size(run), "events": len(run.events),
     }
     window.close()
@@ -135,6 +135,47 @@ def shown_vs_hidden(model: str, tokens: int, runs: int) -> list[dict]:
     return rows
 
 
+TURNS = ["hey, what is continuous batching?", "How is that different from static batching?",
+         "Give me a one-line summary of both."]
+
+
+def chat_path(model: str, rounds: int, tokens: int) -> dict:
+    """Does anything on the window's chat path (transcript, charts, painting) slow the worker? The same three
+    turns with reuse, through the window and through a bare session in the same process, alternating; a
+    second between turns both ways, as a person takes to read the reply (the window finishes drawing it)."""
+    from engine.params import GenerationParams
+    from engine.session import Session
+
+    window = open_window(model)
+    window.controls.max_tokens.setValue(tokens)
+    bare = Session(window.client.worker.session.loaded)
+    params = GenerationParams(max_new_tokens=tokens)
+    ttft: dict[str, list[list[float]]] = {"window": [], "bare": []}
+    for r in range(rounds):
+        for path in (("window", "bare") if r % 2 == 0 else ("bare", "window")):
+            turns = []
+            if path == "window":
+                window.conversation.clear()
+                for text in TURNS:
+                    window.send_chat(text, True)
+                    _wait(lambda: window.client.busy is None)
+                    turns.append(window.store.find(window.conversation.turn_runs[-1]).summary().ttft_ms)
+                    _pause(1000)
+            else:
+                bare.forget()
+                messages: list[dict] = []
+                for text in TURNS:
+                    messages.append({"role": "user", "content": text})
+                    s = bare.chat(messages, params, reuse=True).summary
+                    messages.append({"role": "assistant", "content": s.text})
+                    turns.append(s.ttft_ms)
+                    _pause(1000)
+            ttft[path].append(turns)
+    window.close()
+    return {path: [float(np.median([t[i] for t in runs])) for i in range(len(TURNS))]
+            for path, runs in ttft.items()}
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--tokens", type=int, default=4096)
@@ -158,7 +199,11 @@ def main(argv: list[str] | None = None) -> dict:
     print("|---:|---|---:|")
     for r in rows:
         print(f"| {r['threads']} | {r['window']} | {r['decode_tok_s']:.2f} |")
-    result = {"machine": machine(), "responsiveness": resp, "shown_vs_hidden": rows}
+    chat = chat_path(args.model, args.runs, 24)
+    print(f"chat with reuse, TTFT per turn (ms, median of {args.runs}): through the window "
+          + ", ".join(f"{t:,.0f}" for t in chat["window"]) + "; bare session "
+          + ", ".join(f"{t:,.0f}" for t in chat["bare"]))
+    result = {"machine": machine(), "responsiveness": resp, "shown_vs_hidden": rows, "chat_path": chat}
     save("gui", result)
     return result
 
