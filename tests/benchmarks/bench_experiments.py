@@ -1,5 +1,5 @@
-"""The three experiments on the real model, run through the window (offscreen) exactly as a user would,
-printing their tables and saving each chart as a PNG for README and each experiment as a trace."""
+"""The experiments on the real model, run through the window (offscreen) exactly as a user would, printing
+their tables and saving each panel as a PNG and each experiment as a trace, in the results folder."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ DOCK = {"chat": "chat"}
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", default="embedded")
-    p.add_argument("--charts", default="resources/screenshots", help="folder for the chart PNGs")
+    p.add_argument("--charts", default=str(RESULTS), help="folder for the panel PNGs (default: the results folder)")
     p.add_argument("--max-length", type=int, default=SETTINGS["prefill"]["max_length"])
     args = p.parse_args(argv)
     os.environ.setdefault("KVSCOPE_SETTINGS", str(Path(tempfile.mkdtemp()) / "bench.ini"))
-    from app.export import export_chart
+    from app.export import export_widget
     from engine.commands import experiment_table
     from engine.trace import write_trace
 
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
         _pause(300)
         table = experiment_table(kind, record.points, record.end)
         print(f"\n== {kind} ({machine()}) ==\n{table}", flush=True)
-        export_chart(view.graphics.ci, Path(args.charts) / f"experiment-{kind}.png")
+        Path(args.charts).mkdir(parents=True, exist_ok=True)
+        export_widget(view, Path(args.charts) / f"experiment-{kind}.png")
         write_trace(RESULTS / f"experiment-{kind}.jsonl", record.events)
         results[kind] = {"points": [p.values for p in record.points], "summary": record.end.summary}
     window.close()

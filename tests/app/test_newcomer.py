@@ -1,0 +1,164 @@
+"""What a newcomer trips over in the window and the desktop install: settings that survive a logout, a layout
+that resets, actions that say why they did nothing, a failed load that is not retried, a trace dialog that
+cannot hang, a desktop entry that opens traces, and a window that is still there when expected."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QFileSystemModel
+
+from app.file_actions import PlainIcons, RegularFilesOnly
+from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_settings_are_written_soon_after_they_change_without_closing(qtbot, window):
+    window.controls.temperature.setValue(0.65)
+    path = window.settings.fileName()
+    qtbot.waitUntil(lambda: QSettings(path, QSettings.Format.IniFormat).value("controls/temperature", 0.0, float)
+                    == 0.65, timeout=3000)
+
+
+def test_sigterm_closes_the_window_and_keeps_the_settings(tmp_path):
+    settings = tmp_path / "s.ini"
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "KVSCOPE_SETTINGS": str(settings)}
+    process = subprocess.Popen([sys.executable, "-m", "app", "--no-load"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    process.send_signal(signal.SIGTERM)
+    _out, err = process.communicate(timeout=30)
+    assert process.returncode == 0 and "Traceback" not in err
+    assert QSettings(str(settings), QSettings.Format.IniFormat).value("window/geometry") is not None
+
+
+def test_reset_layout_docks_floating_and_hidden_panels_again(qtbot, window):
+    window.docks["sampling"].setFloating(True)
+    window.docks["kv"].hide()
+    window.reset_layout()
+    assert not any(d.isFloating() for d in window.docks.values())
+    assert all(d.isVisible() for d in window.docks.values())
+
+
+def test_refused_actions_say_why(qtbot, window):
+    window.load_model("/no/such/model")                  # busy loading for a moment
+    window.start_run()
+    assert "Run is not available while a model is loading" in window.status.currentMessage() \
+        or window.client.busy is None
+    wait_idle(qtbot, window)
+    window.controls.max_tokens.setValue(200)
+    window.controls.slow.setValue(50)
+    window.start_run()
+    qtbot.waitUntil(lambda: window.store.current is not None and window.store.current.n_steps >= 1)
+    window.chat.input.setPlainText("hi")
+    window.chat.send()                                    # Ctrl+Shift+Enter: the button itself is disabled
+    assert "Sending a message is not available while a run is in progress" in window.status.currentMessage()
+    assert "Wait for the model to load" not in window.status.currentMessage()
+    window.controller.stop()
+    wait_idle(qtbot, window)
+    window.toggle_pause()
+    assert "Pause works during a run" in window.status.currentMessage()
+
+
+def test_run_pressed_while_a_stopped_run_winds_down_is_queued_not_dropped(qtbot, window):
+    window.controls.max_tokens.setValue(100)
+    window.controls.slow.setValue(30)
+    window.start_run()
+    qtbot.waitUntil(lambda: window.store.current is not None and window.store.current.n_steps >= 2)
+    first = window.store.current
+    window.controller.stop()
+    window.start_run()                                    # the first run has not wound down yet
+    qtbot.waitUntil(lambda: len(window.store.runs) == 2, timeout=30_000)
+    assert first.reason == "stopped" and window.store.current is not first
+    window.controller.stop()
+    wait_idle(qtbot, window)
+
+
+def test_a_failed_load_says_so_and_is_not_retried_at_the_next_launch(qtbot, tiny_model_dir, tmp_path):
+    w = make_window(qtbot, tiny_model_dir)
+    try:
+        w.load_model(str(tmp_path / "fake.gguf"), "cpu", "float32")
+        wait_idle(qtbot, w)
+        assert w.controls.model_status.text().startswith(f"Could not load {tmp_path / 'fake.gguf'}.")
+        assert "tiny" in w.controls.model_status.text()            # the model that is still loaded
+        assert run_and_wait(qtbot, w).n_steps >= 1
+        w.save_settings()
+        saved = QSettings(w.settings.fileName(), QSettings.Format.IniFormat).value("controls/model")
+        assert saved == str(tiny_model_dir)
+    finally:
+        close_and_dispose(w)
+
+
+def test_the_trace_dialog_lists_only_files_it_can_read_without_blocking(qtbot, tmp_path):
+    trace = tmp_path / "run.kvscope.jsonl"
+    trace.write_text("{}\n")
+    os.mkfifo(tmp_path / "pipe")                          # reading a FIFO blocks, as /proc/kmsg does
+    model = QFileSystemModel()
+    model.setIconProvider(PlainIcons())                  # as the dialog does: the default one reads files
+    proxy = RegularFilesOnly()
+    proxy.setSourceModel(model)
+    for folder in (tmp_path, Path("/proc")):
+        root = model.setRootPath(str(folder))
+        qtbot.waitUntil(lambda r=root: model.rowCount(r) > 0, timeout=5000)
+    names = {model.fileName(model.index(r, 0, model.index(str(tmp_path)))): proxy.filterAcceptsRow(
+        r, model.index(str(tmp_path))) for r in range(model.rowCount(model.index(str(tmp_path))))}
+    assert names["run.kvscope.jsonl"] is True and names.get("pipe", False) is False
+    proc = model.index("/proc")
+    assert not any(proxy.filterAcceptsRow(r, proc) for r in range(model.rowCount(proc)))
+
+
+def test_a_trace_named_on_the_command_line_opens(tiny, tmp_path):
+    from engine.params import GenerationParams
+    from engine.session import Session
+    from engine.trace import TraceWriter
+
+    writer = TraceWriter(tmp_path / "run.kvscope.jsonl")
+    Session(tiny).run("hello", GenerationParams(max_new_tokens=4), writer)
+    path = writer.close()
+    code = f"""
+import sys, app.main as m
+from PySide6.QtCore import QTimer
+build = m.build
+def patched(args):
+    app, w = build(args)
+    def check():
+        if w.client.busy is None and w.store.current is not None and w.store.current.finished:
+            print("runs", len(w.store.runs), w.store.current.n_steps, flush=True)
+            w.close()
+        else:
+            QTimer.singleShot(100, check)
+    QTimer.singleShot(200, check)
+    return app, w
+m.build = patched
+sys.exit(m.main([{str(path)!r}, "--speed", "0"]))
+"""
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "KVSCOPE_SETTINGS": str(tmp_path / "s.ini")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "runs 1 4" in r.stdout
+
+
+def test_the_desktop_install_writes_what_it_says_and_removes_it(tmp_path):
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
+    script = ROOT / "packaging" / "install-desktop.sh"
+    r = subprocess.run([str(script), "/opt/kvscope/bin/kvscope"], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    entry = tmp_path / "applications" / "kvscope.desktop"
+    assert "Exec=/opt/kvscope/bin/kvscope %F" in entry.read_text()
+    assert "MimeType=application/x-kvscope-trace;" in entry.read_text()
+    mime = tmp_path / "mime" / "packages" / "kvscope.xml"
+    assert '<glob pattern="*.kvscope.jsonl"' in mime.read_text()
+    installed = [line.split(" ", 1)[1] for line in r.stdout.splitlines() if line.startswith("installed ")]
+    assert len(installed) == 11 and all(Path(p).is_file() for p in installed)
+    assert "make uninstall-desktop" in r.stdout
+    r = subprocess.run([str(script), "--remove"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and not any(Path(p).exists() for p in installed)
+    assert r.stdout.count("removed ") == 11
