@@ -44,7 +44,9 @@ test-fast: setup
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m "not real"
 
 # Tables on the terminal; JSON, panel PNGs and traces in $(BENCH_DIR). The full-context run is bench-long.
+# llama-cpp-python (llama.cpp side by side) is a bench-only extra, built from source the first time (minutes).
 bench: setup
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/python -m pip install -q llama-cpp-python
 	KVSCOPE_BENCH_DIR=$(BENCH_DIR) QT_QPA_PLATFORM=offscreen $(BIN)/python -m tests.benchmarks
 
 bench-long: setup

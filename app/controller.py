@@ -44,8 +44,9 @@ class Surface(Protocol):
 def describe_loaded(loaded: ModelLoaded) -> str:
     m = loaded.model
     how = " (converted from GGUF this time)" if loaded.converted else ""
-    return (f"{m.name}: {m.num_params / 1e6:,.0f}M parameters, {m.num_layers} layers, {m.dtype} on {m.device}; "
-            f"loaded in {loaded.load_ms / 1000:.1f} s{how}")
+    why = f" ({loaded.dtype_reason})" if loaded.dtype_reason and loaded.dtype_reason != "chosen" else ""
+    return (f"{m.name}: {m.num_params / 1e6:,.0f}M parameters, {m.num_layers} layers, {m.weights or m.dtype} on "
+            f"{m.device}{why}; loaded in {loaded.load_ms / 1000:.1f} s{how}")
 
 
 class Controller:

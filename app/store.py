@@ -65,6 +65,7 @@ class RunRecord:
         self.kv_bytes_per_layer: list[list[int]] = [[0, 0] for _ in range(self.model.num_layers)]
         self.kv_positions_per_layer: list[int] = [0] * self.model.num_layers
         self.kv_tokens = 0            # positions the cache has been fed (sliding layers may hold fewer)
+        self.kv_allocated = 0         # a static cache: positions allocated up front (0: the cache grows)
         self._norms = np.zeros((2, self.model.num_layers, 0), dtype=np.float32)   # K, V x layers x positions
         self.norm_positions = 0       # positions whose norms have arrived (they come in batches)
         self.incomplete = False       # a replayed trace ended before this run did
@@ -104,6 +105,7 @@ class RunRecord:
         self.events.append(event)
         if isinstance(event, PrefillDone):
             self.prefill = event
+            self.kv_allocated = event.kv_allocated
             self.kv_bytes_per_layer = event.kv_bytes_per_layer
             self.kv_positions_per_layer = event.kv_positions_per_layer
             held = event.reused_tokens + event.n_tokens
@@ -176,8 +178,8 @@ class RunRecord:
         grid = np.full((self.model.num_layers, seen), np.nan, dtype=np.float32)     # NaN: not held (drawn empty)
         for layer, ((k, v), held) in enumerate(zip(self.kv_bytes_per_layer, self.kv_positions_per_layer)):
             held = min(held, seen)
-            if held > 0:
-                grid[layer, seen - held:seen] = (k + v) / held
+            if held > 0:                   # a static cache's bytes cover its whole allocation, used or not
+                grid[layer, seen - held:seen] = (k + v) / (self.kv_allocated or held)
         return grid
 
     def token_rate(self, window: int = 8) -> np.ndarray:

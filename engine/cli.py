@@ -67,6 +67,11 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=GenerationParams.top_p, help="1 = off")
     p.add_argument("--seed", type=bounded(0, MAX_SEED), default=None, help="default: a random seed, reported")
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole sequence every step")
+    p.add_argument("--static-cache", action="store_true",
+                   help="allocate the KV cache for prompt + new tokens up front (what compiled decode needs)")
+    p.add_argument("--compile", action="store_true",
+                   help="decode through torch.compile over the static cache (CUDA graphs on a GPU; implies "
+                        "--static-cache; the first step compiles and is reported apart)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--trace", metavar="FILE", help="save the run's events as JSON lines")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary instead of text")
@@ -140,7 +145,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
     params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                              kv_cache=not args.no_kv_cache, chat_template=not args.raw)
+                              kv_cache=not args.no_kv_cache, chat_template=not args.raw,
+                              static_cache=args.static_cache or args.compile, compiled=args.compile)
     prompt = prompt_text(args.prompt)
     if not prompt.strip():
         raise EngineError("The prompt is empty: pass some text with --prompt")

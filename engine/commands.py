@@ -110,7 +110,7 @@ def sweep_parser() -> argparse.ArgumentParser:
     from engine.cli import Parser, add_model_arguments, bounded
 
     p = Parser(prog="python -m engine sweep", description="Run an experiment and print its table.")
-    p.add_argument("kind", choices=("prefill", "cache", "batch", "chat", "continuous"))
+    p.add_argument("kind", choices=("prefill", "cache", "batch", "chat", "continuous", "dtype"))
     add_model_arguments(p)
     p.add_argument("--max-length", type=bounded(2, 1 << 24),
                    help="prefill: longest prompt (default: the whole context, 8,192 tokens on the embedded model)")
@@ -125,6 +125,8 @@ def sweep_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=bounded(1, 256), default=8, help="continuous: how many requests arrive")
     p.add_argument("--arrive-every", type=bounded(0, 10_000), default=4,
                    help="continuous: decode steps between arrivals (default 4)")
+    p.add_argument("--formats", default="float32,bfloat16,int8,int4",
+                   help="dtype: weight formats to compare, comma-separated (default: all four)")
     p.add_argument("--trace", metavar="FILE", help="save the experiment's events as JSON lines")
     p.add_argument("--json", action="store_true", help="print the points and summary as JSON")
     return p
@@ -147,6 +149,13 @@ def sweep_settings(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict
         return {"new_tokens": args.tokens, "repeats": args.repeats}
     if args.kind == "continuous":
         return {"requests": args.requests, "arrive_every": args.arrive_every}
+    if args.kind == "dtype":
+        from engine.formats import FORMATS
+
+        formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+        if not formats or any(f not in FORMATS for f in formats):
+            p.error(f"--formats must name some of {', '.join(FORMATS)}, not {args.formats!r}")
+        return {"formats": formats, "new_tokens": args.tokens, "repeats": args.repeats}
     parts = [s.strip() for s in args.sizes.split(",")]
     if not all(s.isdigit() and 1 <= int(s) <= 1024 for s in parts):
         p.error(f"--sizes must be whole numbers from 1 to 1,024 separated by commas, not {args.sizes!r}")
@@ -190,6 +199,26 @@ def experiment_table(kind: str, points: list[ExperimentPoint], finished: Experim
                       f"decode speedup with the cache: {s['decode_speedup']:.2f}x measured; "
                       f"{s['flops_ratio']:.1f}x fewer FLOPs (computed, whole model); "
                       f"{s['attention_flops_ratio']:.1f}x fewer attention FLOPs (computed, the seed's model)"]
+    elif kind == "dtype":
+        lines = ["weights | bytes/token | decode tok/s | ceiling | prefill tok/s | ceiling | TTFT ms | diverges "
+                 "| NLL (ppl)",
+                 "--------+-------------+--------------+---------+---------------+---------+---------+----------"
+                 "+----------"]
+        for p in (p for p in points if p.series == "format"):
+            v = p.values
+            requested = s.get("requested", [])
+            name = requested[int(v["index"])] if int(v["index"]) < len(requested) else "?"
+            diverges = "never" if v["diverges_at"] < 0 else f"step {int(v['diverges_at'])}"
+            lines.append(f"{name:>7} | {v['bytes_per_token'] / 2**20:8.1f} MiB | {v['decode_tok_s']:12.1f} | "
+                         f"{v['decode_ceiling_tok_s']:7.0f} | {v['prefill_tok_s']:13.0f} | "
+                         f"{v['prefill_ceiling_tok_s']:7.0f} | {v['ttft_ms']:7.1f} | {diverges:>8} | "
+                         f"{v['nll']:.3f} ({v['perplexity']:.1f})")
+        if "float32_decode_tok_s" in s:
+            lines += ["", *(f"{fmt}: {s[f'{fmt}_bytes_x']:.2f}x the bytes per token of float32, "
+                            f"{s[f'{fmt}_decode_x']:.2f}x its decode tok/s (measured)" for fmt in s["formats"]
+                            if fmt != "float32" and f"{fmt}_bytes_x" in s),
+                      "ceilings: this machine's measured bandwidth over the bytes read per token (decode) and its "
+                      "measured matmul peak over the FLOPs per token (prefill), computed"]
     elif kind == "chat":
         lines = ["repeat | reuse | turn | reused (cache_n) | prefilled | conversation | prefill ms | TTFT ms",
                  "-------+-------+------+------------------+-----------+--------------+------------+--------"]

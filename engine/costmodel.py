@@ -103,6 +103,8 @@ class ModelCost:
         # A sliding layer's query sees at most its window (the positions kept plus itself); a full one all.
         self.windows = [None if layer.kind == kvcache.FULL else (layer.capacity or 0) + 1
                         for layer in kvcache.attention_layers(model)]
+        # The bytes of the weights as stored (int8 and int4 read fewer), else parameters x the dtype's size.
+        self.weight_bytes = model.weight_bytes or (self.body_params + self.output_params) * model.dtype_bytes
 
     def _attention(self, queries_from: int, queries_to: int) -> float:
         """Attention FLOPs for query positions ``queries_from .. queries_to - 1`` (each sees p + 1 keys, or its
@@ -112,14 +114,12 @@ class ModelCost:
 
     def prefill(self, n: int) -> Cost:
         flops = 2.0 * self.body_params * n + 2.0 * self.output_params + self._attention(0, n)
-        weights = (self.body_params + self.output_params) * self.m.dtype_bytes
-        return Cost(flops, weights + kvcache.predicted_kv_bytes(self.m, n))
+        return Cost(flops, self.weight_bytes + kvcache.predicted_kv_bytes(self.m, n))
 
     def decode(self, position: int) -> Cost:
         """One decode step: the token at ``position`` attends to ``position + 1`` keys (or its window)."""
         flops = 2.0 * (self.body_params + self.output_params) + self._attention(position, position + 1)
-        weights = (self.body_params + self.output_params) * self.m.dtype_bytes
-        return Cost(flops, weights + kvcache.predicted_kv_bytes(self.m, position + 1))
+        return Cost(flops, self.weight_bytes + kvcache.predicted_kv_bytes(self.m, position + 1))
 
     def decode_without_cache(self, position: int) -> Cost:
         """Without a cache a decode step is a prefill of the whole sequence so far."""

@@ -54,6 +54,8 @@ class ModelFacts:
     layer_devices: list[str]
     kv_layers: list[KVLayer]
     tied_embeddings: bool = False
+    weights: str = ""               # how the weights are stored: "float32", "int8 weights (...), bfloat16 ..."
+    weight_bytes: int = 0           # bytes a decode step reads: all weights but the embedding lookup table
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class ModelLoaded:
     load_ms: float
     converted: bool = False
     warnings: list[str] = field(default_factory=list)
+    dtype_reason: str = ""          # why this dtype: "chosen", or what the calibration measured
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ class PrefillDone:
     reused_tokens: int = 0          # positions already in the cache from an earlier turn (llama.cpp's cache_n)
     kv_positions_per_layer: list[int] = field(default_factory=list)   # read from the tensors' shapes
     cache_note: str = ""            # a chat turn: why less than the whole kept cache was reused
+    kv_allocated: int = 0           # a static cache: positions allocated up front (0: the cache grows)
 
 
 @dataclass(frozen=True)
@@ -176,6 +180,7 @@ class RunSummary:
     reused_tokens: int = 0
     waited_ms: float = 0.0
     cpu_share: float | None = None
+    compile_ms: float = 0.0         # compiled decode: the first compiled step (compiling included), not in decode_ms
 
     @property
     def prefill_tok_s(self) -> float:

@@ -40,10 +40,13 @@ def probe_layers(model: Any) -> list[KVLayer]:
         return [_describe(layer) for layer in cache.layers]
 
 
-def new_cache(model: Any) -> Any:
-    """The cache a forward pass fills: transformers' ``DynamicCache`` laid out from the model's config."""
-    from transformers import DynamicCache
+def new_cache(model: Any, static_positions: int = 0) -> Any:
+    """The cache a forward pass fills: transformers' ``DynamicCache`` laid out from the model's config, or with
+    ``static_positions`` a ``StaticCache`` that allocates them all up front (what ``torch.compile`` needs)."""
+    from transformers import DynamicCache, StaticCache
 
+    if static_positions:
+        return StaticCache(config=model.config, max_cache_len=static_positions)
     return DynamicCache(config=model.config)
 
 
@@ -94,11 +97,16 @@ def held_per_layer(cache: Any, num_layers: int) -> tuple[list[list[int]], list[i
     if cache is None:
         return [[0, 0] for _ in range(num_layers)], [0] * num_layers
     sizes, positions = [], []
+    seen = None
     for layer in cache.layers:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if keys is not None and keys.numel():
             sizes.append([keys.nbytes, values.nbytes])
-            positions.append(keys.shape[-2])
+            if hasattr(layer, "max_cache_len"):           # static: allocated up front, filled from the left
+                seen = positions_seen(cache) if seen is None else seen
+                positions.append(min(seen, keys.shape[-2]))
+            else:
+                positions.append(keys.shape[-2])
         else:
             sizes.append([0, 0])
             positions.append(0)
@@ -109,7 +117,7 @@ def positions_seen(cache: Any) -> int:
     """Positions the cache has been fed (the context so far); a sliding layer may hold fewer of them."""
     if cache is None:
         return 0
-    return int(cache.get_seq_length())
+    return int(cache.get_seq_length())         # a static cache answers with a 0-d tensor
 
 
 # --- the formula, from the facts (no torch) ---------------------------------------------------------------

@@ -20,7 +20,8 @@ from engine.errors import ModelSourceError
 from engine.events import LoadProgress, ModelFacts, ModelLoaded
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "int4")
+FLOATS = ("float32", "bfloat16", "float16")
 DECODER_LAYER = re.compile(r"(.*\.)?(layers|h|blocks)\.\d+")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 SUPPORTED = ("KVScope shows decoder-only transformers whose layers keep an attention KV cache (Llama, Qwen, Mistral, "
@@ -71,10 +72,11 @@ class LoadedModel:
     load_ms: float
     converted: bool = False
     warnings: list[str] = field(default_factory=list)
+    dtype_reason: str = ""
 
     def loaded_event(self) -> ModelLoaded:
         return ModelLoaded(model=self.facts, load_ms=self.load_ms, converted=self.converted,
-                           warnings=list(self.warnings))
+                           warnings=list(self.warnings), dtype_reason=self.dtype_reason)
 
 
 def pick_device(requested: str = "auto") -> Any:
@@ -100,19 +102,26 @@ def pick_device(requested: str = "auto") -> Any:
     return device
 
 
-def pick_dtype(requested: str, device: Any) -> Any:
-    """``auto`` is bf16 on a CUDA GPU that supports it and fp32 elsewhere (CPUs here have no bf16 units:
-    bf16 prefill was 3x slower than fp32 on the 2-core box)."""
+def pick_dtype(requested: str, device: Any, config: Any = None, recalibrate: bool = False) -> tuple[Any, str | None,
+                                                                                                   str]:
+    """``(float dtype, weight format or None, why)``. Explicit float choices stay explicit. ``auto``, and the
+    activations of ``int8`` / ``int4`` weights, take the float dtype this machine ran fastest in its
+    calibration (``engine.calibrate``), with the measured reason."""
     import torch
 
     requested = (requested or "auto").strip().lower()
-    if requested == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
     if requested not in DTYPES:
         raise ModelSourceError(f"Unknown dtype {requested!r}: use one of {', '.join(DTYPES)}")
-    return getattr(torch, requested)
+    if requested in FLOATS:
+        return getattr(torch, requested), None, "chosen"
+    from engine.calibrate import calibrate
+
+    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    hidden = int(getattr(text, "hidden_size", 1024) or 1024)
+    intermediate = int(getattr(text, "intermediate_size", None) or 4 * hidden)
+    calibration = calibrate(device, hidden, intermediate, recalibrate)
+    fmt = None if requested == "auto" else requested
+    return getattr(torch, calibration.best), fmt, calibration.reason()
 
 
 def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *,
@@ -128,7 +137,6 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
     hf_logging.disable_progress_bar()  # we report progress ourselves, in the window or on one CLI line
 
     torch_device = pick_device(device)
-    torch_dtype = pick_dtype(dtype, torch_device)
     converted = False
     folder = source.location
     if source.kind in ("embedded", "gguf"):
@@ -139,17 +147,33 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
         folder = _hub_snapshot(source.location, report)
     if cancelled is not None and cancelled():
         raise ModelSourceError("Loading cancelled")
+    config = _read_config(folder, trust_remote_code)
+    if (dtype or "auto").strip().lower() in ("auto", "int8", "int4"):
+        report(LoadProgress("calibrate", "Measuring which float dtype is fastest on this machine (once)", None))
+    torch_dtype, weights, reason = pick_dtype(dtype, torch_device, config)
+    if weights is not None:
+        from engine.quantize import supported
+
+        refusal = supported(weights, torch_device)
+        if refusal is not None:
+            raise ModelSourceError(refusal)
     report(LoadProgress("load", f"Loading weights to {torch_device} as {str(torch_dtype).removeprefix('torch.')}",
                         None))
     warnings = pickle_warnings(Path(folder))
-    model, tokenizer = _load_folder(folder, torch_device, torch_dtype, trust_remote_code)
+    model, tokenizer = _load_folder(folder, config, torch_device, torch_dtype, trust_remote_code)
+    weights_text = str(torch_dtype).removeprefix("torch.")
+    if weights is not None:
+        from engine.quantize import quantize
+
+        report(LoadProgress("quantize", f"Quantizing the weights to {weights}", None))
+        weights_text = quantize(model, weights, torch_dtype).describe(weights_text)
     input_device = model.get_input_embeddings().weight.device
     name = embedded.DISPLAY_NAME if source.kind == "embedded" else source.display
-    facts = model_facts(model, name=name, source=spec or embedded.SPEC, device=input_device)
+    facts = model_facts(model, name=name, source=spec or embedded.SPEC, device=input_device, weights=weights_text)
     load_ms = (time.perf_counter() - started) * 1000.0
     report(LoadProgress("done", f"Loaded {name} on {facts.device} in {load_ms / 1000:.1f} s", 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, device=input_device, facts=facts, load_ms=load_ms,
-                       converted=converted, warnings=warnings)
+                       converted=converted, warnings=warnings, dtype_reason=reason)
 
 
 def pickle_warnings(folder: Path) -> list[str]:
@@ -161,8 +185,8 @@ def pickle_warnings(folder: Path) -> list[str]:
             "loaded with weights_only=True, which accepts tensors only. Prefer models in .safetensors."]
 
 
-def _load_folder(folder: str, device: Any, dtype: Any, trust_remote_code: bool) -> tuple[Any, Any]:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def _read_config(folder: str, trust_remote_code: bool) -> Any:
+    from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
@@ -177,6 +201,12 @@ def _load_folder(folder: str, device: Any, dtype: Any, trust_remote_code: bool) 
     if getattr(config, "is_encoder_decoder", False):
         raise ModelSourceError(f"{Path(folder).name} is an encoder-decoder model ({type(config).__name__}): "
                                f"{SUPPORTED}")
+    return config
+
+
+def _load_folder(folder: str, config: Any, device: Any, dtype: Any, trust_remote_code: bool) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
     if device.type == "cuda":
         # accelerate spreads a model larger than the GPU over GPU, CPU and disk; a small one stays whole.
@@ -230,8 +260,9 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
-def model_facts(model: Any, *, name: str, source: str, device: Any) -> ModelFacts:
+def model_facts(model: Any, *, name: str, source: str, device: Any, weights: str = "") -> ModelFacts:
     """Sizes from the config; what the cache keeps per layer from the cache the model really builds."""
+    from engine.quantize import decode_weight_bytes, parameter_count
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     architecture = (config.architectures or [type(model).__name__])[0]
     try:
@@ -252,9 +283,10 @@ def model_facts(model: Any, *, name: str, source: str, device: Any) -> ModelFact
         hidden_size=int(config.hidden_size), vocab_size=int(config.vocab_size),
         max_context=int(getattr(config, "max_position_embeddings", None) or 2048),
         dtype=str(model.dtype).removeprefix("torch."), dtype_bytes=int(model.dtype.itemsize),
-        num_params=int(sum(p.numel() for p in model.parameters())), device=str(device),
+        num_params=parameter_count(model), device=str(device),
         layer_devices=layer_devices(model, layers), kv_layers=kv_layers,
-        tied_embeddings=bool(getattr(model.config, "tie_word_embeddings", False)))
+        tied_embeddings=bool(getattr(model.config, "tie_word_embeddings", False)),
+        weights=weights or str(model.dtype).removeprefix("torch."), weight_bytes=decode_weight_bytes(model))
 
 
 def layer_devices(model: Any, num_layers: int) -> list[str]:

@@ -26,6 +26,8 @@ class GenerationParams:
     seed: int | None = None
     kv_cache: bool = True
     chat_template: bool = True
+    static_cache: bool = False      # preallocate the cache for prompt + max_new_tokens (what compiling needs)
+    compiled: bool = False          # decode through torch.compile (needs the static cache; for GPUs)
 
     def __post_init__(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, low=1)
@@ -39,9 +41,11 @@ class GenerationParams:
             raise ParameterError(f"top_p must be between {MIN_TOP_P:g} and 1 (1 = off), got {self.top_p:g}")
         if self.seed is not None:
             _check_int("seed", self.seed, low=0, high=MAX_SEED)
-        for name in ("kv_cache", "chat_template"):
+        for name in ("kv_cache", "chat_template", "static_cache", "compiled"):
             if not isinstance(getattr(self, name), bool):
                 raise ParameterError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.compiled and not (self.static_cache and self.kv_cache):
+            raise ParameterError("compiled decode needs the static KV cache (static_cache=True, kv_cache=True)")
 
     @property
     def greedy(self) -> bool:
@@ -59,7 +63,9 @@ class GenerationParams:
             if self.top_p < 1.0:
                 parts.append(f"p={self.top_p:g}")
             parts.append(f"seed={self.seed}")
-        parts.append("KV on" if self.kv_cache else "KV off")
+        parts.append(("KV static" if self.static_cache else "KV on") if self.kv_cache else "KV off")
+        if self.compiled:
+            parts.append("compiled")
         if not self.chat_template:
             parts.append("raw")
         return ", ".join(parts)

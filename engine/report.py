@@ -39,6 +39,9 @@ def report(model: ModelFacts, s: RunSummary, kv_on: bool = True) -> str:
     lines.append(kv_line(model, s.kv_tokens, s.kv_bytes) if kv_on else
                  f"KV cache: off (every step recomputed all {s.prompt_tokens + s.decode_runs:,} positions); "
                  f"{kvcache.formula_text(model)} if it were on")
+    if s.compile_ms:
+        lines.append(f"compile: the first compiled decode step took {s.compile_ms:,.0f} ms, compiling included "
+                     "(not in eval time)")
     if s.waited_ms:
         lines.append(f"waited {s.waited_ms:,.0f} ms paused, stepping or in slow motion "
                      "(in total time, not in eval time)")

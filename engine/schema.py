@@ -50,7 +50,7 @@ MAX_VALUES = 256                     # numbers in one experiment point or summar
 MAX_BYTES = 1 << 50                  # 1 PiB: no single figure in a trace is larger
 BYTES_TOLERANCE = 0.05               # measured bytes may exceed the formula by this much before they are refused
 KINDS_OF_RUN = ("generate", "chat")
-KINDS_OF_EXPERIMENT = ("prefill", "cache", "batch", "chat", "continuous")
+KINDS_OF_EXPERIMENT = ("prefill", "cache", "batch", "chat", "continuous", "dtype")
 LAYER_KINDS = (kvcache.FULL, kvcache.SLIDING, kvcache.STATE, kvcache.NONE)
 
 
@@ -165,7 +165,9 @@ def model_facts(data: dict) -> ModelFacts:
         vocab_size=_int(data, "vocab_size", 1, MAX_VOCAB), max_context=context, dtype=_str(data, "dtype", 32),
         dtype_bytes=_int(data, "dtype_bytes", 1, 16), num_params=_int(data, "num_params", 0, 1 << 50),
         device=_str(data, "device", 64), layer_devices=list(devices), kv_layers=kv_layers,
-        tied_embeddings=_bool(data, "tied_embeddings") if "tied_embeddings" in data else False)
+        tied_embeddings=_bool(data, "tied_embeddings") if "tied_embeddings" in data else False,
+        weights=_str(data, "weights", 256) if "weights" in data else "",
+        weight_bytes=_int(data, "weight_bytes", 0, MAX_BYTES) if "weight_bytes" in data else 0)
 
 
 def _kv_layer(data: object, index: int) -> KVLayer:
@@ -198,7 +200,7 @@ def params(data: dict) -> GenerationParams:
 
 def _summary(data: dict, facts: ModelFacts) -> RunSummary:
     _fields(data, RunSummary, ())
-    ms = ("tokenize_ms", "prefill_ms", "ttft_ms", "decode_ms", "total_ms", "waited_ms")
+    ms = ("tokenize_ms", "prefill_ms", "ttft_ms", "decode_ms", "total_ms", "waited_ms", "compile_ms")
     counts = ("prompt_tokens", "generated_tokens", "decode_runs", "kv_tokens", "reused_tokens")
     values: dict = {name: _num(data, name) for name in ms if name in data}
     values.update({name: _int(data, name, 0, MAX_CONTEXT) for name in counts if name in data})
@@ -240,14 +242,16 @@ def _probability(value: object) -> bool:
     return (type(value) is float or type(value) is int) and 0.0 <= value <= 1.0
 
 
-def _kv(data: dict, limits: list[tuple[float, int | None]], positions: int) -> tuple[list[list[int]], list[int]]:
+def _kv(data: dict, limits: list[tuple[float, int | None]], positions: int,
+        allocated: int = 0) -> tuple[list[list[int]], list[int]]:
     """Per-layer [k, v] bytes and positions held: whole numbers, never more than the layer can hold. One pass
     of plain comparisons: a full-context trace has a few hundred thousand of these."""
     sizes = _list(data, "kv_bytes_per_layer", len(limits))
     held = data.get("kv_positions_per_layer", [])
     if type(held) is not list or (held and len(held) != len(limits)):
         raise SchemaError(f"kv_positions_per_layer must list {len(limits):,} layers")
-    most = [per * (positions if cap is None else min(positions, cap)) for per, cap in limits]
+    room = max(positions, allocated)                      # a static cache holds its allocation from the start
+    most = [per * (room if cap is None else min(room, cap)) for per, cap in limits]
     if not all(type(pair) is list and len(pair) == 2 and type(pair[0]) is int and type(pair[1]) is int
                and pair[0] >= 0 and pair[1] >= 0 and pair[0] + pair[1] <= m for pair, m in zip(sizes, most)):
         for i, (pair, m) in enumerate(zip(sizes, most)):         # the slow path, only to name the field
@@ -281,6 +285,7 @@ class _Run:
     t_ms: float = 0.0
     steps: int = 0
     prefilled: bool = False
+    allocated: int = 0
     ended: bool = False
     norms_end: int = 0
 
@@ -357,10 +362,11 @@ class Checker:
         n = _int(data, "n_tokens", 0, run.prompt_tokens)
         if reused + n != run.prompt_tokens:
             raise SchemaError(f"n_tokens + reused_tokens must equal the prompt's {run.prompt_tokens:,} tokens")
-        sizes, held = _kv(data, run.limits, run.prompt_tokens if run.kv else 0)
+        run.allocated = _int(data, "kv_allocated", 0, run.facts.max_context) if "kv_allocated" in data else 0
+        sizes, held = _kv(data, run.limits, run.prompt_tokens if run.kv else 0, run.allocated)
         run.prefilled = True
         return PrefillDone(run_id, run.t_ms, n, _num(data, "tokenize_ms"), _num(data, "forward_ms"), sizes, reused,
-                           held, _str(data, "cache_note", 1024) if "cache_note" in data else "")
+                           held, _str(data, "cache_note", 1024) if "cache_note" in data else "", run.allocated)
 
     def kv_norms(self, data: dict) -> KVNorms:
         _fields(data, KVNorms, ("run_id", "t_ms", "first_position", "k_norms", "v_norms"))
@@ -395,7 +401,7 @@ class Checker:
             raise SchemaError(f"position {position:,} is outside the model's context ({run.facts.max_context:,})")
         facts = run.facts
         token = _int(data, "token_id", 0, facts.vocab_size - 1)
-        sizes, held = _kv(data, run.limits, position if run.kv else 0)
+        sizes, held = _kv(data, run.limits, position if run.kv else 0, run.allocated)
         run.steps += 1
         return TokenStep(
             run_id=run_id, t_ms=run.t_ms, step=step, position=position, token_id=token,

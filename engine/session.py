@@ -47,6 +47,7 @@ class _Tally:
     ttft_ms: float = 0.0
     decode_ms: float = 0.0
     waited_ms: float = 0.0
+    compile_ms: float = 0.0
     kv_tokens: int = 0
     kv_bytes: int = 0
     cache_note: str = ""
@@ -56,8 +57,10 @@ class _Tally:
 
     def summary(self, total_ms: float) -> RunSummary:
         generated = len(self.token_ids)
+        compiled_step = 1 if self.compile_ms and generated > 1 else 0       # timed apart: it compiled
         return RunSummary(
-            prompt_tokens=self.prompt_tokens, generated_tokens=generated, decode_runs=max(generated - 1, 0),
+            prompt_tokens=self.prompt_tokens, generated_tokens=generated,
+            decode_runs=max(generated - 1 - compiled_step, 0), compile_ms=self.compile_ms,
             tokenize_ms=self.tokenize_ms, prefill_ms=self.prefill_ms, ttft_ms=self.ttft_ms,
             decode_ms=self.decode_ms, total_ms=total_ms, kv_tokens=self.kv_tokens, kv_bytes=self.kv_bytes,
             text="".join(self.text), token_ids=list(self.token_ids), reused_tokens=self.reused_tokens,
@@ -83,6 +86,7 @@ class Session:
         self._kept_cache: Any = None        # the cache a chat keeps between turns
         self._kept_ids: list[int] = []      # ...and the ids it holds
         self._dropped = "this is the first turn"     # why there is no kept cache, for the next turn to say
+        self._compiled = None
 
     # --- prompt -------------------------------------------------------------------------------------------
     @property
@@ -107,26 +111,37 @@ class Session:
                 f"one new token): shorten it by {n_tokens - limit + 1:,} tokens")
 
     # --- the two phases -----------------------------------------------------------------------------------
-    def prefill(self, input_ids: torch.Tensor, use_cache: bool, cache: Any = None) -> tuple[torch.Tensor, Any]:
+    def prefill(self, input_ids: torch.Tensor, use_cache: bool, cache: Any = None,
+                static_positions: int = 0) -> tuple[torch.Tensor, Any]:
         """One forward pass over the prompt. ``input_ids``: ``[1, n]``; returns last logits ``[V]`` and the
-        filled cache (None with the cache off). Given a ``cache`` that already holds the first positions
-        (an earlier turn), only the new ids are passed; their positions continue from the cache."""
+        filled cache (None with the cache off; with ``static_positions``, allocated for that many up front).
+        Given a ``cache`` that already holds the first positions (an earlier turn), only the new ids are passed;
+        their positions continue from the cache."""
         if use_cache and cache is None:
-            cache = kvcache.new_cache(self.model)
+            cache = kvcache.new_cache(self.model, static_positions)
         out = self.model(input_ids=input_ids, cache=cache if use_cache else None, use_cache=use_cache,
                          logits_to_keep=1)
         return out.logits[0, -1], cache
 
     def decode_step(self, token: torch.Tensor, position: int, cache: Any,
-                    sequence: torch.Tensor | None) -> torch.Tensor:
+                    sequence: torch.Tensor | None, compiled: bool = False) -> torch.Tensor:
         """One new token. With the cache: feed one token at ``position`` (``[1, 1]``) and attend to the
-        cached keys and values. Without: recompute the whole ``sequence`` (``[1, position + 1]``)."""
+        cached keys and values (through ``torch.compile`` when ``compiled``: CUDA graphs over a static cache).
+        Without: recompute the whole ``sequence`` (``[1, position + 1]``)."""
         if cache is not None:
-            out = self.model(input_ids=token.view(1, 1), cache=cache, use_cache=True,
-                             position_ids=torch.tensor([[position]], device=self.device))
+            forward = self._compiled_forward() if compiled else self.model
+            out = forward(input_ids=token.view(1, 1), cache=cache, use_cache=True,
+                          position_ids=torch.tensor([[position]], device=self.device))
         else:
             out = self.model(input_ids=sequence, use_cache=False, logits_to_keep=1)
         return out.logits[0, -1]                                           # [V]
+
+    def _compiled_forward(self):
+        """The model's forward compiled once per session: CUDA graphs replay a decode step as one launch."""
+        if self._compiled is None:
+            mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+            self._compiled = torch.compile(self.model.forward, mode=mode, dynamic=False)
+        return self._compiled
 
     # --- the run ------------------------------------------------------------------------------------------
     def run(self, prompt: str, params: GenerationParams, sink: Sink | None = None,
@@ -160,10 +175,11 @@ class Session:
         else:
             ids = list(self.tokenizer("\n".join(f"{m['role']}: {m['content']}" for m in messages)
                                       + "\nassistant:")["input_ids"])
-        if not reuse or not params.kv_cache:
-            self.forget("reuse is off" if not reuse else "the KV cache is off")
+        if not reuse or not params.kv_cache or params.static_cache:
+            self.forget("reuse is off" if not reuse else "the KV cache is off" if not params.kv_cache else
+                        "a static cache is allocated for one run at a time")
         return self._run(ids, messages[-1]["content"], "chat", params, sink, cancel, before_step, t0,
-                         reuse=reuse and params.kv_cache)
+                         reuse=reuse and params.kv_cache and not params.static_cache)
 
     def forget(self, reason: str = "a new conversation started") -> None:
         """Drop the cache kept for the next turn, remembering why (the next turn reports it)."""
@@ -255,7 +271,10 @@ class Session:
         if self.device.type == "cpu":
             tally.load.start()
         start = clock.mark()
-        logits, cache = self.prefill(sequence[:, reused:], params.kv_cache, cache)
+        first_compile = params.compiled and self._compiled is None
+        allocated = min(len(ids) + params.max_new_tokens, self.facts.max_context) \
+            if params.static_cache and params.kv_cache and cache is None else 0
+        logits, cache = self.prefill(sequence[:, reused:], params.kv_cache, cache, allocated)
         forward_end = clock.mark()
         choice = choose(logits, params, generator)
         end = clock.mark()
@@ -263,7 +282,7 @@ class Session:
         tally.prefill_ms, tally.ttft_ms = forward_ms, _since(t0)
         kv, held = self._record(tally, cache)
         emit(PrefillDone(run_id, _since(t0), len(ids) - reused, tally.tokenize_ms, forward_ms, kv, reused, held,
-                         tally.cache_note))
+                         tally.cache_note, allocated))
         norms_from = self._emit_norms(emit, run_id, t0, cache, 0)
         position = len(ids)
         step, waited_ms = 0, 0.0
@@ -291,12 +310,15 @@ class Session:
             step += 1
             self._fault("decode", step)
             start = clock.mark()
-            logits = self.decode_step(token, position, cache, sequence)
+            logits = self.decode_step(token, position, cache, sequence, params.compiled)
             forward_end = clock.mark()
             choice = choose(logits, params, generator)
             end = clock.mark()
             forward_ms, latency_ms = clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end)
-            tally.decode_ms += latency_ms
+            if first_compile and step == 1:
+                tally.compile_ms = latency_ms            # the first compiled step compiles: timed apart
+            else:
+                tally.decode_ms += latency_ms
             position += 1
             kv, held = self._record(tally, cache)
 

@@ -131,6 +131,14 @@ class ControlsPanel(QWidget):
         self.kv_box = QCheckBox("KV cache")
         self.kv_box.setChecked(True)
         self.kv_box.setToolTip("Off: every decode step recomputes the whole sequence (watch the latency grow)")
+        self.static_box = QCheckBox("static (allocated up front)")
+        self.static_box.setToolTip("Allocate the cache for prompt + max new tokens before the first token, as "
+                                   "compiled decoding needs: the heatmap outlines what is allocated but unused")
+        self.compile_box = QCheckBox("compiled decode")
+        self.compile_box.setToolTip("Decode through torch.compile with CUDA graphs (on a GPU); the first step "
+                                    "compiles and is timed apart. On a CPU it compiles slowly and rarely helps")
+        self.static_box.toggled.connect(lambda on: self.compile_box.setEnabled(on))
+        self.compile_box.setEnabled(False)
         params_group = QGroupBox("Generation")
         pf = QFormLayout(params_group)
         pf.addRow("Max new tokens", self.max_tokens)
@@ -141,7 +149,11 @@ class ControlsPanel(QWidget):
         row.addWidget(self.seed, 1)
         row.addWidget(self.random_seed)
         pf.addRow("Seed", row)
-        pf.addRow(self.kv_box)
+        row = QHBoxLayout()
+        row.addWidget(self.kv_box)
+        row.addWidget(self.static_box)
+        row.addWidget(self.compile_box)
+        pf.addRow(row)
 
         # --- run buttons ---
         self.run_button = QPushButton("Run  (Ctrl+Enter)")
@@ -195,7 +207,9 @@ class ControlsPanel(QWidget):
             max_new_tokens=self.max_tokens.value(), temperature=round(self.temperature.value(), 4),
             top_k=self.top_k.value(), top_p=round(self.top_p.value(), 4),
             seed=None if self.random_seed.isChecked() else self.seed.value(),
-            kv_cache=self.kv_box.isChecked(), chat_template=self.chat_box.isChecked())
+            kv_cache=self.kv_box.isChecked(), chat_template=self.chat_box.isChecked(),
+            static_cache=self.static_box.isChecked() and self.kv_box.isChecked(),
+            compiled=self.compile_box.isChecked() and self.static_box.isChecked() and self.kv_box.isChecked())
 
     def prompt_text(self) -> str:
         return self.prompt.toPlainText()

@@ -29,7 +29,8 @@ from app.panels.chart import Chart
 from app.store import ExperimentRecord, RunStore
 
 TITLES = {"prefill": "Prefill vs prompt length", "cache": "KV cache on vs off", "batch": "Batch size",
-          "continuous": "Continuous batching"}
+          "continuous": "Continuous batching", "dtype": "Weight formats"}
+FORMATS = ("float32", "bfloat16", "int8", "int4")
 COLUMNS = {
     "prefill": [("tokens", "prompt tokens", "{:,.0f}"), ("prefill_ms", "prefill ms (median)", "{:,.2f}"),
                 ("ttft_ms", "TTFT ms", "{:,.2f}"), ("predicted_ms", "predicted ms (computed)", "{:,.2f}"),
@@ -42,6 +43,10 @@ COLUMNS = {
     "continuous": [("policy", "policy", "{}"), ("index", "request", "{:,.0f}"), ("prompt_tokens", "prompt", "{:,.0f}"),
                    ("new_tokens", "new", "{:,.0f}"), ("queue_ms", "waited ms", "{:,.1f}"), ("ttft_ms", "TTFT ms",
                    "{:,.1f}"), ("e2e_ms", "end-to-end ms", "{:,.1f}")],
+    "dtype": [("index", "weights", "{}"), ("bytes_per_token", "MiB/token", "{:,.1f}"),
+              ("decode_tok_s", "decode tok/s", "{:,.1f}"), ("decode_ceiling_tok_s", "ceiling (computed)", "{:,.0f}"),
+              ("prefill_tok_s", "prefill tok/s", "{:,.0f}"), ("ttft_ms", "TTFT ms", "{:,.0f}"),
+              ("diverges_at", "tokens leave fp32 at", "{}"), ("perplexity", "perplexity", "{:,.2f}")],
 }
 
 
@@ -69,6 +74,11 @@ class ExperimentView(QWidget):
             self.arrive_every = _spin(1, 64, 4, " decode steps")
             form.addRow("Requests", self.requests)
             form.addRow("A new request every", self.arrive_every)
+        elif kind == "dtype":
+            self.formats = QLineEdit(", ".join(FORMATS))
+            self.tokens = _spin(2, 1024, 48, " tokens")
+            form.addRow("Weight formats", self.formats)
+            form.addRow("New tokens per run", self.tokens)
         else:
             self.sizes = QLineEdit("1, 2, 4, 8, 16")
             self.tokens = _spin(2, 4096, 32, " tokens")
@@ -131,6 +141,11 @@ class ExperimentView(QWidget):
             return {"new_tokens": self.tokens.value()}
         if self.kind == "continuous":
             return {"requests": self.requests.value(), "arrive_every": self.arrive_every.value()}
+        if self.kind == "dtype":
+            formats = tuple(f.strip() for f in self.formats.text().replace(";", ",").split(",") if f.strip())
+            if not formats or any(f not in FORMATS for f in formats):
+                raise ValueError(f"Weight formats must be some of {', '.join(FORMATS)}, separated by commas")
+            return {"formats": formats, "new_tokens": self.tokens.value()}
         return {"sizes": self.batch_sizes(), "new_tokens": self.tokens.value()}
 
     def batch_sizes(self) -> tuple[int, ...]:
@@ -163,7 +178,8 @@ class ExperimentView(QWidget):
         self.theme = theme
         labels = {"prefill": ("prompt length", "tokens", "time", "ms"), "cache": ("decode step", None, "latency", "ms"),
                   "batch": ("per-token latency of each request", "ms", "throughput of all requests", "tok/s"),
-                  "continuous": ("time since the first arrival", "ms", "requests", None)}
+                  "continuous": ("time since the first arrival", "ms", "requests", None),
+                  "dtype": ("weights", None, "decode throughput", "tok/s")}
         x, xu, y, yu = labels[self.kind]
         self.chart.style(theme, x, xu, y, yu)
         if self.kind == "prefill":
@@ -195,7 +211,8 @@ class ExperimentView(QWidget):
 
     def _fill_table(self, record: ExperimentRecord) -> None:
         columns = COLUMNS[self.kind]
-        points = [p for p in record.points if p.series != "batch" or self.kind == "batch"]
+        points = [p for p in record.points if (p.series != "batch" or self.kind == "batch") and p.series != "skipped"]
+        requested = record.started.settings.get("formats", [])
         self.table.setRowCount(len(points))
         for row, point in enumerate(points):
             for col, (key, _title, fmt) in enumerate(columns):
@@ -206,6 +223,12 @@ class ExperimentView(QWidget):
                     value = "on" if value else "off"
                 if key == "policy":
                     value = "continuous" if value else "static"
+                if self.kind == "dtype" and key == "index":
+                    value = requested[int(value)] if int(value) < len(requested) else "?"
+                if key == "bytes_per_token" and value is not None:
+                    value = value / 2**20
+                if key == "diverges_at" and value is not None:
+                    value = "never" if value < 0 else f"step {int(value)}"
                 text = "" if value is None else fmt.format(value)
                 self.table.setItem(row, col, QTableWidgetItem(text))
         self.table.resizeColumnsToContents()
@@ -285,6 +308,29 @@ class ExperimentView(QWidget):
                 "rows share that cost: throughput rises, latency per request rises too.")
 
 
+    def _draw_dtype(self, record: ExperimentRecord) -> None:
+        """Per weight format: decode tok/s measured (filled) beside the bandwidth ceiling (outline, computed)."""
+        requested = record.started.settings.get("formats", [])
+        points = [p.values for p in record.points if p.series == "format"]
+        if not points:
+            return
+        x = np.arange(len(points))
+        measured = np.array([v["decode_tok_s"] for v in points])
+        ceiling = np.array([v["decode_ceiling_tok_s"] for v in points])
+        self.chart.add(pg.BarGraphItem(x=x, height=ceiling, width=0.7, brush=None,
+                                       pen=pg.mkPen(th.FORMULA, width=2, style=Qt.PenStyle.DashLine)),
+                       "bandwidth ceiling (computed)")
+        self.chart.add(pg.BarGraphItem(x=x, height=measured, width=0.45, brush=th.DECODE, pen=None),
+                       "decode (measured)")
+        names = [requested[int(v["index"])] if int(v["index"]) < len(requested) else "?" for v in points]
+        self.plot.getAxis("bottom").setTicks([[(i, n) for i, n in enumerate(names)]])
+        s = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
+        lines = [format_line(n, v) for n, v in zip(names, points)]
+        if "float32_decode_tok_s" in s:
+            lines.append("Decode reads every weight once per token: fewer bytes, faster decode; prefill is arithmetic "
+                         "and gains far less. The smaller formats pay in perplexity (measured on a held paragraph).")
+        self.explain.setText("<br>".join(lines))
+
     def _draw_continuous(self, record: ExperimentRecord) -> None:
         """One lane per request (grey waiting, blue prefill, vermillion decode), continuous on top of static."""
         requests = [p.values for p in record.points if p.series == "request"]
@@ -323,6 +369,13 @@ class ExperimentView(QWidget):
                 f"measured). Static batching makes a newcomer wait for the whole batch (grey); continuous batching "
                 f"prefills it at the next step and lets finished rows leave. "
                 f"{solo.get(s.get('tokens_match_solo'), '')}")
+
+
+def format_line(name: str, v: dict) -> str:
+    diverges = "" if v["diverges_at"] < 0 else f", greedy tokens leave float32's at step {int(v['diverges_at'])}"
+    return (f"<b>{escape(name)}</b>: {v['bytes_per_token'] / 2**20:,.0f} MiB read per token, "
+            f"<b>{v['decode_tok_s']:,.1f} tok/s</b> of a {v['decode_ceiling_tok_s']:,.0f} tok/s ceiling, prefill "
+            f"{v['prefill_tok_s']:,.0f} tok/s, perplexity {v['perplexity']:,.2f}{diverges}")
 
 
 def log_ticks(values: np.ndarray, base: int) -> list[tuple[float, str]]:

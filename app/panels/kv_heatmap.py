@@ -90,6 +90,10 @@ class KVHeatmapPanel(QWidget):
         self.image = pg.ImageItem(axisOrder="row-major")
         self.image.setColorMap(pg.colormap.get(th.HEATMAP))
         self.plot.addItem(self.image)
+        self.allocation = QGraphicsRectItem()          # a static cache: everything allocated, used or not
+        self.allocation.setPen(pg.mkPen(th.CACHE_OFF, width=2, style=Qt.PenStyle.DashLine, cosmetic=True))
+        self.allocation.setBrush(QBrush(Qt.BrushStyle.NoBrush))
+        self.plot.addItem(self.allocation)
         self.strip_reused = QGraphicsRectItem()
         self.strip_prefill = QGraphicsRectItem()
         self.strip_decode = QGraphicsRectItem()
@@ -202,6 +206,8 @@ class KVHeatmapPanel(QWidget):
         m = run.model
         layers, context, used = m.num_layers, m.max_context, run.kv_tokens
         self.empty.setRect(QRectF(0, 0, context, layers))
+        self.allocation.setRect(QRectF(0, 0, run.kv_allocated, layers))
+        self.allocation.setVisible(bool(run.kv_allocated))
         grid = self.grid(run)
         if grid.shape[1]:
             high = float(np.nanmax(grid)) if np.isfinite(grid).any() else 0.0
@@ -265,7 +271,7 @@ class KVHeatmapPanel(QWidget):
         k_total, v_total = sum(k for k, _ in kv), sum(v for _, v in kv)
         held = k_total + v_total
         seen = run.kv_tokens
-        predicted = kvcache.predicted_kv_bytes(m, seen)
+        predicted = kvcache.predicted_kv_bytes(m, run.kv_allocated or seen)
         full = kvcache.full_context_positions(m)
         if not run.started.params.kv_cache:
             measured = "<b>Measured</b>: 0 B: the KV cache is off for this run (every step recomputes all positions)"
@@ -274,11 +280,14 @@ class KVHeatmapPanel(QWidget):
         else:
             agree = ("✓ equals the formula" if held == predicted else
                      f"✗ the formula says {fmt(predicted)} for these positions")
+            static = (f" — a static cache: all {run.kv_allocated:,} positions allocated up front, "
+                      f"{seen:,} in use" if run.kv_allocated else "")
             measured = (f"<b>Measured</b> (read from the cache tensors): {fmt(held)} after {seen:,} positions "
-                        f"(K {fmt(k_total)} + V {fmt(v_total)}) {agree}")
+                        f"(K {fmt(k_total)} + V {fmt(v_total)}) {agree}{static}")
         notes = "".join(f"<br>{escape(note)}" for note in kvcache.layer_notes(m))
         notes += f"<br>{escape(concurrency_text(m))}"
-        return (f"{measured}<br><b>Formula</b> (computed): {escape(kvcache.formula_text(m))}; for {seen:,} positions "
+        return (f"{measured}<br><b>Formula</b> (computed): {escape(kvcache.formula_text(m))}; for "
+                f"{run.kv_allocated or seen:,} positions "
                 f"{fmt(predicted)}<br><b>Full context</b> ({full:,} positions, computed): "
                 f"{fmt(kvcache.full_context_kv_bytes(m))} — {seen / max(full, 1):.1%} used<br>"
                 f"{escape(kvcache.heads_text(m))}{notes}<br>Devices: {escape(layer_ranges(m.layer_devices))} · "

@@ -77,7 +77,7 @@ def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, 
             assert w.scene_view.caption.font().pointSizeF() >= 15       # 20 px at 96 dpi, and larger
         w.leave_lecture()
         assert w.docks["kv"].widget().widget() is w.kv and w.tokens.isVisible()     # every panel given back
-        assert w.experiments.count() == 4 and w.timing.charts.layout().count() == 4
+        assert w.experiments.count() == len(w.experiments.views) and w.timing.charts.layout().count() == 4
     finally:
         close_and_dispose(w)
 

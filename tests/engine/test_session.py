@@ -231,3 +231,25 @@ def test_events_carry_plain_values_only(tiny):
     for e in events:
         json.dumps(dataclasses.asdict(e))                 # no tensors, nothing unserialisable
     assert isinstance(events[0], RunStarted) and isinstance(events[1], PrefillDone)
+
+
+def test_a_static_cache_gives_the_dynamic_cache_tokens_and_holds_its_allocation(tiny):
+    dynamic = run_collect(Session(tiny), max_new_tokens=12)[1].summary
+    events, result = run_collect(Session(tiny), max_new_tokens=12, static_cache=True)
+    assert result.summary.token_ids == dynamic.token_ids
+    prefill = next(e for e in events if type(e).__name__ == "PrefillDone")
+    facts = events[0].model
+    allocated = len(events[0].prompt_ids) + 12
+    assert prefill.kv_allocated == allocated
+    for step in (e for e in events if isinstance(e, TokenStep)):
+        # the tensors hold the whole allocation from the start (measured), of which `position` are in use
+        assert [k + v for k, v in step.kv_bytes_per_layer] == kvcache.predicted_kv_bytes_per_layer(facts, allocated)
+        assert step.kv_positions_per_layer == [step.position] * facts.num_layers
+
+
+def test_compiled_decode_needs_the_static_cache():
+    from engine.errors import ParameterError
+
+    with pytest.raises(ParameterError, match="needs the static KV cache"):
+        GenerationParams(compiled=True)
+    assert GenerationParams(static_cache=True, compiled=True).describe().endswith("KV static, compiled")

@@ -1,0 +1,99 @@
+"""Weight formats: int8 and int4 weights through torch's own kernels, the bytes a decode step reads taken from
+the weights as stored, ``auto`` picking the fastest float by measurement, and the format sweep."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import calibrate, quantize
+from engine.costmodel import ModelCost
+from engine.experiments import run_experiment
+from engine.models import load
+from engine.params import GenerationParams
+from engine.session import Session
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantized_weights_load_and_generate_on_the_tiny_model(tiny_model_dir, fmt):
+    fp32 = load(str(tiny_model_dir), "cpu", "float32")
+    loaded = load(str(tiny_model_dir), "cpu", fmt)
+    layers = [m for m in loaded.model.modules() if isinstance(m, (quantize.Int8Linear, quantize.Int4Linear))]
+    kept = [m for m in loaded.model.modules() if isinstance(m, torch.nn.Linear)]
+    linears = [m for m in fp32.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(layers) + len(kept) == len(linears) and len(layers) >= len(linears) - 1
+    if fmt == "int4":       # the 457-token output projection: the int4 kernel takes multiples of 16 outputs
+        assert [m.out_features for m in kept] == [loaded.facts.vocab_size]
+    assert loaded.facts.weights.startswith(f"{fmt} weights ({len(layers)} linear layers")
+    assert loaded.facts.num_params == fp32.facts.num_params
+    result = Session(loaded).run("hello world", GenerationParams(max_new_tokens=6))
+    assert result.summary.generated_tokens == 6
+
+
+def test_bytes_per_token_come_from_the_weights_as_stored(tiny_model_dir):
+    fp32 = load(str(tiny_model_dir), "cpu", "float32")
+    int8 = load(str(tiny_model_dir), "cpu", "int8")
+    linear = sum(m.weight.nbytes for m in fp32.model.modules() if isinstance(m, torch.nn.Linear))
+    stored = sum(m.weight_int8.nbytes + m.scales.nbytes for m in int8.model.modules()
+                 if isinstance(m, quantize.Int8Linear))
+    assert stored < linear / 3                                     # int8 plus scales against float32
+    assert fp32.facts.weight_bytes - int8.facts.weight_bytes == pytest.approx(
+        linear - stored + _float_rest(fp32) - _float_rest(int8), abs=1)
+    assert ModelCost(int8.facts).decode(10).bytes < ModelCost(fp32.facts).decode(10).bytes / 2
+
+
+def _float_rest(loaded) -> int:
+    """Bytes outside the linear layers (norms, and the embedding table when an untied head reads it)."""
+    quantized = (quantize.Int8Linear, quantize.Int4Linear, torch.nn.Linear)
+    linear = sum(sum(t.nbytes for t in m.buffers()) + sum(t.nbytes for t in m.parameters())
+                 for m in loaded.model.modules() if isinstance(m, quantized))
+    return loaded.facts.weight_bytes - linear
+
+
+def test_int8_matches_float_within_quantization_error():
+    layer = torch.nn.Linear(64, 48)
+    x = torch.randn(3, 64)
+    q = quantize.Int8Linear(layer, torch.float32)
+    assert torch.allclose(q(x), layer(x), atol=0.05, rtol=0.05)
+    q4 = quantize.Int4Linear(layer, torch.float32)
+    assert (q4(x) - layer(x)).abs().max() < 0.25 * layer(x).abs().max()
+
+
+def test_auto_never_picks_a_dtype_slower_than_float32_in_its_own_calibration():
+    found = calibrate.measure(torch.device("cpu"), 128, 256)
+    best, base = found.timing(found.best), found.timing("float32")
+    assert base is not None and best.run_ms <= base.run_ms
+    assert found.reason().startswith(found.best)
+
+
+def test_the_reason_names_the_measured_ratios():
+    fast_bf16 = calibrate.Calibration("bfloat16", [calibrate.Timing("float32", 40.0, 1.2),
+                                                   calibrate.Timing("bfloat16", 50.0, 0.6)], True)
+    assert fast_bf16.reason() == ("bfloat16: 2.0x the decode and 0.8x the prefill speed of float32 (native bf16 on "
+                                  "this CPU) (measured)")
+    slow_bf16 = calibrate.Calibration("float32", [calibrate.Timing("float32", 40.0, 1.2),
+                                                  calibrate.Timing("bfloat16", 200.0, 1.0)], False)
+    assert slow_bf16.reason().startswith("float32: the others were slower here (bf16 emulated on this CPU)")
+
+
+def test_the_format_sweep_measures_each_format_beside_its_ceiling(tiny):
+    from engine.events import ExperimentPoint
+
+    events: list = []
+    finished = run_experiment("dtype", Session(tiny), events.append, formats=("float32", "int8"), new_tokens=6,
+                              repeats=1, prefill_tokens=32)
+    points = [e.values for e in events if isinstance(e, ExperimentPoint) and e.series == "format"]
+    assert len(points) == 2 and finished.summary["formats"] == ["float32", "int8"]
+    fp32, int8 = points
+    assert int8["bytes_per_token"] < fp32["bytes_per_token"] / 2
+    assert all(p["decode_tok_s"] > 0 and p["decode_ceiling_tok_s"] > 0 and p["perplexity"] > 1 for p in points)
+    assert fp32["diverges_at"] == -1.0                          # float32 is the reference
+    assert finished.summary["int8_bytes_x"] == pytest.approx(int8["bytes_per_token"] / fp32["bytes_per_token"])
+
+
+@pytest.mark.real
+def test_int8_weights_generate_on_the_embedded_model(smol):
+    loaded = load("embedded", "cpu", "int8")
+    result = Session(loaded).run("hey, what is continuous batching?", GenerationParams(max_new_tokens=12))
+    assert result.summary.generated_tokens == 12 and result.summary.text.strip()
+    assert loaded.facts.weight_bytes < smol.facts.weight_bytes / 3
