@@ -151,6 +151,24 @@ class FileActions:
             except OSError as exc:
                 self.show_error(f"Could not write {path}: {exc.strerror or exc}")
 
+    def export_perfetto(self, record) -> None:
+        """The selected run (``record`` None) or an experiment, as a Chrome/Perfetto trace."""
+        from engine.perfetto import write_perfetto
+
+        events = record.events if record is not None else (self.selected_run().events if self.selected_run()
+                                                             else None)
+        if not events:
+            self.show_error("There is nothing to export yet: run something first.")
+            return
+        path, _ = QFileDialog.getSaveFileName(self.parent, "Export as a Perfetto trace", str(
+            Path(self.last_dir()) / "kvscope-perfetto.json"), "Perfetto / Chrome trace (*.json)")
+        if path:
+            try:
+                write_perfetto(path, events)
+                self.say(f"Exported {len(events):,} events to {path}: open it in ui.perfetto.dev", 8000)
+            except OSError as exc:
+                self.show_error(f"Could not write {path}: {exc.strerror or exc}")
+
     def last_dir(self) -> str:
         return self.settings.value("files/last_dir", str(Path.home()), str)
 

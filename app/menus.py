@@ -54,6 +54,9 @@ def build_menus(window: MainWindow) -> dict[str, QAction]:
                           ("Chat panel", lambda: window.chat), ("Lecture scene", lambda: window.scene_view)):
         _action(window, exports, f"{label} as PNG or SVG…", lambda n=label, w=widget: files.export_panel(n, w()))
     _action(window, exports, "Experiment data as CSV…", lambda: files.export_experiment(window.current_experiment()))
+    _action(window, exports, "Run as a Perfetto trace…", lambda: files.export_perfetto(None))
+    _action(window, exports, "Experiment as a Perfetto trace…",
+            lambda: files.export_perfetto(window.current_experiment()))
     _action(window, exports, "Run data as CSV…", lambda: files.export_run("csv"))
     _action(window, exports, "Run data as JSON…", lambda: files.export_run("json"))
     file.addSeparator()

@@ -111,9 +111,9 @@ def _guarded(action: Callable[[], int]) -> int:
 
 def _register_subcommands() -> None:
     """Subcommands register here; their modules load torch only when they run."""
-    from engine.commands import costmodel_main, sweep_main
+    from engine.commands import costmodel_main, perfetto_main, sweep_main
 
-    SUBCOMMANDS.update(costmodel=costmodel_main, sweep=sweep_main)
+    SUBCOMMANDS.update(costmodel=costmodel_main, sweep=sweep_main, perfetto=perfetto_main)
 
 
 def load_for_cli(args: argparse.Namespace):

@@ -106,6 +106,22 @@ def sweep_main(argv: list[str]) -> int:
     return 0 if finished.reason == "done" else 1
 
 
+def perfetto_main(argv: list[str]) -> int:
+    p = Parser(prog="python -m engine perfetto", description=(
+        "Convert KVScope traces to one Chrome/Perfetto trace (open it in ui.perfetto.dev or chrome://tracing)."))
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="KVScope traces (.jsonl)")
+    p.add_argument("--out", required=True, metavar="FILE", help="the Perfetto trace to write (.json)")
+    args = p.parse_args(argv)
+    from engine.perfetto import write_perfetto
+    from engine.trace import check_writable, read_trace
+
+    check_writable(args.out)
+    events = [e for path in args.traces for e in read_trace(path)]
+    target = write_perfetto(args.out, events)
+    print(f"wrote {target} ({len(events):,} events from {len(args.traces)} trace(s))")
+    return 0
+
+
 def sweep_parser() -> argparse.ArgumentParser:
     from engine.cli import Parser, add_model_arguments, bounded
 

@@ -1,0 +1,118 @@
+"""Runs and experiments as a Chrome / Perfetto trace (the JSON trace-event format), to open in
+ui.perfetto.dev or chrome://tracing beside traces of anything else.
+
+One process per run or experiment, one thread (track) per kind of work: the run's forward passes (prefill,
+then each decode step), sampling (each step's time after its forward pass), waits (paused, stepping); an
+experiment's runs each on their own track, and continuous batching one track per request (waiting, prefill,
+decode) plus a counter of the batch size. Times are microseconds from the start of each run or experiment,
+as recorded; every slice is a complete event (``"ph": "X"``) with a duration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from engine.events import (
+    ExperimentPoint,
+    ExperimentStarted,
+    PrefillDone,
+    RunFailed,
+    RunFinished,
+    RunStarted,
+    TokenStep,
+)
+
+TRACKS = {"forward": 1, "sampling": 2, "waits": 3}
+
+
+def trace_events(events: Iterable[object]) -> list[dict]:
+    out: list[dict] = []
+    pids: dict[str, int] = {}
+    run_track: dict[str, tuple[int, int]] = {}         # run id -> (pid, first tid) of its tracks
+    experiments: dict[str, int] = {}
+
+    def process(key: str, name: str) -> int:
+        pid = pids.setdefault(key, len(pids) + 1)
+        out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
+        return pid
+
+    def thread(pid: int, tid: int, name: str) -> None:
+        out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+
+    for event in events:
+        if isinstance(event, ExperimentStarted):
+            pid = experiments[event.exp_id] = process(f"exp:{event.exp_id}", f"experiment: {event.kind}")
+            out.append(_slice(pid, 0, "experiment", "experiment", 0.0, 0.0, {"settings": event.settings}))
+        elif isinstance(event, RunStarted):
+            owner = experiments.get(event.experiment)
+            if owner is not None:                        # an experiment's run: a track of its own there
+                base = 10 * (sum(1 for r in run_track.values() if r[0] == owner) + 1)
+                run_track[event.run_id] = (owner, base)
+                for name, offset in TRACKS.items():
+                    thread(owner, base + offset, f"{event.label}: {name}")
+            else:
+                pid = process(f"run:{event.run_id}", f"run: {event.label}")
+                run_track[event.run_id] = (pid, 0)
+                for name, offset in TRACKS.items():
+                    thread(pid, offset, name)
+        elif isinstance(event, PrefillDone) and event.run_id in run_track:
+            pid, base = run_track[event.run_id]
+            start = event.t_ms - event.forward_ms
+            out.append(_slice(pid, base + TRACKS["forward"], f"prefill ({event.n_tokens} tokens)", "prefill",
+                              start, event.forward_ms, {"tokens": event.n_tokens, "reused": event.reused_tokens}))
+        elif isinstance(event, TokenStep) and event.run_id in run_track:
+            pid, base = run_track[event.run_id]
+            end = event.t_ms
+            start = end - event.latency_ms
+            if event.phase == "decode":
+                out.append(_slice(pid, base + TRACKS["forward"], f"decode step {event.step}", "decode", start,
+                                  event.forward_ms, {"position": event.position, "token_id": event.token_id}))
+            out.append(_slice(pid, base + TRACKS["sampling"], "sample", "sampling", start + event.forward_ms,
+                              max(event.latency_ms - event.forward_ms, 0.0), {"p": event.prob}))
+            if event.waited_ms:
+                out.append(_slice(pid, base + TRACKS["waits"], "waiting", "wait", start - event.waited_ms,
+                                  event.waited_ms, {}))
+        elif isinstance(event, (RunFinished, RunFailed)) and event.run_id in run_track:
+            pid, base = run_track[event.run_id]
+            name = event.reason if isinstance(event, RunFinished) else f"failed: {event.error}"
+            out.append({"ph": "i", "name": name, "cat": "end", "pid": pid, "tid": base + TRACKS["forward"],
+                        "ts": _us(event.t_ms), "s": "t"})
+        elif isinstance(event, ExperimentPoint) and event.exp_id in experiments:
+            out.extend(_point(experiments[event.exp_id], event, thread))
+    return out
+
+
+def _point(pid: int, event: ExperimentPoint, thread) -> list[dict]:
+    v = event.values
+    if event.series == "request" and "arrival_ms" in v:                 # continuous / static batching
+        policy = "continuous" if v.get("policy") else "static"
+        tid = 1000 + int(v.get("policy", 0)) * 500 + int(v["index"])
+        thread(pid, tid, f"{policy}: request {int(v['index'])}")
+        spans = (("waiting", v["arrival_ms"], v["admitted_ms"]), ("prefill", v["admitted_ms"], v["first_token_ms"]),
+                 ("decode", v["first_token_ms"], v["done_ms"]))
+        return [_slice(pid, tid, name, name, start, max(end - start, 0.0), {}) for name, start, end in spans]
+    if event.series == "batch" and "batch_size" in v:
+        policy = "continuous" if v.get("policy") else "static"
+        return [{"ph": "C", "name": f"batch size ({policy})", "pid": pid, "ts": _us(v["t_ms"]),
+                 "args": {"rows": v["batch_size"]}}]
+    return []
+
+
+def _slice(pid: int, tid: int, name: str, cat: str, start_ms: float, dur_ms: float, args: dict) -> dict:
+    return {"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid, "ts": _us(start_ms),
+            "dur": round(dur_ms * 1000.0, 3), "args": args}
+
+
+def _us(ms: float) -> float:
+    return round(ms * 1000.0, 3)
+
+
+def write_perfetto(path: str | os.PathLike, events: Iterable[object]) -> Path:
+    """The JSON object form (``{"traceEvents": [...]}``), which Perfetto and chrome://tracing both open."""
+    target = Path(path)
+    target.write_text(json.dumps({"traceEvents": trace_events(events), "displayTimeUnit": "ms",
+                                  "otherData": {"producer": "KVScope"}}), encoding="utf-8")
+    return target

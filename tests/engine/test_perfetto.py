@@ -1,0 +1,68 @@
+"""Perfetto / Chrome trace export: valid trace-event JSON, one track per kind of work, slices that nest."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+from engine import cli
+from engine.experiments import run_experiment
+from engine.params import GenerationParams
+from engine.session import Session
+from engine.trace import write_trace
+
+PHASES = {"X", "M", "i", "C"}
+
+
+def check_trace_event_format(doc: dict) -> list[dict]:
+    """The JSON object form of the trace-event format, as Perfetto and chrome://tracing read it."""
+    assert set(doc) >= {"traceEvents"} and isinstance(doc["traceEvents"], list)
+    events = doc["traceEvents"]
+    for e in events:
+        assert e["ph"] in PHASES and isinstance(e["name"], str) and isinstance(e["pid"], int), e
+        if e["ph"] == "M":
+            assert e["name"] in ("process_name", "thread_name") and isinstance(e["args"]["name"], str)
+        elif e["ph"] == "X":
+            assert isinstance(e["tid"], int) and e["ts"] >= 0 and e["dur"] >= 0 and isinstance(e["args"], dict)
+        elif e["ph"] == "C":
+            assert all(isinstance(v, (int, float)) for v in e["args"].values())
+        else:
+            assert e["s"] in ("t", "p", "g") and e["ts"] >= 0
+    slices = defaultdict(list)                 # complete events on one track must nest or be disjoint
+    for e in events:
+        if e["ph"] == "X":
+            slices[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"]))
+    for spans in slices.values():
+        spans.sort()
+        for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+            assert b0 >= a1 - 1e-3 or b1 <= a1 + 1e-3, (a0, a1, b0, b1)
+    return events
+
+
+def test_a_run_becomes_forward_sampling_and_wait_tracks(tiny, tmp_path, capsys):
+    events: list = []
+    Session(tiny).run("hello world", GenerationParams(max_new_tokens=6), events.append,
+                      before_step=lambda step: None)
+    trace = write_trace(tmp_path / "run.jsonl", events)
+    assert cli.main(["perfetto", str(trace), "--out", str(tmp_path / "run.json")]) == 0
+    out = check_trace_event_format(json.loads((tmp_path / "run.json").read_text()))
+    names = [e["name"] for e in out if e["ph"] == "X"]
+    assert names.count("sample") == 6 and sum(n.startswith("decode step") for n in names) == 5
+    assert sum(n.startswith("prefill") for n in names) == 1
+    threads = {e["args"]["name"] for e in out if e["name"] == "thread_name"}
+    assert threads == {"forward", "sampling", "waits"}
+
+
+def test_experiments_give_a_track_per_run_and_per_request(tiny, tmp_path):
+    events: list = []
+    session = Session(tiny)
+    run_experiment("cache", session, events.append, new_tokens=4)
+    run_experiment("continuous", session, events.append, requests=3, arrive_every=1, new_tokens=(3, 4),
+                   check_solo=False)
+    from engine.perfetto import write_perfetto
+
+    out = check_trace_event_format(json.loads(write_perfetto(tmp_path / "exp.json", events).read_text()))
+    threads = [e["args"]["name"] for e in out if e["name"] == "thread_name"]
+    assert sum("request" in t for t in threads) == 6                   # 3 requests x 2 policies
+    assert sum(t.endswith(": forward") for t in threads) == 2          # the cache experiment's two runs
+    assert any(e["ph"] == "C" and e["name"].startswith("batch size") for e in out)
