@@ -1,5 +1,5 @@
 """The menu bar and every keyboard shortcut, in one place. Actions are also added to the window itself so
-their shortcuts keep working when lecture mode hides the menu bar; the lecture keys (1-8, PageUp/PageDown, R,
+their shortcuts keep working when lecture mode hides the menu bar; the lecture keys (the number row, PageUp/PageDown, R,
 C, B, Esc) are enabled only while a scene is shown, and Esc stops a run only outside a scene."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence
 
-from app.scenes import SCENE_LIST
+from app.scenes import SCENE_KEYS, SCENE_LIST
 
 if TYPE_CHECKING:
     from app.window import MainWindow
@@ -79,9 +79,9 @@ def build_menus(window: MainWindow) -> dict[str, QAction]:
     view = bar.addMenu("&View")
     actions["lecture"] = _action(window, view, "Lecture mode (scenes)", window.toggle_lecture, "F11", checkable=True)
     scenes = view.addMenu("Lecture scene")
-    for i, scene in enumerate(SCENE_LIST, 1):
-        actions[f"scene {i}"] = _action(window, scenes, f"{i}. {scene.title}",
-                                        partial(window.show_scene, scene.name), str(i))
+    for key, scene in zip(SCENE_KEYS, SCENE_LIST):
+        actions[f"scene {scene.name}"] = _action(window, scenes, f"{key}  {scene.title}",
+                                                 partial(window.show_scene, scene.name), key)
     actions["next scene"] = _action(window, scenes, "Next scene", lambda: window.state.step_scene(1), "PgDown")
     actions["previous scene"] = _action(window, scenes, "Previous scene", lambda: window.state.step_scene(-1), "PgUp")
     actions["blank"] = _action(window, scenes, "Blank the screen", window.state.toggle_blank, "B")
@@ -109,7 +109,7 @@ def build_menus(window: MainWindow) -> dict[str, QAction]:
 
 
 LECTURE_ONLY = ("next scene", "previous scene", "blank", "scene action", "continuous", "leave lecture",
-                *(f"scene {i}" for i in range(1, len(SCENE_LIST) + 1)))
+                *(f"scene {scene.name}" for scene in SCENE_LIST))
 
 
 def set_lecture_keys(actions: dict[str, QAction], lecture: bool) -> None:
@@ -126,7 +126,7 @@ F10  step one token (starts paused after the prefill)
 F9  pause / resume
 Ctrl+L  load the model
 Ctrl+Shift+Enter  send the chat message
-F11  lecture mode: scenes 1-8, PageUp/PageDown, R run the scene, B blank, Esc back
+F11  lecture mode: scenes on the number row (1-9, 0), PageUp/PageDown, R run the scene, B blank, Esc back
 Ctrl+1/2/3  token colours
 Ctrl+Shift+1/2/3  KV heatmap mode; Ctrl+Shift+Z zoom to used positions / whole window
 Ctrl+O / Ctrl+S  open / save a trace"""

@@ -3,7 +3,7 @@ one-line caption stating the claim with the live number.
 
 Scenes are layouts over the panels the workbench already has, not copies: a scene borrows the widgets it
 shows and gives them back when it ends, so a run, a replay or an experiment draws in the scene exactly as in
-the workbench. Keys (also from presentation clickers, which send PageUp/PageDown): 1-8 or PageUp/PageDown
+the workbench. Keys (also from presentation clickers, which send PageUp/PageDown): the number row or PageUp/PageDown
 move between scenes, R runs what the scene is about, B blanks the screen, Esc returns to the workbench.
 """
 
@@ -30,6 +30,8 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme as th
+from app.panels.attention import RECENT
+from app.panels.attention import shares as attention_shares
 from app.panels.kv_heatmap import concurrency_text
 from app.panels.sampling import caption as sampling_caption
 from app.store import RunRecord, RunStore
@@ -53,8 +55,10 @@ SCENE_LIST = (
     Scene("sampling", "Sampling", "run the prompt with the sampling settings"),
     Scene("chat", "Conversations", "compare reuse on vs off"),
     Scene("memory", "Memory grows with context", "run the prompt"),
+    Scene("attention", "What the cache is read for", "run the prompt recording attention"),
 )
 assert tuple(s.name for s in SCENE_LIST) == SCENES
+SCENE_KEYS = "1234567890-="[: len(SCENE_LIST)]        # the number row, left to right
 
 
 class _Loan:
@@ -130,7 +134,7 @@ class SceneView(QWidget):
         if name is None:
             return
         self.on_enter(name)
-        layout_for = {"prefill": QVBoxLayout, "batch": QHBoxLayout}.get(name, QVBoxLayout)
+        layout_for = {"prefill": QVBoxLayout, "batch": QHBoxLayout, "attention": QHBoxLayout}.get(name, QVBoxLayout)
         inner = layout_for()
         for widget, stretch in self.arrangements[name]:
             self._loans.append(_Loan(widget))
@@ -177,10 +181,10 @@ class SceneView(QWidget):
         if self.shown is None:
             return
         scene = next(s for s in SCENE_LIST if s.name == self.shown)
-        number = SCENES.index(scene.name) + 1
+        key = SCENE_KEYS[SCENES.index(scene.name)]
         claim = scene_claim(self.shown, self.store, self.state, self.conversation)
-        self.caption.setText(f"{number} · {escape(scene.title)}: {claim}")
-        keys = " ".join(f"<b>{i}</b>" if s.name == self.shown else str(i) for i, s in enumerate(SCENE_LIST, 1))
+        self.caption.setText(f"{key} · {escape(scene.title)}: {claim}")
+        keys = " ".join(f"<b>{k}</b>" if s.name == self.shown else k for k, s in zip(SCENE_KEYS, SCENE_LIST))
         self.footer.setText(f"Scenes {keys} · PgUp/PgDn · <b>R</b> {escape(scene.action)} · Ctrl+Enter run · "
                             "F10 step · F9 pause · Ctrl+. stop · B blank · Esc workbench")
 
@@ -196,7 +200,7 @@ def scene_claim(name: str, store: RunStore, state: ViewState, conversation: Conv
 
 
 def _claim(name: str, store: RunStore, run: RunRecord | None, conversation: Conversation) -> str:
-    if name in ("prefill", "kv", "sampling", "memory") and run is None:
+    if name in ("prefill", "kv", "sampling", "memory", "attention") and run is None:
         return "press R (or Ctrl+Enter) to run the prompt"
     if name == "prefill":
         s = run.summary(with_text=False)
@@ -223,6 +227,14 @@ def _claim(name: str, store: RunStore, run: RunRecord | None, conversation: Conv
             return "the candidates appear with the first token"
         text = sampling_caption(step, run.started.params, run.model.vocab_size)
         return _plain(text)
+    if name == "attention":
+        if not run.attention:
+            return "press R to run the prompt recording each step's attention"
+        step = run.attention[-1]
+        sink, recent = attention_shares(step)
+        sink_text = f"{sink:.0%} of its attention on the first token (the sink), " if sink is not None else ""
+        return (f"the newest token reads all {step.position + 1:,} cached positions: {sink_text}{recent:.0%} on the "
+                f"newest {RECENT}; recording it costs {step.capture_ms:,.1f} ms per pass (measured)")
     if name == "cache":
         s = _summary(store, "cache")
         if "decode_speedup" not in s:

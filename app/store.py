@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.events import (
+    AttentionStep,
     ExperimentFailed,
     ExperimentFinished,
     ExperimentPoint,
@@ -60,6 +61,7 @@ class RunRecord:
         self.events: list[object] = [started]
         self.prefill: PrefillDone | None = None
         self.steps: list[TokenStep] = []
+        self.attention: list[AttentionStep] = []     # one per step, when the run captured attention
         self.series = {name: Series() for name in STEP_FIELDS}
         self.end: RunFinished | RunFailed | None = None
         self.kv_bytes_per_layer: list[list[int]] = [[0, 0] for _ in range(self.model.num_layers)]
@@ -126,6 +128,8 @@ class RunRecord:
                                 ("forward_ms", event.forward_ms), ("prob", event.prob),
                                 ("raw_prob", event.raw_prob), ("kv_bytes", held), ("waited_ms", event.waited_ms)):
                 self.series[name].append(value)
+        elif isinstance(event, AttentionStep):
+            self.attention.append(event)
         elif isinstance(event, (RunFinished, RunFailed)):
             self.end = event
 

@@ -36,6 +36,7 @@ from app.panels.chat import ChatPanel
 from app.panels.controls import ControlsPanel
 from app.panels.experiments import ExperimentsPanel
 from app.panels.kv_heatmap import KVHeatmapPanel
+from app.panels.attention import AttentionPanel
 from app.panels.sampling import SamplingPanel
 from app.panels.timing import TimingPanel
 from app.panels.tokens import TokensPanel
@@ -101,6 +102,7 @@ class MainWindow(QMainWindow):
         self.kv = KVHeatmapPanel(store, state)
         self.timing = TimingPanel(store, state)
         self.sampling = SamplingPanel(store, state)
+        self.attention = AttentionPanel(store, state)
         self.experiments = ExperimentsPanel(store)
         self.chat = ChatPanel(store, conversation)
         self.banner = ErrorBanner()
@@ -130,10 +132,13 @@ class MainWindow(QMainWindow):
             "kv": self._dock("KV cache per layer", self.kv, Qt.DockWidgetArea.BottomDockWidgetArea),
             "experiments": self._dock("Experiments", self.experiments, Qt.DockWidgetArea.RightDockWidgetArea),
             "chat": self._dock("Chat (KV cache across turns)", self.chat, Qt.DockWidgetArea.RightDockWidgetArea),
+            "attention": self._dock("Attention over the cache", self.attention, Qt.DockWidgetArea.RightDockWidgetArea),
         }
         self.splitDockWidget(self.docks["timing"], self.docks["sampling"], Qt.Orientation.Vertical)
         self.tabifyDockWidget(self.docks["timing"], self.docks["experiments"])
         self.tabifyDockWidget(self.docks["experiments"], self.docks["chat"])
+        self.tabifyDockWidget(self.docks["sampling"], self.docks["attention"])
+        self.docks["sampling"].raise_()
         self.docks["timing"].raise_()
         self.status = StatusStrip()
         self.setStatusBar(self.status)
@@ -161,6 +166,7 @@ class MainWindow(QMainWindow):
         c.delay_changed.connect(lambda s: setattr(self.client.control, "delay_s", s))
         c.changed.connect(self.settings_changed)
         self.tokens.step_selected.connect(self.sampling.show_step)
+        self.tokens.step_selected.connect(self.attention.show_step)
         self.experiments.run_requested.connect(self.start_experiment)
         self.experiments.cancel_requested.connect(controller.stop)
         self.chat.send_requested.connect(self.send_chat)
@@ -172,7 +178,8 @@ class MainWindow(QMainWindow):
                   ("Updating the status strip", lambda: self.status.show_run(self.selected_run())),
                   ("Writing the scene caption", self.scene_view.refresh)],
             charts=[("Drawing the KV heatmap", self.kv), ("Drawing the timing charts", self.timing),
-                    ("Drawing the sampling chart", self.sampling), ("Drawing the experiment charts", self.experiments),
+                    ("Drawing the sampling chart", self.sampling), ("Drawing the attention view", self.attention),
+                    ("Drawing the experiment charts", self.experiments),
                     ("Drawing the chat view", self.chat)],
             guard=self.guarded, parent=self)
         self._restore()
@@ -198,7 +205,8 @@ class MainWindow(QMainWindow):
         return {"prefill": [(self.tokens, 4), (self.timing.timeline, 5)], "kv": [(self.kv, 1)],
                 "cache": [(views["cache"], 1)], "prompt": [(views["prefill"], 1)],
                 "batch": [(views["batch"], 1), (views["continuous"], 1)], "sampling": [(self.sampling, 1)],
-                "chat": [(self.chat, 1)], "memory": [(self.kv, 1)]}
+                "chat": [(self.chat, 1)], "memory": [(self.kv, 1)],
+                "attention": [(self.tokens, 1), (self.attention, 2)]}
 
     def _enter_scene(self, name: str) -> None:
         for view in self.experiments.views.values():
@@ -206,6 +214,7 @@ class MainWindow(QMainWindow):
         self.kv.whole_window_only = name == "memory"
         self.kv.set_controls_visible(False)
         self.tokens.set_controls_visible(False)
+        self.attention.set_controls_visible(False)
         self.chat.set_wide(True)
         self.kv.refresh_range()
 
@@ -215,6 +224,7 @@ class MainWindow(QMainWindow):
         self.kv.whole_window_only = False
         self.kv.set_controls_visible(True)
         self.tokens.set_controls_visible(True)
+        self.attention.set_controls_visible(True)
         self.chat.set_wide(False)
         self.kv.refresh_range()
 
@@ -229,8 +239,11 @@ class MainWindow(QMainWindow):
             self.show_error(str(exc))
             return None
 
-    def start_run(self, paused: bool = False) -> None:
+    def start_run(self, paused: bool = False, attention: bool = False) -> None:
+        """Run the prompt with the controls' settings (``attention``: recording attention whatever they say)."""
         params = self._params()
+        if params is not None and attention and not params.capture_attention:
+            params = params.with_(capture_attention=True, compiled=False)
         if params is not None:
             self.controller.start_run(self.controls.prompt_text(), params, paused=bool(paused),
                                       delay_s=self.controls.slow.value() / 1000.0)
@@ -274,7 +287,7 @@ class MainWindow(QMainWindow):
             self.start_experiment("chat", {"turns": self.conversation.user_turns()} if self.conversation.user_turns()
                                   else {})
         else:
-            self.start_run()
+            self.start_run(attention=scene == "attention")
 
     def current_experiment(self):
         kind = "chat" if self.docks["chat"].isVisible() and not self.docks["experiments"].isVisible() \
@@ -484,8 +497,8 @@ class MainWindow(QMainWindow):
     def _apply_theme(self) -> None:
         theme = th.current_theme(self.lecture)
         th.apply(QApplication.instance(), theme, self._font_pt)
-        for panel in (self.tokens, self.kv, self.timing, self.sampling, self.experiments, self.chat,
-                      self.scene_view):
+        for panel in (self.tokens, self.kv, self.timing, self.sampling, self.attention, self.experiments,
+                      self.chat, self.scene_view):
             panel.set_theme(theme)
 
     def reset_layout(self) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from engine import kvcache
 from engine.errors import EngineError, ParameterError
-from engine.events import LoadProgress, RunFailed, RunStarted, TokenStep
+from engine.events import AttentionStep, LoadProgress, RunFailed, RunStarted, TokenStep
 from engine.load import busy
 from engine.params import MAX_SEED, GenerationParams
 from engine.textstream import clean_text
@@ -72,6 +72,9 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="decode through torch.compile over the static cache (CUDA graphs on a GPU; implies "
                         "--static-cache; the first step compiles and is reported apart)")
+    p.add_argument("--attention", action="store_true",
+                   help="record each step's newest-token attention over the cache (into --trace; the cost per "
+                        "pass is reported)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--trace", metavar="FILE", help="save the run's events as JSON lines")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary instead of text")
@@ -146,7 +149,8 @@ def run_generate(args: argparse.Namespace) -> int:
     params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                               kv_cache=not args.no_kv_cache, chat_template=not args.raw,
-                              static_cache=args.static_cache or args.compile, compiled=args.compile)
+                              static_cache=args.static_cache or args.compile, compiled=args.compile,
+                              capture_attention=args.attention)
     prompt = prompt_text(args.prompt)
     if not prompt.strip():
         raise EngineError("The prompt is empty: pass some text with --prompt")
@@ -160,12 +164,15 @@ def run_generate(args: argparse.Namespace) -> int:
 
     out = sys.stdout
     started: list[RunStarted] = []
+    attention_ms: list[float] = []
 
     def sink(event: object) -> None:
         if writer is not None:
             writer(event)
         if isinstance(event, RunStarted):
             started.append(event)
+        elif isinstance(event, AttentionStep):
+            attention_ms.append(event.capture_ms)
         elif not args.json and isinstance(event, TokenStep) and not event.special:
             out.write(event.text)
             out.flush()
@@ -196,6 +203,9 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         print("\n", file=out)
         print(report(facts, summary, kv_on=params.kv_cache))
+        if attention_ms:
+            print(f"attention recorded on {len(attention_ms)} passes: {sum(attention_ms) / len(attention_ms):.2f} ms "
+                  "per pass to record (measured by the wall clock; inside the total time above)")
     if writer is not None:
         try:
             writer.close()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from engine.params import GenerationParams
 
 FINISH_REASONS = ("eos", "max_tokens", "stopped", "context_full")
+ATTENTION_METHODS = ("sdpa hook", "output_attentions")     # how engine.attention took the weights
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,26 @@ class TokenStep:
 
 
 @dataclass(frozen=True)
+class AttentionStep:
+    """What the pass that chose token ``step`` read from the cache: the attention weights of its newest query
+    (at ``position``, the last prompt position for step 0) over the keys each attention layer held,
+    ``weights[i][head][key]`` for layer ``layers[i]``, key ``k`` being position ``first_positions[i] + k``
+    (sliding layers start later). Recorded only when a run asks for it; ``capture_ms`` is the wall-clock time
+    the capture itself took on this pass (computing the rows and copying them out), ``method`` how they were
+    taken (``engine.attention``)."""
+
+    run_id: str
+    t_ms: float
+    step: int
+    position: int
+    layers: list[int]
+    first_positions: list[int]
+    weights: list[list[list[float]]]
+    capture_ms: float
+    method: str
+
+
+@dataclass(frozen=True)
 class RunSummary:
     """The llama.cpp-style figures of a run. ``decode_runs`` excludes the first token (it came from the
     prefill), exactly as llama.cpp's ``eval time ... runs`` does. ``decode_ms`` sums the steps' forward and
@@ -270,6 +291,7 @@ class ExperimentFailed:
 
 
 Event = typing.Union[LoadProgress, ModelLoaded, HardwarePeaks, RunStarted, PrefillDone, KVNorms, TokenStep,
+                     AttentionStep,
                      RunFinished, RunFailed, ExperimentStarted, ExperimentProgress, ExperimentPoint,
                      ExperimentFinished, ExperimentFailed]
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Event)}

@@ -28,6 +28,7 @@ class GenerationParams:
     chat_template: bool = True
     static_cache: bool = False      # preallocate the cache for prompt + max_new_tokens (what compiling needs)
     compiled: bool = False          # decode through torch.compile (needs the static cache; for GPUs)
+    capture_attention: bool = False  # record each pass's newest-token attention weights (costs time and space)
 
     def __post_init__(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, low=1)
@@ -41,11 +42,13 @@ class GenerationParams:
             raise ParameterError(f"top_p must be between {MIN_TOP_P:g} and 1 (1 = off), got {self.top_p:g}")
         if self.seed is not None:
             _check_int("seed", self.seed, low=0, high=MAX_SEED)
-        for name in ("kv_cache", "chat_template", "static_cache", "compiled"):
+        for name in ("kv_cache", "chat_template", "static_cache", "compiled", "capture_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise ParameterError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.compiled and not (self.static_cache and self.kv_cache):
             raise ParameterError("compiled decode needs the static KV cache (static_cache=True, kv_cache=True)")
+        if self.compiled and self.capture_attention:
+            raise ParameterError("attention cannot be captured from a compiled decode: turn one of them off")
 
     @property
     def greedy(self) -> bool:
@@ -66,6 +69,8 @@ class GenerationParams:
         parts.append(("KV static" if self.static_cache else "KV on") if self.kv_cache else "KV off")
         if self.compiled:
             parts.append("compiled")
+        if self.capture_attention:
+            parts.append("attention")
         if not self.chat_template:
             parts.append("raw")
         return ", ".join(parts)

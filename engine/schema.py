@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from engine import kvcache
 from engine.errors import ParameterError
 from engine.events import (
+    ATTENTION_METHODS,
     FINISH_REASONS,
+    AttentionStep,
     Candidate,
     ExperimentFailed,
     ExperimentFinished,
@@ -47,6 +49,7 @@ MAX_STRING = 1 << 20                 # any other string (a prompt is at most MAX
 MAX_PROMPT = 64 << 20
 MAX_CANDIDATES = 100
 MAX_VALUES = 256                     # numbers in one experiment point or summary
+MAX_ATTENTION = 1 << 22              # weights in one AttentionStep (4 million: 30 layers x 9 heads x 15k keys)
 MAX_BYTES = 1 << 50                  # 1 PiB: no single figure in a trace is larger
 BYTES_TOLERANCE = 0.05               # measured bytes may exceed the formula by this much before they are refused
 KINDS_OF_RUN = ("generate", "chat")
@@ -288,6 +291,7 @@ class _Run:
     allocated: int = 0
     ended: bool = False
     norms_end: int = 0
+    attention_step: int = -1
 
 
 @dataclass
@@ -412,6 +416,39 @@ class Checker:
             kv_positions_per_layer=held, waited_ms=_num(data, "waited_ms") if "waited_ms" in data else 0.0,
             kept=_int(data, "kept", 1, facts.vocab_size) if "kept" in data else 1)
 
+    def attention_step(self, data: dict) -> AttentionStep:
+        _fields(data, AttentionStep, ("run_id", "t_ms", "step", "position", "layers", "first_positions", "weights",
+                                      "capture_ms", "method"))
+        run_id, run = self._run(data)
+        step = _int(data, "step", run.steps - 1, run.steps - 1) if run.steps else -1
+        if step < 0 or step == run.attention_step:
+            raise SchemaError("an AttentionStep must follow its own step's TokenStep, once")
+        position = _int(data, "position", run.prompt_tokens - 1 + step, run.prompt_tokens - 1 + step)
+        facts = run.facts
+        layers = _list(data, "layers", limit=facts.num_layers)
+        if not all(type(i) is int for i in layers) or layers != sorted(set(layers)) or (
+                layers and not 0 <= layers[0] <= layers[-1] < facts.num_layers):
+            raise SchemaError(f"layers must be distinct layer numbers below {facts.num_layers:,}, in order")
+        firsts = _list(data, "first_positions", len(layers))
+        if len(firsts) != len(layers) or not all(type(f) is int and 0 <= f <= position for f in firsts):
+            raise SchemaError(f"first_positions must give one position from 0 to {position:,} per layer")
+        grids = _list(data, "weights", len(layers))
+        heads = len(grids[0]) if grids and type(grids[0]) is list else 0
+        if len(grids) != len(layers) or (layers and not 1 <= heads <= facts.num_heads):
+            raise SchemaError(f"weights must hold 1 to {facts.num_heads:,} heads for each of the {len(layers):,} "
+                              "layers")
+        if heads * sum(position + 1 - f for f in firsts) > MAX_ATTENTION:
+            raise SchemaError(f"weights hold more than {MAX_ATTENTION:,} values")
+        for grid, first in zip(grids, firsts):
+            keys = position + 1 - first
+            if type(grid) is not list or len(grid) != heads or not all(
+                    type(row) is list and len(row) == keys and all(
+                        (type(w) is float or type(w) is int) and 0.0 <= w <= 1.0 for w in row) for row in grid):
+                raise SchemaError(f"weights must be {heads:,} rows of {keys:,} weights from 0 to 1 per layer")
+        run.attention_step = step
+        return AttentionStep(run_id, run.t_ms, step, position, layers, firsts, grids, _num(data, "capture_ms"),
+                             _str(data, "method", 32, ATTENTION_METHODS))
+
     def run_finished(self, data: dict) -> RunFinished:
         _fields(data, RunFinished, ("run_id", "t_ms", "reason", "summary"))
         run_id, run = self._run(data)
@@ -517,14 +554,15 @@ def _scalar(value: object) -> bool:
 
 _BUILDERS = {
     "RunStarted": Checker.run_started, "PrefillDone": Checker.prefill_done, "KVNorms": Checker.kv_norms,
-    "TokenStep": Checker.token_step, "RunFinished": Checker.run_finished, "RunFailed": Checker.run_failed,
+    "TokenStep": Checker.token_step, "AttentionStep": Checker.attention_step, "RunFinished": Checker.run_finished, "RunFailed": Checker.run_failed,
     "HardwarePeaks": Checker.peaks, "ExperimentStarted": Checker.experiment_started,
     "ExperimentProgress": Checker.experiment_progress, "ExperimentPoint": Checker.experiment_point,
     "ExperimentFinished": Checker.experiment_finished, "ExperimentFailed": Checker.experiment_failed,
 }
 _FIELDS: dict[type, frozenset[str]] = {
     cls: frozenset(cls.__dataclass_fields__) for cls in (
-        ModelFacts, KVLayer, GenerationParams, RunSummary, RunStarted, PrefillDone, KVNorms, TokenStep, RunFinished,
+        ModelFacts, KVLayer, GenerationParams, RunSummary, RunStarted, PrefillDone, KVNorms, TokenStep, AttentionStep,
+        RunFinished,
         RunFailed, HardwarePeaks, ExperimentStarted, ExperimentProgress, ExperimentPoint, ExperimentFinished,
         ExperimentFailed)}
 

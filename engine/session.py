@@ -20,10 +20,20 @@ from typing import Any
 
 import torch
 
-from engine import faults, kvcache
+from engine import attention, faults, kvcache
 from engine.clock import StepClock
 from engine.errors import ParameterError, PromptError
-from engine.events import Candidate, KVNorms, PrefillDone, RunFailed, RunFinished, RunStarted, RunSummary, TokenStep
+from engine.events import (
+    AttentionStep,
+    Candidate,
+    KVNorms,
+    PrefillDone,
+    RunFailed,
+    RunFinished,
+    RunStarted,
+    RunSummary,
+    TokenStep,
+)
 from engine.load import LoadMeter
 from engine.models import LoadedModel
 from engine.params import GenerationParams
@@ -87,6 +97,7 @@ class Session:
         self._kept_ids: list[int] = []      # ...and the ids it holds
         self._dropped = "this is the first turn"     # why there is no kept cache, for the next turn to say
         self._compiled = None
+        self._attention: attention.Capture | None = None     # made on the first run that captures
 
     # --- prompt -------------------------------------------------------------------------------------------
     @property
@@ -120,7 +131,8 @@ class Session:
         if use_cache and cache is None:
             cache = kvcache.new_cache(self.model, static_positions)
         out = self.model(input_ids=input_ids, cache=cache if use_cache else None, use_cache=use_cache,
-                         logits_to_keep=1)
+                         logits_to_keep=1, **self._capture_kwargs())
+        self._collect(out)
         return out.logits[0, -1], cache
 
     def decode_step(self, token: torch.Tensor, position: int, cache: Any,
@@ -131,10 +143,27 @@ class Session:
         if cache is not None:
             forward = self._compiled_forward() if compiled else self.model
             out = forward(input_ids=token.view(1, 1), cache=cache, use_cache=True,
-                          position_ids=torch.tensor([[position]], device=self.device))
+                          position_ids=torch.tensor([[position]], device=self.device), **self._capture_kwargs())
         else:
-            out = self.model(input_ids=sequence, use_cache=False, logits_to_keep=1)
+            out = self.model(input_ids=sequence, use_cache=False, logits_to_keep=1, **self._capture_kwargs())
+        self._collect(out)
         return out.logits[0, -1]                                           # [V]
+
+    def _capture_kwargs(self) -> dict:
+        return self._attention.forward_kwargs() if self._attention is not None else {}
+
+    def _collect(self, out: Any) -> None:
+        if self._attention is not None:
+            self._attention.collect(out)
+
+    def attention_capture(self) -> attention.Capture:
+        """The session's attention capture, attached to the model on first use (``engine.attention``)."""
+        if self._attention is None:
+            try:
+                self._attention = attention.attach(self.model, self.facts.num_layers)
+            except ValueError as exc:
+                raise ParameterError(str(exc)) from exc
+        return self._attention
 
     def _compiled_forward(self):
         """The model's forward compiled once per session: CUDA graphs replay a decode step as one launch."""
@@ -199,6 +228,7 @@ class Session:
                                  f"got {params.top_k:,} (0 = off)")
         if params.seed is None:
             params = params.with_(seed=secrets.randbelow(2**31))
+        capture = self.attention_capture() if params.capture_attention else None
         cache, reused, cache_note = self._reusable_cache(ids) if reuse else (None, 0, "")
         tally = _Tally(prompt_tokens=len(ids) - reused, reused_tokens=reused, tokenize_ms=_since(t0),
                        cache_note=cache_note)
@@ -208,6 +238,8 @@ class Session:
             prompt=prompt, prompt_ids=ids, prompt_pieces=pieces(self.tokenizer, ids),
             started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), t_ms=_since(t0), kind=kind))
         failure: tuple[str, str] | None = None
+        if capture is not None:
+            capture.active = True
         try:
             with torch.inference_mode():
                 reason, cache = self._generate(run_id, ids, params, emit, cancel, before_step, tally, t0, cache,
@@ -219,6 +251,10 @@ class Session:
         except Exception as exc:  # noqa: BLE001  (the run must end with an event whatever broke)
             log.exception("run %s failed", run_id)
             failure = (type(exc).__name__, _first_line(exc))
+        finally:
+            if capture is not None:
+                capture.active = False
+                capture.rows.clear()
         if failure is not None:
             # Outside the except block: the traceback no longer pins the cache tensors, so they can go.
             cache = None
@@ -289,6 +325,8 @@ class Session:
         while True:
             emit(self._token_step(run_id, t0, step, position, choice, text, "prefill" if step == 0 else "decode",
                                   latency_ms, forward_ms, kv, held, waited_ms, tally))
+            if params.capture_attention:
+                emit(self._attention_step(run_id, t0, step, position - 1))
             if step % NORMS_EVERY == 0:
                 norms_from = self._emit_norms(emit, run_id, t0, cache, norms_from)
             token = torch.tensor([choice.token_id], device=self.device)
@@ -337,6 +375,12 @@ class Session:
                          prob=choice.prob, raw_prob=choice.raw_prob, candidates=candidates,
                          kv_bytes_per_layer=kv, kv_positions_per_layer=held, waited_ms=waited_ms,
                          kept=choice.kept)
+
+    def _attention_step(self, run_id: str, t0: float, step: int, query_position: int) -> AttentionStep:
+        capture = self.attention_capture()
+        layers, firsts, weights, spent_ms = capture.take(query_position)
+        return AttentionStep(run_id, _since(t0), step, query_position, layers, firsts, weights, spent_ms,
+                             capture.method)
 
     def _stop_reason(self, token_id: int, generated: int, length: int, params: GenerationParams) -> str | None:
         if token_id in self._eos:

@@ -139,6 +139,9 @@ class ControlsPanel(QWidget):
                                     "compiles and is timed apart. On a CPU it compiles slowly and rarely helps")
         self.static_box.toggled.connect(lambda on: self.compile_box.setEnabled(on))
         self.compile_box.setEnabled(False)
+        self.attention_box = QCheckBox("record attention (newest token, every step)")
+        self.attention_box.setToolTip("Keep each step's attention weights over the cached positions for the "
+                                      "Attention view: costs time per step (shown there) and trace space")
         params_group = QGroupBox("Generation")
         pf = QFormLayout(params_group)
         pf.addRow("Max new tokens", self.max_tokens)
@@ -154,6 +157,7 @@ class ControlsPanel(QWidget):
         row.addWidget(self.static_box)
         row.addWidget(self.compile_box)
         pf.addRow(row)
+        pf.addRow(self.attention_box)
 
         # --- run buttons ---
         self.run_button = QPushButton("Run  (Ctrl+Enter)")
@@ -197,7 +201,8 @@ class ControlsPanel(QWidget):
         self.loaded: tuple[str, str, str] | None = None
         for signal in (self.prompt.textChanged, self.max_tokens.valueChanged, self.temperature.valueChanged,
                        self.top_k.valueChanged, self.top_p.valueChanged, self.seed.valueChanged,
-                       self.random_seed.toggled, self.kv_box.toggled, self.chat_box.toggled, self.slow.valueChanged):
+                       self.random_seed.toggled, self.kv_box.toggled, self.chat_box.toggled, self.attention_box.toggled,
+                       self.slow.valueChanged):
             signal.connect(lambda *_: self.changed.emit())
         self.set_running(False)
 
@@ -209,7 +214,8 @@ class ControlsPanel(QWidget):
             seed=None if self.random_seed.isChecked() else self.seed.value(),
             kv_cache=self.kv_box.isChecked(), chat_template=self.chat_box.isChecked(),
             static_cache=self.static_box.isChecked() and self.kv_box.isChecked(),
-            compiled=self.compile_box.isChecked() and self.static_box.isChecked() and self.kv_box.isChecked())
+            compiled=self.compile_box.isChecked() and self.static_box.isChecked() and self.kv_box.isChecked(),
+            capture_attention=self.attention_box.isChecked())
 
     def prompt_text(self) -> str:
         return self.prompt.toPlainText()
@@ -258,7 +264,7 @@ class ControlsPanel(QWidget):
                            ("top_k", self.top_k.value()), ("top_p", self.top_p.value()),
                            ("seed", self.seed.value()), ("random_seed", self.random_seed.isChecked()),
                            ("kv_cache", self.kv_box.isChecked()), ("chat", self.chat_box.isChecked()),
-                           ("slow_ms", self.slow.value())):
+                           ("attention", self.attention_box.isChecked()), ("slow_ms", self.slow.value())):
             s.setValue(f"controls/{key}", value)
 
     def restore(self, s: QSettings) -> None:
@@ -279,6 +285,7 @@ class ControlsPanel(QWidget):
         self.random_seed.setChecked(s.value("controls/random_seed", False, bool))
         self.kv_box.setChecked(s.value("controls/kv_cache", True, bool))
         self.chat_box.setChecked(s.value("controls/chat", True, bool))
+        self.attention_box.setChecked(s.value("controls/attention", False, bool))
         self.slow.setValue(s.value("controls/slow_ms", 0, int))
 
     # --- handlers -----------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ large enough to read, runs keep their colour, views never leak, exports keep dat
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from PySide6.QtCore import QPoint, QRectF
 from PySide6.QtGui import QColor, QImage, QPainter
@@ -25,8 +27,8 @@ def lecture_trace(tiny, tmp_path_factory):
     experiments (on the tiny model: the shapes of the real thing, in seconds)."""
     session = Session(tiny)
     events: list = []
-    session.run("hello <b>world</b>", GenerationParams(max_new_tokens=24, temperature=0.8, top_k=20, seed=1),
-                events.append)
+    session.run("hello <b>world</b>", GenerationParams(max_new_tokens=24, temperature=0.8, top_k=20, seed=1,
+                                                       capture_attention=True), events.append)
     for kind, settings in (("cache", {"new_tokens": 12}), ("prefill", {"max_length": 128, "repeats": 1}),
                            ("batch", {"sizes": (1, 2, 4), "new_tokens": 6}),
                            ("continuous", {"requests": 3, "arrive_every": 2, "new_tokens": (4, 6)}),
@@ -54,7 +56,8 @@ SCENE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv]
                 "prompt": lambda w: [w.experiments.views["prefill"].chart],
                 "batch": lambda w: [w.experiments.views["batch"].chart, w.experiments.views["continuous"].chart],
                 "sampling": lambda w: [w.sampling.chart], "chat": lambda w: [w.chat.chart],
-                "memory": lambda w: [w.kv]}
+                "memory": lambda w: [w.kv],
+                "attention": lambda w: [SimpleNamespace(plot=w.attention.layers_plot)]}
 
 
 @pytest.mark.parametrize("size", list(MIN_PLOT))

@@ -13,7 +13,7 @@ import torch
 
 from engine import cli, kvcache
 from engine.errors import ModelSourceError, ParameterError
-from engine.events import PrefillDone, TokenStep
+from engine.events import AttentionStep, PrefillDone, TokenStep
 from engine.models import load
 from engine.params import GenerationParams
 from engine.session import Session
@@ -90,6 +90,41 @@ def test_cli_json_measured_formula_and_full_context_agree(arch, capsys):
     assert payload["kv_bytes"] == payload["kv_bytes_formula"] > 0
     assert payload["kv_bytes_full_context"] == kvcache.full_context_kv_bytes(loaded.facts)
     assert payload["kv_positions_full_context"] == CONTEXT - 1
+
+
+def test_recorded_attention_equals_eager_output_attentions_or_is_refused(arch):
+    """What the attention view draws is what the model computed: each step's recorded weights equal the row of
+    the query's position in an eager forward over the whole sequence with ``output_attentions=True``
+    (sliding layers: the positions outside the window carry no weight), and recording changes no token.
+    Falcon's own attention can be neither hooked nor asked safely: refused before any compute."""
+    from transformers import AutoModelForCausalLM
+
+    name, folder, loaded = arch
+    params = GenerationParams(max_new_tokens=NEW_TOKENS, chat_template=False)
+    if name == "falcon-mqa":
+        events: list = []
+        with pytest.raises(ParameterError, match="attention cannot be recorded for FalconForCausalLM"):
+            Session(loaded).run(PROMPT, params.with_(capture_attention=True), events.append)
+        assert events == []
+        return
+    events, recorded = run_events(loaded, params.with_(capture_attention=True))
+    _plain_events, plain = run_events(loaded, params)
+    assert recorded.summary.token_ids == plain.summary.token_ids
+    steps = [e for e in events if isinstance(e, AttentionStep)]
+    prompt_ids = events[0].prompt_ids
+    assert [s.step for s in steps] == list(range(recorded.summary.generated_tokens))
+    eager = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    sequence = torch.tensor([prompt_ids + recorded.summary.token_ids[:-1]])
+    with torch.inference_mode():
+        maps = eager(sequence, output_attentions=True).attentions
+    by_layer = dict(enumerate(maps)) if len(maps) == loaded.facts.num_layers else dict(zip(steps[0].layers, maps))
+    attention_layers = [i for i, kv in enumerate(loaded.facts.kv_layers) if kv.kind != kvcache.STATE]
+    for step in steps:
+        assert step.layers == attention_layers and step.position == len(prompt_ids) - 1 + step.step
+        for layer, first, weights in zip(step.layers, step.first_positions, step.weights):
+            expected = by_layer[layer][0, :, step.position, : step.position + 1]
+            assert torch.allclose(torch.tensor(weights), expected[:, first:], atol=2e-4), (layer, step.step)
+            assert float(expected[:, :first].sum()) < 1e-4
 
 
 def test_chat_reuse_works_or_says_why_not(arch):

@@ -1,0 +1,111 @@
+"""Attention over the cache: recorded only when asked, the same weights with the cache on or off, its cost
+reported per pass, saved and replayed through the schema, and hostile attention events refused with a line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.errors import ParameterError, TraceError
+from engine.events import AttentionStep, TokenStep
+from engine.params import GenerationParams
+from engine.session import Session
+from engine.trace import read_trace, write_trace
+
+PROMPT = "The KV cache holds keys and values"
+PARAMS = GenerationParams(max_new_tokens=8, capture_attention=True)
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny) -> list:
+    events: list = []
+    Session(tiny).run(PROMPT, PARAMS, events.append)
+    return events
+
+
+def steps_of(events: list, kind: type) -> list:
+    return [e for e in events if isinstance(e, kind)]
+
+
+def test_each_step_records_one_row_per_head_summing_to_one_and_its_cost(recorded, tiny):
+    tokens, rows = steps_of(recorded, TokenStep), steps_of(recorded, AttentionStep)
+    assert [r.step for r in rows] == [t.step for t in tokens]
+    facts = tiny.facts
+    for token, row in zip(tokens, rows):
+        assert row.position == token.position - 1 and row.layers == list(range(facts.num_layers))
+        for first, heads in zip(row.first_positions, row.weights):
+            assert first == 0 and len(heads) == facts.num_heads
+            assert all(len(h) == row.position + 1 and abs(sum(h) - 1.0) < 1e-3 for h in heads)
+        assert 0.0 < row.capture_ms < token.latency_ms and row.method == "sdpa hook"
+    assert recorded.index(rows[0]) == recorded.index(tokens[0]) + 1       # each after its own TokenStep
+
+
+def test_nothing_is_recorded_or_computed_when_not_asked(tiny):
+    session = Session(tiny)
+    session.run(PROMPT, PARAMS, lambda e: None)            # attaches the capture to the model
+    events: list = []
+    session.run(PROMPT, PARAMS.with_(capture_attention=False), events.append)
+    assert steps_of(events, AttentionStep) == []
+    capture = session.attention_capture()
+    assert capture.rows == {} and capture.spent_s == 0.0 and not capture.active
+
+
+def test_the_cache_off_path_records_the_same_weights(tiny, recorded):
+    events: list = []
+    Session(tiny).run(PROMPT, PARAMS.with_(kv_cache=False), events.append)
+    on, off = steps_of(recorded, AttentionStep), steps_of(events, AttentionStep)
+    assert len(on) == len(off)
+    for a, b in zip(on, off):
+        for heads_a, heads_b in zip(a.weights, b.weights):
+            for row_a, row_b in zip(heads_a, heads_b):
+                assert max(abs(x - y) for x, y in zip(row_a, row_b)) < 2e-4
+
+
+def test_compiled_decode_and_recording_are_refused_together():
+    with pytest.raises(ParameterError, match="attention cannot be captured from a compiled decode"):
+        GenerationParams(static_cache=True, compiled=True, capture_attention=True)
+
+
+def test_a_trace_with_attention_reads_back_equal(recorded, tmp_path):
+    back = read_trace(write_trace(tmp_path / "a.jsonl", recorded))
+    assert steps_of(back, AttentionStep) == steps_of(recorded, AttentionStep)
+
+
+def _rows(recorded, tmp_path) -> list[dict]:
+    path = write_trace(tmp_path / "valid.jsonl", recorded)
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _refused(tmp_path, rows: list[dict], fragment: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(TraceError, match=fragment) as info:
+        read_trace(path)
+    assert "bad.jsonl line" in str(info.value) and "\n" not in str(info.value)
+
+
+def _first_attention(rows: list[dict]) -> int:
+    return next(i for i, r in enumerate(rows) if r.get("type") == "AttentionStep")
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda a: a["weights"][0][0].__setitem__(0, 1.5), "weights from 0 to 1"),
+    (lambda a: a["weights"][0][0].pop(), "weights must be"),
+    (lambda a: a.__setitem__("position", a["position"] + 1), "position must be between"),
+    (lambda a: a["first_positions"].__setitem__(0, 10**6), "first_positions"),
+    (lambda a: a.__setitem__("layers", [1, 0]), "layers must be distinct"),
+    (lambda a: a.__setitem__("method", "guess"), "method"),
+])
+def test_a_hostile_attention_event_is_refused_with_one_line(recorded, tmp_path, change, fragment):
+    rows = _rows(recorded, tmp_path)
+    change(rows[_first_attention(rows)])
+    _refused(tmp_path, rows, fragment)
+
+
+def test_attention_before_its_token_or_twice_is_refused(recorded, tmp_path):
+    rows = _rows(recorded, tmp_path)
+    i = _first_attention(rows)
+    swapped = rows[:i - 1] + [rows[i], rows[i - 1]] + rows[i + 1:]
+    _refused(tmp_path, swapped, "TokenStep")
+    _refused(tmp_path, rows[:i + 1] + [rows[i]] + rows[i + 1:], "once")
