@@ -56,6 +56,7 @@ SCENE_LIST = (
     Scene("chat", "Conversations", "compare reuse on vs off"),
     Scene("memory", "Memory grows with context", "run the prompt"),
     Scene("attention", "What the cache is read for", "run the prompt recording attention"),
+    Scene("speculative", "Speculative decoding", "run plain vs speculative decode (settings: Experiments tab)"),
 )
 assert tuple(s.name for s in SCENE_LIST) == SCENES
 SCENE_KEYS = "1234567890-="[: len(SCENE_LIST)]        # the number row, left to right
@@ -235,6 +236,15 @@ def _claim(name: str, store: RunStore, run: RunRecord | None, conversation: Conv
         sink_text = f"{sink:.0%} of its attention on the first token (the sink), " if sink is not None else ""
         return (f"the newest token reads all {step.position + 1:,} cached positions: {sink_text}{recent:.0%} on the "
                 f"newest {RECENT}; recording it costs {step.capture_ms:,.1f} ms per pass (measured)")
+    if name == "speculative":
+        s = _summary(store, "speculative")
+        if "speedup" not in s:
+            return "press R: a drafter guesses the next tokens, the model checks them all in one pass"
+        same = "same tokens as plain decode ✓" if s["tokens_match"] else (
+            f"tokens leave plain decode's at token {s['first_difference']:.0f} ({s['dtype']} rounding)"
+            if s["dtype"] != "float32" else f"tokens DIFFER from token {s['first_difference']:.0f} ✗")
+        return (f"{s['drafter']}: {s['accepted']:.0f} of {s['drafted']:.0f} guesses kept, {s['tokens_per_pass']:.1f} "
+                f"tokens per pass, decode {s['speedup']:.1f}x as fast (measured); {same}")
     if name == "cache":
         s = _summary(store, "cache")
         if "decode_speedup" not in s:

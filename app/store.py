@@ -14,6 +14,7 @@ import numpy as np
 
 from engine.events import (
     AttentionStep,
+    DraftPass,
     ExperimentFailed,
     ExperimentFinished,
     ExperimentPoint,
@@ -206,6 +207,7 @@ class ExperimentRecord:
         self.started = started
         self.events: list[object] = [started]
         self.points: list[ExperimentPoint] = []
+        self.passes: list[DraftPass] = []          # speculative decoding: every verification pass
         self.progress: ExperimentProgress | None = None
         self.end: ExperimentFinished | ExperimentFailed | None = None
         self.run_ids: list[str] = []
@@ -226,6 +228,8 @@ class ExperimentRecord:
         self.events.append(event)
         if isinstance(event, ExperimentPoint):
             self.points.append(event)
+        elif isinstance(event, DraftPass):
+            self.passes.append(event)
         elif isinstance(event, ExperimentProgress):
             self.progress = event
         elif isinstance(event, (ExperimentFinished, ExperimentFailed)):

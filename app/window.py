@@ -168,6 +168,7 @@ class MainWindow(QMainWindow):
         self.tokens.step_selected.connect(self.sampling.show_step)
         self.tokens.step_selected.connect(self.attention.show_step)
         self.experiments.run_requested.connect(self.start_experiment)
+        self.experiments.views["speculative"].prompt_source = self.controls.prompt_text
         self.experiments.cancel_requested.connect(controller.stop)
         self.chat.send_requested.connect(self.send_chat)
         self.chat.compare_requested.connect(lambda turns: self.start_experiment(
@@ -206,7 +207,8 @@ class MainWindow(QMainWindow):
                 "cache": [(views["cache"], 1)], "prompt": [(views["prefill"], 1)],
                 "batch": [(views["batch"], 1), (views["continuous"], 1)], "sampling": [(self.sampling, 1)],
                 "chat": [(self.chat, 1)], "memory": [(self.kv, 1)],
-                "attention": [(self.tokens, 1), (self.attention, 2)]}
+                "attention": [(self.tokens, 1), (self.attention, 2)],
+                "speculative": [(views["speculative"], 1)]}
 
     def _enter_scene(self, name: str) -> None:
         for view in self.experiments.views.values():
@@ -280,9 +282,14 @@ class MainWindow(QMainWindow):
     def scene_action(self) -> None:
         """R in a lecture scene: run what the scene is about."""
         scene = self.state.scene
-        if scene in ("cache", "prompt", "batch"):
-            kind = {"cache": "cache", "prompt": "prefill", "batch": "batch"}[scene]
-            self.start_experiment(kind, self.experiments.views[kind].settings())
+        if scene in ("cache", "prompt", "batch", "speculative"):
+            kind = {"cache": "cache", "prompt": "prefill", "batch": "batch", "speculative": "speculative"}[scene]
+            try:
+                settings = self.experiments.views[kind].settings()
+            except ValueError as exc:
+                self.show_error(str(exc))
+                return
+            self.start_experiment(kind, settings)
         elif scene == "chat":
             self.start_experiment("chat", {"turns": self.conversation.user_turns()} if self.conversation.user_turns()
                                   else {})

@@ -126,7 +126,7 @@ def sweep_parser() -> argparse.ArgumentParser:
     from engine.cli import Parser, add_model_arguments, bounded
 
     p = Parser(prog="python -m engine sweep", description="Run an experiment and print its table.")
-    p.add_argument("kind", choices=("prefill", "cache", "batch", "chat", "continuous", "dtype"))
+    p.add_argument("kind", choices=("prefill", "cache", "batch", "chat", "continuous", "dtype", "speculative"))
     add_model_arguments(p)
     p.add_argument("--max-length", type=bounded(2, 1 << 24),
                    help="prefill: longest prompt (default: the whole context, 8,192 tokens on the embedded model)")
@@ -135,8 +135,14 @@ def sweep_parser() -> argparse.ArgumentParser:
                    help="prefill: timed repeats per length, after 1 warm-up; chat: how many times the comparison "
                         "runs, order alternating (default 3)")
     p.add_argument("--tokens", type=bounded(2, 1 << 16), default=32,
-                   help="cache/batch/chat: new tokens per request (default 32)")
-    p.add_argument("--prompt", help="cache: the prompt (default: the first sample prompt)")
+                   help="cache/batch/chat/speculative: new tokens per request (default 32)")
+    p.add_argument("--prompt", help="cache: the prompt (default: the first sample prompt); speculative: the "
+                                    "prompt (default: one whose answer repeats it)")
+    p.add_argument("--drafter", default="prompt lookup",
+                   help="speculative: 'prompt lookup' (default) or a draft model: a folder, .gguf or hub id with "
+                        "the same tokenizer, or 'self' (this model, weights as --draft-dtype)")
+    p.add_argument("--draft-dtype", default="int4", help="speculative: the draft model's weights (default int4)")
+    p.add_argument("--guesses", type=bounded(1, 16), default=8, help="speculative: guesses per pass (default 8)")
     p.add_argument("--sizes", default="1,2,4,8,16", help="batch: comma-separated batch sizes, 1 to 1,024")
     p.add_argument("--requests", type=bounded(1, 256), default=8, help="continuous: how many requests arrive")
     p.add_argument("--arrive-every", type=bounded(0, 10_000), default=4,
@@ -163,6 +169,20 @@ def sweep_settings(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict
         return {"new_tokens": args.tokens, "prompt": prompt}
     if args.kind == "chat":
         return {"new_tokens": args.tokens, "repeats": args.repeats}
+    if args.kind == "speculative":
+        from engine.models import DTYPES
+
+        prompt = prompt_text(args.prompt) if args.prompt is not None else None
+        if prompt is not None and not prompt.strip():
+            p.error("--prompt is empty")
+        if args.draft_dtype not in DTYPES:
+            p.error(f"--draft-dtype must be one of {', '.join(DTYPES)}, not {args.draft_dtype!r}")
+        settings = {"new_tokens": args.tokens, "repeats": args.repeats, "draft_tokens": args.guesses,
+                    **({"prompt": prompt} if prompt else {})}
+        if args.drafter == "prompt lookup":
+            return {**settings, "drafter": "prompt lookup"}
+        return {**settings, "drafter": "draft model", "draft_dtype": args.draft_dtype,
+                "draft_model": "" if args.drafter == "self" else args.drafter}
     if args.kind == "continuous":
         return {"requests": args.requests, "arrive_every": args.arrive_every}
     if args.kind == "dtype":
@@ -248,6 +268,25 @@ def experiment_table(kind: str, points: list[ExperimentPoint], finished: Experim
             lines += [chat_turn_line(s, i) for i in range(1, int(s["turns"]) + 1)]
             if busy_note(s.get("lowest_cpu_share")):
                 lines.append(f"note: some turns were {busy_note(s['lowest_cpu_share'])}")
+    elif kind == "speculative":
+        lines = ["decode      | repeat | decode ms | tok/s  | forward passes | guessed | kept",
+                 "------------+--------+-----------+--------+----------------+---------+-----"]
+        for p in points:
+            v = p.values
+            lines.append(f"{p.series:11} | {int(v['repeat']) + 1:6d} | {v['decode_ms']:9.0f} | {v['decode_tok_s']:6.1f} | "
+                         f"{int(v['passes']):14d} | {int(v['drafted']):7d} | {int(v['accepted']):4d}")
+        if "speedup" in s:
+            lines += ["", f"{s['drafter']}: {int(s['accepted'])} of {int(s['drafted'])} guesses kept "
+                      f"({s['acceptance']:.0%}), {s['tokens_per_pass']:.2f} tokens per forward pass, decode "
+                      f"{s['speedup']:.2f}x as fast (median of the repeats, measured; drafting "
+                      f"{s['draft_share']:.0%} of the speculative time)",
+                      "same tokens as plain greedy decode: " + ("yes" if s["tokens_match"] else
+                                                                f"NO, from token {int(s['first_difference'])}" +
+                                                                (f" ({s['dtype']} rounds a pass of several tokens "
+                                                                 "differently; float32 does not)"
+                                                                 if s["dtype"] != "float32" else ""))]
+            if busy_note(s.get("lowest_cpu_share")):
+                lines.append(f"note: {busy_note(s['lowest_cpu_share'])}")
     elif kind == "continuous":
         lines = ["policy     | request | prompt | new | arrived ms | waited ms | TTFT ms | end-to-end ms",
                  "-----------+---------+--------+-----+------------+-----------+---------+--------------"]

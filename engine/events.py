@@ -275,6 +275,26 @@ class ExperimentPoint:
 
 
 @dataclass(frozen=True)
+class DraftPass:
+    """One verification pass of speculative decoding (repeat ``repeat`` of the experiment): the guesses
+    (``drafted``, their text), how many the model kept (a prefix), and the token it chose after them (a
+    correction where a guess was rejected, a bonus where all were kept). Times by the run's clock."""
+
+    exp_id: str
+    t_ms: float
+    repeat: int
+    index: int
+    position: int
+    drafted: list[int]
+    drafted_text: list[str]
+    accepted: int
+    token_id: int
+    text: str
+    draft_ms: float
+    verify_ms: float
+
+
+@dataclass(frozen=True)
 class ExperimentFinished:
     exp_id: str
     t_ms: float
@@ -292,7 +312,7 @@ class ExperimentFailed:
 
 Event = typing.Union[LoadProgress, ModelLoaded, HardwarePeaks, RunStarted, PrefillDone, KVNorms, TokenStep,
                      AttentionStep,
-                     RunFinished, RunFailed, ExperimentStarted, ExperimentProgress, ExperimentPoint,
+                     RunFinished, RunFailed, ExperimentStarted, ExperimentProgress, ExperimentPoint, DraftPass,
                      ExperimentFinished, ExperimentFailed]
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Event)}
 

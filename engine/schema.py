@@ -20,6 +20,7 @@ from engine.events import (
     FINISH_REASONS,
     AttentionStep,
     Candidate,
+    DraftPass,
     ExperimentFailed,
     ExperimentFinished,
     ExperimentPoint,
@@ -53,7 +54,8 @@ MAX_ATTENTION = 1 << 22              # weights in one AttentionStep (4 million: 
 MAX_BYTES = 1 << 50                  # 1 PiB: no single figure in a trace is larger
 BYTES_TOLERANCE = 0.05               # measured bytes may exceed the formula by this much before they are refused
 KINDS_OF_RUN = ("generate", "chat")
-KINDS_OF_EXPERIMENT = ("prefill", "cache", "batch", "chat", "continuous", "dtype")
+KINDS_OF_EXPERIMENT = ("prefill", "cache", "batch", "chat", "continuous", "dtype", "speculative")
+MAX_DRAFT = 16                       # guesses in one speculative pass
 LAYER_KINDS = (kvcache.FULL, kvcache.SLIDING, kvcache.STATE, kvcache.NONE)
 
 
@@ -298,6 +300,8 @@ class _Run:
 class _Experiment:
     t_ms: float = 0.0
     ended: bool = False
+    vocab_size: int = 0
+    max_context: int = 0
 
 
 @dataclass
@@ -497,7 +501,8 @@ class Checker:
         event = ExperimentStarted(exp_id, _num(data, "t_ms"), _str(data, "kind", 32, KINDS_OF_EXPERIMENT),
                                   model_facts(_object(data, "model")), _plain(_object(data, "settings"), "settings"),
                                   None if peaks is None else self.peaks(_object(data, "peaks")))
-        self.experiments[exp_id] = _Experiment(event.t_ms)
+        self.experiments[exp_id] = _Experiment(event.t_ms, vocab_size=event.model.vocab_size,
+                                               max_context=event.model.max_context)
         return event
 
     def experiment_progress(self, data: dict) -> ExperimentProgress:
@@ -516,6 +521,22 @@ class Checker:
                 and abs(v) < 1e30 for k, v in values.items()):
             raise SchemaError(f"values must be at most {MAX_VALUES} named finite numbers")
         return ExperimentPoint(exp_id, experiment.t_ms, _str(data, "series", 64), values)
+
+    def draft_pass(self, data: dict) -> DraftPass:
+        _fields(data, DraftPass, ("exp_id", "t_ms", "repeat", "index", "position", "drafted", "drafted_text",
+                                  "accepted", "token_id", "text", "draft_ms", "verify_ms"))
+        exp_id, experiment = self._experiment(data)
+        top = experiment.vocab_size - 1
+        drafted = _list(data, "drafted", limit=MAX_DRAFT)
+        if not all(type(t) is int and 0 <= t <= top for t in drafted):
+            raise SchemaError(f"drafted must hold token ids from 0 to {top:,}")
+        texts = _list(data, "drafted_text", len(drafted))
+        if not all(type(t) is str and len(t) <= MAX_TEXT for t in texts):
+            raise SchemaError("drafted_text must be short strings")
+        return DraftPass(exp_id, experiment.t_ms, _int(data, "repeat", 0, 1 << 10), _int(data, "index", 0, MAX_CONTEXT),
+                         _int(data, "position", 1, max(experiment.max_context - 1, 1)), drafted, texts,
+                         _int(data, "accepted", 0, len(drafted)), _int(data, "token_id", 0, top),
+                         _str(data, "text", MAX_TEXT), _num(data, "draft_ms"), _num(data, "verify_ms"))
 
     def experiment_finished(self, data: dict) -> ExperimentFinished:
         _fields(data, ExperimentFinished, ("exp_id", "t_ms", "reason", "summary"))
@@ -557,13 +578,14 @@ _BUILDERS = {
     "TokenStep": Checker.token_step, "AttentionStep": Checker.attention_step, "RunFinished": Checker.run_finished, "RunFailed": Checker.run_failed,
     "HardwarePeaks": Checker.peaks, "ExperimentStarted": Checker.experiment_started,
     "ExperimentProgress": Checker.experiment_progress, "ExperimentPoint": Checker.experiment_point,
+    "DraftPass": Checker.draft_pass,
     "ExperimentFinished": Checker.experiment_finished, "ExperimentFailed": Checker.experiment_failed,
 }
 _FIELDS: dict[type, frozenset[str]] = {
     cls: frozenset(cls.__dataclass_fields__) for cls in (
         ModelFacts, KVLayer, GenerationParams, RunSummary, RunStarted, PrefillDone, KVNorms, TokenStep, AttentionStep,
         RunFinished,
-        RunFailed, HardwarePeaks, ExperimentStarted, ExperimentProgress, ExperimentPoint, ExperimentFinished,
+        RunFailed, HardwarePeaks, ExperimentStarted, ExperimentProgress, ExperimentPoint, DraftPass, ExperimentFinished,
         ExperimentFailed)}
 
 

@@ -9,13 +9,16 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QComboBox,
     QFormLayout,
+    QFrame,
     QHBoxLayout,
     QHeaderView,
     QLabel,
     QLineEdit,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QTableWidget,
     QTableWidgetItem,
@@ -27,9 +30,14 @@ from PySide6.QtWidgets import (
 from app import theme as th
 from app.panels.chart import Chart
 from app.store import ExperimentRecord, RunStore
+from engine import load
 
 TITLES = {"prefill": "Prefill vs prompt length", "cache": "KV cache on vs off", "batch": "Batch size",
-          "continuous": "Continuous batching", "dtype": "Weight formats"}
+          "continuous": "Continuous batching", "dtype": "Weight formats", "speculative": "Speculative decoding"}
+DRAFTERS = (("prompt lookup (n-grams of the text so far)", {"drafter": "prompt lookup"}),
+            ("this model with int4 weights", {"drafter": "draft model", "draft_dtype": "int4"}),
+            ("this model with int8 weights", {"drafter": "draft model", "draft_dtype": "int8"}))
+KEPT, REJECTED, OWN, PREFILL_TEXT = "#009E73", "#BBBBBB", "#0072B2", "#666666"
 FORMATS = ("float32", "bfloat16", "int8", "int4")
 COLUMNS = {
     "prefill": [("tokens", "prompt tokens", "{:,.0f}"), ("prefill_ms", "prefill ms (median)", "{:,.2f}"),
@@ -47,6 +55,9 @@ COLUMNS = {
               ("decode_tok_s", "decode tok/s", "{:,.1f}"), ("decode_ceiling_tok_s", "ceiling (computed)", "{:,.0f}"),
               ("prefill_tok_s", "prefill tok/s", "{:,.0f}"), ("ttft_ms", "TTFT ms", "{:,.0f}"),
               ("diverges_at", "tokens leave fp32 at", "{}"), ("perplexity", "perplexity", "{:,.2f}")],
+    "speculative": [("series", "decode", "{}"), ("repeat", "repeat", "{:,.0f}"), ("decode_ms", "decode ms", "{:,.0f}"),
+                    ("decode_tok_s", "tok/s", "{:,.1f}"), ("passes", "forward passes", "{:,.0f}"),
+                    ("drafted", "guessed", "{:,.0f}"), ("accepted", "kept", "{:,.0f}")],
 }
 
 
@@ -79,6 +90,24 @@ class ExperimentView(QWidget):
             self.tokens = _spin(2, 1024, 48, " tokens")
             form.addRow("Weight formats", self.formats)
             form.addRow("New tokens per run", self.tokens)
+        elif kind == "speculative":
+            from engine.speculative import PROMPTS
+
+            self.prompt_box = QComboBox()
+            for name, text in PROMPTS.items():
+                self.prompt_box.addItem(f"a prompt whose answer {name}" if name == "repeats itself" else
+                                        f"a {name} prompt", text)
+            self.prompt_box.addItem("the prompt in Controls", "")
+            self.drafter_box = QComboBox()
+            for label, settings in DRAFTERS:
+                self.drafter_box.addItem(label, settings)
+            self.guesses = _spin(1, 16, 8, " tokens")
+            self.tokens = _spin(2, 1024, 64, " tokens")
+            form.addRow("Prompt", self.prompt_box)
+            form.addRow("Drafter", self.drafter_box)
+            form.addRow("Guesses per pass", self.guesses)
+            form.addRow("New tokens", self.tokens)
+            self.prompt_source = lambda: ""              # the window gives the Controls prompt
         else:
             self.sizes = QLineEdit("1, 2, 4, 8, 16")
             self.tokens = _spin(2, 4096, 32, " tokens")
@@ -115,6 +144,16 @@ class ExperimentView(QWidget):
         self.explain = QLabel()
         self.explain.setWordWrap(True)
         self.explain.setTextFormat(Qt.TextFormat.RichText)
+        self.passes_text = QLabel()                      # speculative: the text, kept and rejected guesses marked
+        self.passes_text.setWordWrap(True)
+        self.passes_text.setTextFormat(Qt.TextFormat.RichText)
+        self.passes_text.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        if kind == "speculative":                        # scrolls, so a long answer never squeezes the chart
+            scroll = QScrollArea()
+            scroll.setWidgetResizable(True)
+            scroll.setFrameShape(QFrame.Shape.NoFrame)
+            scroll.setWidget(self.passes_text)
+            charts.addWidget(scroll, 1)
         self.table = QTableWidget(0, len(COLUMNS[kind]))
         self.table.setHorizontalHeaderLabels([c[1] for c in COLUMNS[kind]])
         self.table.verticalHeader().setVisible(False)
@@ -141,6 +180,12 @@ class ExperimentView(QWidget):
             return {"new_tokens": self.tokens.value()}
         if self.kind == "continuous":
             return {"requests": self.requests.value(), "arrive_every": self.arrive_every.value()}
+        if self.kind == "speculative":
+            prompt = self.prompt_box.currentData() or self.prompt_source()
+            if not prompt.strip():
+                raise ValueError("The prompt is empty: pick a prompt or type one in Controls")
+            return {"prompt": prompt, **self.drafter_box.currentData(), "draft_tokens": self.guesses.value(),
+                    "new_tokens": self.tokens.value()}
         if self.kind == "dtype":
             formats = tuple(f.strip() for f in self.formats.text().replace(";", ",").split(",") if f.strip())
             if not formats or any(f not in FORMATS for f in formats):
@@ -179,7 +224,8 @@ class ExperimentView(QWidget):
         labels = {"prefill": ("prompt length", "tokens", "time", "ms"), "cache": ("decode step", None, "latency", "ms"),
                   "batch": ("per-token latency of each request", "ms", "throughput of all requests", "tok/s"),
                   "continuous": ("time since the first arrival", "ms", "requests", None),
-                  "dtype": ("weights", None, "decode throughput", "tok/s")}
+                  "dtype": ("weights", None, "decode throughput", "tok/s"),
+                  "speculative": ("verification pass", None, "tokens", None)}
         x, xu, y, yu = labels[self.kind]
         self.chart.style(theme, x, xu, y, yu)
         if self.kind == "prefill":
@@ -227,6 +273,8 @@ class ExperimentView(QWidget):
                     value = requested[int(value)] if int(value) < len(requested) else "?"
                 if key == "bytes_per_token" and value is not None:
                     value = value / 2**20
+                if key == "series":
+                    value = point.series
                 if key == "diverges_at" and value is not None:
                     value = "never" if value < 0 else f"step {int(value)}"
                 text = "" if value is None else fmt.format(value)
@@ -369,6 +417,62 @@ class ExperimentView(QWidget):
                 f"measured). Static batching makes a newcomer wait for the whole batch (grey); continuous batching "
                 f"prefills it at the next step and lets finished rows leave. "
                 f"{solo.get(s.get('tokens_match_solo'), '')}")
+
+
+    def _draw_speculative(self, record: ExperimentRecord) -> None:
+        """Per pass of the last speculative repeat: guesses kept (green), rejected (grey) and the model's own
+        token (blue) stacked; below, the text with the same marks."""
+        passes = [p for p in record.passes if p.repeat == max((q.repeat for q in record.passes), default=0)]
+        if not passes:
+            self.passes_text.setText("")
+            return
+        x = np.array([p.index for p in passes], dtype=float)
+        kept = np.array([p.accepted for p in passes], dtype=float)
+        rejected = np.array([len(p.drafted) - p.accepted for p in passes], dtype=float)
+        self.chart.add(pg.BarGraphItem(x=x, height=kept, width=0.7, brush=KEPT, pen=None), "guesses kept")
+        self.chart.add(pg.BarGraphItem(x=x, y0=kept, height=np.ones(len(x)), width=0.7, brush=OWN, pen=None),
+                       "the model's own token")
+        self.chart.add(pg.BarGraphItem(x=x, y0=kept + 1, height=rejected, width=0.7, brush=REJECTED, pen=None),
+                       "guesses rejected")
+        s = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
+        first = f'<span style="color:{PREFILL_TEXT}">{escape(str(s["first_text"]))}</span>|' if "first_text" in s else ""
+        self.passes_text.setText(first + marked_text(passes))
+        if "speedup" in s:
+            self.explain.setText(speculative_explanation(s))
+
+
+def marked_text(passes: list) -> str:
+    """The generated text, pass by pass: kept guesses underlined green, rejected ones struck out grey, the
+    model's own token bold blue (the first token, from the prefill, comes before the first pass)."""
+    parts = []
+    for p in passes:
+        for i, text in enumerate(p.drafted_text):
+            if i < p.accepted:
+                parts.append(f'<u style="color:{KEPT}">{escape(text).replace(chr(10), "↵<br>")}</u>')
+            else:                                        # a rejected line break is not a line break
+                parts.append(f'<s style="color:{REJECTED}">{escape(text).replace(chr(10), "↵")}</s>')
+        parts.append(f'<b style="color:{OWN}">{escape(p.text).replace(chr(10), "↵<br>")}</b>')
+        parts.append('<span style="color:#888888">|</span>')
+    return "".join(parts)
+
+
+def speculative_explanation(s: dict) -> str:
+    if s["tokens_match"]:
+        same = "the same tokens as plain greedy decode ✓"
+    elif s.get("dtype") != "float32":
+        same = (f"tokens differ from plain decode from token {int(s['first_difference'])}: in {escape(s['dtype'])}, "
+                "checking several tokens in one pass rounds differently from one at a time (in float32 they are "
+                "identical)")
+    else:
+        same = f"tokens DIFFER from plain decode from token {int(s['first_difference'])} ✗"
+    share = s.get("lowest_cpu_share", -1.0)
+    busy = " Measured on a busy machine." if share >= 0 and load.busy(share) else ""
+    return (f"{escape(str(s['drafter']))} guessed {int(s['drafted'])} tokens, the model kept "
+            f"<b>{int(s['accepted'])} ({s['acceptance']:.0%})</b>: <b>{s['tokens_per_pass']:.1f} tokens per forward "
+            f"pass</b> instead of 1, decode <b>{s['speedup']:.2f}x</b> as fast ({s['plain_decode_ms']:,.0f} → "
+            f"{s['speculative_decode_ms']:,.0f} ms, medians, measured; drafting took {s['draft_share']:.0%}). "
+            f"{same}. A pass over several tokens costs little more than over one because decode is bound by reading "
+            f"the weights; a rejected guess costs its share of that pass.{busy}")
 
 
 def format_line(name: str, v: dict) -> str:

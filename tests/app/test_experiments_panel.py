@@ -123,3 +123,21 @@ def test_an_experiment_saved_as_a_trace_replays_with_its_runs(qtbot, window, tmp
     replayed = window.store.latest_experiment("cache")
     assert replayed.events == original.events and len(replayed.run_ids) == 2
     assert view.chart.legend_names() == ["KV cache on (measured)", "KV cache off (measured)"]
+
+
+def test_speculative_decoding_marks_every_kept_and_rejected_guess(qtbot, window):
+    view = window.experiments.views["speculative"]
+    view.prompt_box.setCurrentIndex(view.prompt_box.count() - 1)        # the prompt in Controls
+    window.controls.prompt.setPlainText("hello world hello world hello world")
+    view, record = run_experiment(qtbot, window, "speculative", tokens=12, guesses=3)
+    s = record.end.summary
+    assert record.end.reason == "done" and s["tokens_match"] is True
+    last = [p for p in record.passes if p.repeat == max(p.repeat for p in record.passes)]
+    text = view.passes_text.text()
+    assert text.count("<u ") == sum(p.accepted for p in last)
+    assert text.count("<s ") == sum(len(p.drafted) - p.accepted for p in last)
+    assert text.count("<b ") == len(last) == s["passes"]
+    assert view.table.rowCount() == 2 * record.started.settings["repeats"]
+    assert f"{s['tokens_per_pass']:.1f} tokens per forward pass" in view.explain.text()
+    assert "same tokens as plain greedy decode ✓" in view.explain.text()
+    assert view.chart.legend_names() == ["guesses kept", "the model's own token", "guesses rejected"]

@@ -1,0 +1,130 @@
+"""Speculative decoding: the verify-and-roll-back loop gives exactly plain greedy's tokens whatever the guesses
+(all right, all wrong, from prompt lookup, from a draft model), counts passes and kept guesses correctly, is
+refused where the cache cannot roll back, and its experiment saves and replays through the schema."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import speculative as sp
+from engine.errors import ParameterError, TraceError
+from engine.events import DraftPass, ExperimentFinished
+from engine.experiments import run_experiment
+from engine.models import load
+from engine.params import GenerationParams
+from engine.session import Session
+from engine.trace import read_trace, write_trace
+from tests.architectures import build
+
+PROMPT = "hello world hello world hello world"
+NEW = 24
+
+
+class Oracle:
+    """Guesses from a known answer: right when ``truthful``, always wrong (the next id) when not."""
+
+    name = "oracle"
+
+    def __init__(self, answer: list[int], prompt_len: int, truthful: bool) -> None:
+        self.answer, self.prompt_len, self.truthful = answer, prompt_len, truthful
+
+    def propose(self, ids: list[int], k: int) -> list[int]:
+        done = len(ids) - self.prompt_len
+        right = self.answer[done:done + k]
+        return right if self.truthful else [(t + 1) % 500 for t in right]
+
+
+@pytest.fixture(scope="module")
+def session(tiny) -> Session:
+    return Session(tiny)
+
+
+@pytest.fixture(scope="module")
+def plain(session) -> tuple[list[int], sp.Decoded]:
+    ids = session.encode(PROMPT)
+    return ids, sp.decode(session, ids, NEW, None, 0)
+
+
+def test_the_plain_loop_is_the_sessions_greedy_decode(session, plain):
+    ids, result = plain
+    run = session.run(PROMPT, GenerationParams(max_new_tokens=NEW))
+    assert result.tokens == run.summary.token_ids
+    assert len(result.passes) == len(result.tokens) - 1 and result.drafted == 0
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_right_guesses_are_all_kept_and_save_passes(session, plain, k):
+    ids, reference = plain
+    result = sp.decode(session, ids, NEW, Oracle(reference.tokens, len(ids), True), k)
+    assert result.tokens == reference.tokens
+    assert result.accepted == result.drafted > 0
+    assert len(result.passes) == -(-(len(reference.tokens) - 1) // (k + 1))     # ceil((n - 1) / (k + 1))
+
+
+def test_wrong_guesses_are_all_rejected_and_rolled_back(session, plain):
+    ids, reference = plain
+    result = sp.decode(session, ids, NEW, Oracle(reference.tokens, len(ids), False), 4)
+    assert result.tokens == reference.tokens                  # the cache lost every rejected guess
+    assert result.accepted == 0 and len(result.passes) == len(reference.tokens) - 1
+
+
+def test_prompt_lookup_and_a_draft_model_give_plain_greedys_tokens(session, plain, tiny):
+    ids, reference = plain
+    lookup = sp.decode(session, ids, NEW, sp.PromptLookup(session._eos), 5)
+    draft = sp.decode(session, ids, NEW, sp.DraftModel(tiny, tiny.tokenizer.get_vocab(), "itself"), 3)
+    for result in (lookup, draft):
+        assert result.tokens == reference.tokens
+        kept = sum(p.accepted + 1 for p in result.passes)
+        assert kept >= len(result.tokens) - 1 and all(p.accepted <= len(p.drafted) for p in result.passes)
+    assert draft.accepted == draft.drafted                      # the same weights guess the same tokens
+
+
+def test_a_draft_model_with_another_tokenizer_is_refused(tiny):
+    other = dict(tiny.tokenizer.get_vocab())
+    other["<an extra token>"] = len(other)
+    with pytest.raises(ParameterError, match="different tokenizer"):
+        sp.DraftModel(tiny, other)
+
+
+def test_a_sliding_window_model_is_refused_before_any_compute(tmp_path):
+    loaded = load(str(build("mistral-sliding", tmp_path / "m")), device="cpu", dtype="float32")
+    with pytest.raises(ParameterError, match="sliding-window layers"):
+        run_experiment("speculative", Session(loaded), lambda e: None, prompt=PROMPT)
+
+
+@pytest.fixture(scope="module")
+def experiment(session) -> list:
+    events: list = []
+    run_experiment("speculative", session, events.append, prompt=PROMPT, new_tokens=16, repeats=2, draft_tokens=4)
+    return events
+
+
+def test_the_experiment_reports_passes_acceptance_and_the_same_tokens(experiment):
+    end = experiment[-1]
+    assert isinstance(end, ExperimentFinished)
+    s = end.summary
+    passes = [e for e in experiment if isinstance(e, DraftPass)]
+    last = [p for p in passes if p.repeat == 1]
+    assert s["tokens_match"] and s["passes"] == len(last) and s["accepted"] == sum(p.accepted for p in last)
+    assert s["drafted"] == sum(len(p.drafted) for p in last)
+    assert s["tokens_per_pass"] == pytest.approx((s["generated"] - 1) / s["passes"])
+    assert s["speedup"] == pytest.approx(s["plain_decode_ms"] / s["speculative_decode_ms"])
+    assert all(len(p.drafted_text) == len(p.drafted) for p in passes)
+
+
+def test_the_experiment_saves_and_replays_and_hostile_passes_are_refused(experiment, tmp_path):
+    path = write_trace(tmp_path / "s.jsonl", experiment)
+    assert [e for e in read_trace(path) if isinstance(e, DraftPass)] == \
+        [e for e in experiment if isinstance(e, DraftPass)]
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    index = next(i for i, r in enumerate(rows) if r.get("type") == "DraftPass")
+    for field, value, fragment in (("accepted", 99, "accepted must be between"),
+                                   ("token_id", 10**9, "token_id must be between"),
+                                   ("drafted", list(range(40)), "drafted has 40 entries")):
+        bad = json.loads(json.dumps(rows))
+        bad[index][field] = value
+        path.write_text("\n".join(json.dumps(r) for r in bad) + "\n")
+        with pytest.raises(TraceError, match=fragment):
+            read_trace(path)
