@@ -126,7 +126,7 @@ F10  step one token (starts paused after the prefill)
 F9  pause / resume
 Ctrl+L  load the model
 Ctrl+Shift+Enter  send the chat message
-F11  lecture mode: scenes on the number row (1-9, 0), PageUp/PageDown, R run the scene, B blank, Esc back
+F11  lecture mode: scenes on the number row (1-9, 0, -), PageUp/PageDown, R run the scene, B blank, Esc back
 Ctrl+1/2/3  token colours
 Ctrl+Shift+1/2/3  KV heatmap mode; Ctrl+Shift+Z zoom to used positions / whole window
 Ctrl+O / Ctrl+S  open / save a trace"""

@@ -57,6 +57,7 @@ SCENE_LIST = (
     Scene("memory", "Memory grows with context", "run the prompt"),
     Scene("attention", "What the cache is read for", "run the prompt recording attention"),
     Scene("speculative", "Speculative decoding", "run plain vs speculative decode (settings: Experiments tab)"),
+    Scene("paged", "Paged KV and prefix sharing", "serve requests that share a system prompt"),
 )
 assert tuple(s.name for s in SCENE_LIST) == SCENES
 SCENE_KEYS = "1234567890-="[: len(SCENE_LIST)]        # the number row, left to right
@@ -182,9 +183,9 @@ class SceneView(QWidget):
         if self.shown is None:
             return
         scene = next(s for s in SCENE_LIST if s.name == self.shown)
-        key = SCENE_KEYS[SCENES.index(scene.name)]
+        number = SCENES.index(scene.name) + 1
         claim = scene_claim(self.shown, self.store, self.state, self.conversation)
-        self.caption.setText(f"{key} · {escape(scene.title)}: {claim}")
+        self.caption.setText(f"{number} · {escape(scene.title)}: {claim}")
         keys = " ".join(f"<b>{k}</b>" if s.name == self.shown else k for k, s in zip(SCENE_KEYS, SCENE_LIST))
         self.footer.setText(f"Scenes {keys} · PgUp/PgDn · <b>R</b> {escape(scene.action)} · Ctrl+Enter run · "
                             "F10 step · F9 pause · Ctrl+. stop · B blank · Esc workbench")
@@ -245,6 +246,15 @@ def _claim(name: str, store: RunStore, run: RunRecord | None, conversation: Conv
             if s["dtype"] != "float32" else f"tokens DIFFER from token {s['first_difference']:.0f} ✗")
         return (f"{s['drafter']}: {s['accepted']:.0f} of {s['drafted']:.0f} guesses kept, {s['tokens_per_pass']:.1f} "
                 f"tokens per pass, decode {s['speedup']:.1f}x as fast (measured); {same}")
+    if name == "paged":
+        s = _summary(store, "paged")
+        if "peak_blocks_shared" not in s:
+            return "press R: requests sharing a system prompt arrive and are served from one pool of blocks"
+        mib = 2**20
+        return (f"{s['shared_prefix_blocks']:.0f} system-prompt blocks held once for every request: "
+                f"{s['peak_bytes_shared'] / mib:,.1f} MiB at the peak instead of {s['peak_bytes_unshared'] / mib:,.1f} "
+                f"MiB unshared (measured); a contiguous cache would reserve {s['contiguous_bytes_at_peak'] / mib:,.1f} "
+                "MiB (computed)")
     if name == "cache":
         s = _summary(store, "cache")
         if "decode_speedup" not in s:

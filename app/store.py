@@ -14,6 +14,7 @@ import numpy as np
 
 from engine.events import (
     AttentionStep,
+    BlockTable,
     DraftPass,
     ExperimentFailed,
     ExperimentFinished,
@@ -208,6 +209,7 @@ class ExperimentRecord:
         self.events: list[object] = [started]
         self.points: list[ExperimentPoint] = []
         self.passes: list[DraftPass] = []          # speculative decoding: every verification pass
+        self.tables: list[BlockTable] = []         # paged KV: the block table after every step
         self.progress: ExperimentProgress | None = None
         self.end: ExperimentFinished | ExperimentFailed | None = None
         self.run_ids: list[str] = []
@@ -230,6 +232,8 @@ class ExperimentRecord:
             self.points.append(event)
         elif isinstance(event, DraftPass):
             self.passes.append(event)
+        elif isinstance(event, BlockTable):
+            self.tables.append(event)
         elif isinstance(event, ExperimentProgress):
             self.progress = event
         elif isinstance(event, (ExperimentFinished, ExperimentFailed)):

@@ -208,7 +208,7 @@ class MainWindow(QMainWindow):
                 "batch": [(views["batch"], 1), (views["continuous"], 1)], "sampling": [(self.sampling, 1)],
                 "chat": [(self.chat, 1)], "memory": [(self.kv, 1)],
                 "attention": [(self.tokens, 1), (self.attention, 2)],
-                "speculative": [(views["speculative"], 1)]}
+                "speculative": [(views["speculative"], 1)], "paged": [(views["paged"], 1)]}
 
     def _enter_scene(self, name: str) -> None:
         for view in self.experiments.views.values():
@@ -282,8 +282,9 @@ class MainWindow(QMainWindow):
     def scene_action(self) -> None:
         """R in a lecture scene: run what the scene is about."""
         scene = self.state.scene
-        if scene in ("cache", "prompt", "batch", "speculative"):
-            kind = {"cache": "cache", "prompt": "prefill", "batch": "batch", "speculative": "speculative"}[scene]
+        if scene in ("cache", "prompt", "batch", "speculative", "paged"):
+            kind = {"cache": "cache", "prompt": "prefill", "batch": "batch", "speculative": "speculative",
+                    "paged": "paged"}[scene]
             try:
                 settings = self.experiments.views[kind].settings()
             except ValueError as exc:

@@ -126,7 +126,7 @@ def sweep_parser() -> argparse.ArgumentParser:
     from engine.cli import Parser, add_model_arguments, bounded
 
     p = Parser(prog="python -m engine sweep", description="Run an experiment and print its table.")
-    p.add_argument("kind", choices=("prefill", "cache", "batch", "chat", "continuous", "dtype", "speculative"))
+    p.add_argument("kind", choices=("prefill", "cache", "batch", "chat", "continuous", "dtype", "speculative", "paged"))
     add_model_arguments(p)
     p.add_argument("--max-length", type=bounded(2, 1 << 24),
                    help="prefill: longest prompt (default: the whole context, 8,192 tokens on the embedded model)")
@@ -144,7 +144,9 @@ def sweep_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-dtype", default="int4", help="speculative: the draft model's weights (default int4)")
     p.add_argument("--guesses", type=bounded(1, 16), default=8, help="speculative: guesses per pass (default 8)")
     p.add_argument("--sizes", default="1,2,4,8,16", help="batch: comma-separated batch sizes, 1 to 1,024")
-    p.add_argument("--requests", type=bounded(1, 256), default=8, help="continuous: how many requests arrive")
+    p.add_argument("--requests", type=bounded(1, 256), default=8,
+                   help="continuous/paged: how many requests arrive (paged: at most 64)")
+    p.add_argument("--page-size", type=bounded(4, 1024), default=16, help="paged: positions per block (default 16)")
     p.add_argument("--arrive-every", type=bounded(0, 10_000), default=4,
                    help="continuous: decode steps between arrivals (default 4)")
     p.add_argument("--formats", default="float32,bfloat16,int8,int4",
@@ -185,6 +187,11 @@ def sweep_settings(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict
                 "draft_model": "" if args.drafter == "self" else args.drafter}
     if args.kind == "continuous":
         return {"requests": args.requests, "arrive_every": args.arrive_every}
+    if args.kind == "paged":
+        if args.requests > 64:
+            p.error(f"--requests must be at most 64 for the paged lesson, not {args.requests}")
+        return {"requests": args.requests, "arrive_every": args.arrive_every, "new_tokens": args.tokens,
+                "page_size": args.page_size}
     if args.kind == "dtype":
         from engine.formats import FORMATS
 
@@ -268,6 +275,29 @@ def experiment_table(kind: str, points: list[ExperimentPoint], finished: Experim
             lines += [chat_turn_line(s, i) for i in range(1, int(s["turns"]) + 1)]
             if busy_note(s.get("lowest_cpu_share")):
                 lines.append(f"note: some turns were {busy_note(s['lowest_cpu_share'])}")
+    elif kind == "paged":
+        lines = ["sharing | request | prompt | waited ms | TTFT ms | end-to-end ms",
+                 "--------+---------+--------+-----------+---------+--------------"]
+        for p in points:
+            v = p.values
+            lines.append(f"{'on' if v['sharing'] else 'off':>7} | {int(v['index']):7d} | {int(v['prompt_tokens']):6d} | "
+                         f"{v['queue_ms']:9.1f} | {v['ttft_ms']:7.1f} | {v['e2e_ms']:13.1f}")
+        if "peak_blocks_shared" in s:
+            mib = 2**20
+            lines += ["", f"blocks of {int(s['bytes_per_block']):,} B (computed); at the peak: {int(s['peak_blocks_shared'])} "
+                      f"blocks = {s['peak_bytes_shared'] / mib:.2f} MiB with sharing, {int(s['peak_blocks_unshared'])} = "
+                      f"{s['peak_bytes_unshared'] / mib:.2f} MiB without (measured block counts)",
+                      f"a contiguous cache reserving prompt + {int(s['reserve'])} positions per request: "
+                      f"{s['contiguous_bytes_at_peak'] / mib:.2f} MiB (computed) for {s['used_bytes_at_peak'] / mib:.2f} "
+                      "MiB written",
+                      f"shared system prompt: {int(s['shared_prefix_tokens'])} tokens = "
+                      f"{int(s['shared_prefix_blocks'])} full blocks; tokens equal solo runs: "
+                      f"{'yes' if s['tokens_match_solo'] else 'NO'}"]
+            if "ours_tok_s" in s:
+                lines.append(f"same arrivals: transformers' paged batching {s['transformers_tok_s']:.1f} tok/s, mean TTFT "
+                             f"{s['transformers_mean_ttft_ms']:.0f} ms; KVScope's scheduler {s['ours_tok_s']:.1f} tok/s, "
+                             f"{s['ours_mean_ttft_ms']:.0f} ms (measured); tokens "
+                             f"{'identical' if s['same_tokens_as_ours'] else 'different'}")
     elif kind == "speculative":
         lines = ["decode      | repeat | decode ms | tok/s  | forward passes | guessed | kept",
                  "------------+--------+-----------+--------+----------------+---------+-----"]

@@ -295,6 +295,28 @@ class DraftPass:
 
 
 @dataclass(frozen=True)
+class BlockTable:
+    """The paged KV cache after one step of transformers' continuous batching: for each running request (by
+    index) its block ids in order and the positions it has written; the blocks two or more requests share with
+    their reference counts; blocks no request holds but kept for their content (a later request with the same
+    prefix reuses them); free blocks. Each block holds ``block_positions`` positions for every layer."""
+
+    exp_id: str
+    t_ms: float
+    step: int
+    block_positions: int
+    total_blocks: int
+    running: list[int]
+    tables: list[list[int]]
+    positions: list[int]
+    waiting: list[int]
+    shared_blocks: list[int]
+    shared_refs: list[int]
+    cached_blocks: list[int]
+    free_blocks: int
+
+
+@dataclass(frozen=True)
 class ExperimentFinished:
     exp_id: str
     t_ms: float
@@ -313,6 +335,7 @@ class ExperimentFailed:
 Event = typing.Union[LoadProgress, ModelLoaded, HardwarePeaks, RunStarted, PrefillDone, KVNorms, TokenStep,
                      AttentionStep,
                      RunFinished, RunFailed, ExperimentStarted, ExperimentProgress, ExperimentPoint, DraftPass,
+                     BlockTable,
                      ExperimentFinished, ExperimentFailed]
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Event)}
 

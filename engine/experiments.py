@@ -40,7 +40,7 @@ Sink = Callable[[object], None]
 FILLER = ("Every request to a language model passes through two stages. In the prefill stage the whole prompt "
           "is read in one forward pass, and its keys and values are stored in the cache. In the decode stage "
           "the model produces one token per forward pass, attending to everything already cached. ")
-KINDS = ("prefill", "cache", "batch", "chat", "continuous", "dtype", "speculative")
+KINDS = ("prefill", "cache", "batch", "chat", "continuous", "dtype", "speculative", "paged")
 CONVERSATION = [
     "hey, what is continuous batching?",
     "How is that different from static batching?",
@@ -369,10 +369,12 @@ def run_experiment(kind: str, session: Session, emit: Sink, cancel: threading.Ev
     """Run one experiment. Runs it makes are tagged with its id (``RunStarted.experiment``), and if it breaks
     after it started, ``ExperimentFailed`` closes its record before the error goes on to the caller."""
     from engine.formats import weight_formats
+    from engine.paged import paged_kv
     from engine.speculative import speculative_decoding
 
     runners = {"prefill": prefill_sweep, "cache": cache_comparison, "batch": batch_sweep, "chat": chat_reuse,
-               "continuous": continuous_batching, "dtype": weight_formats, "speculative": speculative_decoding}
+               "continuous": continuous_batching, "dtype": weight_formats, "speculative": speculative_decoding,
+               "paged": paged_kv}
     if kind not in runners:
         raise ParameterError(f"Unknown experiment {kind!r}: use one of {', '.join(KINDS)}")
     tagged = _Tagged(emit)

@@ -19,6 +19,7 @@ from engine.events import (
     ATTENTION_METHODS,
     FINISH_REASONS,
     AttentionStep,
+    BlockTable,
     Candidate,
     DraftPass,
     ExperimentFailed,
@@ -54,7 +55,9 @@ MAX_ATTENTION = 1 << 22              # weights in one AttentionStep (4 million: 
 MAX_BYTES = 1 << 50                  # 1 PiB: no single figure in a trace is larger
 BYTES_TOLERANCE = 0.05               # measured bytes may exceed the formula by this much before they are refused
 KINDS_OF_RUN = ("generate", "chat")
-KINDS_OF_EXPERIMENT = ("prefill", "cache", "batch", "chat", "continuous", "dtype", "speculative")
+KINDS_OF_EXPERIMENT = ("prefill", "cache", "batch", "chat", "continuous", "dtype", "speculative", "paged")
+MAX_BLOCKS = 1 << 20                 # blocks in one paged cache
+MAX_REQUESTS = 4096                  # requests in one batching experiment
 MAX_DRAFT = 16                       # guesses in one speculative pass
 LAYER_KINDS = (kvcache.FULL, kvcache.SLIDING, kvcache.STATE, kvcache.NONE)
 
@@ -538,6 +541,36 @@ class Checker:
                          _int(data, "accepted", 0, len(drafted)), _int(data, "token_id", 0, top),
                          _str(data, "text", MAX_TEXT), _num(data, "draft_ms"), _num(data, "verify_ms"))
 
+    def block_table(self, data: dict) -> BlockTable:
+        _fields(data, BlockTable, ("exp_id", "t_ms", "step", "block_positions", "total_blocks", "running", "tables",
+                                   "positions", "waiting", "shared_blocks", "shared_refs", "cached_blocks",
+                                   "free_blocks"))
+        exp_id, experiment = self._experiment(data)
+        total = _int(data, "total_blocks", 1, MAX_BLOCKS)
+        size = _int(data, "block_positions", 1, 1 << 16)
+        running = _indices(data, "running", MAX_REQUESTS)
+        tables = _list(data, "tables", len(running))
+        positions = _list(data, "positions", len(running))
+        ids = set()
+        for table, held in zip(tables, positions):
+            if type(table) is not list or len(table) > total or not all(type(b) is int and 0 <= b < 4 * MAX_BLOCKS
+                                                                        for b in table):
+                raise SchemaError(f"tables must hold at most {total:,} block ids per request")
+            if type(held) is not int or not 0 <= held <= len(table) * size:
+                raise SchemaError("positions must fit in the request's blocks")
+            ids.update(table)
+        shared = _list(data, "shared_blocks", limit=total)
+        refs = _list(data, "shared_refs", len(shared))
+        if not all(type(b) is int and b in ids for b in shared) or not all(
+                type(n) is int and 2 <= n <= len(running) for n in refs):
+            raise SchemaError("shared_blocks must be blocks the running requests hold, each with 2 or more of them")
+        cached = _list(data, "cached_blocks", limit=total)
+        if not all(type(b) is int and 0 <= b < 4 * MAX_BLOCKS for b in cached):
+            raise SchemaError("cached_blocks must be block ids")
+        return BlockTable(exp_id, experiment.t_ms, _int(data, "step", 0, 1 << 30), size, total, running, tables,
+                          positions, _indices(data, "waiting", MAX_REQUESTS), shared, refs, cached,
+                          _int(data, "free_blocks", 0, total))
+
     def experiment_finished(self, data: dict) -> ExperimentFinished:
         _fields(data, ExperimentFinished, ("exp_id", "t_ms", "reason", "summary"))
         exp_id, experiment = self._experiment(data)
@@ -550,6 +583,13 @@ class Checker:
         exp_id, experiment = self._experiment(data)
         experiment.ended = True
         return ExperimentFailed(exp_id, experiment.t_ms, _str(data, "error", 128), _str(data, "message", 4096))
+
+
+def _indices(data: dict, name: str, limit: int) -> list[int]:
+    values = _list(data, name, limit=limit)
+    if not all(type(v) is int and 0 <= v < limit for v in values) or len(set(values)) != len(values):
+        raise SchemaError(f"{name} must be distinct request numbers below {limit:,}")
+    return values
 
 
 def _plain(values: dict, name: str) -> dict:
@@ -578,14 +618,15 @@ _BUILDERS = {
     "TokenStep": Checker.token_step, "AttentionStep": Checker.attention_step, "RunFinished": Checker.run_finished, "RunFailed": Checker.run_failed,
     "HardwarePeaks": Checker.peaks, "ExperimentStarted": Checker.experiment_started,
     "ExperimentProgress": Checker.experiment_progress, "ExperimentPoint": Checker.experiment_point,
-    "DraftPass": Checker.draft_pass,
+    "DraftPass": Checker.draft_pass, "BlockTable": Checker.block_table,
     "ExperimentFinished": Checker.experiment_finished, "ExperimentFailed": Checker.experiment_failed,
 }
 _FIELDS: dict[type, frozenset[str]] = {
     cls: frozenset(cls.__dataclass_fields__) for cls in (
         ModelFacts, KVLayer, GenerationParams, RunSummary, RunStarted, PrefillDone, KVNorms, TokenStep, AttentionStep,
         RunFinished,
-        RunFailed, HardwarePeaks, ExperimentStarted, ExperimentProgress, ExperimentPoint, DraftPass, ExperimentFinished,
+        RunFailed, HardwarePeaks, ExperimentStarted, ExperimentProgress, ExperimentPoint, DraftPass, BlockTable,
+        ExperimentFinished,
         ExperimentFailed)}
 
 

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QScrollArea,
+    QSlider,
     QSpinBox,
     QTableWidget,
     QTableWidgetItem,
@@ -33,11 +34,13 @@ from app.store import ExperimentRecord, RunStore
 from engine import load
 
 TITLES = {"prefill": "Prefill vs prompt length", "cache": "KV cache on vs off", "batch": "Batch size",
-          "continuous": "Continuous batching", "dtype": "Weight formats", "speculative": "Speculative decoding"}
+          "continuous": "Continuous batching", "dtype": "Weight formats", "speculative": "Speculative decoding",
+          "paged": "Paged KV"}
 DRAFTERS = (("prompt lookup (n-grams of the text so far)", {"drafter": "prompt lookup"}),
             ("this model with int4 weights", {"drafter": "draft model", "draft_dtype": "int4"}),
             ("this model with int8 weights", {"drafter": "draft model", "draft_dtype": "int8"}))
 KEPT, REJECTED, OWN, PREFILL_TEXT = "#009E73", "#BBBBBB", "#0072B2", "#666666"
+SHARED, PRIVATE, CACHED, FREE = "#CC79A7", "#0072B2", "#56B4E9", "#DDDDDD"
 FORMATS = ("float32", "bfloat16", "int8", "int4")
 COLUMNS = {
     "prefill": [("tokens", "prompt tokens", "{:,.0f}"), ("prefill_ms", "prefill ms (median)", "{:,.2f}"),
@@ -55,6 +58,9 @@ COLUMNS = {
               ("decode_tok_s", "decode tok/s", "{:,.1f}"), ("decode_ceiling_tok_s", "ceiling (computed)", "{:,.0f}"),
               ("prefill_tok_s", "prefill tok/s", "{:,.0f}"), ("ttft_ms", "TTFT ms", "{:,.0f}"),
               ("diverges_at", "tokens leave fp32 at", "{}"), ("perplexity", "perplexity", "{:,.2f}")],
+    "paged": [("sharing", "block sharing", "{}"), ("index", "request", "{:,.0f}"),
+              ("prompt_tokens", "prompt", "{:,.0f}"), ("queue_ms", "waited ms", "{:,.1f}"),
+              ("ttft_ms", "TTFT ms", "{:,.1f}"), ("e2e_ms", "end-to-end ms", "{:,.1f}")],
     "speculative": [("series", "decode", "{}"), ("repeat", "repeat", "{:,.0f}"), ("decode_ms", "decode ms", "{:,.0f}"),
                     ("decode_tok_s", "tok/s", "{:,.1f}"), ("passes", "forward passes", "{:,.0f}"),
                     ("drafted", "guessed", "{:,.0f}"), ("accepted", "kept", "{:,.0f}")],
@@ -108,6 +114,15 @@ class ExperimentView(QWidget):
             form.addRow("Guesses per pass", self.guesses)
             form.addRow("New tokens", self.tokens)
             self.prompt_source = lambda: ""              # the window gives the Controls prompt
+        elif kind == "paged":
+            self.requests = _spin(1, 64, 6, "")
+            self.arrive_every = _spin(0, 64, 3, " steps")
+            self.tokens = _spin(1, 1024, 16, " tokens")
+            self.page = _spin(4, 256, 16, " positions")
+            form.addRow("Requests (one system prompt)", self.requests)
+            form.addRow("A new request every", self.arrive_every)
+            form.addRow("New tokens per request", self.tokens)
+            form.addRow("Block size", self.page)
         else:
             self.sizes = QLineEdit("1, 2, 4, 8, 16")
             self.tokens = _spin(2, 4096, 32, " tokens")
@@ -154,6 +169,13 @@ class ExperimentView(QWidget):
             scroll.setFrameShape(QFrame.Shape.NoFrame)
             scroll.setWidget(self.passes_text)
             charts.addWidget(scroll, 1)
+        self.step_slider: QSlider | None = None
+        if kind == "paged":                              # scrub the block table through the steps
+            self.step_slider = QSlider(Qt.Orientation.Horizontal)
+            self.step_slider.setToolTip("Which step's block table to show (it starts at the step that held most)")
+            self.step_slider.valueChanged.connect(self._step_chosen)
+            self.chosen_step: int | None = None
+            charts.addWidget(self.step_slider)
         self.table = QTableWidget(0, len(COLUMNS[kind]))
         self.table.setHorizontalHeaderLabels([c[1] for c in COLUMNS[kind]])
         self.table.verticalHeader().setVisible(False)
@@ -180,6 +202,9 @@ class ExperimentView(QWidget):
             return {"new_tokens": self.tokens.value()}
         if self.kind == "continuous":
             return {"requests": self.requests.value(), "arrive_every": self.arrive_every.value()}
+        if self.kind == "paged":
+            return {"requests": self.requests.value(), "arrive_every": self.arrive_every.value(),
+                    "new_tokens": self.tokens.value(), "page_size": self.page.value()}
         if self.kind == "speculative":
             prompt = self.prompt_box.currentData() or self.prompt_source()
             if not prompt.strip():
@@ -225,7 +250,8 @@ class ExperimentView(QWidget):
                   "batch": ("per-token latency of each request", "ms", "throughput of all requests", "tok/s"),
                   "continuous": ("time since the first arrival", "ms", "requests", None),
                   "dtype": ("weights", None, "decode throughput", "tok/s"),
-                  "speculative": ("verification pass", None, "tokens", None)}
+                  "speculative": ("verification pass", None, "tokens", None),
+                  "paged": ("block in the request's table", None, "request", None)}
         x, xu, y, yu = labels[self.kind]
         self.chart.style(theme, x, xu, y, yu)
         if self.kind == "prefill":
@@ -275,6 +301,8 @@ class ExperimentView(QWidget):
                     value = value / 2**20
                 if key == "series":
                     value = point.series
+                if key == "sharing":
+                    value = "on" if value else "off"
                 if key == "diverges_at" and value is not None:
                     value = "never" if value < 0 else f"step {int(value)}"
                 text = "" if value is None else fmt.format(value)
@@ -419,6 +447,63 @@ class ExperimentView(QWidget):
                 f"{solo.get(s.get('tokens_match_solo'), '')}")
 
 
+    def _step_chosen(self, index: int) -> None:
+        self.chosen_step = index
+        self._shown = None
+        self.refresh()
+
+    def _draw_paged(self, record: ExperimentRecord) -> None:
+        """One row per running request, one cell per block in its table: shared blocks (with how many requests
+        point at them), blocks of its own, the unwritten part of its last block; the pool below."""
+        tables = record.tables
+        if not tables:
+            return
+        peak = max(range(len(tables)), key=lambda i: len({b for t in tables[i].tables for b in t}))
+        self.step_slider.blockSignals(True)
+        self.step_slider.setRange(0, len(tables) - 1)
+        index = peak if self.chosen_step is None or self.chosen_step >= len(tables) else self.chosen_step
+        self.step_slider.setValue(index)
+        self.step_slider.blockSignals(False)
+        table = tables[index]
+        refs = dict(zip(table.shared_blocks, table.shared_refs))
+        cells: dict[str, list[tuple[float, float, float]]] = {"shared": [], "own": [], "unwritten": []}
+        labels = []
+        for row, (request, blocks, held) in enumerate(zip(table.running, table.tables, table.positions)):
+            for slot, block in enumerate(blocks):
+                cells["shared" if block in refs else "own"].append((slot, row, 1.0))
+                if block in refs and slot == 0:
+                    labels.append((slot, row, f"×{refs[block]}"))
+            spare = len(blocks) * table.block_positions - held
+            if spare > 0 and blocks:
+                fraction = spare / table.block_positions
+                cells["unwritten"].append((len(blocks) - fraction, row, fraction))
+        pool_row = len(table.running) + 0.5
+        held = len({b for t in table.tables for b in t})
+        pool = (("held", 0.0, held, PRIVATE), ("cached", held, len(table.cached_blocks), CACHED),
+                ("free", held + len(table.cached_blocks), table.free_blocks, FREE))
+        for name, colour in (("shared", SHARED), ("own", PRIVATE), ("unwritten", FREE)):
+            if cells[name]:
+                x0 = [c[0] for c in cells[name]]
+                self.chart.add(pg.BarGraphItem(x0=x0, y=[c[1] for c in cells[name]], width=[c[2] for c in cells[name]],
+                                               height=0.8, brush=colour, pen=pg.mkPen(self.theme.background)),
+                               {"shared": "shared prefix block", "own": "the request's own block",
+                                "unwritten": "allocated, not yet written"}[name])
+        for name, start, count, colour in pool:
+            if count:
+                self.chart.add(pg.BarGraphItem(x0=[start], y=[pool_row], width=[count], height=0.8, brush=colour,
+                                               pen=None), "pool: kept for reuse" if name == "cached" else None)
+        for x, y, text in labels:
+            label = pg.TextItem(text, color="#FFFFFF", anchor=(0, 0.5))
+            label.setFont(self.theme.axis_font)
+            label.setPos(x + 0.05, y)
+            self.chart.add(label)
+        ticks = [(row, f"#{request}") for row, request in enumerate(table.running)]
+        self.plot.getAxis("left").setTicks([ticks + [(pool_row, f"pool ({table.total_blocks})")], []])
+        self.plot.invertY(True)
+        s = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
+        words = paged_step_words(table, index, len(tables), peak)
+        self.explain.setText(words + (" " + paged_explanation(s) if "peak_blocks_shared" in s else ""))
+
     def _draw_speculative(self, record: ExperimentRecord) -> None:
         """Per pass of the last speculative repeat: guesses kept (green), rejected (grey) and the model's own
         token (blue) stacked; below, the text with the same marks."""
@@ -439,6 +524,35 @@ class ExperimentView(QWidget):
         self.passes_text.setText(first + marked_text(passes))
         if "speedup" in s:
             self.explain.setText(speculative_explanation(s))
+
+
+def paged_step_words(table, index: int, count: int, peak: int) -> str:
+    held = len({b for t in table.tables for b in t})
+    shared = f", {len(table.shared_blocks)} of them shared by up to {max(table.shared_refs)} requests" \
+        if table.shared_blocks else ""
+    waiting = f"; {len(table.waiting)} waiting" if table.waiting else ""
+    which = " (the most held)" if index == peak else ""
+    return (f"Step {table.step}{which}, {index + 1} of {count}: {len(table.running)} requests hold "
+            f"<b>{held} blocks</b> of {table.block_positions} positions{shared}{waiting}; "
+            f"{len(table.cached_blocks)} kept for reuse, {table.free_blocks} free.")
+
+
+def paged_explanation(s: dict) -> str:
+    mib = 2**20
+    reserve = f"{s['reserve']:.0f} positions" if "reserve" in s else "its max tokens"
+    same = "identical ✓" if s.get("same_tokens_as_ours") else "different"
+    solo = "each request's tokens equal its solo run ✓" if s.get("tokens_match_solo") else \
+        "tokens DIFFER from solo runs ✗"
+    ours = (f" Same arrivals through KVScope's own scheduler: {s['ours_tok_s']:,.0f} tok/s, mean TTFT "
+            f"{s['ours_mean_ttft_ms']:,.0f} ms (measured); transformers' paged batching "
+            f"{s['transformers_tok_s']:,.0f} tok/s, {s['transformers_mean_ttft_ms']:,.0f} ms; tokens {same}."
+            if "ours_tok_s" in s else "")
+    return (f"At the peak the paged cache held <b>{s['peak_bytes_shared'] / mib:,.1f} MiB</b> with sharing and "
+            f"{s['peak_bytes_unshared'] / mib:,.1f} MiB without (measured block counts × "
+            f"{s['bytes_per_block'] / 1024:,.0f} KiB per block, computed); a contiguous cache reserving "
+            f"prompt + {reserve} per request would hold {s['contiguous_bytes_at_peak'] / mib:,.1f} MiB (computed) "
+            f"for {s['used_bytes_at_peak'] / mib:,.1f} MiB of written positions. The shared system prompt is "
+            f"{s['shared_prefix_tokens']:.0f} tokens ({s['shared_prefix_blocks']:.0f} full blocks); {solo}.{ours}")
 
 
 def marked_text(passes: list) -> str:

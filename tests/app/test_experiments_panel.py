@@ -141,3 +141,20 @@ def test_speculative_decoding_marks_every_kept_and_rejected_guess(qtbot, window)
     assert f"{s['tokens_per_pass']:.1f} tokens per forward pass" in view.explain.text()
     assert "same tokens as plain greedy decode ✓" in view.explain.text()
     assert view.chart.legend_names() == ["guesses kept", "the model's own token", "guesses rejected"]
+
+
+def test_paged_kv_draws_each_requests_blocks_and_scrubs_through_the_steps(qtbot, window):
+    view, record = run_experiment(qtbot, window, "paged", requests=3, tokens=4, arrive_every=1)
+    s = record.end.summary
+    assert record.end.reason == "done" and s["tokens_match_solo"] is True
+    names = view.chart.legend_names()
+    assert "shared prefix block" in names and "the request's own block" in names
+    assert view.step_slider.maximum() == len(record.tables) - 1
+    peak = view.step_slider.value()
+    assert "(the most held)" in view.explain.text() and "MiB" in view.explain.text()
+    assert 0 <= peak < len(record.tables)
+    view.step_slider.setValue(0)
+    first = record.tables[0]
+    assert f"Step {first.step}, 1 of {len(record.tables)}" in view.explain.text()
+    ticks = [label for _, label in view.plot.getAxis("left")._tickLevels[0]]
+    assert ticks == [f"#{r}" for r in first.running] + [f"pool ({first.total_blocks})"]

@@ -33,7 +33,8 @@ def lecture_trace(tiny, tmp_path_factory):
                            ("batch", {"sizes": (1, 2, 4), "new_tokens": 6}),
                            ("continuous", {"requests": 3, "arrive_every": 2, "new_tokens": (4, 6)}),
                            ("chat", {"turns": ["hi", "and then?"], "new_tokens": 6, "repeats": 2}),
-                           ("speculative", {"new_tokens": 12, "repeats": 1})):
+                           ("speculative", {"new_tokens": 12, "repeats": 1}),
+                           ("paged", {"requests": 3, "new_tokens": 4})):
         run_experiment(kind, session, events.append, **settings)
     return write_trace(tmp_path_factory.mktemp("lecture") / "lecture.kvscope.jsonl", events)
 
@@ -59,7 +60,8 @@ SCENE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv]
                 "sampling": lambda w: [w.sampling.chart], "chat": lambda w: [w.chat.chart],
                 "memory": lambda w: [w.kv],
                 "attention": lambda w: [SimpleNamespace(plot=w.attention.layers_plot)],
-                "speculative": lambda w: [w.experiments.views["speculative"].chart]}
+                "speculative": lambda w: [w.experiments.views["speculative"].chart],
+                "paged": lambda w: [w.experiments.views["paged"].chart]}
 
 
 @pytest.mark.parametrize("size", list(MIN_PLOT))

@@ -1,0 +1,130 @@
+"""Paged KV through transformers' continuous batching: the adapter fails loudly when the private fields it
+reads move, block tables add up (blocks per request, shared prefixes counted by reference, nothing held at the
+end), tokens equal solo greedy runs, the model's attention is given back, and the experiment replays."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import paged
+from engine.batch import generate_batch
+from engine.errors import ParameterError, TraceError
+from engine.events import BlockTable, ExperimentFinished
+from engine.experiments import run_experiment
+from engine.models import load
+from engine.session import Session
+from engine.trace import read_trace, write_trace
+from tests.architectures import build
+
+PAGE = 16
+
+
+def requests_for(session: Session, n: int = 4, new: int = 6, every: int = 2) -> list[paged.PagedRequest]:
+    return [paged.PagedRequest(i, paged._encode(session, paged.SYSTEM, q), new, i * every)
+            for i, q in enumerate(paged.QUESTIONS[:n])]
+
+
+def test_the_adapter_names_the_private_field_that_moved(monkeypatch):
+    from transformers.generation.continuous_batching import continuous_api
+
+    paged.check_transformers()
+    monkeypatch.delattr(continuous_api.ContinuousBatchingManager, "_generation_loop_body")
+    with pytest.raises(RuntimeError, match="ContinuousBatchingManager._generation_loop_body is gone"):
+        paged.check_transformers()
+
+
+@pytest.fixture(scope="module")
+def shared_run(tiny):
+    session = Session(tiny)
+    batch, snaps = requests_for(session), []
+    assert paged.serve_paged(tiny.model, batch, page_size=PAGE, num_blocks=64, sharing=True, eos_ids=set(),
+                             on_step=snaps.append)
+    return session, batch, snaps
+
+
+def test_tokens_equal_each_request_alone(tiny, shared_run):
+    _session, batch, _snaps = shared_run
+    solo = [generate_batch(tiny.model, [r.ids], r.new_tokens, 0, tiny.device).tokens[0] for r in batch]
+    assert [r.tokens for r in batch] == solo
+    assert all(r.arrival_ms <= r.admitted_ms <= r.first_token_ms <= r.done_ms for r in batch)
+
+
+def test_block_tables_add_up_and_the_shared_prefix_is_counted_by_reference(shared_run):
+    _session, batch, snaps = shared_run
+    prefix_blocks = paged.kvcache.common_prefix(batch[0].ids, batch[1].ids) // PAGE
+    assert prefix_blocks >= 1
+    for snap in snaps:
+        for table, held in zip(snap.tables, snap.positions):
+            assert len(table) == -(-max(held, 1) // PAGE) or len(table) == -(-(held + 1) // PAGE)
+        first = {t[0] for t in snap.tables}
+        if len(snap.running) >= 2:
+            assert len(first) == 1 and snap.shared[next(iter(first))] == len(snap.running)
+        held = {b for t in snap.tables for b in t}
+        assert len(held) + len(snap.cached) + snap.free == snap.total
+    assert snaps[-1].running == [] and len(snaps[-1].cached) >= prefix_blocks        # kept for a later request
+
+
+def test_without_sharing_no_block_is_shared_and_more_are_held(tiny, shared_run):
+    session, shared_batch, shared_snaps = shared_run
+    batch, snaps = requests_for(session), []
+    paged.serve_paged(tiny.model, batch, page_size=PAGE, num_blocks=64, sharing=False, eos_ids=set(),
+                      on_step=snaps.append)
+    assert all(not s.shared for s in snaps)
+    peak = max(len({b for t in s.tables for b in t}) for s in snaps)
+    peak_shared = max(len({b for t in s.tables for b in t}) for s in shared_snaps)
+    assert peak > peak_shared
+    assert [r.tokens for r in batch] == [r.tokens for r in shared_batch]
+
+
+def test_the_models_attention_is_given_back(tiny):
+    session = Session(tiny)
+    session.attention_capture()                              # switches the model to the capturing sdpa
+    before = tiny.model.config._attn_implementation
+    paged.serve_paged(tiny.model, requests_for(session, n=2, new=2), page_size=PAGE, num_blocks=32, sharing=True,
+                      eos_ids=set())
+    assert tiny.model.config._attn_implementation == before == "kvscope_sdpa"
+
+
+def test_a_sliding_window_model_is_refused_with_the_reason(tmp_path):
+    loaded = load(str(build("mistral-sliding", tmp_path / "m")), device="cpu", dtype="float32")
+    with pytest.raises(ParameterError, match="only full-attention layers"):
+        run_experiment("paged", Session(loaded), lambda e: None)
+
+
+@pytest.fixture(scope="module")
+def experiment(tiny) -> list:
+    events: list = []
+    run_experiment("paged", Session(tiny), events.append, requests=4, new_tokens=6, arrive_every=2)
+    return events
+
+
+def test_the_experiment_measures_sharing_against_no_sharing_and_both_schedulers(experiment):
+    end = experiment[-1]
+    assert isinstance(end, ExperimentFinished) and end.reason == "done"
+    s = end.summary
+    assert s["peak_blocks_shared"] < s["peak_blocks_unshared"]
+    assert s["peak_bytes_shared"] == s["peak_blocks_shared"] * s["bytes_per_block"]
+    assert s["contiguous_bytes_at_peak"] > s["used_bytes_at_peak"]
+    assert s["tokens_match_solo"] and s["same_tokens_as_ours"] and s["same_tokens_with_and_without_sharing"]
+    assert s["ours_tok_s"] > 0 and s["transformers_tok_s"] > 0
+    tables = [e for e in experiment if isinstance(e, BlockTable)]
+    assert tables and max(len({b for t in e.tables for b in t}) for e in tables) == s["peak_blocks_shared"]
+
+
+def test_the_experiment_replays_and_a_hostile_block_table_is_refused(experiment, tmp_path):
+    path = write_trace(tmp_path / "p.jsonl", experiment)
+    assert [e for e in read_trace(path) if isinstance(e, BlockTable)] == \
+        [e for e in experiment if isinstance(e, BlockTable)]
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    index = next(i for i, r in enumerate(rows) if r.get("type") == "BlockTable" and r["shared_blocks"])
+    for field, value, fragment in (("positions", [10**6] * len(rows[index]["running"]), "positions must fit"),
+                                   ("shared_blocks", [10**6] * len(rows[index]["shared_blocks"]),
+                                    "shared_blocks must be blocks"),
+                                   ("running", [0, 0], "distinct request numbers")):
+        bad = json.loads(json.dumps(rows))
+        bad[index][field] = value
+        path.write_text("\n".join(json.dumps(r) for r in bad) + "\n")
+        with pytest.raises(TraceError, match=fragment):
+            read_trace(path)
