@@ -15,6 +15,15 @@ BUILT_IN_PROMPTS = [
     ("code", "Write a Python function that returns the n-th Fibonacci number, with a docstring and one test."),
 ]
 
+# Speculative decoding: an answer that repeats its prompt (prompt lookup guesses it) and one that does not.
+SPECULATIVE_PROMPTS = {
+    "repeats itself": (
+        "Fix the spelling mistakes in this paragraph and reply with the corrected paragraph only:\n\nThe KV cach "
+        "keeps the keys and valeus of every token the model has allready read, so that each new token can attend "
+        "to them without computing them agian. Its size grows with the lenght of the conversation."),
+    "creative": "Write a short poem about a lighthouse keeper who has never seen the sea.",
+}
+
 
 def resources_dir() -> Path:
     candidates = []

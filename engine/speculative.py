@@ -24,15 +24,9 @@ import torch
 from engine import kvcache
 from engine.errors import ModelSourceError, ParameterError
 from engine.events import DraftPass, ExperimentFinished, HardwarePeaks
+from engine.resources import SPECULATIVE_PROMPTS as PROMPTS
 from engine.schema import MAX_DRAFT
 
-PROMPTS = {
-    "repeats itself": (
-        "Fix the spelling mistakes in this paragraph and reply with the corrected paragraph only:\n\nThe KV cach "
-        "keeps the keys and valeus of every token the model has allready read, so that each new token can attend "
-        "to them without computing them agian. Its size grows with the lenght of the conversation."),
-    "creative": "Write a short poem about a lighthouse keeper who has never seen the sea.",
-}
 PROMPT_LOOKUP, DRAFT_MODEL = "prompt lookup", "draft model"
 
 

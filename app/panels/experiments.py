@@ -97,7 +97,7 @@ class ExperimentView(QWidget):
             form.addRow("Weight formats", self.formats)
             form.addRow("New tokens per run", self.tokens)
         elif kind == "speculative":
-            from engine.speculative import PROMPTS
+            from engine.resources import SPECULATIVE_PROMPTS as PROMPTS
 
             self.prompt_box = QComboBox()
             for name, text in PROMPTS.items():
