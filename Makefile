@@ -11,8 +11,14 @@ STAMP := $(VENV)/.kvscope-installed
 # One stamp per TORCH value: changing TORCH makes its stamp missing, so torch is installed again.
 TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s' '$(TORCH)' | cksum | cut -d' ' -f1)
 BENCH_DIR ?= build/bench
+# The serving-engine tests run KVScope against a real llama.cpp llama-server, built from the llama.cpp source
+# that the llama-cpp-python sdist on PyPI vendors (no other network); cmake and a C++ compiler are needed.
+LLAMA_CPP_PYTHON ?= llama-cpp-python==0.3.36
+LLAMA_SERVER := build/llama-server/bin/llama-server
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup run cli test test-fast bench bench-long package install-desktop uninstall-desktop clean
+.PHONY: setup run cli test test-fast test-integration llama-server bench bench-long package install-desktop \
+	uninstall-desktop clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +45,24 @@ cli: setup
 test: setup
 	$(BIN)/ruff check engine app tests packaging
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q --durations=15
+
+# A real llama-server on the embedded model: a streamed run, a concurrent load, the window through it.
+test-integration: setup $(LLAMA_SERVER)
+	KVSCOPE_LLAMA_SERVER=$(LLAMA_SERVER) QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m integration \
+	  tests/integration
+
+llama-server: $(LLAMA_SERVER)
+
+$(LLAMA_SERVER): | $(BIN)/python
+	command -v cmake >/dev/null || $(BIN)/python -m pip install -q cmake
+	rm -rf build/llama-src && mkdir -p build/llama-src
+	$(BIN)/python -m pip download -q --no-deps --no-binary :all: $(LLAMA_CPP_PYTHON) -d build/llama-src
+	tar xzf build/llama-src/llama_cpp_python-*.tar.gz -C build/llama-src
+	PATH="$(abspath $(BIN)):$$PATH" cmake -S build/llama-src/llama_cpp_python-*/vendor/llama.cpp -B build/llama-server \
+	  -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	  -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF >/dev/null
+	PATH="$(abspath $(BIN)):$$PATH" cmake --build build/llama-server --target llama-server -j$(JOBS) >/dev/null
+	rm -rf build/llama-src
 
 test-fast: setup
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m "not real"

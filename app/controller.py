@@ -16,7 +16,7 @@ from typing import Protocol
 from app.store import RunStore
 from app.viewstate import CHAT, EXPERIMENT, Conversation, ViewState
 from app.worker import EngineClient, Note
-from engine.events import LoadProgress, ModelLoaded, RunFailed, RunFinished, RunStarted
+from engine.events import LoadProgress, ModelLoaded, RunFailed, RunFinished, RunStarted, ServerFacts
 from engine.params import GenerationParams
 from engine.trace import ReplayGap, ReplayIncomplete
 
@@ -43,6 +43,10 @@ class Surface(Protocol):
 
 def describe_loaded(loaded: ModelLoaded) -> str:
     m = loaded.model
+    if isinstance(m, ServerFacts):
+        context = f", {m.context:,} positions per request" if m.context else ""
+        watched = "; /metrics answers" if m.metrics else "; no /metrics"
+        return f"{m.name} served by {m.engine} at {m.url}{context}{watched} (answered in {loaded.load_ms:,.0f} ms)"
     how = " (converted from GGUF this time)" if loaded.converted else ""
     why = f" ({loaded.dtype_reason})" if loaded.dtype_reason and loaded.dtype_reason != "chosen" else ""
     return (f"{m.name}: {m.num_params / 1e6:,.0f}M parameters, {m.num_layers} layers, {m.weights or m.dtype} on "

@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
 from engine import __version__
-from engine.events import HardwarePeaks, ModelLoaded
+from engine.events import HardwarePeaks, ModelLoaded, ServerFacts
 from engine.kvcache import format_bytes
 from engine.paths import cache_dir, converted_models_dir
 
@@ -42,7 +42,10 @@ class AboutDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("About KVScope")
         versions = " · ".join(f"{k} {v}" for k, v in package_versions().items())
-        if model is not None:
+        if model is not None and isinstance(model.model, ServerFacts):
+            m = model.model
+            model_text = escape(f"{m.name} served by {m.engine} at {m.url} (it reveals: {'; '.join(m.reveals)})")
+        elif model is not None:
             m = model.model
             model_text = escape(f"{m.name} ({m.architecture}, {m.num_params / 1e6:,.1f}M parameters) on {m.device}, "
                                 f"{m.dtype}; source: {m.source}")

@@ -31,8 +31,11 @@ from app.x11watch import WindowWatch
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kvscope", description="See LLM inference live.")
     p.add_argument("--model", help="model to load at start (default: the last one used, else 'embedded')")
+    p.add_argument("--server", metavar="URL",
+                   help="watch a serving engine instead of loading a model (llama-server, vLLM, TGI, SGLang; an API "
+                        "key is read from KVSCOPE_API_KEY)")
     p.add_argument("--device", help="auto, cpu, cuda or mps")
-    p.add_argument("--dtype", help="auto, float32, bfloat16 or float16")
+    p.add_argument("--dtype", help="auto, float32, bfloat16, float16, int8 or int4 (weights)")
     p.add_argument("trace_files", nargs="*", metavar="TRACE",
                    help="KVScope traces (.jsonl) to replay one after the other, instead of loading a model")
     p.add_argument("--trace", help="a trace to open and replay instead of loading a model (as TRACE)")
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         QTimer.singleShot(0, lambda: window.open_trace(*traces))
     if not traces and not args.no_load:
         model, device, dtype, trust = window.controls.model_request()
-        QTimer.singleShot(0, lambda: window.load_model(args.model or model, args.device or device,
+        QTimer.singleShot(0, lambda: window.load_model(args.server or args.model or model, args.device or device,
                                                        args.dtype or dtype, trust))
     code = app.exec()
     if not window.worker_stopped:

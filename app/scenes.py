@@ -204,6 +204,10 @@ def scene_claim(name: str, store: RunStore, state: ViewState, conversation: Conv
 def _claim(name: str, store: RunStore, run: RunRecord | None, conversation: Conversation) -> str:
     if name in ("prefill", "kv", "sampling", "memory", "attention") and run is None:
         return "press R (or Ctrl+Enter) to run the prompt"
+    if name in ("prefill", "kv", "memory", "attention") and run.remote:
+        s = run.summary(with_text=False)
+        return (f"through {run.model.engine}: TTFT {s.ttft_ms:,.0f} ms and {s.decode_tok_s:,.1f} tok/s as this client "
+                "measured them; a server reveals no per-layer cache, no prefill pass, no attention")
     if name == "prefill":
         s = run.summary(with_text=False)
         per = s.decode_ms / s.decode_runs if s.decode_runs else 0.0
@@ -227,7 +231,7 @@ def _claim(name: str, store: RunStore, run: RunRecord | None, conversation: Conv
         step = run.steps[-1] if run.steps else None
         if step is None:
             return "the candidates appear with the first token"
-        text = sampling_caption(step, run.started.params, run.model.vocab_size)
+        text = sampling_caption(step, run.started.params, getattr(run.model, "vocab_size", 0))
         return _plain(text)
     if name == "attention":
         if not run.attention:

@@ -38,6 +38,15 @@ class StatusStrip(QStatusBar):
             return
         s = run.summary(with_text=False)
         m = run.model
+        if run.remote:                                   # what a client can time; the rest is the server's
+            self.labels["ttft"].setText(f"TTFT {s.ttft_ms:,.0f} ms (client)")
+            self.labels["prefill"].setText("prefill: not visible from a client")
+            self.labels["decode"].setText(f"decode {s.decode_tok_s:,.1f} tok/s (client)")
+            prompt = f"{s.prompt_tokens:,} + " if s.prompt_tokens is not None else ""
+            self.labels["tokens"].setText(f"{prompt}{s.generated_tokens:,} tokens")
+            self.labels["context"].setText(f"{m.engine} at {m.url}")
+            self.labels["kv"].setText("KV: the server's (see /metrics)")
+            return
         used = s.reused_tokens + s.prompt_tokens + s.generated_tokens
         self.labels["ttft"].setText(f"TTFT {s.ttft_ms:,.0f} ms")
         self.labels["prefill"].setText(f"prefill {s.prefill_tok_s:,.0f} tok/s")

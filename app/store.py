@@ -29,6 +29,7 @@ from engine.events import (
     RunFinished,
     RunStarted,
     RunSummary,
+    ServerFacts,
     TokenStep,
 )
 
@@ -59,18 +60,20 @@ class RunRecord:
     def __init__(self, started: RunStarted, number: int = 1) -> None:
         self.started = started
         self.number = number          # 1, 2, 3... in this session: how legends name runs
-        self.model: ModelFacts = started.model
+        self.model: ModelFacts | ServerFacts = started.model
+        self.remote = isinstance(started.model, ServerFacts)     # a server's run: no per-layer anything
+        layers = 0 if self.remote else self.model.num_layers
         self.events: list[object] = [started]
         self.prefill: PrefillDone | None = None
         self.steps: list[TokenStep] = []
         self.attention: list[AttentionStep] = []     # one per step, when the run captured attention
         self.series = {name: Series() for name in STEP_FIELDS}
         self.end: RunFinished | RunFailed | None = None
-        self.kv_bytes_per_layer: list[list[int]] = [[0, 0] for _ in range(self.model.num_layers)]
-        self.kv_positions_per_layer: list[int] = [0] * self.model.num_layers
+        self.kv_bytes_per_layer: list[list[int]] = [[0, 0] for _ in range(layers)]
+        self.kv_positions_per_layer: list[int] = [0] * layers
         self.kv_tokens = 0            # positions the cache has been fed (sliding layers may hold fewer)
         self.kv_allocated = 0         # a static cache: positions allocated up front (0: the cache grows)
-        self._norms = np.zeros((2, self.model.num_layers, 0), dtype=np.float32)   # K, V x layers x positions
+        self._norms = np.zeros((2, layers, 0), dtype=np.float32)   # K, V x layers x positions
         self.norm_positions = 0       # positions whose norms have arrived (they come in batches)
         self.incomplete = False       # a replayed trace ended before this run did
 
@@ -125,11 +128,12 @@ class RunRecord:
             self.kv_bytes_per_layer = event.kv_bytes_per_layer
             self.kv_positions_per_layer = event.kv_positions_per_layer
             held = sum(map(sum, event.kv_bytes_per_layer))
-            self.kv_tokens = event.position if held else 0       # the new token is not cached yet
-            for name, value in (("t_ms", event.t_ms), ("latency_ms", event.latency_ms),
+            self.kv_tokens = event.position if held and event.position is not None else 0   # the new token is not
+            for name, value in (("t_ms", event.t_ms), ("latency_ms", event.latency_ms),     # cached yet
                                 ("forward_ms", event.forward_ms), ("prob", event.prob),
-                                ("raw_prob", event.raw_prob), ("kv_bytes", held), ("waited_ms", event.waited_ms)):
-                self.series[name].append(value)
+                                ("raw_prob", event.raw_prob), ("kv_bytes", None if self.remote else held),
+                                ("waited_ms", event.waited_ms)):
+                self.series[name].append(np.nan if value is None else value)      # absent: a gap, not a zero
         elif isinstance(event, AttentionStep):
             self.attention.append(event)
         elif isinstance(event, (RunFinished, RunFailed)):
@@ -159,6 +163,13 @@ class RunRecord:
             return self.end.summary
         steps = self.steps
         decode = self.series["latency_ms"].values[1:]
+        if self.remote:
+            return RunSummary(
+                prompt_tokens=None, tokenize_ms=None, prefill_ms=None, kv_tokens=None, kv_bytes=None,
+                reused_tokens=None, generated_tokens=len(steps), decode_runs=max(len(steps) - 1, 0),
+                ttft_ms=steps[0].t_ms if steps else 0.0, decode_ms=float(decode.sum()),
+                total_ms=steps[-1].t_ms if steps else 0.0,
+                text="".join(s.text for s in steps) if with_text else "")
         return RunSummary(
             prompt_tokens=self.prompt_tokens - self.reused_tokens, reused_tokens=self.reused_tokens,
             generated_tokens=len(steps), decode_runs=max(len(steps) - 1, 0),

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 # white lecture background, none of them the prefill blue or the "computed" grey.
 RUN_COLOURS = ("#D55E00", "#332288", "#117733", "#AA4499", "#44AA99", "#882255", "#999933", "#E69F00",
                "#661100", "#6699CC")
-SCENES = ("prefill", "kv", "cache", "prompt", "batch", "sampling", "chat", "memory", "attention", "speculative", "paged")
+SCENES = ("prefill", "kv", "cache", "prompt", "batch", "sampling", "chat", "memory", "attention", "speculative",
+          "paged")
 MAIN, CHAT, EXPERIMENT = "main", "chat", "experiment"
 
 Listener = Callable[[set[str]], None]

@@ -32,11 +32,11 @@ from app.dialogs import AboutDialog, FirstRunDialog
 from app.file_actions import FileActions
 from app.frames import FrameScheduler
 from app.menus import SHORTCUTS, build_menus, set_lecture_keys
+from app.panels.attention import AttentionPanel
 from app.panels.chat import ChatPanel
 from app.panels.controls import ControlsPanel
 from app.panels.experiments import ExperimentsPanel
 from app.panels.kv_heatmap import KVHeatmapPanel
-from app.panels.attention import AttentionPanel
 from app.panels.sampling import SamplingPanel
 from app.panels.timing import TimingPanel
 from app.panels.tokens import TokensPanel
@@ -47,7 +47,7 @@ from app.store import RunStore
 from app.viewstate import SCENES, Conversation, ViewState
 from app.worker import EngineClient
 from engine.errors import EngineError
-from engine.events import LoadProgress, ModelLoaded
+from engine.events import LoadProgress, ModelLoaded, ServerFacts
 from engine.gguf import remove_all_conversions
 from engine.kvcache import format_bytes
 
@@ -377,7 +377,10 @@ class MainWindow(QMainWindow):
 
     def model_loaded(self, loaded: ModelLoaded) -> None:
         m = loaded.model
-        self.controls.set_model_limits(m.max_context, m.vocab_size)
+        if isinstance(m, ServerFacts):                    # the server checks its own limits
+            self.controls.set_model_limits(m.context or (1 << 20), 1 << 20)
+        else:
+            self.controls.set_model_limits(m.max_context, m.vocab_size)
         self.controls.model_status.setText(describe_loaded(loaded))
         self.status.showMessage(describe_loaded(loaded), 8000)
         self.setWindowTitle(f"KVScope — {m.name} on {m.device}")

@@ -95,6 +95,11 @@ class EngineWorker(QObject):
     def load(self, request: dict) -> None:
         def action() -> None:
             from engine.models import load
+            from engine.remote import is_server
+
+            if is_server(request["model"]):
+                self._attach_server(request["model"])
+                return
             from engine.session import Session
 
             loaded = load(request["model"], request.get("device", "auto"), request.get("dtype", "auto"),
@@ -106,6 +111,18 @@ class EngineWorker(QObject):
             self._measure_peaks()
 
         self._handle("load", "Loading failed", action)
+
+    def _attach_server(self, url: str) -> None:
+        """A server "loads" when it answers: no weights here, no peaks to measure (they are the server's)."""
+        import time
+
+        from engine.remote import RemoteSession, loaded_event, probe
+
+        self.push(LoadProgress("connect", f"Connecting to {url}", None))
+        started = time.perf_counter()
+        facts = probe(url)
+        self.session, self.peaks = RemoteSession(facts), None
+        self.push(loaded_event(facts, (time.perf_counter() - started) * 1000.0))
 
     @Slot(dict)
     def run(self, request: dict) -> None:
@@ -170,7 +187,7 @@ class EngineWorker(QObject):
         from engine.hardware import implausible
 
         s = getattr(result, "summary", None)
-        if self.peaks is None or not isinstance(result, RunFinished) or s.prefill_ms <= 0 or self._remeasured:
+        if self.peaks is None or not isinstance(result, RunFinished) or not s.prefill_ms or self._remeasured:
             return
         cost = ModelCost(self._session().facts)
         achieved = (cost.prefill(s.reused_tokens + s.prompt_tokens).flops

@@ -86,6 +86,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--model", default="embedded",
                    help="'embedded' (SmolLM2-135M-Instruct), a Hugging Face folder, a .gguf file or a hub id")
+    p.add_argument("--server", metavar="URL",
+                   help="run through a serving engine instead (llama-server, vLLM, TGI, SGLang: its OpenAI-compatible "
+                        "API); an API key is read from the KVSCOPE_API_KEY environment variable")
     p.add_argument("--device", default="auto", choices=DEVICES)
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--trust-remote-code", action="store_true",
@@ -114,9 +117,75 @@ def _guarded(action: Callable[[], int]) -> int:
 
 def _register_subcommands() -> None:
     """Subcommands register here; their modules load torch only when they run."""
-    from engine.commands import costmodel_main, perfetto_main, sweep_main
+    from engine.commands import costmodel_main, load_main, perfetto_main, sweep_main
 
-    SUBCOMMANDS.update(costmodel=costmodel_main, sweep=sweep_main, perfetto=perfetto_main)
+    SUBCOMMANDS.update(costmodel=costmodel_main, sweep=sweep_main, perfetto=perfetto_main, load=load_main)
+
+
+def parse_only(argv: list[str]) -> argparse.Namespace:
+    """The arguments a command line would run with, without running it (README's commands are checked so)."""
+    from engine.commands import costmodel_parser, load_parser, perfetto_parser, sweep_parser
+
+    parsers = {"costmodel": costmodel_parser, "sweep": sweep_parser, "perfetto": perfetto_parser,
+               "load": load_parser}
+    if argv and argv[0] in parsers:
+        return parsers[argv[0]]().parse_args(argv[1:])
+    return generate_parser().parse_args(argv)
+
+
+def run_remote(args: argparse.Namespace, params: GenerationParams, prompt: str, writer) -> int:
+    """One run through a server: the text as it streams, then what this client measured beside what the server
+    reported about itself."""
+    from engine.remote import RemoteSession, probe
+
+    if params.kv_cache is False or params.static_cache or params.compiled or params.capture_attention:
+        raise ParameterError("--no-kv-cache, --static-cache, --compile and --attention act on a model KVScope runs; "
+                             "a server decides those itself")
+    facts = probe(args.server)
+    print(f"[{facts.engine} at {facts.url}: {facts.name}]", file=sys.stderr, flush=True)
+
+    def sink(event: object) -> None:
+        if writer is not None:
+            writer(event)
+        if not args.json and isinstance(event, TokenStep):
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+
+    result = RemoteSession(facts).run(prompt, params, sink)
+    s = result.summary
+    if args.json:
+        print(json.dumps({"server": dataclasses.asdict(facts), "params": dataclasses.asdict(params),
+                          "result": "failed" if isinstance(result, RunFailed) else result.reason,
+                          **dataclasses.asdict(s)}, indent=2))
+    else:
+        print("\n")
+        print(remote_report(s))
+    if writer is not None:
+        writer.close()
+    if isinstance(result, RunFailed):
+        print(f"error: {result.message}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    return 0
+
+
+def remote_report(s) -> str:
+    """Client-side figures (measured here) and the server's own (as reported), never mixed."""
+    rate = f"{s.decode_runs / (s.decode_ms / 1000.0):,.2f} tokens per second" if s.decode_ms > 0 else "n/a"
+    lines = [f"client: TTFT {s.ttft_ms:,.1f} ms (request sent to first token arriving); {s.generated_tokens} tokens; "
+             f"decode {s.decode_ms:,.1f} ms for {s.decode_runs} tokens after the first ({rate}); "
+             f"total {s.total_ms:,.1f} ms"
+             " (measured by this client's clock)"]
+    t = s.server_timings
+    if "timings.prompt_ms" in t:
+        lines.append(f"server: prompt {t.get('timings.prompt_n', '?')} tokens in {t['timings.prompt_ms']:,.1f} ms, "
+                     f"{t.get('timings.predicted_n', '?')} tokens predicted in "
+                     f"{t.get('timings.predicted_ms', 0):,.1f} ms, "
+                     f"{t.get('timings.cache_n', 0)} prompt tokens from its cache (as reported by the server)")
+    elif t:
+        lines.append("server: " + ", ".join(f"{k} {v:,}" for k, v in sorted(t.items())) + " (as reported)")
+    else:
+        lines.append("server: reported no timings")
+    return "\n".join(lines)
 
 
 def load_for_cli(args: argparse.Namespace):
@@ -155,6 +224,8 @@ def run_generate(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise EngineError("The prompt is empty: pass some text with --prompt")
     writer = TraceWriter(args.trace) if args.trace else None
+    if args.server:
+        return run_remote(args, params, prompt, writer)
     loaded = load_for_cli(args)
     if params.top_k > loaded.facts.vocab_size:
         raise ParameterError(f"--top-k {params.top_k:,} is more than {loaded.facts.name}'s vocabulary of "

@@ -21,8 +21,8 @@ def _fmt(v: float) -> str:
     return f"{v:,.1f}"
 
 
-def costmodel_main(argv: list[str]) -> int:
-    from engine.cli import add_model_arguments, load_for_cli
+def costmodel_parser() -> argparse.ArgumentParser:
+    from engine.cli import add_model_arguments
 
     p = Parser(prog="python -m engine costmodel", description=(
         "FLOPs and bytes of prefill and decode. --seed-example prints the course module's worked example; "
@@ -31,7 +31,13 @@ def costmodel_main(argv: list[str]) -> int:
     p.add_argument("--remeasure", action="store_true",
                    help="measure this machine's peak FLOP/s and bandwidth again instead of using the cached ones")
     add_model_arguments(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def costmodel_main(argv: list[str]) -> int:
+    from engine.cli import load_for_cli
+
+    args = costmodel_parser().parse_args(argv)
     if args.seed_example:
         print(costmodel.seed_example())
         return 0
@@ -106,12 +112,16 @@ def sweep_main(argv: list[str]) -> int:
     return 0 if finished.reason == "done" else 1
 
 
-def perfetto_main(argv: list[str]) -> int:
+def perfetto_parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m engine perfetto", description=(
         "Convert KVScope traces to one Chrome/Perfetto trace (open it in ui.perfetto.dev or chrome://tracing)."))
     p.add_argument("traces", nargs="+", metavar="TRACE", help="KVScope traces (.jsonl)")
     p.add_argument("--out", required=True, metavar="FILE", help="the Perfetto trace to write (.json)")
-    args = p.parse_args(argv)
+    return p
+
+
+def perfetto_main(argv: list[str]) -> int:
+    args = perfetto_parser().parse_args(argv)
     from engine.perfetto import write_perfetto
     from engine.trace import check_writable, read_trace
 
@@ -120,6 +130,59 @@ def perfetto_main(argv: list[str]) -> int:
     target = write_perfetto(args.out, events)
     print(f"wrote {target} ({len(events):,} events from {len(args.traces)} trace(s))")
     return 0
+
+
+def load_parser() -> argparse.ArgumentParser:
+    from engine.cli import Parser, bounded
+    from engine.serverload import MAX_REQUESTS
+
+    p = Parser(prog="python -m engine load", description=(
+        "Fire N streamed requests at a serving engine (one every --every seconds), time each from this client, and "
+        "poll its /metrics. Bounded: at most 64 requests, and it stops by itself after --limit seconds."))
+    p.add_argument("--server", required=True, metavar="URL", help="the server (its OpenAI-compatible API)")
+    p.add_argument("--requests", type=bounded(1, MAX_REQUESTS), default=4)
+    p.add_argument("--every", type=float, default=0.5, help="seconds between requests (0 to 60, default 0.5)")
+    p.add_argument("--tokens", type=bounded(1, 4096), default=48, help="new tokens per request (default 48)")
+    p.add_argument("--poll", type=float, default=0.5, help="seconds between /metrics polls (0.1 to 10)")
+    p.add_argument("--limit", type=float, default=300.0, help="stop after this many seconds (1 to 600)")
+    p.add_argument("--trace", metavar="FILE", help="save the load test's events as JSON lines")
+    p.add_argument("--json", action="store_true", help="print the points and summary as JSON")
+    return p
+
+
+def load_main(argv: list[str]) -> int:
+    """A load test against a server: N streamed requests and /metrics polled, printed as a table."""
+    p = load_parser()
+    args = p.parse_args(argv)
+    if not 0 <= args.every <= 60 or not 0.1 <= args.poll <= 10 or not 1 <= args.limit <= 600:
+        p.error("--every must be 0 to 60, --poll 0.1 to 10 and --limit 1 to 600 seconds")
+    from engine.experiments import run_experiment
+    from engine.remote import RemoteSession, probe
+    from engine.trace import TraceWriter
+
+    writer = TraceWriter(args.trace) if args.trace else None
+    facts = probe(args.server)
+    events: list[object] = []
+
+    def sink(event: object) -> None:
+        events.append(event)
+        if writer is not None:
+            writer(event)
+        if isinstance(event, ExperimentProgress) and not args.json:
+            print(f"[{event.done}/{event.total}] {event.message}", file=sys.stderr, flush=True)
+
+    finished = run_experiment("server load", RemoteSession(facts), sink, requests=args.requests, every_s=args.every,
+                              new_tokens=args.tokens, poll_s=args.poll, limit_s=args.limit)
+    if writer is not None:
+        writer.close()
+    points = [e for e in events if isinstance(e, ExperimentPoint)]
+    if args.json:
+        print(json.dumps({"kind": "server load", "server": facts.url, "engine": facts.engine,
+                          "points": [dict(series=p.series, **p.values) for p in points],
+                          "summary": finished.summary}, indent=1))
+    else:
+        print(experiment_table("server load", points, finished))
+    return 0 if finished.reason == "done" else 1
 
 
 def sweep_parser() -> argparse.ArgumentParser:
@@ -275,27 +338,55 @@ def experiment_table(kind: str, points: list[ExperimentPoint], finished: Experim
             lines += [chat_turn_line(s, i) for i in range(1, int(s["turns"]) + 1)]
             if busy_note(s.get("lowest_cpu_share")):
                 lines.append(f"note: some turns were {busy_note(s['lowest_cpu_share'])}")
+    elif kind == "server load":
+        lines = ["request | arrived ms | TTFT ms (client) | prompt ms (server) | tokens | decode tok/s | end-to-end ms",
+                 "--------+------------+------------------+--------------------+--------+--------------+--------------"]
+        for p in (p for p in points if p.series == "request"):
+            v = p.values
+            server = f"{v['server_prompt_ms']:18.1f}" if "server_prompt_ms" in v else f"{'not reported':>18}"
+            lines.append(f"{int(v['index']):7d} | {v['arrival_ms']:10.1f} | {v['ttft_ms']:16.1f} | {server} | "
+                         f"{int(v['generated']):6d} | {v['decode_tok_s']:12.1f} | {v['e2e_ms']:13.1f}")
+        if "mean_ttft_ms" in s:
+            lines += ["", f"{int(s['completed'])} of {int(s['requested'])} requests completed; mean TTFT "
+                      f"{s['mean_ttft_ms']:,.1f} ms, median {s['median_ttft_ms']:,.1f} ms (client); "
+                      f"{s['total_tok_s']:,.1f} tok/s in all, {s['mean_decode_tok_s']:,.1f} tok/s per request "
+                      "(measured by this client)"]
+            if "mean_server_prompt_ms" in s:
+                lines.append(f"server-reported prompt time: mean {s['mean_server_prompt_ms']:,.1f} ms; client TTFT "
+                             f"exceeds it by {s['mean_client_minus_server_ms']:,.1f} ms on average (queueing, HTTP, "
+                             "the first decode step)")
+            peaks = [f"{q.replace('_', ' ')} {s['peak_' + q]:g}" for q in ("running", "waiting", "kv_usage")
+                     if "peak_" + q in s]
+            if peaks:
+                lines.append(f"/metrics ({int(s['metrics_polls'])} polls): peak " + ", ".join(peaks)
+                             + (f"; {s['cached_prompt_tokens_during']:g} prompt tokens from the prefix cache"
+                                if "cached_prompt_tokens_during" in s else ""))
+            if "metrics_error" in s:
+                lines.append(f"/metrics: {s['metrics_error']}")
     elif kind == "paged":
         lines = ["sharing | request | prompt | waited ms | TTFT ms | end-to-end ms",
                  "--------+---------+--------+-----------+---------+--------------"]
         for p in points:
             v = p.values
-            lines.append(f"{'on' if v['sharing'] else 'off':>7} | {int(v['index']):7d} | {int(v['prompt_tokens']):6d} | "
-                         f"{v['queue_ms']:9.1f} | {v['ttft_ms']:7.1f} | {v['e2e_ms']:13.1f}")
+            lines.append(f"{'on' if v['sharing'] else 'off':>7} | {int(v['index']):7d} | "
+                         f"{int(v['prompt_tokens']):6d} | {v['queue_ms']:9.1f} | "
+                         f"{v['ttft_ms']:7.1f} | {v['e2e_ms']:13.1f}")
         if "peak_blocks_shared" in s:
             mib = 2**20
-            lines += ["", f"blocks of {int(s['bytes_per_block']):,} B (computed); at the peak: {int(s['peak_blocks_shared'])} "
-                      f"blocks = {s['peak_bytes_shared'] / mib:.2f} MiB with sharing, {int(s['peak_blocks_unshared'])} = "
-                      f"{s['peak_bytes_unshared'] / mib:.2f} MiB without (measured block counts)",
+            lines += ["", f"blocks of {int(s['bytes_per_block']):,} B (computed); at the peak: "
+                      f"{int(s['peak_blocks_shared'])} blocks = {s['peak_bytes_shared'] / mib:.2f} MiB with sharing, "
+                      f"{int(s['peak_blocks_unshared'])} = {s['peak_bytes_unshared'] / mib:.2f} MiB without "
+                      "(measured block counts)",
                       f"a contiguous cache reserving prompt + {int(s['reserve'])} positions per request: "
-                      f"{s['contiguous_bytes_at_peak'] / mib:.2f} MiB (computed) for {s['used_bytes_at_peak'] / mib:.2f} "
-                      "MiB written",
+                      f"{s['contiguous_bytes_at_peak'] / mib:.2f} MiB (computed) for "
+                      f"{s['used_bytes_at_peak'] / mib:.2f} MiB written",
                       f"shared system prompt: {int(s['shared_prefix_tokens'])} tokens = "
                       f"{int(s['shared_prefix_blocks'])} full blocks; tokens equal solo runs: "
                       f"{'yes' if s['tokens_match_solo'] else 'NO'}"]
             if "ours_tok_s" in s:
-                lines.append(f"same arrivals: transformers' paged batching {s['transformers_tok_s']:.1f} tok/s, mean TTFT "
-                             f"{s['transformers_mean_ttft_ms']:.0f} ms; KVScope's scheduler {s['ours_tok_s']:.1f} tok/s, "
+                lines.append(f"same arrivals: transformers' paged batching {s['transformers_tok_s']:.1f} tok/s, "
+                             f"mean TTFT {s['transformers_mean_ttft_ms']:.0f} ms; KVScope's scheduler "
+                             f"{s['ours_tok_s']:.1f} tok/s, "
                              f"{s['ours_mean_ttft_ms']:.0f} ms (measured); tokens "
                              f"{'identical' if s['same_tokens_as_ours'] else 'different'}")
     elif kind == "speculative":
@@ -303,8 +394,9 @@ def experiment_table(kind: str, points: list[ExperimentPoint], finished: Experim
                  "------------+--------+-----------+--------+----------------+---------+-----"]
         for p in points:
             v = p.values
-            lines.append(f"{p.series:11} | {int(v['repeat']) + 1:6d} | {v['decode_ms']:9.0f} | {v['decode_tok_s']:6.1f} | "
-                         f"{int(v['passes']):14d} | {int(v['drafted']):7d} | {int(v['accepted']):4d}")
+            lines.append(f"{p.series:11} | {int(v['repeat']) + 1:6d} | {v['decode_ms']:9.0f} | "
+                         f"{v['decode_tok_s']:6.1f} | {int(v['passes']):14d} | "
+                         f"{int(v['drafted']):7d} | {int(v['accepted']):4d}")
         if "speedup" in s:
             lines += ["", f"{s['drafter']}: {int(s['accepted'])} of {int(s['drafted'])} guesses kept "
                       f"({s['acceptance']:.0%}), {s['tokens_per_pass']:.2f} tokens per forward pass, decode "

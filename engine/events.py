@@ -60,6 +60,24 @@ class ModelFacts:
 
 
 @dataclass(frozen=True)
+class ServerFacts:
+    """A model served by another program (llama-server, vLLM, TGI, ...), as far as its API reveals it. It has
+    no per-layer facts: a remote run's KV, prefill and per-layer fields are absent (None or empty), never zero.
+    ``context``: positions per request if the server says; ``metrics``: whether it answers ``/metrics``."""
+
+    name: str                        # the model id the server reports
+    url: str
+    engine: str                      # "llama.cpp", "vLLM", "TGI", "SGLang" or "OpenAI-compatible server"
+    context: int | None = None
+    metrics: bool = False
+    reveals: list[str] = field(default_factory=list)
+
+    @property
+    def device(self) -> str:
+        return f"{self.engine} at {self.url}"
+
+
+@dataclass(frozen=True)
 class LoadProgress:
     """Loading or converting a model: ``fraction`` is None while a stage has no measurable progress."""
 
@@ -70,9 +88,10 @@ class LoadProgress:
 
 @dataclass(frozen=True)
 class ModelLoaded:
-    """``warnings``: things the user should know but that did not stop the load (e.g. pickle weights)."""
+    """``warnings``: things the user should know but that did not stop the load (e.g. pickle weights). A server
+    "loads" when it answers: its model is ``ServerFacts``."""
 
-    model: ModelFacts
+    model: ModelFacts | ServerFacts
     load_ms: float
     converted: bool = False
     warnings: list[str] = field(default_factory=list)
@@ -83,7 +102,7 @@ class ModelLoaded:
 class RunStarted:
     run_id: str
     label: str
-    model: ModelFacts
+    model: ModelFacts | ServerFacts
     params: GenerationParams
     prompt: str
     prompt_ids: list[int]
@@ -126,9 +145,10 @@ class KVNorms:
 @dataclass(frozen=True)
 class Candidate:
     """One of the most likely next tokens: probability before (``p_raw``) and after (``p_final``) the
-    temperature / top-k / top-p filters."""
+    temperature / top-k / top-p filters. From a server (``logprobs``) both are the one probability it reports,
+    and ``token_id`` is None: the API gives the text only."""
 
-    token_id: int
+    token_id: int | None
     text: str
     p_raw: float
     p_final: float
@@ -138,20 +158,24 @@ class Candidate:
 class TokenStep:
     """One generated token. Step 0 comes from the prefill's last position (``phase == "prefill"``); every
     later step is one decode forward pass. ``latency_ms`` is forward plus sampling; ``waited_ms`` is the time
-    the run stood still before this step (paused, single-stepped, slow motion), which is not decode time."""
+    the run stood still before this step (paused, single-stepped, slow motion), which is not decode time.
+
+    From a server: a token as it arrived, timed by the client (``latency_ms``: since the previous token, or since
+    the request for the first); what only the engine knows (``token_id``, ``position``, ``forward_ms``, the
+    probabilities unless the server sent logprobs, the KV fields) is absent: None or empty."""
 
     run_id: str
     t_ms: float
     step: int
-    position: int
-    token_id: int
+    position: int | None
+    token_id: int | None
     text: str
     special: bool
     phase: str
     latency_ms: float
-    forward_ms: float
-    prob: float
-    raw_prob: float
+    forward_ms: float | None
+    prob: float | None
+    raw_prob: float | None
     candidates: list[Candidate]
     kv_bytes_per_layer: list[list[int]]
     kv_positions_per_layer: list[int] = field(default_factory=list)
@@ -186,25 +210,29 @@ class RunSummary:
     sampling time, never the ``waited_ms`` spent paused; ``cpu_share`` (CPU runs) says whether other programs
     competed for the cores while it was measured (``engine.load``)."""
 
-    prompt_tokens: int = 0          # evaluated by the prefill (the reused ones are not)
+    prompt_tokens: int | None = 0   # evaluated by the prefill (the reused ones are not)
     generated_tokens: int = 0
     decode_runs: int = 0
-    tokenize_ms: float = 0.0
-    prefill_ms: float = 0.0
+    tokenize_ms: float | None = 0.0
+    prefill_ms: float | None = 0.0
     ttft_ms: float = 0.0
     decode_ms: float = 0.0
     total_ms: float = 0.0
-    kv_tokens: int = 0
-    kv_bytes: int = 0
+    kv_tokens: int | None = 0
+    kv_bytes: int | None = 0
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    reused_tokens: int = 0
+    reused_tokens: int | None = 0
     waited_ms: float = 0.0
     cpu_share: float | None = None
     compile_ms: float = 0.0         # compiled decode: the first compiled step (compiling included), not in decode_ms
+    server_timings: dict = field(default_factory=dict)    # a server's own figures, under the names it used
 
     @property
-    def prefill_tok_s(self) -> float:
+    def prefill_tok_s(self) -> float | None:
+        """None for a server's run: the client cannot see the prefill (see ``server_timings``)."""
+        if self.prompt_tokens is None or self.prefill_ms is None:
+            return None
         return _rate(self.prompt_tokens, self.prefill_ms)
 
     @property
@@ -249,8 +277,8 @@ class HardwarePeaks:
 class ExperimentStarted:
     exp_id: str
     t_ms: float
-    kind: str                       # "prefill" | "cache" | "batch"
-    model: ModelFacts
+    kind: str                       # "prefill" | "cache" | "batch" | ... | "server load"
+    model: ModelFacts | ServerFacts
     settings: dict
     peaks: HardwarePeaks | None = None
 
@@ -333,10 +361,8 @@ class ExperimentFailed:
 
 
 Event = typing.Union[LoadProgress, ModelLoaded, HardwarePeaks, RunStarted, PrefillDone, KVNorms, TokenStep,
-                     AttentionStep,
-                     RunFinished, RunFailed, ExperimentStarted, ExperimentProgress, ExperimentPoint, DraftPass,
-                     BlockTable,
-                     ExperimentFinished, ExperimentFailed]
+                     AttentionStep, RunFinished, RunFailed, ExperimentStarted, ExperimentProgress, ExperimentPoint,
+                     DraftPass, BlockTable, ExperimentFinished, ExperimentFailed]
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Event)}
 
 

@@ -28,6 +28,7 @@ from engine.events import (
     ExperimentProgress,
     ExperimentStarted,
     HardwarePeaks,
+    ModelFacts,
     RunFinished,
     RunStarted,
 )
@@ -40,7 +41,8 @@ Sink = Callable[[object], None]
 FILLER = ("Every request to a language model passes through two stages. In the prefill stage the whole prompt "
           "is read in one forward pass, and its keys and values are stored in the cache. In the decode stage "
           "the model produces one token per forward pass, attending to everything already cached. ")
-KINDS = ("prefill", "cache", "batch", "chat", "continuous", "dtype", "speculative", "paged")
+KINDS = ("prefill", "cache", "batch", "chat", "continuous", "dtype", "speculative", "paged", "server load")
+SERVER_KINDS = ("server load",)      # what runs against a server (the others run the model in KVScope)
 CONVERSATION = [
     "hey, what is continuous batching?",
     "How is that different from static batching?",
@@ -60,7 +62,7 @@ class _Experiment:
         self.t0 = time.perf_counter()
         self.peaks = peaks
         self.device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s) if peaks else None
-        self.cost = ModelCost(session.facts)
+        self.cost = ModelCost(session.facts) if isinstance(session.facts, ModelFacts) else None   # a server: none
         emit(ExperimentStarted(self.exp_id, 0.0, kind, session.facts, settings, peaks))
 
     def ms(self) -> float:
@@ -370,13 +372,19 @@ def run_experiment(kind: str, session: Session, emit: Sink, cancel: threading.Ev
     after it started, ``ExperimentFailed`` closes its record before the error goes on to the caller."""
     from engine.formats import weight_formats
     from engine.paged import paged_kv
+    from engine.remote import RemoteSession
+    from engine.serverload import server_load
     from engine.speculative import speculative_decoding
 
     runners = {"prefill": prefill_sweep, "cache": cache_comparison, "batch": batch_sweep, "chat": chat_reuse,
                "continuous": continuous_batching, "dtype": weight_formats, "speculative": speculative_decoding,
-               "paged": paged_kv}
+               "paged": paged_kv, "server load": server_load}
     if kind not in runners:
         raise ParameterError(f"Unknown experiment {kind!r}: use one of {', '.join(KINDS)}")
+    if isinstance(session, RemoteSession) != (kind in SERVER_KINDS):
+        raise ParameterError("This experiment runs the model inside KVScope: load a local model for it (against a "
+                             "server, use the load test)" if kind not in SERVER_KINDS else
+                             "The load test runs against a server: start KVScope with --server URL")
     tagged = _Tagged(emit)
     try:
         return runners[kind](session, tagged, cancel, peaks=peaks, **settings)

@@ -63,6 +63,11 @@ def trace_events(events: Iterable[object]) -> list[dict]:
             start = event.t_ms - event.forward_ms
             out.append(_slice(pid, base + TRACKS["forward"], f"prefill ({event.n_tokens} tokens)", "prefill",
                               start, event.forward_ms, {"tokens": event.n_tokens, "reused": event.reused_tokens}))
+        elif isinstance(event, TokenStep) and event.run_id in run_track and event.forward_ms is None:
+            pid, base = run_track[event.run_id]             # a server's token: only the client's gap is known
+            name = "waiting for the first token (client)" if event.step == 0 else f"token {event.step} (client)"
+            out.append(_slice(pid, base + TRACKS["forward"], name, "remote", event.t_ms - event.latency_ms,
+                              event.latency_ms, {"text": event.text}))
         elif isinstance(event, TokenStep) and event.run_id in run_track:
             pid, base = run_track[event.run_id]
             end = event.t_ms
@@ -87,7 +92,10 @@ def trace_events(events: Iterable[object]) -> list[dict]:
 
 def _point(pid: int, event: ExperimentPoint, thread) -> list[dict]:
     v = event.values
-    if event.series == "request" and "arrival_ms" in v:                 # continuous / static batching
+    if event.series == "metrics" and "t_ms" in v:                      # a server's /metrics, polled
+        return [{"ph": "C", "name": f"server {name}", "pid": pid, "ts": _us(v["t_ms"]), "args": {name: value}}
+                for name, value in v.items() if name != "t_ms"]
+    if event.series == "request" and "admitted_ms" in v:                # continuous / static batching
         policy = "continuous" if v.get("policy") else "static"
         tid = 1000 + int(v.get("policy", 0)) * 500 + int(v["index"])
         thread(pid, tid, f"{policy}: request {int(v['index'])}")

@@ -36,6 +36,7 @@ from engine.events import (
     RunFinished,
     RunStarted,
     RunSummary,
+    ServerFacts,
     TokenStep,
 )
 from engine.params import GenerationParams
@@ -55,7 +56,8 @@ MAX_ATTENTION = 1 << 22              # weights in one AttentionStep (4 million: 
 MAX_BYTES = 1 << 50                  # 1 PiB: no single figure in a trace is larger
 BYTES_TOLERANCE = 0.05               # measured bytes may exceed the formula by this much before they are refused
 KINDS_OF_RUN = ("generate", "chat")
-KINDS_OF_EXPERIMENT = ("prefill", "cache", "batch", "chat", "continuous", "dtype", "speculative", "paged")
+KINDS_OF_EXPERIMENT = ("prefill", "cache", "batch", "chat", "continuous", "dtype", "speculative", "paged",
+                       "server load")
 MAX_BLOCKS = 1 << 20                 # blocks in one paged cache
 MAX_REQUESTS = 4096                  # requests in one batching experiment
 MAX_DRAFT = 16                       # guesses in one speculative pass
@@ -178,6 +180,22 @@ def model_facts(data: dict) -> ModelFacts:
         weight_bytes=_int(data, "weight_bytes", 0, MAX_BYTES) if "weight_bytes" in data else 0)
 
 
+def server_facts(data: dict) -> ServerFacts:
+    _fields(data, ServerFacts, ("name", "url", "engine"))
+    reveals = _list(data, "reveals", limit=32) if "reveals" in data else []
+    if not all(type(r) is str and len(r) <= 512 for r in reveals):
+        raise SchemaError("reveals must be short strings")
+    context = data.get("context")
+    return ServerFacts(name=_str(data, "name", 256), url=_str(data, "url", 2048), engine=_str(data, "engine", 64),
+                       context=None if context is None else _int(data, "context", 1, MAX_CONTEXT),
+                       metrics=_bool(data, "metrics") if "metrics" in data else False, reveals=list(reveals))
+
+
+def any_facts(data: dict) -> ModelFacts | ServerFacts:
+    """A local model's facts, or a server's (they have a ``url``)."""
+    return server_facts(data) if "url" in data else model_facts(data)
+
+
 def _kv_layer(data: object, index: int) -> KVLayer:
     if type(data) is not dict:
         raise SchemaError(f"kv_layers[{index}] must be an object")
@@ -206,18 +224,27 @@ def params(data: dict) -> GenerationParams:
         raise SchemaError(f"params: {exc}") from None
 
 
-def _summary(data: dict, facts: ModelFacts) -> RunSummary:
+ABSENT_ON_A_SERVER = ("prompt_tokens", "tokenize_ms", "prefill_ms", "kv_tokens", "kv_bytes", "reused_tokens")
+
+
+def _summary(data: dict, facts: ModelFacts | ServerFacts) -> RunSummary:
     _fields(data, RunSummary, ())
+    remote = isinstance(facts, ServerFacts)
     ms = ("tokenize_ms", "prefill_ms", "ttft_ms", "decode_ms", "total_ms", "waited_ms", "compile_ms")
     counts = ("prompt_tokens", "generated_tokens", "decode_runs", "kv_tokens", "reused_tokens")
-    values: dict = {name: _num(data, name) for name in ms if name in data}
-    values.update({name: _int(data, name, 0, MAX_CONTEXT) for name in counts if name in data})
-    if "kv_bytes" in data:
-        values["kv_bytes"] = _int(data, "kv_bytes", 0, MAX_BYTES)
+    present = {k: v for k, v in data.items() if not (remote and v is None and k in ABSENT_ON_A_SERVER)}
+    absent = {k: None for k in data if k not in present}
+    values: dict = {name: _num(present, name) for name in ms if name in present}
+    values.update({name: _int(present, name, 0, MAX_CONTEXT) for name in counts if name in present})
+    values.update(absent)
+    if "kv_bytes" in present:
+        values["kv_bytes"] = _int(present, "kv_bytes", 0, MAX_BYTES)
+    if "server_timings" in data:
+        values["server_timings"] = _plain(_object(data, "server_timings"), "server_timings")
     if "text" in data:
         values["text"] = _str(data, "text", MAX_PROMPT)
     if "token_ids" in data:
-        values["token_ids"] = _token_ids(data, "token_ids", facts)
+        values["token_ids"] = _token_ids(data, "token_ids", facts) if not remote else _list(data, "token_ids", 0)
     if data.get("cpu_share") is not None:
         values["cpu_share"] = _num(data, "cpu_share", 0.0, 1e3)
     return RunSummary(**values)
@@ -231,15 +258,18 @@ def _token_ids(data: dict, name: str, facts: ModelFacts) -> list[int]:
     return ids
 
 
-def _candidates(data: dict, facts: ModelFacts) -> list[Candidate]:
+def _candidates(data: dict, facts: ModelFacts | ServerFacts) -> list[Candidate]:
     items = _list(data, "candidates", limit=MAX_CANDIDATES)
-    vocab = facts.vocab_size
+    remote = isinstance(facts, ServerFacts)
+    vocab = 0 if remote else facts.vocab_size
     try:
         out = [Candidate(c["token_id"], c["text"], c["p_raw"], c["p_final"]) for c in items if len(c) == 4]
     except (KeyError, TypeError):
         out = []
     if len(out) != len(items) or not all(
-            type(c.token_id) is int and 0 <= c.token_id < vocab and type(c.text) is str and len(c.text) <= MAX_TEXT
+            (c.token_id is None or type(c.token_id) is int and 0 <= c.token_id < MAX_VOCAB if remote
+             else type(c.token_id) is int and 0 <= c.token_id < vocab)
+            and type(c.text) is str and len(c.text) <= MAX_TEXT
             and _probability(c.p_raw) and _probability(c.p_final) for c in out):
         raise SchemaError("candidates must be objects with a token id in the vocabulary, a short text and "
                           "probabilities p_raw and p_final in [0, 1]")
@@ -286,7 +316,7 @@ def layer_limits(facts: ModelFacts) -> list[tuple[float, int | None]]:
 # --- the reader: events in order, each checked against its run --------------------------------------------
 @dataclass
 class _Run:
-    facts: ModelFacts
+    facts: ModelFacts | ServerFacts
     prompt_tokens: int
     kv: bool
     limits: list[tuple[float, int | None]]
@@ -297,6 +327,10 @@ class _Run:
     ended: bool = False
     norms_end: int = 0
     attention_step: int = -1
+
+    @property
+    def remote(self) -> bool:
+        return isinstance(self.facts, ServerFacts)
 
 
 @dataclass
@@ -345,11 +379,14 @@ class Checker:
         run_id = _str(data, "run_id", 64)
         if run_id in self.runs:
             raise SchemaError(f"run {_short(run_id)} starts twice")
-        facts = model_facts(_object(data, "model"))
+        facts = any_facts(_object(data, "model"))
         settings = params(_object(data, "params"))
-        ids = _token_ids(data, "prompt_ids", facts)
-        if not 0 < len(ids) < facts.max_context:
-            raise SchemaError(f"prompt_ids must hold 1 to {facts.max_context - 1:,} tokens, not {len(ids):,}")
+        if isinstance(facts, ServerFacts):                 # the server tokenizes: the ids are not known here
+            ids = _list(data, "prompt_ids", 0)
+        else:
+            ids = _token_ids(data, "prompt_ids", facts)
+            if not 0 < len(ids) < facts.max_context:
+                raise SchemaError(f"prompt_ids must hold 1 to {facts.max_context - 1:,} tokens, not {len(ids):,}")
         pieces = _list(data, "prompt_pieces", len(ids))
         if not all(type(p) is str and len(p) <= MAX_TEXT for p in pieces):
             raise SchemaError("prompt_pieces must be short strings")
@@ -361,12 +398,14 @@ class Checker:
             experiment=_str(data, "experiment", 64) if "experiment" in data else "")
         if event.experiment and event.experiment not in self.experiments:
             raise SchemaError(f"the run names experiment {_short(event.experiment)}, which has not started")
-        self.runs[run_id] = _Run(facts, len(ids), settings.kv_cache, layer_limits(facts), event.t_ms)
+        limits = [] if isinstance(facts, ServerFacts) else layer_limits(facts)
+        self.runs[run_id] = _Run(facts, len(ids), settings.kv_cache, limits, event.t_ms)
         return event
 
     def prefill_done(self, data: dict) -> PrefillDone:
         _fields(data, PrefillDone, ("run_id", "t_ms", "n_tokens", "kv_bytes_per_layer"))
         run_id, run = self._run(data)
+        self._local_only(run, "PrefillDone")
         if run.prefilled:
             raise SchemaError("a second PrefillDone for the same run")
         reused = _int(data, "reused_tokens", 0, run.prompt_tokens - 1) if "reused_tokens" in data else 0
@@ -382,6 +421,7 @@ class Checker:
     def kv_norms(self, data: dict) -> KVNorms:
         _fields(data, KVNorms, ("run_id", "t_ms", "first_position", "k_norms", "v_norms"))
         run_id, run = self._run(data)
+        self._local_only(run, "KVNorms")
         seen = run.prompt_tokens + max(run.steps - 1, 0)
         first = _int(data, "first_position", 0, seen)
         if first != run.norms_end:
@@ -401,9 +441,16 @@ class Checker:
         run.norms_end = first + span
         return KVNorms(run_id, run.t_ms, first, grids[0], grids[1])
 
+    @staticmethod
+    def _local_only(run: _Run, kind: str) -> None:
+        if run.remote:
+            raise SchemaError(f"a server's run has no {kind}: the server does not reveal it")
+
     def token_step(self, data: dict) -> TokenStep:
         _fields(data, TokenStep, ("run_id", "t_ms", "step", "position", "token_id", "kv_bytes_per_layer"))
         run_id, run = self._run(data)
+        if run.remote:
+            return self._server_token(data, run_id, run)
         if not run.prefilled:
             raise SchemaError("a TokenStep before the run's PrefillDone")
         step = _int(data, "step", run.steps, run.steps)
@@ -427,6 +474,7 @@ class Checker:
         _fields(data, AttentionStep, ("run_id", "t_ms", "step", "position", "layers", "first_positions", "weights",
                                       "capture_ms", "method"))
         run_id, run = self._run(data)
+        self._local_only(run, "AttentionStep")
         step = _int(data, "step", run.steps - 1, run.steps - 1) if run.steps else -1
         if step < 0 or step == run.attention_step:
             raise SchemaError("an AttentionStep must follow its own step's TokenStep, once")
@@ -455,6 +503,27 @@ class Checker:
         run.attention_step = step
         return AttentionStep(run_id, run.t_ms, step, position, layers, firsts, grids, _num(data, "capture_ms"),
                              _str(data, "method", 32, ATTENTION_METHODS))
+
+    def _server_token(self, data: dict, run_id: str, run: _Run) -> TokenStep:
+        """A token from a server: the client's times and text; what only the engine knows must be absent."""
+        step = _int(data, "step", run.steps, run.steps)
+        for name in ("position", "forward_ms", "raw_prob"):
+            if data.get(name) is not None:
+                raise SchemaError(f"{name} must be absent (null) in a server's run")
+        token = data.get("token_id")
+        if token is not None:                            # some servers (llama-server) send the id with logprobs
+            token = _int(data, "token_id", 0, MAX_VOCAB - 1)
+        if data.get("kv_bytes_per_layer") or data.get("kv_positions_per_layer"):
+            raise SchemaError("a server's run has no per-layer KV figures")
+        prob = data.get("prob")
+        run.steps += 1
+        return TokenStep(
+            run_id=run_id, t_ms=run.t_ms, step=step, position=None, token_id=token, text=_str(data, "text", MAX_TEXT),
+            special=_bool(data, "special"), phase=_str(data, "phase", 16, ("prefill", "decode")),
+            latency_ms=_num(data, "latency_ms"), forward_ms=None,
+            prob=None if prob is None else _num(data, "prob", 0.0, 1.0), raw_prob=None,
+            candidates=_candidates(data, run.facts), kv_bytes_per_layer=[], kv_positions_per_layer=[],
+            waited_ms=_num(data, "waited_ms") if "waited_ms" in data else 0.0, kept=1)
 
     def run_finished(self, data: dict) -> RunFinished:
         _fields(data, RunFinished, ("run_id", "t_ms", "reason", "summary"))
@@ -502,10 +571,11 @@ class Checker:
             raise SchemaError(f"experiment {_short(exp_id)} starts twice")
         peaks = data.get("peaks")
         event = ExperimentStarted(exp_id, _num(data, "t_ms"), _str(data, "kind", 32, KINDS_OF_EXPERIMENT),
-                                  model_facts(_object(data, "model")), _plain(_object(data, "settings"), "settings"),
+                                  any_facts(_object(data, "model")), _plain(_object(data, "settings"), "settings"),
                                   None if peaks is None else self.peaks(_object(data, "peaks")))
-        self.experiments[exp_id] = _Experiment(event.t_ms, vocab_size=event.model.vocab_size,
-                                               max_context=event.model.max_context)
+        model = event.model
+        self.experiments[exp_id] = _Experiment(event.t_ms, vocab_size=getattr(model, "vocab_size", 0),
+                                               max_context=getattr(model, "max_context", 0) or 0)
         return event
 
     def experiment_progress(self, data: dict) -> ExperimentProgress:
@@ -615,7 +685,8 @@ def _scalar(value: object) -> bool:
 
 _BUILDERS = {
     "RunStarted": Checker.run_started, "PrefillDone": Checker.prefill_done, "KVNorms": Checker.kv_norms,
-    "TokenStep": Checker.token_step, "AttentionStep": Checker.attention_step, "RunFinished": Checker.run_finished, "RunFailed": Checker.run_failed,
+    "TokenStep": Checker.token_step, "AttentionStep": Checker.attention_step, "RunFinished": Checker.run_finished,
+    "RunFailed": Checker.run_failed,
     "HardwarePeaks": Checker.peaks, "ExperimentStarted": Checker.experiment_started,
     "ExperimentProgress": Checker.experiment_progress, "ExperimentPoint": Checker.experiment_point,
     "DraftPass": Checker.draft_pass, "BlockTable": Checker.block_table,
@@ -623,11 +694,9 @@ _BUILDERS = {
 }
 _FIELDS: dict[type, frozenset[str]] = {
     cls: frozenset(cls.__dataclass_fields__) for cls in (
-        ModelFacts, KVLayer, GenerationParams, RunSummary, RunStarted, PrefillDone, KVNorms, TokenStep, AttentionStep,
-        RunFinished,
-        RunFailed, HardwarePeaks, ExperimentStarted, ExperimentProgress, ExperimentPoint, DraftPass, BlockTable,
-        ExperimentFinished,
-        ExperimentFailed)}
+        ModelFacts, KVLayer, ServerFacts, GenerationParams, RunSummary, RunStarted, PrefillDone, KVNorms, TokenStep,
+        AttentionStep, RunFinished, RunFailed, HardwarePeaks, ExperimentStarted, ExperimentProgress, ExperimentPoint,
+        DraftPass, BlockTable, ExperimentFinished, ExperimentFailed)}
 
 
 def read_events(parsed: Iterable[tuple[int, object]]) -> Iterator[tuple[int, object]]:

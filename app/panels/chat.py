@@ -120,8 +120,15 @@ class ChatPanel(QWidget):
             stats = ""
             if run is not None:
                 s = run.summary(with_text=False)
-                stats = (f"<br><small>turn {turn + 1} · reused {s.reused_tokens:,} (cache_n) · prefilled "
-                         f"{s.prompt_tokens:,} · prefill {s.prefill_ms:,.0f} ms · TTFT {s.ttft_ms:,.0f} ms</small>")
+                if run.remote:
+                    reused = f"{s.reused_tokens:,} (the server's cache_n)" if s.reused_tokens is not None else \
+                        "not reported"
+                    stats = (f"<br><small>turn {turn + 1} · reused {reused} · TTFT {s.ttft_ms:,.0f} ms "
+                             "(client)</small>")
+                else:
+                    stats = (f"<br><small>turn {turn + 1} · reused {s.reused_tokens:,} (cache_n) · prefilled "
+                             f"{s.prompt_tokens:,} · prefill {s.prefill_ms:,.0f} ms · TTFT {s.ttft_ms:,.0f} ms"
+                             "</small>")
                 note = run.prefill.cache_note if run.prefill is not None else ""
                 if note and self.reuse.isChecked():
                     stats += f"<br><small><i>{html.escape(note)}</i></small>"

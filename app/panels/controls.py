@@ -47,8 +47,9 @@ class ControlsPanel(QWidget):
         self.model_box = QComboBox()
         self.model_box.setEditable(True)
         self.model_box.addItem("embedded")
-        self.model_box.setToolTip("'embedded' (SmolLM2-135M-Instruct), a Hugging Face folder, a .gguf file or a "
-                                  "hub id such as HuggingFaceTB/SmolLM2-360M-Instruct")
+        self.model_box.setToolTip("'embedded' (SmolLM2-135M-Instruct), a Hugging Face folder, a .gguf file, a "
+                                  "hub id such as HuggingFaceTB/SmolLM2-360M-Instruct, or a serving engine's "
+                                  "address such as http://127.0.0.1:8080 (llama-server, vLLM, TGI)")
         self.folder_button = QPushButton("Folder…")
         self.gguf_button = QPushButton(".gguf…")
         self.folder_button.clicked.connect(self._pick_folder)
@@ -227,6 +228,10 @@ class ControlsPanel(QWidget):
     def remember_model(self, model: str, device: str, dtype: str) -> None:
         """Called when a load succeeded: only a model that loaded is offered again at the next launch."""
         self.loaded = (model, device, dtype)
+        if self.model_box.currentText() != model:      # a --model / --server from the command line shows in the box
+            trusted = self.trust_box.isChecked()
+            self.model_box.setCurrentText(model)
+            self.trust_box.setChecked(trusted)
         self.changed.emit()
 
     def set_model_limits(self, max_context: int, vocab_size: int, has_chat_template: bool = True) -> None:

@@ -10,6 +10,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
+    QDoubleSpinBox,
     QFormLayout,
     QFrame,
     QHBoxLayout,
@@ -35,7 +36,7 @@ from engine import load
 
 TITLES = {"prefill": "Prefill vs prompt length", "cache": "KV cache on vs off", "batch": "Batch size",
           "continuous": "Continuous batching", "dtype": "Weight formats", "speculative": "Speculative decoding",
-          "paged": "Paged KV"}
+          "paged": "Paged KV", "server load": "Server load"}
 DRAFTERS = (("prompt lookup (n-grams of the text so far)", {"drafter": "prompt lookup"}),
             ("this model with int4 weights", {"drafter": "draft model", "draft_dtype": "int4"}),
             ("this model with int8 weights", {"drafter": "draft model", "draft_dtype": "int8"}))
@@ -58,6 +59,10 @@ COLUMNS = {
               ("decode_tok_s", "decode tok/s", "{:,.1f}"), ("decode_ceiling_tok_s", "ceiling (computed)", "{:,.0f}"),
               ("prefill_tok_s", "prefill tok/s", "{:,.0f}"), ("ttft_ms", "TTFT ms", "{:,.0f}"),
               ("diverges_at", "tokens leave fp32 at", "{}"), ("perplexity", "perplexity", "{:,.2f}")],
+    "server load": [("index", "request", "{:,.0f}"), ("arrival_ms", "sent at ms", "{:,.0f}"),
+                    ("ttft_ms", "TTFT ms (client)", "{:,.1f}"), ("server_prompt_ms", "prompt ms (server)", "{:,.1f}"),
+                    ("generated", "tokens", "{:,.0f}"), ("decode_tok_s", "tok/s (client)", "{:,.1f}"),
+                    ("e2e_ms", "end-to-end ms", "{:,.0f}")],
     "paged": [("sharing", "block sharing", "{}"), ("index", "request", "{:,.0f}"),
               ("prompt_tokens", "prompt", "{:,.0f}"), ("queue_ms", "waited ms", "{:,.1f}"),
               ("ttft_ms", "TTFT ms", "{:,.1f}"), ("e2e_ms", "end-to-end ms", "{:,.1f}")],
@@ -114,6 +119,17 @@ class ExperimentView(QWidget):
             form.addRow("Guesses per pass", self.guesses)
             form.addRow("New tokens", self.tokens)
             self.prompt_source = lambda: ""              # the window gives the Controls prompt
+        elif kind == "server load":
+            self.requests = _spin(1, 64, 4, "")
+            self.every = QDoubleSpinBox()
+            self.every.setRange(0.0, 60.0)
+            self.every.setSingleStep(0.25)
+            self.every.setValue(0.5)
+            self.every.setSuffix(" s")
+            self.tokens = _spin(1, 4096, 48, " tokens")
+            form.addRow("Concurrent requests", self.requests)
+            form.addRow("One starts every", self.every)
+            form.addRow("New tokens per request", self.tokens)
         elif kind == "paged":
             self.requests = _spin(1, 64, 6, "")
             self.arrive_every = _spin(0, 64, 3, " steps")
@@ -150,8 +166,9 @@ class ExperimentView(QWidget):
         charts = QVBoxLayout(self.charts)
         charts.setContentsMargins(0, 0, 0, 0)
         charts.addWidget(self.chart, 3)
-        if kind == "continuous":                        # lanes above, batch size over time below
-            self.sizes_chart = Chart("Batch size over time")
+        if kind in ("continuous", "server load"):      # lanes above, batch size (or /metrics) over time below
+            self.sizes_chart = Chart("Batch size over time" if kind == "continuous" else
+                                     "What the server reports on /metrics")
             self.sizes_plot = self.sizes_chart.plot
             self.sizes_plot.setXLink(self.plot)
             charts.addWidget(self.sizes_chart, 1)
@@ -202,6 +219,9 @@ class ExperimentView(QWidget):
             return {"new_tokens": self.tokens.value()}
         if self.kind == "continuous":
             return {"requests": self.requests.value(), "arrive_every": self.arrive_every.value()}
+        if self.kind == "server load":
+            return {"requests": self.requests.value(), "every_s": round(self.every.value(), 2),
+                    "new_tokens": self.tokens.value()}
         if self.kind == "paged":
             return {"requests": self.requests.value(), "arrive_every": self.arrive_every.value(),
                     "new_tokens": self.tokens.value(), "page_size": self.page.value()}
@@ -251,12 +271,17 @@ class ExperimentView(QWidget):
                   "continuous": ("time since the first arrival", "ms", "requests", None),
                   "dtype": ("weights", None, "decode throughput", "tok/s"),
                   "speculative": ("verification pass", None, "tokens", None),
-                  "paged": ("block in the request's table", None, "request", None)}
+                  "paged": ("block in the request's table", None, "request", None),
+                  "server load": ("time since the first request", "ms", "request", None)}
         x, xu, y, yu = labels[self.kind]
         self.chart.style(theme, x, xu, y, yu)
         if self.kind == "prefill":
             self.plot.setLogMode(x=True, y=True)
-        if self.sizes_chart is not None:
+        if self.sizes_chart is not None and self.kind == "server load":
+            self.sizes_chart.style(theme, "time since the first request", "ms", "requests", None)
+            for plot in (self.plot, self.sizes_plot):
+                plot.getAxis("left").setWidth(int(theme.base_pt * 11))
+        elif self.sizes_chart is not None:
             self.sizes_chart.style(theme, "time since the first arrival", "ms", "batch size", "rows")
             for plot in (self.plot, self.sizes_plot):              # same left edge, so the time axes line up
                 plot.getAxis("left").setWidth(int(theme.base_pt * 11))
@@ -278,7 +303,7 @@ class ExperimentView(QWidget):
         self.chart.clear_data()
         if self.sizes_chart is not None:
             self.sizes_chart.clear_data()
-        getattr(self, f"_draw_{self.kind}")(record)
+        getattr(self, f"_draw_{self.kind.replace(' ', '_')}")(record)
         self._fill_table(record)
 
     def _fill_table(self, record: ExperimentRecord) -> None:
@@ -447,6 +472,31 @@ class ExperimentView(QWidget):
                 f"{solo.get(s.get('tokens_match_solo'), '')}")
 
 
+    def _draw_server_load(self, record: ExperimentRecord) -> None:
+        """One lane per request (grey: sent, waiting for the first token; vermillion: tokens streaming), and
+        the server's own counts from /metrics below."""
+        requests = sorted((p.values for p in record.points if p.series == "request"), key=lambda v: v["index"])
+        for name, start, end, colour in (("waiting for the first token (client)", "arrival_ms", "ttft_end", th.WAITING),
+                                         ("streaming tokens (client)", "ttft_end", "done", th.DECODE)):
+            if requests:
+                rows = [{**r, "ttft_end": r["arrival_ms"] + r["ttft_ms"], "done": r["arrival_ms"] + r["e2e_ms"]}
+                        for r in requests]
+                self.chart.add(pg.BarGraphItem(x0=[r[start] for r in rows],
+                                               width=[max(r[end] - r[start], 0.0) for r in rows],
+                                               y=[r["index"] for r in rows], height=0.7, brush=colour, pen=None), name)
+        self.plot.getAxis("left").setTicks([[(r["index"], f"#{int(r['index'])}") for r in requests], []])
+        self.plot.invertY(True)
+        samples = [p.values for p in record.points if p.series == "metrics"]
+        for quantity, colour in (("running", th.DECODE), ("waiting", th.WAITING)):
+            values = [(v["t_ms"], v[quantity]) for v in samples if quantity in v]
+            if values and self.sizes_chart is not None:
+                t, y = zip(*values)
+                self.sizes_chart.add(pg.PlotDataItem(t, y, pen=pg.mkPen(colour, width=self.theme.line_width * 1.5),
+                                                     symbol="o", symbolSize=5, symbolBrush=colour),
+                                     f"{metrics_words(quantity)} (/metrics)")
+        s = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
+        self.explain.setText(server_load_explanation(s, record.started.model, bool(samples)))
+
     def _step_chosen(self, index: int) -> None:
         self.chosen_step = index
         self._shown = None
@@ -520,10 +570,39 @@ class ExperimentView(QWidget):
         self.chart.add(pg.BarGraphItem(x=x, y0=kept + 1, height=rejected, width=0.7, brush=REJECTED, pen=None),
                        "guesses rejected")
         s = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
-        first = f'<span style="color:{PREFILL_TEXT}">{escape(str(s["first_text"]))}</span>|' if "first_text" in s else ""
+        first = (f'<span style="color:{PREFILL_TEXT}">{escape(str(s["first_text"]))}</span>|'
+                 if "first_text" in s else "")
         self.passes_text.setText(first + marked_text(passes))
         if "speedup" in s:
             self.explain.setText(speculative_explanation(s))
+
+
+def metrics_words(quantity: str) -> str:
+    from engine.metrics import QUANTITIES
+
+    return QUANTITIES.get(quantity, quantity)
+
+
+def server_load_explanation(s: dict, server, polled: bool) -> str:
+    if "completed" not in s:
+        return ""
+    engine = escape(getattr(server, "engine", "the server"))
+    if "mean_ttft_ms" not in s:
+        return f"No request completed ({int(s['failed'])} failed): see each run's message in the timing panel."
+    text = (f"{int(s['completed'])} of {int(s['requested'])} requests completed: mean TTFT <b>{s['mean_ttft_ms']:,.0f} "
+            f"ms</b>, <b>{s['total_tok_s']:,.1f} tok/s</b> in all, {s['mean_decode_tok_s']:,.1f} tok/s per request "
+            "(measured by this client).")
+    if "mean_server_prompt_ms" in s:
+        text += (f" {engine} itself reported a mean prompt time of {s['mean_server_prompt_ms']:,.0f} ms: TTFT as a "
+                 f"user sees it is {s['mean_client_minus_server_ms']:,.0f} ms longer (queueing, HTTP, the first step).")
+    peaks = [f"{metrics_words(q)} {s['peak_' + q]:g}" for q in ("running", "waiting", "kv_usage") if "peak_" + q in s]
+    if peaks:
+        text += f" /metrics at its peak: {escape(', '.join(peaks))}."
+    elif not polled:
+        text += f" {engine} has no /metrics here (llama-server needs --metrics)."
+    if "metrics_error" in s:
+        text += f" /metrics stopped: {escape(s['metrics_error'])}"
+    return text + " The same idea inside KVScope, with every step visible: the Continuous batching tab."
 
 
 def paged_step_words(table, index: int, count: int, peak: int) -> str:

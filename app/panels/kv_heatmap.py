@@ -30,6 +30,8 @@ from app.store import RunRecord, RunStore
 from app.viewstate import ViewState
 from engine import kvcache
 
+REMOTE = ("This run went through a server: it reveals no per-layer tensors, so there is no heatmap. Its KV cache "
+          "in use, as the server reports it on /metrics, is in the Server load tab.")
 MODES = {"memory": "Memory (bytes held)", "k": "Key norm", "v": "Value norm"}
 BAR_LABEL = {"memory": ("bytes per position", "B"), "k": ("mean L2 norm of keys", None),
              "v": ("mean L2 norm of values", None)}
@@ -177,9 +179,9 @@ class KVHeatmapPanel(QWidget):
         if key == self._shown:
             return
         self._shown = key
-        if run is None:
+        if run is None or run.remote:
             self.image.setVisible(False)
-            self.info.setText("Load a model and run a prompt to see the cache fill.")
+            self.info.setText(REMOTE if run is not None else "Load a model and run a prompt to see the cache fill.")
             return
         self._draw(run)
 
@@ -254,7 +256,7 @@ class KVHeatmapPanel(QWidget):
     def _apply_range(self, force: bool = False) -> None:
         """Zoomed: the used positions plus a quarter more (the run grows into it); else the whole context."""
         run = self.selected()
-        if run is None:
+        if run is None or run.remote:
             return
         fit = self.state.heatmap_fit and not self.whole_window_only
         if force or fit or self._range_for != run.run_id:

@@ -25,9 +25,13 @@ CUT = "#BBBBBB"
 
 def candidate_rows(step: TokenStep) -> list[tuple[str, float, float, bool]]:
     """(label, p_raw, p_final, chosen) per bar; the drawn token is appended if it was not a top candidate."""
-    rows = [(c.text, c.p_raw, c.p_final, c.token_id == step.token_id) for c in step.candidates]
-    if not any(chosen for *_, chosen in rows):
-        rows.append((step.text, step.raw_prob, step.prob, True))
+    if step.token_id is None or step.position is None:     # a server's run: matched by id if it sent one
+        rows = [(c.text, c.p_raw, c.p_final, c.token_id == step.token_id if step.token_id is not None
+                 else c.text == step.text) for c in step.candidates]
+    else:
+        rows = [(c.text, c.p_raw, c.p_final, c.token_id == step.token_id) for c in step.candidates]
+    if not any(chosen for *_, chosen in rows) and step.prob is not None:
+        rows.append((step.text, step.raw_prob if step.raw_prob is not None else step.prob, step.prob, True))
     return rows
 
 
@@ -119,10 +123,17 @@ class SamplingPanel(QWidget):
         self.chosen.setData([max(raw[i], final[i]) + 0.04 for i in chosen], chosen)
         self.plot.getAxis("left").setTicks([[(i, _label(r[0])) for i, r in enumerate(rows)]])
         self.plot.setYRange(-0.6, len(rows) - 0.4, padding=0)
-        self.caption.setText(caption(step, params, run.model.vocab_size if run is not None else 0))
+        self.caption.setText(caption(step, params, getattr(run.model, "vocab_size", 0) if run is not None else 0))
 
 
 def caption(step: TokenStep, params, vocab: int) -> str:
+    if step.position is None:                                # a server's run
+        if not step.candidates:
+            return (f"<b>Step {step.step}</b> · \"{escape(escaped(step.text))}\" · the server sent no probabilities "
+                    "(no logprobs), so there are no candidates to show")
+        return (f"<b>Step {step.step}</b> ({escape(step.phase)}) · \"{escape(escaped(step.text))}\" · the top "
+                f"{len(step.candidates)} candidates with the probabilities the server reported (logprobs); a server "
+                "reports one probability per token, so before and after the filters are the same bars")
     if params is None or params.temperature == 0:
         how = "greedy: the likeliest token, always"
     else:

@@ -36,7 +36,9 @@ class _RunItems:
         self.latency = panel.latency.add(pg.PlotCurveItem(pen=pen), name)
         self.rate = panel.rate.add(pg.PlotCurveItem(pen=pen), name)
         self.cumulative = panel.cumulative.add(pg.PlotCurveItem(pen=pen), name)
-        self.prefill_bar = pg.BarGraphItem(x0=[], y=[], height=0.6, width=[], brush=th.PREFILL, pen=None)
+        # From a server the client sees only request-to-first-token (queue, prefill, network): drawn grey.
+        self.prefill_bar = pg.BarGraphItem(x0=[], y=[], height=0.6, width=[],
+                                           brush=th.WAITING if run.remote else th.PREFILL, pen=None)
         self.decode_bars = pg.BarGraphItem(x0=[], y=[], height=0.6, width=[], brush=style.colour, pen=None)
         self.wait_bars = pg.BarGraphItem(x0=[], y=[], height=0.25, width=[], brush=th.WAITING, pen=None)
         # Step boundaries as ticks over the decode bar: one bar per step reads the same and draws in one call
@@ -63,8 +65,8 @@ class _RunItems:
         rate = run.token_rate()
         self.rate.setData(np.arange(1, len(rate) + 1), rate)
         self.cumulative.setData(t / 1000.0, np.arange(1, n + 1))
-        if run.prefill is not None and n:
-            start = run.prefill.tokenize_ms
+        if (run.prefill is not None or run.remote) and n:
+            start = run.prefill.tokenize_ms if run.prefill is not None else 0.0
             self.prefill_bar.setOpts(x0=[start], y=[row], width=[max(t[0] - start, 0.0)], height=0.6)
             self.ttft.setData([t[0]], [row + 0.45])
         if n > 1:
@@ -195,6 +197,9 @@ class TimingPanel(QWidget):
         if run.n_steps:
             self.ttft_line.setValue(run.steps[0].t_ms)
         incomplete = " · <b>incomplete</b> (the trace ends before the run did)" if run.incomplete else ""
+        if run.remote:
+            self.summary.setText(remote_summary(run, s) + incomplete)
+            return
         text = (f"<b>#{run.number}</b> {escape(run.label)} · TTFT <b>{s.ttft_ms:,.1f} ms</b> · prefill "
                 f"{s.prompt_tokens} tokens in {s.prefill_ms:,.1f} ms ({s.prefill_tok_s:,.0f} tok/s) · decode "
                 f"{s.decode_runs} steps, <b>{s.decode_tok_s:,.1f} tok/s</b> (measured){incomplete}")
@@ -211,6 +216,23 @@ class TimingPanel(QWidget):
         if peaks is not None and s.prefill_ms > 0:
             text += "<br>" + bounds_text(run, s, peaks)
         self.summary.setText(text)
+
+
+def remote_summary(run: RunRecord, s) -> str:
+    """A server's run: what this client timed, then what the server said about itself; never mixed."""
+    text = (f"<b>#{run.number}</b> {escape(run.label)} · TTFT <b>{s.ttft_ms:,.1f} ms</b> (client: request sent to "
+            f"first token; grey bar) · decode {s.decode_runs} tokens, <b>{s.decode_tok_s:,.1f} tok/s</b> (client)")
+    t = s.server_timings
+    if "timings.prompt_ms" in t:
+        text += (f"<br>Server reported: prompt {t.get('timings.prompt_n', '?')} tokens in "
+                 f"{t['timings.prompt_ms']:,.1f} ms"
+                 f", {t.get('timings.predicted_n', '?')} tokens in {t.get('timings.predicted_ms', 0.0):,.1f} ms, "
+                 f"{t.get('timings.cache_n', 0)} prompt tokens from its cache")
+    elif t:
+        text += "<br>Server reported: " + escape(", ".join(f"{k} {v:,}" for k, v in sorted(t.items())))
+    elif run.finished:
+        text += "<br>The server reported no timings of its own."
+    return text
 
 
 def legend_html(runs: list[RunRecord], state: ViewState, selected: RunRecord | None) -> str:

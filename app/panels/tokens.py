@@ -133,7 +133,12 @@ class TokensPanel(QWidget):
                 self._run_id = None
                 self._forget_detail()
             return
-        if run.prefill is None and not run.finished:
+        if run.remote and not run.n_steps and not run.finished:
+            if self._run_id != ("waiting", run.run_id):
+                self.text.setPlainText(f"Sent to {run.model.engine}: waiting for its first token…")
+                self._run_id, self._rendered = ("waiting", run.run_id), 0
+            return
+        if run.prefill is None and not run.finished and not run.remote:
             # Laying out a long prompt takes the GIL (Qt calls keep it) from the prefill that is running now;
             # the prompt appears when its forward pass is done, a few hundred ms later, with the first token.
             if self._run_id != ("waiting", run.run_id):
@@ -172,6 +177,10 @@ class TokensPanel(QWidget):
         cursor.beginEditBlock()
         for i, piece in enumerate(run.started.prompt_pieces):
             cursor.insertText(visible(piece), self._format(run, i, None))
+        if run.remote:                      # the server tokenizes: the prompt is shown as the text that was sent
+            prompt = QTextCharFormat()
+            prompt.setBackground(shade(th.PREFILL, 0.30 if self.theme.dark else 0.86))
+            cursor.insertText(run.started.prompt + "\n", prompt)
         cursor.endEditBlock()
         self._append(run, 0, run.n_steps)
 
@@ -180,7 +189,8 @@ class TokensPanel(QWidget):
         cursor.movePosition(QTextCursor.MoveOperation.End)
         cursor.beginEditBlock()
         for step in run.steps[start:end]:
-            cursor.insertText(visible(step.text), self._format(run, step.position, step))
+            where = step.position if step.position is not None else step.step       # a server's run: by step
+            cursor.insertText(visible(step.text), self._format(run, where, step))
         cursor.endEditBlock()
         self._rendered = end
         bar = self.text.verticalScrollBar()
@@ -199,7 +209,8 @@ class TokensPanel(QWidget):
         elif self.mode == "phase":
             fmt.setBackground(shade(th.DECODE, alt if odd else light))
         elif self.mode == "probability":
-            fmt.setBackground(_ramp(step.prob, self.theme.dark))
+            if step.prob is not None:                   # a server that sent no logprobs: no colour to give
+                fmt.setBackground(_ramp(step.prob, self.theme.dark))
         else:
             low, high = self._latency_range or (0.0, 1.0)
             value = (np.log(step.latency_ms) - low) / (high - low) if high > low else 0.5
@@ -254,6 +265,15 @@ class TokensPanel(QWidget):
 
 def describe_token(run: RunRecord, position: int) -> str:
     step = run.step_at_position(position)
+    if run.remote:
+        if step is None:
+            return ""
+        prob = (f"p = {step.prob:.3f} (as the server reports it)" if step.prob is not None else
+                "no probability: the server sent no logprobs")
+        top = ", ".join(f"\"{escaped(c.text)}\" {c.p_raw:.2f}" for c in step.candidates[:5])
+        return (f"step {step.step} · \"{escaped(step.text)}\" · arrived {step.latency_ms:.1f} ms after the "
+                f"{'request' if step.step == 0 else 'previous token'} (client) · {prob}" + (f" · top: {top}" if top
+                                                                                           else ""))
     if step is None:
         if not 0 <= position < run.prompt_tokens:
             return ""

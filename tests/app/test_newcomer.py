@@ -96,6 +96,17 @@ def test_a_failed_load_says_so_and_is_not_retried_at_the_next_launch(qtbot, tiny
         close_and_dispose(w)
 
 
+def test_a_model_loaded_from_the_command_line_shows_in_the_model_box(qtbot, tiny_model_dir):
+    w = make_window(qtbot)
+    try:
+        w.controls.model_box.setCurrentText("embedded")            # what the last launch remembered
+        w.load_model(str(tiny_model_dir), "cpu", "float32")          # as --model does
+        qtbot.waitUntil(lambda: w.client.model is not None and w.client.busy is None, timeout=60_000)
+        assert w.controls.model_box.currentText() == str(tiny_model_dir)
+    finally:
+        close_and_dispose(w)
+
+
 def test_the_trace_dialog_lists_only_files_it_can_read_without_blocking(qtbot, tmp_path):
     trace = tmp_path / "run.kvscope.jsonl"
     trace.write_text("{}\n")

@@ -1,0 +1,189 @@
+"""A serving engine watched from outside, against recorded answers played back on a local port: the same
+events as a local run with what a server cannot know absent (not zero), its own figures kept under its names,
+the API key sent but never stored, and every failure (unreachable, 401, a dropped stream, a malformed line, a
+metrics page that is not Prometheus) one line with the partial run kept and marked."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from engine import metrics
+from engine.events import RunFailed, RunFinished, RunStarted, ServerFacts, TokenStep
+from engine.experiments import run_experiment
+from engine.params import GenerationParams
+from engine.remote import API_KEY_ENV, RemoteError, RemoteSession, probe, server_url
+from engine.trace import read_trace, write_trace
+from tests.replay_server import ReplayServer, Route, fixture
+
+MODELS = json.dumps({"object": "list", "data": [{"id": "Qwen/Qwen3-0.6B", "object": "model", "owned_by": "vllm",
+                                                 "max_model_len": 40960}]}).encode()
+
+
+def vllm_routes(stream: bytes | None = None, **stream_route) -> dict[str, Route]:
+    return {"GET /v1/models": Route(body=MODELS),
+            "GET /metrics": Route(body=fixture("vllm_metrics.txt"), content_type="text/plain"),
+            "POST /v1/chat/completions": Route(body=stream or fixture("vllm_stream.txt"),
+                                               content_type="text/event-stream", **stream_route)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("text, fragment", [("ftp://host", "not a server address"), ("http://", "not a server"),
+                                            ("http://host:99999", "port"), ("localhost:8080", "not a server")])
+def test_an_address_that_is_not_a_server_is_refused_with_one_line(text, fragment):
+    with pytest.raises(RemoteError, match=fragment):
+        server_url(text)
+
+
+def test_a_trailing_v1_or_slash_is_dropped():
+    assert server_url(" http://127.0.0.1:8080/v1/ ") == "http://127.0.0.1:8080"
+
+
+def test_an_unreachable_server_is_one_line():
+    with pytest.raises(RemoteError, match=r"Cannot reach the server at http://127.0.0.1:\d+: connection refused"):
+        probe(f"http://127.0.0.1:{free_port()}")
+
+
+def test_a_401_names_the_environment_variable_and_the_key_is_sent_not_stored(monkeypatch):
+    routes = {"GET /v1/models": Route(status=401, body=b'{"error": {"message": "invalid api key"}}')}
+    with ReplayServer(routes) as server:
+        monkeypatch.setenv(API_KEY_ENV, "sk-test-123")
+        with pytest.raises(RemoteError, match=f"refused the request \\(401\\): set the API key in the {API_KEY_ENV}"):
+            probe(server.url)
+        assert server.requests[0][3].get("Authorization") == "Bearer sk-test-123"
+
+
+@pytest.fixture
+def vllm():
+    with ReplayServer(vllm_routes()) as server:
+        yield server
+
+
+def test_probe_reads_the_model_engine_context_and_metrics(vllm):
+    facts = probe(vllm.url + "/v1")
+    assert (facts.name, facts.engine, facts.context, facts.metrics) == ("Qwen/Qwen3-0.6B", "vLLM", 40960, True)
+    assert any("kv_usage" in r for r in facts.reveals)
+
+
+def test_a_streamed_run_emits_local_event_types_with_absent_fields_absent(vllm, tmp_path):
+    events: list = []
+    result = RemoteSession(probe(vllm.url)).run("What does the cache keep?", GenerationParams(max_new_tokens=8),
+                                                events.append)
+    assert isinstance(result, RunFinished) and result.reason == "eos"
+    assert isinstance(events[0], RunStarted) and isinstance(events[0].model, ServerFacts)
+    steps = [e for e in events if isinstance(e, TokenStep)]
+    assert "".join(s.text for s in steps) == "The cache keeps keys." == result.summary.text
+    assert all(s.token_id is None and s.position is None and s.forward_ms is None and s.kv_bytes_per_layer == []
+               for s in steps)
+    assert steps[0].prob == pytest.approx(0.951, abs=1e-3) and steps[1].candidates[1].text == " KV"
+    s = result.summary
+    assert s.prefill_ms is None and s.kv_bytes is None and s.prompt_tokens == 12
+    assert s.server_timings["usage.completion_tokens"] == 5 and s.ttft_ms == steps[0].t_ms
+    back = read_trace(write_trace(tmp_path / "remote.jsonl", events))
+    assert [e for e in back if isinstance(e, TokenStep)] == steps and back[-1] == events[-1]
+
+
+def test_a_stream_cut_off_mid_way_keeps_the_tokens_and_says_so():
+    stream = fixture("vllm_stream.txt")
+    cut = stream.index(b'" keeps"') + 200                     # inside the third token's event
+    with ReplayServer(vllm_routes(stream, cut_after=cut)) as server:
+        events: list = []
+        result = RemoteSession(probe(server.url)).run("hi", GenerationParams(), events.append)
+    assert isinstance(result, RunFailed) and result.error == "dropped"
+    assert "closed the stream before saying it was done" in result.message and "\n" not in result.message
+    assert result.summary.generated_tokens == len([e for e in events if isinstance(e, TokenStep)]) == 2
+
+
+@pytest.mark.parametrize("line, fragment", [(b"data: {not json\n\n", "not JSON"),
+                                            (b"hello there\n\n", "not server-sent events"),
+                                            (b'data: {"error": {"message": "out of memory"}}\n\n', "out of memory")])
+def test_a_malformed_stream_is_one_line_and_the_window_keeps_the_partial_run(line, fragment):
+    stream = fixture("vllm_stream.txt")
+    third = stream.index(b"data:", stream.index(b'" keeps"') - 600)
+    with ReplayServer(vllm_routes(stream[:third] + line + stream[third:])) as server:
+        events: list = []
+        result = RemoteSession(probe(server.url)).run("hi", GenerationParams(), events.append)
+    assert isinstance(result, RunFailed) and fragment in result.message and "\n" not in result.message
+    assert result.summary.generated_tokens >= 1
+
+
+@pytest.mark.parametrize("name, engine, expected", [
+    ("llamacpp_metrics.txt", "llama.cpp", {"running": 4.0, "waiting": 4.0, "prompt_tokens": 153.0,
+                                           "cached_prompt_tokens": 651.0}),
+    ("vllm_metrics.txt", "vLLM", {"running": 3.0, "waiting": 2.0, "kv_usage": 0.4375, "cached_prompt_tokens": 3072.0,
+                                  "prefix_queries": 5120.0}),
+    ("tgi_metrics.txt", "TGI", {"running": 4.0, "waiting": 1.0, "generated_tokens": 1024.0}),
+])
+def test_each_engines_metrics_page_reads_into_the_same_quantities(name, engine, expected):
+    reading = metrics.read(fixture(name).decode())
+    assert reading.engine == engine
+    assert {k: reading.values[k] for k in expected} == expected
+
+
+def llamacpp_routes() -> dict[str, Route]:
+    return {"GET /v1/models": Route(body=fixture("llamacpp_models.json")),
+            "GET /props": Route(body=fixture("llamacpp_props.json")),
+            "GET /metrics": Route(body=fixture("llamacpp_metrics.txt"), content_type="text/plain"),
+            "POST /v1/chat/completions": Route(body=fixture("llamacpp_stream.txt"), content_type="text/event-stream")}
+
+
+def test_a_recorded_llama_server_run_keeps_its_token_ids_and_its_own_timings():
+    with ReplayServer(llamacpp_routes()) as server:
+        facts = probe(server.url)
+        events: list = []
+        result = RemoteSession(facts).run("What does a KV cache keep? One sentence.",
+                                          GenerationParams(max_new_tokens=24), events.append)
+        sent = server.requests[-1][2]
+    assert (facts.engine, facts.context, facts.metrics) == ("llama.cpp", 1024, True)
+    assert json.loads(sent)["cache_prompt"] is True and json.loads(sent)["top_logprobs"] == 5
+    steps = [e for e in events if isinstance(e, TokenStep)]
+    assert len(steps) == 24 and steps[0].text == "A" and steps[0].token_id == 49
+    assert steps[0].candidates[1].token_id == 504 and steps[0].candidates[1].text == "The"
+    assert result.reason == "max_tokens"
+    t = result.summary.server_timings
+    assert t["timings.prompt_ms"] == 128.539 and t["timings.predicted_n"] == 24 and result.summary.prompt_tokens == 41
+    assert result.summary.reused_tokens == 0                       # the server's cache_n
+
+
+def test_a_metrics_page_that_is_not_prometheus_is_one_line():
+    with pytest.raises(metrics.MetricsError, match="not Prometheus text \\(it starts '<!DOCTYPE html>'\\)"):
+        metrics.read(fixture("not_metrics.html").decode())
+
+
+def test_a_load_test_times_every_request_and_polls_metrics(vllm):
+    events: list = []
+    end = run_experiment("server load", RemoteSession(probe(vllm.url)), events.append, requests=3, every_s=0.05,
+                         new_tokens=8, poll_s=0.1, limit_s=30)
+    s = end.summary
+    assert s["completed"] == 3 and s["failed"] == 0 and s["peak_running"] == 3.0 and s["peak_kv_usage"] == 0.4375
+    runs = [e for e in events if isinstance(e, RunStarted)]
+    assert len(runs) == 3 and all(r.experiment == end.exp_id for r in runs)
+    assert len([e for e in events if getattr(e, "series", "") == "request"]) == 3
+
+
+def test_a_local_experiment_is_refused_against_a_server_and_the_load_test_against_a_model(vllm, tiny):
+    from engine.errors import ParameterError
+    from engine.session import Session
+
+    with pytest.raises(ParameterError, match="runs the model inside KVScope"):
+        run_experiment("cache", RemoteSession(probe(vllm.url)), lambda e: None)
+    with pytest.raises(ParameterError, match="runs against a server"):
+        run_experiment("server load", Session(tiny), lambda e: None)
+
+
+def test_a_servers_run_exports_to_perfetto_as_client_timed_slices(vllm):
+    from engine.perfetto import trace_events
+
+    events: list = []
+    RemoteSession(probe(vllm.url)).run("hi", GenerationParams(), events.append)
+    slices = [e for e in trace_events(events) if e.get("cat") == "remote"]
+    tokens = [e for e in events if isinstance(e, TokenStep)]
+    assert len(slices) == len(tokens) and slices[0]["name"] == "waiting for the first token (client)"
+    assert slices[1]["dur"] == pytest.approx(tokens[1].latency_ms * 1000.0, abs=0.01)

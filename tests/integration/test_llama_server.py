@@ -1,0 +1,85 @@
+"""KVScope against a real llama-server on the embedded model: a streamed run whose tokens are the server's own
+answer and whose client timings bound the server's reported ones, a concurrent load the server's /metrics sees,
+and the window running and load-testing through it."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from engine.events import RunFinished, TokenStep
+from engine.experiments import run_experiment
+from engine.params import GenerationParams
+from engine.remote import RemoteSession, probe
+from tests.integration.conftest import SLOTS
+
+pytestmark = pytest.mark.integration
+PROMPT = "What does a KV cache keep? Answer in one sentence."
+
+
+def complete(url: str, tokens: int) -> dict:
+    """The same request, not streamed, straight to the server: its own answer to compare with."""
+    body = json.dumps({"messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens, "temperature": 0,
+                       "seed": 1, "cache_prompt": False}).encode()
+    request = urllib.request.Request(url + "/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.loads(answer.read())
+
+
+def test_probe_finds_llama_cpp_its_context_and_metrics(llama_server):
+    facts = probe(llama_server)
+    assert facts.engine == "llama.cpp" and facts.metrics and facts.context == 4096 // SLOTS
+
+
+def test_a_streamed_run_is_the_servers_answer_and_its_timings_agree(llama_server):
+    facts = probe(llama_server)
+    events: list = []
+    result = RemoteSession(facts).chat([{"role": "user", "content": PROMPT}], GenerationParams(max_new_tokens=32,
+                                                                                             seed=1),
+                                       events.append, reuse=False)
+    assert isinstance(result, RunFinished)
+    direct = complete(llama_server, 32)
+    assert result.summary.text == direct["choices"][0]["message"]["content"]
+    steps = [e for e in events if isinstance(e, TokenStep)]
+    s, t = result.summary, result.summary.server_timings
+    unsent = 1 if result.reason == "eos" else 0          # the end-of-text token: predicted, never streamed
+    assert t["timings.predicted_n"] == s.generated_tokens + unsent and s.generated_tokens == len(steps)
+    assert all(x.token_id is not None for x in steps)
+    assert t["timings.prompt_n"] == s.prompt_tokens > 0 and t["timings.cache_n"] == 0
+    assert s.ttft_ms >= t["timings.prompt_ms"]          # the client cannot see a token before the prompt is read
+    assert s.total_ms >= t["timings.prompt_ms"] + t["timings.predicted_ms"] * 0.9
+
+
+def test_a_concurrent_load_is_timed_per_request_and_seen_on_metrics(llama_server):
+    end = run_experiment("server load", RemoteSession(probe(llama_server)), lambda e: None, requests=SLOTS,
+                         every_s=0.0, new_tokens=64, poll_s=0.1, limit_s=120)
+    s = end.summary
+    assert s["completed"] == SLOTS and s["failed"] == 0 and s["metrics_polls"] >= 2
+    assert s["peak_running"] >= 2                        # the server decoded them together
+    assert s["mean_client_minus_server_ms"] >= 0
+
+
+def test_the_window_runs_and_load_tests_through_the_server(qtbot, llama_server, tmp_path, monkeypatch):
+    from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
+
+    monkeypatch.setenv("KVSCOPE_SETTINGS", str(tmp_path / "settings.ini"))
+    window = make_window(qtbot, model_dir=llama_server)
+    try:
+        window.controls.max_tokens.setValue(12)
+        run = run_and_wait(qtbot, window)
+        window.refresh(force=True)
+        assert run.remote and run.n_steps == 12 and "client" in window.timing.summary.text()
+        assert "no per-layer tensors" in window.kv.info.text()
+        view = window.experiments.views["server load"]
+        view.requests.setValue(2)
+        view.tokens.setValue(8)
+        view.run_button.click()
+        wait_idle(qtbot, window, timeout=120_000)
+        window.refresh(force=True)
+        record = window.store.latest_experiment("server load")
+        assert record.end.summary["completed"] == 2 and "tok/s</b> in all" in view.explain.text()
+    finally:
+        close_and_dispose(window)

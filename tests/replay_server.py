@@ -1,0 +1,72 @@
+"""A local HTTP server for tests that plays back recorded answers of real serving engines (a stream, a
+/metrics page) and the failures KVScope must survive: 401, a stream cut off mid-way, a malformed line, a
+metrics page that is HTML. It replays bytes; it computes nothing."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@dataclass
+class Route:
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "application/json"
+    cut_after: int | None = None          # close the connection after this many bytes of the body
+
+
+@dataclass
+class ReplayServer:
+    routes: dict[str, Route] = field(default_factory=dict)
+    requests: list[tuple[str, str, bytes, dict]] = field(default_factory=list)   # method, path, body, headers
+
+    def __enter__(self) -> ReplayServer:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_args) -> None:
+                pass
+
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                owner.requests.append((self.command, self.path, body, dict(self.headers)))
+                route = owner.routes.get(f"{self.command} {self.path}")
+                if route is None:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(route.status)
+                self.send_header("Content-Type", route.content_type)
+                if route.cut_after is None:
+                    self.send_header("Content-Length", str(len(route.body)))
+                self.end_headers()
+                self.wfile.write(route.body if route.cut_after is None else route.body[: route.cut_after])
+                self.wfile.flush()
+                if route.cut_after is not None:
+                    self.close_connection = True
+
+            do_GET = do_POST = _answer
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __exit__(self, *_exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def fixture(name: str) -> bytes:
+    return (FIXTURES / name).read_bytes()
