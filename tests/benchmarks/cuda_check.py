@@ -5,8 +5,10 @@ CI has no GPU). Prints everything and writes JSON into ``$OUT`` (or ``bench-resu
 2. greedy parity with ``generate()`` on the GPU, with the cache on and off;
 3. KV bytes from the cache tensors against the formula and against ``torch.cuda.memory_allocated``;
 4. the step clock: CUDA events vs a host clock with and without a sync (why the events);
-5. the engine benchmark (session vs generate) in bf16 and fp32;
-6. the three experiments, the prefill sweep up to the full context.
+5. decode three ways, dynamic cache, static cache, compiled over the static cache (CUDA graphs): tok/s,
+   the compile time apart, and whether the tokens stay the same;
+6. the engine benchmark (session vs generate) in bf16 and fp32;
+7. the three experiments, the prefill sweep up to the full context.
 """
 
 from __future__ import annotations
@@ -93,6 +95,29 @@ def clock_check(loaded, steps: int = 50) -> dict:
             "host_clock_without_sync_ms": med(unsynced)}
 
 
+def decode_modes(loaded, tokens: int = 128, repeats: int = 3) -> dict:
+    """Decode tok/s with a dynamic cache, a static one, and compiled over the static one; medians of the repeats.
+    The first compiled run compiles (its compile time is reported apart, never mixed into decode)."""
+    session = Session(loaded)
+    modes = {"dynamic": {}, "static": {"static_cache": True}, "compiled": {"static_cache": True, "compiled": True}}
+    out: dict = {}
+    for name, flags in modes.items():
+        rates, compile_ms, ids = [], [], None
+        for _ in range(repeats + (1 if name == "compiled" else 0)):
+            result = session.run(PROMPT, GenerationParams(max_new_tokens=tokens, **flags), lambda _e: None)
+            s = result.summary
+            compile_ms.append(s.compile_ms)
+            rates.append(s.decode_runs / (s.decode_ms / 1000.0) if s.decode_ms > 0 else 0.0)
+            ids = s.token_ids
+        kept = rates[1:] if name == "compiled" else rates         # the compiling run is not a decode figure
+        out[name] = {"decode_tok_s": sorted(kept)[len(kept) // 2], "runs": rates, "compile_ms": max(compile_ms),
+                     "token_ids": ids}
+    for name in ("static", "compiled"):
+        out[name]["same_tokens_as_dynamic"] = out[name].pop("token_ids") == out["dynamic"]["token_ids"]
+    out["dynamic"].pop("token_ids")
+    return out
+
+
 def main() -> None:
     import sys
 
@@ -112,6 +137,7 @@ def main() -> None:
             continue
         report[f"kv_memory_{name}"] = kv_memory(loaded)
         report[f"clock_{name}"] = clock_check(loaded)
+        report[f"decode_modes_{name}"] = decode_modes(loaded)
         report[f"peaks_{name}"] = vars(peaks_event(loaded))
         print(name, json.dumps({k: v for k, v in report.items() if k.endswith(name)}, indent=1), flush=True)
     (OUT / ("cuda-report.json" if only is None else "cuda-recheck.json")).write_text(json.dumps(report, indent=1))
