@@ -306,7 +306,8 @@ def chat_claim(s: dict) -> str:
     else:
         verdict = "within the noise of the repeats"
     busy = " · measured on a busy machine" if load.busy(s.get("lowest_cpu_share")) else ""
-    same = "same replies" if s["tokens_match"] else "DIFFERENT replies"
+    same = "same replies" if s["tokens_match"] else "replies differ (16-bit rounding)" if s.get("tokens_note") \
+        else "DIFFERENT replies"
     return (f"turn {last} TTFT {on:,.0f} ms with the cache kept vs {off:,.0f} ms re-prefilled (median of "
             f"{s['repeats']}): {verdict}; {same}{busy}")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -118,7 +119,10 @@ def measure(device: torch.device, hidden: int, intermediate: int) -> Calibration
     return Calibration(best, timings, native_bf16(device), None if device.type != "cpu" else meter.share())
 
 
-def calibrate(device: torch.device, hidden: int, intermediate: int, recalibrate: bool = False) -> Calibration:
+def calibrate(device: torch.device, hidden: int, intermediate: int, recalibrate: bool = False,
+              measuring: Callable[[], None] = lambda: None) -> Calibration:
+    """The cached calibration for this machine and shape, else a new measurement (``measuring`` is called first,
+    so a progress line appears only when something is measured)."""
     from engine.hardware import device_name
 
     path = cache_dir() / "dtypes.json"
@@ -135,6 +139,7 @@ def calibrate(device: torch.device, hidden: int, intermediate: int, recalibrate:
                                entry.get("cpu_share"), cached=True)
         except (KeyError, TypeError):
             pass
+    measuring()
     found = measure(device, hidden, intermediate)
     if not busy(found.cpu_share):
         table = table if isinstance(table, dict) else {}

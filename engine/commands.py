@@ -432,6 +432,8 @@ def experiment_table(kind: str, points: list[ExperimentPoint], finished: Experim
         if "throughput_gain" in s:
             lines += ["", f"batch {s['largest_batch']}: {s['throughput_gain']:.1f}x the tokens/s of batch 1, each "
                       f"token {s['latency_growth']:.2f}x slower per request (measured)"]
+    if s.get("tokens_note") and kind != "speculative":             # speculative says it beside its first difference
+        lines.append(f"why the tokens differ: {s['tokens_note']}")
     if finished.reason != "done":
         lines.append(f"({finished.reason})")
     return "\n".join(lines)

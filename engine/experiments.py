@@ -76,12 +76,30 @@ class _Experiment:
 
     def finish(self, summary: dict) -> ExperimentFinished:
         reason = "stopped" if self.cancel.is_set() else "done"
+        note = rounding_note(self.session.facts, summary)
+        if note:
+            summary = {**summary, "tokens_note": note}
         event = ExperimentFinished(self.exp_id, self.ms(), reason, summary)
         self.emit(event)
         return event
 
     def predicted_ms(self, cost: costmodel.Cost) -> float | None:
         return cost.predicted_s(self.device) * 1000.0 if self.device else None
+
+
+TOKEN_CHECKS = ("tokens_match", "tokens_match_solo")
+
+
+def rounding_note(facts: object, summary: dict) -> str:
+    """Why greedy tokens part in a 16-bit float, where they do: a forward pass over several tokens (prefill
+    without the cache, a padded batch, verified guesses) sums in another order than one token at a time, and
+    a near-tie between two tokens can flip. Said beside the check, so a lecture never shows a bare "different"."""
+    dtype = getattr(facts, "dtype", "float32")
+    failed = any(summary.get(k) is False for k in TOKEN_CHECKS) and not summary.get("incomplete")
+    if not failed or dtype == "float32":
+        return ""
+    return (f"in {dtype}, a pass over several tokens rounds differently from one token at a time, so greedy "
+            "choices between near-tied tokens can part; run it in float32 to compare token for token")
 
 
 def doubling_lengths(start: int, limit: int) -> list[int]:

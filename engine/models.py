@@ -102,8 +102,8 @@ def pick_device(requested: str = "auto") -> Any:
     return device
 
 
-def pick_dtype(requested: str, device: Any, config: Any = None, recalibrate: bool = False) -> tuple[Any, str | None,
-                                                                                                   str]:
+def pick_dtype(requested: str, device: Any, config: Any = None, recalibrate: bool = False,
+               measuring: Callable[[], None] = lambda: None) -> tuple[Any, str | None, str]:
     """``(float dtype, weight format or None, why)``. Explicit float choices stay explicit. ``auto``, and the
     activations of ``int8`` / ``int4`` weights, take the float dtype this machine ran fastest in its
     calibration (``engine.calibrate``), with the measured reason."""
@@ -119,7 +119,7 @@ def pick_dtype(requested: str, device: Any, config: Any = None, recalibrate: boo
     text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
     hidden = int(getattr(text, "hidden_size", 1024) or 1024)
     intermediate = int(getattr(text, "intermediate_size", None) or 4 * hidden)
-    calibration = calibrate(device, hidden, intermediate, recalibrate)
+    calibration = calibrate(device, hidden, intermediate, recalibrate, measuring)
     fmt = None if requested == "auto" else requested
     return getattr(torch, calibration.best), fmt, calibration.reason()
 
@@ -148,9 +148,8 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
     if cancelled is not None and cancelled():
         raise ModelSourceError("Loading cancelled")
     config = _read_config(folder, trust_remote_code)
-    if (dtype or "auto").strip().lower() in ("auto", "int8", "int4"):
-        report(LoadProgress("calibrate", "Measuring which float dtype is fastest on this machine (once)", None))
-    torch_dtype, weights, reason = pick_dtype(dtype, torch_device, config)
+    torch_dtype, weights, reason = pick_dtype(dtype, torch_device, config, measuring=lambda: report(LoadProgress(
+        "calibrate", "Measuring which float dtype is fastest on this machine (once)", None)))
     if weights is not None:
         from engine.quantize import supported
 

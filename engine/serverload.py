@@ -94,7 +94,8 @@ def server_load(session: RemoteSession, emit: Any, cancel: threading.Event | Non
     poller.start()
     threads = []
     began = time.perf_counter()
-    x.progress(0, requests, f"{requests} requests to {session.url}, one every {every_s:g} s")
+    plural = "s" if requests != 1 else ""
+    x.progress(0, requests, f"{requests} request{plural} to {session.url}, one every {every_s:g} s")
     for i in range(requests):
         if x.cancel.is_set():
             break

@@ -190,7 +190,8 @@ class ChatPanel(QWidget):
 def comparison_text(s: dict) -> str:
     """What the repeats show, and only what they show: a difference is called only where the spreads of the
     repeats do not overlap; a busy machine is named."""
-    match = "the same tokens ✓" if s["tokens_match"] else "DIFFERENT tokens ✗"
+    note = f" ({html.escape(str(s['tokens_note']))})" if s.get("tokens_note") else ""
+    match = "the same tokens ✓" if s["tokens_match"] else f"DIFFERENT tokens ✗{note}"
     last = int(s["turns"])
     on, off = s[f"turn{last}_on_ms"], s[f"turn{last}_off_ms"]
     (on_lo, on_hi), (off_lo, off_hi) = s[f"turn{last}_on_range"], s[f"turn{last}_off_range"]

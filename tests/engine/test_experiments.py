@@ -202,3 +202,22 @@ def test_runs_an_experiment_makes_name_it(tiny):
     exp_id = next(e for e in events if isinstance(e, ExperimentStarted)).exp_id
     runs = [e for e in events if isinstance(e, RunStarted)]
     assert len(runs) == 2 and all(r.experiment == exp_id for r in runs)
+
+
+def test_tokens_that_part_in_a_16_bit_float_are_explained_and_in_float32_are_not():
+    from types import SimpleNamespace
+
+    from engine.experiments import rounding_note
+
+    bf16, fp32 = SimpleNamespace(dtype="bfloat16"), SimpleNamespace(dtype="float32")
+    assert "in bfloat16, a pass over several tokens rounds differently" in rounding_note(bf16, {"tokens_match": False})
+    assert "bfloat16" in rounding_note(bf16, {"tokens_match": True, "tokens_match_solo": False})
+    assert rounding_note(bf16, {"tokens_match": True}) == ""
+    assert rounding_note(bf16, {"tokens_match": False, "incomplete": True}) == ""
+    assert rounding_note(fp32, {"tokens_match": False}) == ""              # float32: a difference is a bug, not noise
+
+
+def test_a_finished_experiment_whose_tokens_match_carries_no_note(tiny):
+    events: list = []
+    finished = run_experiment("cache", Session(tiny), events.append, new_tokens=4)
+    assert finished.summary["tokens_match"] and "tokens_note" not in finished.summary

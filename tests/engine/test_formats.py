@@ -66,6 +66,15 @@ def test_auto_never_picks_a_dtype_slower_than_float32_in_its_own_calibration():
     assert found.reason().startswith(found.best)
 
 
+def test_the_measuring_line_appears_only_when_a_calibration_is_measured(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibrate, "busy", lambda _share: False)          # a noisy CI machine still caches it
+    said: list[str] = []
+    first = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
+    again = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
+    assert said == ["measuring"] and not first.cached and again.cached and again.best == first.best
+
+
 def test_the_reason_names_the_measured_ratios():
     fast_bf16 = calibrate.Calibration("bfloat16", [calibrate.Timing("float32", 40.0, 1.2),
                                                    calibrate.Timing("bfloat16", 50.0, 0.6)], True)
