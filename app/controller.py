@@ -16,7 +16,15 @@ from typing import Protocol
 from app.store import RunStore
 from app.viewstate import CHAT, EXPERIMENT, Conversation, ViewState
 from app.worker import EngineClient, Note
-from engine.events import LoadProgress, ModelLoaded, RunFailed, RunFinished, RunStarted, ServerFacts
+from engine.events import (
+    ExperimentStarted,
+    LoadProgress,
+    ModelLoaded,
+    RunFailed,
+    RunFinished,
+    RunStarted,
+    ServerFacts,
+)
 from engine.params import GenerationParams
 from engine.trace import ReplayGap, ReplayIncomplete
 
@@ -39,6 +47,7 @@ class Surface(Protocol):
     def model_loaded(self, loaded: ModelLoaded) -> None: ...
     def busy_changed(self, busy: str | None) -> None: ...
     def show_memory(self, rss: int, gpu: tuple[int, int] | None) -> None: ...
+    def show_experiment(self, kind: str) -> None: ...
 
 
 def describe_loaded(loaded: ModelLoaded) -> str:
@@ -213,6 +222,8 @@ class Controller:
             self.store.add(item)
             if isinstance(item, RunStarted):
                 self._started(item)
+            elif isinstance(item, ExperimentStarted) and self.replaying:
+                self.surface.show_experiment(item.kind)      # a replayed experiment is seen, not hidden in a tab
             elif isinstance(item, (RunFinished, RunFailed)):
                 self._ended(item)
 

@@ -42,7 +42,8 @@ class StatusStrip(QStatusBar):
             self.labels["ttft"].setText(f"TTFT {s.ttft_ms:,.0f} ms (client)")
             self.labels["prefill"].setText("prefill: not visible from a client")
             self.labels["decode"].setText(f"decode {s.decode_tok_s:,.1f} tok/s (client)")
-            prompt = f"{s.prompt_tokens:,} + " if s.prompt_tokens is not None else ""
+            reused = f"{s.reused_tokens:,} from its cache + " if s.reused_tokens else ""
+            prompt = f"{reused}{s.prompt_tokens:,} + " if s.prompt_tokens is not None else ""
             self.labels["tokens"].setText(f"{prompt}{s.generated_tokens:,} tokens")
             self.labels["context"].setText(f"{m.engine} at {m.url}")
             self.labels["kv"].setText("KV: the server's (see /metrics)")

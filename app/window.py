@@ -172,7 +172,7 @@ class MainWindow(QMainWindow):
         self.experiments.cancel_requested.connect(controller.stop)
         self.chat.send_requested.connect(self.send_chat)
         self.chat.compare_requested.connect(lambda turns: self.start_experiment(
-            "chat", {"turns": turns} if turns else {}, dock="chat"))
+            "chat", {"turns": turns} if turns else {}))
         self.frames = FrameScheduler(
             self.store, self.state,
             text=[("Drawing the token stream", self.tokens.refresh),
@@ -273,11 +273,18 @@ class MainWindow(QMainWindow):
         if params is not None:
             self.controller.send_chat(text, params, reuse, delay_s=self.controls.slow.value() / 1000.0)
 
-    def start_experiment(self, kind: str, settings: dict, dock: str = "experiments") -> None:
-        if self.controller.start_experiment(kind, settings) and not self.lecture:
-            self.docks[dock].raise_()
-            if kind in self.experiments.views:
-                self.experiments.setCurrentWidget(self.experiments.views[kind])
+    def start_experiment(self, kind: str, settings: dict) -> None:
+        if self.controller.start_experiment(kind, settings):
+            self.show_experiment(kind)
+
+    def show_experiment(self, kind: str) -> None:
+        """Bring the experiment's view forward: the chat comparison in the Chat tab, the others in Experiments
+        (a lecture scene shows its own charts instead)."""
+        if self.lecture:
+            return
+        self.docks["chat" if kind == "chat" else "experiments"].raise_()
+        if kind in self.experiments.views:
+            self.experiments.setCurrentWidget(self.experiments.views[kind])
 
     def scene_action(self) -> None:
         """R in a lecture scene: run what the scene is about."""

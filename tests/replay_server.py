@@ -70,3 +70,11 @@ class ReplayServer:
 
 def fixture(name: str) -> bytes:
     return (FIXTURES / name).read_bytes()
+
+
+def llamacpp_routes() -> dict[str, Route]:
+    """A recorded llama-server: its model list, props, /metrics and one streamed chat completion."""
+    return {"GET /v1/models": Route(body=fixture("llamacpp_models.json")),
+            "GET /props": Route(body=fixture("llamacpp_props.json")),
+            "GET /metrics": Route(body=fixture("llamacpp_metrics.txt"), content_type="text/plain"),
+            "POST /v1/chat/completions": Route(body=fixture("llamacpp_stream.txt"), content_type="text/event-stream")}

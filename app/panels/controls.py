@@ -58,9 +58,9 @@ class ControlsPanel(QWidget):
         self.device_box.addItems(list(DEVICES))
         self.dtype_box = QComboBox()
         self.dtype_box.addItems(list(DTYPES))
-        self.trust_box = QCheckBox("Allow this model's own code (trust_remote_code)")
-        self.trust_box.setToolTip("Runs Python shipped with the model. Allowed per model: changing the model "
-                                  "source clears it, and it is never remembered")
+        self.trust_box = QCheckBox("Allow this model's own code")
+        self.trust_box.setToolTip("trust_remote_code: runs Python shipped with the model. Allowed per model: "
+                                  "changing the model source clears it, and it is never remembered")
         self.model_box.currentTextChanged.connect(lambda _t: self.trust_box.setChecked(False))
         self.load_button = QPushButton("Load model")
         self.load_button.clicked.connect(self._request_load)
@@ -69,16 +69,13 @@ class ControlsPanel(QWidget):
         self.model_status.setWordWrap(True)
         model_group = self.model_group = QGroupBox("Model")
         form = QFormLayout(model_group)
+        form.addRow("Source", self.model_box)          # one widget per row: the dock stays narrow (330 px)
         row = QHBoxLayout()
-        row.addWidget(self.model_box, 1)
         row.addWidget(self.folder_button)
         row.addWidget(self.gguf_button)
-        form.addRow("Source", row)
-        row = QHBoxLayout()
-        row.addWidget(self.device_box)
-        row.addWidget(QLabel("dtype"))
-        row.addWidget(self.dtype_box)
-        form.addRow("Device", row)
+        form.addRow("", row)
+        form.addRow("Device", self.device_box)
+        form.addRow("dtype", self.dtype_box)
         form.addRow(self.trust_box)
         form.addRow(self.load_button)
         form.addRow(self.model_status)
@@ -132,15 +129,16 @@ class ControlsPanel(QWidget):
         self.kv_box = QCheckBox("KV cache")
         self.kv_box.setChecked(True)
         self.kv_box.setToolTip("Off: every decode step recomputes the whole sequence (watch the latency grow)")
-        self.static_box = QCheckBox("static (allocated up front)")
-        self.static_box.setToolTip("Allocate the cache for prompt + max new tokens before the first token, as "
-                                   "compiled decoding needs: the heatmap outlines what is allocated but unused")
+        self.static_box = QCheckBox("static")
+        self.static_box.setToolTip("Static KV cache: allocate it for prompt + max new tokens before the first "
+                                   "token, as compiled decoding needs: the heatmap outlines what is allocated but "
+                                   "unused")
         self.compile_box = QCheckBox("compiled decode")
         self.compile_box.setToolTip("Decode through torch.compile with CUDA graphs (on a GPU); the first step "
                                     "compiles and is timed apart. On a CPU it compiles slowly and rarely helps")
         self.static_box.toggled.connect(lambda on: self.compile_box.setEnabled(on))
         self.compile_box.setEnabled(False)
-        self.attention_box = QCheckBox("record attention (newest token, every step)")
+        self.attention_box = QCheckBox("record attention")
         self.attention_box.setToolTip("Keep each step's attention weights over the cached positions for the "
                                       "Attention view: costs time per step (shown there) and trace space")
         params_group = QGroupBox("Generation")
@@ -156,9 +154,11 @@ class ControlsPanel(QWidget):
         row = QHBoxLayout()
         row.addWidget(self.kv_box)
         row.addWidget(self.static_box)
-        row.addWidget(self.compile_box)
         pf.addRow(row)
-        pf.addRow(self.attention_box)
+        row = QHBoxLayout()
+        row.addWidget(self.compile_box)
+        row.addWidget(self.attention_box)
+        pf.addRow(row)
 
         # --- run buttons ---
         self.run_button = QPushButton("Run  (Ctrl+Enter)")

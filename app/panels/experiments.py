@@ -163,6 +163,7 @@ class ExperimentView(QWidget):
         self.sizes_chart: Chart | None = None
         self.sizes_plot: pg.PlotItem | None = None
         self.charts = QWidget()
+        self.charts.setMinimumHeight(340)                # a short dock scrolls instead of squashing the charts
         charts = QVBoxLayout(self.charts)
         charts.setContentsMargins(0, 0, 0, 0)
         charts.addWidget(self.chart, 3)
@@ -171,6 +172,8 @@ class ExperimentView(QWidget):
                                      "What the server reports on /metrics")
             self.sizes_plot = self.sizes_chart.plot
             self.sizes_plot.setXLink(self.plot)
+            if kind == "server load":
+                self.sizes_chart.setMinimumHeight(230)   # its legend, title and an axis with a few ticks
             charts.addWidget(self.sizes_chart, 1)
         self.plot.getViewBox().setDefaultPadding(0.08)       # room for point labels at the edges
         self.explain = QLabel()
@@ -308,7 +311,8 @@ class ExperimentView(QWidget):
 
     def _fill_table(self, record: ExperimentRecord) -> None:
         columns = COLUMNS[self.kind]
-        points = [p for p in record.points if (p.series != "batch" or self.kind == "batch") and p.series != "skipped"]
+        points = [p for p in record.points if (p.series != "batch" or self.kind == "batch")
+                  and p.series not in ("skipped", "metrics")]           # /metrics polls are charted, not tabled
         requested = record.started.settings.get("formats", [])
         self.table.setRowCount(len(points))
         for row, point in enumerate(points):
@@ -374,7 +378,7 @@ class ExperimentView(QWidget):
                            f"KV cache {'on' if kv else 'off'} (measured)")
         s = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
         if "decode_speedup" in s:
-            match = "identical ✓" if s["tokens_match"] else "DIFFERENT ✗"
+            match = "identical ✓" if s["tokens_match"] else f"DIFFERENT ✗{token_note(s)}"
             step = min(len(latency.get(True, [])), len(latency.get(False, [])))
             at_step = (f"At step {step}: <b>{latency[False][step - 1]:,.0f} ms vs {latency[True][step - 1]:,.0f} ms "
                        f"per step, {latency[False][step - 1] / latency[True][step - 1]:.1f}x</b> (measured). "
@@ -469,7 +473,7 @@ class ExperimentView(QWidget):
                 f"mean TTFT {s['static_mean_ttft_ms']:,.0f} ms, end-to-end {s['static_mean_e2e_ms']:,.0f} ms (all "
                 f"measured). Static batching makes a newcomer wait for the whole batch (grey); continuous batching "
                 f"prefills it at the next step and lets finished rows leave. "
-                f"{solo.get(s.get('tokens_match_solo'), '')}")
+                f"{solo.get(s.get('tokens_match_solo'), '')}{token_note(s)}")
 
 
     def _draw_server_load(self, record: ExperimentRecord) -> None:
@@ -484,7 +488,9 @@ class ExperimentView(QWidget):
                 self.chart.add(pg.BarGraphItem(x0=[r[start] for r in rows],
                                                width=[max(r[end] - r[start], 0.0) for r in rows],
                                                y=[r["index"] for r in rows], height=0.7, brush=colour, pen=None), name)
-        self.plot.getAxis("left").setTicks([[(r["index"], f"#{int(r['index'])}") for r in requests], []])
+        every = max(1, -(-len(requests) // 6))          # at most ~6 labels: 64 lanes must not print 64 names
+        self.plot.getAxis("left").setTicks([[(r["index"], f"#{int(r['index'])}") for r in requests[::every]],
+                                            [(r["index"], "") for r in requests]])
         self.plot.invertY(True)
         samples = [p.values for p in record.points if p.series == "metrics"]
         for quantity, colour in (("running", th.DECODE), ("waiting", th.WAITING)):
@@ -616,12 +622,17 @@ def paged_step_words(table, index: int, count: int, peak: int) -> str:
             f"{len(table.cached_blocks)} kept for reuse, {table.free_blocks} free.")
 
 
+def token_note(s: dict) -> str:
+    """The engine's reason why tokens differ (a 16-bit float's rounding), escaped, or nothing."""
+    return f" ({escape(str(s['tokens_note']))})" if s.get("tokens_note") else ""
+
+
 def paged_explanation(s: dict) -> str:
     mib = 2**20
     reserve = f"{s['reserve']:.0f} positions" if "reserve" in s else "its max tokens"
     same = "identical ✓" if s.get("same_tokens_as_ours") else "different"
     solo = "each request's tokens equal its solo run ✓" if s.get("tokens_match_solo") else \
-        "tokens DIFFER from solo runs ✗"
+        f"tokens DIFFER from solo runs ✗{token_note(s)}"
     ours = (f" Same arrivals through KVScope's own scheduler: {s['ours_tok_s']:,.0f} tok/s, mean TTFT "
             f"{s['ours_mean_ttft_ms']:,.0f} ms (measured); transformers' paged batching "
             f"{s['transformers_tok_s']:,.0f} tok/s, {s['transformers_mean_ttft_ms']:,.0f} ms; tokens {same}."
@@ -689,10 +700,22 @@ def log_ticks(values: np.ndarray, base: int) -> list[tuple[float, str]]:
 
 
 def _end_text(record: ExperimentRecord) -> str:
+    """How it ended, and the settings it ran with (a replayed experiment's are not the boxes above)."""
     end = record.end
     if hasattr(end, "reason"):
-        return "Finished." if end.reason == "done" else "Cancelled: the points measured so far are kept."
-    return f"Failed: {getattr(end, 'message', '')}"
+        text = "Finished." if end.reason == "done" else "Cancelled: the points measured so far are kept."
+    else:
+        text = f"Failed: {getattr(end, 'message', '')}"
+    shown = {k: v for k, v in record.started.settings.items() if k != "prompt"}
+    if shown:
+        text += " Ran with " + ", ".join(f"{k.replace('_', ' ')} {_setting(v)}" for k, v in shown.items()) + "."
+    return text
+
+
+def _setting(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return "/".join(str(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _spin(low: int, high: int, value: int, suffix: str) -> QSpinBox:

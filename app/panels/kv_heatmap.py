@@ -179,9 +179,11 @@ class KVHeatmapPanel(QWidget):
         if key == self._shown:
             return
         self._shown = key
-        if run is None or run.remote:
+        remote = run is not None and run.remote
+        self.graphics.setVisible(not remote)            # a server shows no tensors: no empty axes pretending to
+        if run is None or remote:
             self.image.setVisible(False)
-            self.info.setText(REMOTE if run is not None else "Load a model and run a prompt to see the cache fill.")
+            self.info.setText(REMOTE if remote else "Load a model and run a prompt to see the cache fill.")
             return
         self._draw(run)
 

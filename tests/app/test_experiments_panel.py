@@ -116,12 +116,15 @@ def test_an_experiment_saved_as_a_trace_replays_with_its_runs(qtbot, window, tmp
     kinds = {type(e).__name__ for e in original.events}
     assert {"ExperimentStarted", "RunStarted", "TokenStep", "ExperimentFinished"} <= kinds
     window.clear_runs()
+    window.experiments.setCurrentWidget(window.experiments.views["batch"])
+    window.docks["timing"].raise_()
     window.replay_speed = 0.0
     window.open_trace(str(path))
     wait_idle(qtbot, window)
     window.refresh(force=True)
     replayed = window.store.latest_experiment("cache")
     assert replayed.events == original.events and len(replayed.run_ids) == 2
+    assert window.experiments.currentWidget() is view and not window.docks["experiments"].visibleRegion().isEmpty()
     assert view.chart.legend_names() == ["KV cache on (measured)", "KV cache off (measured)"]
 
 

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"machine": machine(), "model": window.client.model.model.name}
     SETTINGS["prefill"]["max_length"] = args.max_length
     for kind, settings in SETTINGS.items():
-        window.start_experiment(kind, dict(settings), dock=DOCK.get(kind, "experiments"))
+        window.start_experiment(kind, dict(settings))
         _wait(lambda: window.client.busy is None, timeout_s=3600)
         record = window.store.latest_experiment(kind)
         window.refresh(force=True)

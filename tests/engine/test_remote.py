@@ -16,7 +16,7 @@ from engine.experiments import run_experiment
 from engine.params import GenerationParams
 from engine.remote import API_KEY_ENV, RemoteError, RemoteSession, probe, server_url
 from engine.trace import read_trace, write_trace
-from tests.replay_server import ReplayServer, Route, fixture
+from tests.replay_server import ReplayServer, Route, fixture, llamacpp_routes
 
 MODELS = json.dumps({"object": "list", "data": [{"id": "Qwen/Qwen3-0.6B", "object": "model", "owned_by": "vllm",
                                                  "max_model_len": 40960}]}).encode()
@@ -125,13 +125,6 @@ def test_each_engines_metrics_page_reads_into_the_same_quantities(name, engine, 
     reading = metrics.read(fixture(name).decode())
     assert reading.engine == engine
     assert {k: reading.values[k] for k in expected} == expected
-
-
-def llamacpp_routes() -> dict[str, Route]:
-    return {"GET /v1/models": Route(body=fixture("llamacpp_models.json")),
-            "GET /props": Route(body=fixture("llamacpp_props.json")),
-            "GET /metrics": Route(body=fixture("llamacpp_metrics.txt"), content_type="text/plain"),
-            "POST /v1/chat/completions": Route(body=fixture("llamacpp_stream.txt"), content_type="text/event-stream")}
 
 
 def test_a_recorded_llama_server_run_keeps_its_token_ids_and_its_own_timings():

@@ -1,0 +1,61 @@
+"""The window attached to a serving engine (a recorded llama-server, replayed locally): every panel says what a
+client can and cannot see, and nothing pretends to be a tensor it never had."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
+from tests.replay_server import ReplayServer, llamacpp_routes
+
+
+@pytest.fixture
+def server_window(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSCOPE_SETTINGS", str(tmp_path / "settings.ini"))
+    with ReplayServer(llamacpp_routes()) as server:
+        window = make_window(qtbot)
+        window.load_model(server.url, "auto", "auto")
+        qtbot.waitUntil(lambda: window.client.model is not None and window.client.busy is None, timeout=30_000)
+        try:
+            yield window, server
+        finally:
+            close_and_dispose(window)
+
+
+def test_a_run_through_a_server_is_drawn_as_client_timed_and_the_heatmap_says_why_it_is_empty(server_window, qtbot):
+    window, server = server_window
+    assert window.controls.model_box.currentText() == server.url
+    window.controls.max_tokens.setValue(24)
+    run = run_and_wait(qtbot, window)
+    assert run.remote and run.n_steps == 24
+    assert not window.kv.graphics.isVisible() and "no per-layer tensors" in window.kv.info.text()
+    assert window.status.labels["prefill"].text() == "prefill: not visible from a client"
+    assert window.status.labels["ttft"].text().endswith("ms (client)")
+    assert "Server reported: prompt 41 tokens in 128.5 ms" in window.timing.summary.text()
+
+
+def test_a_local_run_after_a_server_run_shows_the_heatmap_again(server_window, qtbot, tiny_model_dir):
+    window, _server = server_window
+    window.controls.max_tokens.setValue(4)
+    run_and_wait(qtbot, window)
+    assert not window.kv.graphics.isVisible()
+    window.load_model(str(tiny_model_dir), "cpu", "float32")
+    wait_idle(qtbot, window)
+    run = run_and_wait(qtbot, window)
+    assert not run.remote and window.kv.graphics.isVisible()
+
+
+def test_the_server_load_view_tables_one_row_per_request_and_charts_the_metrics_polls(server_window, qtbot):
+    window, _server = server_window
+    view = window.experiments.views["server load"]
+    view.requests.setValue(3)
+    view.run_button.click()
+    wait_idle(qtbot, window, timeout=60_000)
+    window.refresh(force=True)
+    record = window.store.latest_experiment("server load")
+    assert record.end.summary["completed"] == 3 and any(p.series == "metrics" for p in record.points)
+    assert view.table.rowCount() == 3
+    ttft = [view.table.item(row, 2).text() for row in range(3)]
+    assert all(text and float(text.replace(",", "")) > 0 for text in ttft)
+    assert window.experiments.currentWidget() is view
+    assert view.status.text().startswith("Finished. Ran with requests 3, every s 0.5, new tokens 48")
