@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 
 from engine import costmodel
 from engine.cli import Parser
@@ -89,14 +90,7 @@ def sweep_main(argv: list[str]) -> int:
     from engine.hardware import peaks_event
     from engine.session import Session
 
-    events: list[object] = []
-
-    def sink(event: object) -> None:
-        events.append(event)
-        if writer is not None:
-            writer(event)
-        if isinstance(event, ExperimentProgress) and not args.json:
-            print(f"[{event.done}/{event.total}] {event.message}", file=sys.stderr, flush=True)
+    events, sink = collecting_sink(writer, quiet=args.json)
 
     peaks = peaks_event(loaded)
     finished = run_experiment(args.kind, Session(loaded), sink, peaks=peaks, **settings)
@@ -110,6 +104,21 @@ def sweep_main(argv: list[str]) -> int:
     else:
         print(experiment_table(args.kind, points, finished))
     return 0 if finished.reason == "done" else 1
+
+
+def collecting_sink(writer, quiet: bool) -> tuple[list[object], Callable[[object], None]]:
+    """A sink that keeps every event (and writes it to the trace, if any), with progress on stderr unless the
+    output is JSON."""
+    events: list[object] = []
+
+    def sink(event: object) -> None:
+        events.append(event)
+        if writer is not None:
+            writer(event)
+        if isinstance(event, ExperimentProgress) and not quiet:
+            print(f"[{event.done}/{event.total}] {event.message}", file=sys.stderr, flush=True)
+
+    return events, sink
 
 
 def perfetto_parser() -> argparse.ArgumentParser:
@@ -162,14 +171,7 @@ def load_main(argv: list[str]) -> int:
 
     writer = TraceWriter(args.trace) if args.trace else None
     facts = probe(args.server)
-    events: list[object] = []
-
-    def sink(event: object) -> None:
-        events.append(event)
-        if writer is not None:
-            writer(event)
-        if isinstance(event, ExperimentProgress) and not args.json:
-            print(f"[{event.done}/{event.total}] {event.message}", file=sys.stderr, flush=True)
+    events, sink = collecting_sink(writer, quiet=args.json)
 
     finished = run_experiment("server load", RemoteSession(facts), sink, requests=args.requests, every_s=args.every,
                               new_tokens=args.tokens, poll_s=args.poll, limit_s=args.limit)
