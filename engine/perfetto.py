@@ -4,8 +4,11 @@ ui.perfetto.dev or chrome://tracing beside traces of anything else.
 One process per run or experiment, one thread (track) per kind of work: the run's forward passes (prefill,
 then each decode step), sampling (each step's time after its forward pass), waits (paused, stepping); an
 experiment's runs each on their own track, and continuous batching one track per request (waiting, prefill,
-decode) plus a counter of the batch size. Times are microseconds from the start of each run or experiment,
-as recorded; every slice is a complete event (``"ph": "X"``) with a duration.
+decode) plus a counter of the batch size; paged KV as counters of blocks held, shared and free per step;
+speculative decoding one track per repeat with each pass's drafting and verifying. Times are microseconds from
+the start of each run or experiment, as recorded; every slice is a complete event (``"ph": "X"``) with a
+duration. Speculative passes are reported together after their repeat, so they are laid out back to back from
+their measured durations, ending when they were reported (said in each slice's args).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from engine.events import (
+    BlockTable,
+    DraftPass,
     ExperimentPoint,
     ExperimentStarted,
     PrefillDone,
@@ -33,6 +38,7 @@ def trace_events(events: Iterable[object]) -> list[dict]:
     pids: dict[str, int] = {}
     run_track: dict[str, tuple[int, int]] = {}         # run id -> (pid, first tid) of its tracks
     experiments: dict[str, int] = {}
+    passes: dict[tuple[str, int], list[DraftPass]] = {}     # (experiment, repeat) -> its passes, in order
 
     def process(key: str, name: str) -> int:
         pid = pids.setdefault(key, len(pids) + 1)
@@ -87,6 +93,30 @@ def trace_events(events: Iterable[object]) -> list[dict]:
                         "ts": _us(event.t_ms), "s": "t"})
         elif isinstance(event, ExperimentPoint) and event.exp_id in experiments:
             out.extend(_point(experiments[event.exp_id], event, thread))
+        elif isinstance(event, BlockTable) and event.exp_id in experiments:
+            shared = len(event.shared_blocks)
+            held = len({b for table in event.tables for b in table})
+            out.append({"ph": "C", "name": "paged KV blocks", "pid": experiments[event.exp_id],
+                        "ts": _us(event.t_ms), "args": {"held": held, "shared": shared, "free": event.free_blocks}})
+        elif isinstance(event, DraftPass) and event.exp_id in experiments:
+            passes.setdefault((event.exp_id, event.repeat), []).append(event)
+    for (exp_id, repeat), done in passes.items():
+        out.extend(_passes(experiments[exp_id], repeat, done, thread))
+    return out
+
+
+def _passes(pid: int, repeat: int, done: list[DraftPass], thread) -> list[dict]:
+    """One repeat's verification passes, back to back, the last ending when they were reported."""
+    tid = 2000 + repeat
+    thread(pid, tid, f"speculative repeat {repeat + 1}: draft, then verify")
+    start = max(done[0].t_ms - sum(p.draft_ms + p.verify_ms for p in done), 0.0)
+    out = []
+    for p in done:
+        laid = {"layout": "back to back from measured durations"}
+        out.append(_slice(pid, tid, f"draft {len(p.drafted)}", "draft", start, p.draft_ms, laid))
+        out.append(_slice(pid, tid, f"verify: kept {p.accepted} of {len(p.drafted)}", "verify", start + p.draft_ms,
+                          p.verify_ms, {**laid, "kept": p.accepted, "guessed": "".join(p.drafted_text)}))
+        start += p.draft_ms + p.verify_ms
     return out
 
 

@@ -128,3 +128,15 @@ def test_the_experiment_replays_and_a_hostile_block_table_is_refused(experiment,
         path.write_text("\n".join(json.dumps(r) for r in bad) + "\n")
         with pytest.raises(TraceError, match=fragment):
             read_trace(path)
+
+
+def test_perfetto_counts_blocks_held_shared_and_free_at_every_step(experiment):
+    from engine.perfetto import trace_events
+    from tests.engine.test_perfetto import check_trace_event_format
+
+    out = check_trace_event_format({"traceEvents": trace_events(experiment)})
+    tables = [e for e in experiment if isinstance(e, BlockTable)]
+    counters = [e for e in out if e["ph"] == "C" and e["name"] == "paged KV blocks"]
+    assert len(counters) == len(tables) > 0
+    assert [c["args"]["free"] for c in counters] == [t.free_blocks for t in tables]
+    assert max(c["args"]["shared"] for c in counters) > 0                # the system prompt's blocks

@@ -128,3 +128,16 @@ def test_the_experiment_saves_and_replays_and_hostile_passes_are_refused(experim
         path.write_text("\n".join(json.dumps(r) for r in bad) + "\n")
         with pytest.raises(TraceError, match=fragment):
             read_trace(path)
+
+
+def test_perfetto_shows_each_pass_drafting_then_verifying_per_repeat(experiment):
+    from engine.perfetto import trace_events
+    from tests.engine.test_perfetto import check_trace_event_format
+
+    out = check_trace_event_format({"traceEvents": trace_events(experiment)})
+    passes = [e for e in experiment if isinstance(e, DraftPass)]
+    threads = {e["args"]["name"] for e in out if e["name"] == "thread_name"}
+    assert {"speculative repeat 1: draft, then verify", "speculative repeat 2: draft, then verify"} <= threads
+    verify = [e for e in out if e["ph"] == "X" and e["cat"] == "verify"]
+    assert len(verify) == len(passes) and [e["args"]["kept"] for e in verify] == [p.accepted for p in passes]
+    assert sum(e["cat"] == "draft" for e in out if e["ph"] == "X") == len(passes)
