@@ -59,6 +59,8 @@ class SamplingPanel(QWidget):
         self.chart.add(self.cut_bars, "cut by the filters")
         self.chart.add(self.chosen, "token drawn")
         self.chart.add(self.cut_line)
+        self.cut_line.setVisible(False)
+        self.chart.setVisible(False)                     # no empty axes before there is a step to show
         self.plot.invertY(True)
         self.plot.enableAutoRange(x=False)
         layout = QVBoxLayout(self)
@@ -100,8 +102,10 @@ class SamplingPanel(QWidget):
                 bars.setOpts(x0=[], y=[], width=[])
             self.chosen.setData([], [])
             self.cut_line.setVisible(False)
+            self.chart.setVisible(False)
             self.caption.setText("The candidates for the next token appear here during a run.")
             return
+        self.chart.setVisible(True)
         rows = candidate_rows(step)
         y = np.arange(len(rows))
         raw = np.array([r[1] for r in rows])

@@ -9,8 +9,10 @@ from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wai
 
 
 def test_a_run_fills_every_panel(qtbot, window):
+    assert not window.sampling.chart.isVisible()                    # no empty axes before the first step
     window.controls.max_tokens.setValue(20)
     run = run_and_wait(qtbot, window)
+    assert window.sampling.chart.isVisible()
     n = run.n_steps
     assert run.reason in ("max_tokens", "eos") and n >= 1
     # token stream: every prompt and generated token is in the document
