@@ -78,6 +78,7 @@ class ChatPanel(QWidget):
         layout.addLayout(self.content, 1)
         layout.addWidget(self.explain)
         self._shown = None
+        self._transcript_of: str | None = None          # the comparison whose conversation the transcript shows
         self._dirty = False
         conversation.subscribe(self._conversation_changed)
         self.set_busy(None)
@@ -134,9 +135,34 @@ class ChatPanel(QWidget):
                     stats += f"<br><small><i>{html.escape(note)}</i></small>"
             turn += 1
             parts.append(f"<p><b>Assistant:</b> {html.escape(message['content'])}{stats}</p>")
+        if not parts:
+            parts = self._comparison_transcript()
         self.view.setHtml("".join(parts) or "<p><i>Start a conversation below.</i></p>")
         bar = self.view.verticalScrollBar()
         bar.setValue(bar.maximum())                      # the newest turn is the one being discussed
+
+    def _comparison_transcript(self) -> list[str]:
+        """With no conversation of its own (a replayed comparison, a lecture from traces), the comparison's
+        last conversation: what was asked, what the model answered, and what each turn reused."""
+        record = self.store.latest_experiment("chat")
+        summary = record.end.summary if record is not None and hasattr(record.end, "summary") else {}
+        turns = int(summary.get("turns", 0))
+        points = [p.values for p in record.points if "reuse" in p.values] if record is not None else []
+        if not turns or len(points) != len(record.run_ids):
+            return []
+        reused = [run_id for run_id, p in zip(record.run_ids, points) if p["reuse"]]   # one point per turn run
+        runs = [self.store.find(r) for r in reused[-turns:]]
+        runs = [r for r in runs if r is not None and r.finished]
+        if len(runs) != turns:
+            return []
+        parts = ["<p><i>The comparison's last conversation with the cache kept:</i></p>"]
+        for i, run in enumerate(runs, 1):
+            s = run.summary()
+            parts.append(f"<p><b>You:</b> {html.escape(run.started.prompt)}</p>")
+            parts.append(f"<p><b>Assistant:</b> {html.escape(s.text)}<br><small>turn {i} · reused "
+                         f"{s.reused_tokens or 0:,} · prefilled {s.prompt_tokens or 0:,} · TTFT {s.ttft_ms:,.0f} ms"
+                         "</small></p>")
+        return parts
 
     def set_theme(self, theme: th.Theme) -> None:
         self.theme = theme
@@ -154,6 +180,10 @@ class ChatPanel(QWidget):
         key = (len(done), (record.exp_id, len(record.events)) if record else None)
         if key == self._shown:
             return
+        finished = record.exp_id if record is not None and record.end is not None else None
+        if not self.conversation.messages and finished != self._transcript_of:
+            self._transcript_of = finished               # once it has ended: rendering mid-run slows the worker
+            self._render()
         self._shown = key
         self.chart.clear_data()
         width = self.theme.line_width * 1.5

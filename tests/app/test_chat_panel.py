@@ -61,3 +61,23 @@ def test_a_plain_run_between_turns_says_why_nothing_was_reused(qtbot, window):
     second = window.store.find(window.conversation.turn_runs[1])
     assert second.reused_tokens == 0
     assert "nothing reused: a plain run since the last turn replaced the conversation" in window.chat.view.toHtml()
+
+
+def test_a_replayed_comparison_shows_its_conversation_as_the_transcript(qtbot, window, tmp_path):
+    window.controls.max_tokens.setValue(4)
+    window.start_experiment("chat", {"turns": ["hello there", "tell me more"]})
+    wait_idle(qtbot, window, timeout=120_000)
+    record = window.store.latest_experiment("chat")
+    path = tmp_path / "chat.jsonl"
+    window.save_trace(str(path), record.events)
+    window.chat.new_button.click()
+    window.clear_runs()
+    window.replay_speed = 0.0
+    window.open_trace(str(path))
+    wait_idle(qtbot, window)
+    window.refresh(force=True)
+    text = window.chat.view.toPlainText()
+    assert "The comparison's last conversation with the cache kept" in text
+    assert text.count("You: ") == 2 and "You: tell me more" in text and text.count("Assistant: ") == 2
+    reused = [int(line.split("reused ")[1].split(" ")[0]) for line in text.splitlines() if "reused " in line]
+    assert reused[0] == 0 and reused[1] > 0                       # turn 2 came from the kept cache
