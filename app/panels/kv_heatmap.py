@@ -79,6 +79,7 @@ class KVHeatmapPanel(QWidget):
         top.addWidget(self.mode_box)
         top.addWidget(self.fit_button)
         self._controls = (show, self.mode_box, self.fit_button)
+        self._controls_wanted = True
         top.addStretch(1)
 
         self.graphics = TimedGraphics()
@@ -181,6 +182,8 @@ class KVHeatmapPanel(QWidget):
         self._shown = key
         remote = run is not None and run.remote
         self.graphics.setVisible(not remote)            # a server shows no tensors: no empty axes pretending to
+        for widget in self._controls:                   # nor modes and zoom for a chart that is not there
+            widget.setVisible(self._controls_wanted and not remote)
         if run is None or remote:
             self.image.setVisible(False)
             self.info.setText(REMOTE if remote else "Load a model and run a prompt to see the cache fill.")
@@ -189,6 +192,7 @@ class KVHeatmapPanel(QWidget):
 
     def set_controls_visible(self, visible: bool) -> None:
         """A lecture scene shows the heatmap and its arithmetic; the mode and zoom buttons stay behind."""
+        self._controls_wanted = visible
         for widget in self._controls:
             widget.setVisible(visible)
 

@@ -29,6 +29,7 @@ def test_a_run_through_a_server_is_drawn_as_client_timed_and_the_heatmap_says_wh
     run = run_and_wait(qtbot, window)
     assert run.remote and run.n_steps == 24
     assert not window.kv.graphics.isVisible() and "no per-layer tensors" in window.kv.info.text()
+    assert not window.kv.mode_box.isVisible() and not window.kv.fit_button.isVisible()
     assert window.status.labels["prefill"].text() == "prefill: not visible from a client"
     assert window.status.labels["ttft"].text().endswith("ms (client)")
     assert "Server reported: prompt 41 tokens in 128.5 ms" in window.timing.summary.text()
@@ -42,7 +43,7 @@ def test_a_local_run_after_a_server_run_shows_the_heatmap_again(server_window, q
     window.load_model(str(tiny_model_dir), "cpu", "float32")
     wait_idle(qtbot, window)
     run = run_and_wait(qtbot, window)
-    assert not run.remote and window.kv.graphics.isVisible()
+    assert not run.remote and window.kv.graphics.isVisible() and window.kv.mode_box.isVisible()
 
 
 def test_the_server_load_view_tables_one_row_per_request_and_charts_the_metrics_polls(server_window, qtbot):
