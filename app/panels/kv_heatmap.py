@@ -161,10 +161,12 @@ class KVHeatmapPanel(QWidget):
         th.style_plot(self.bars_plot, theme, "per layer", "B", "", None)
         self.bars_plot.setTitle("K solid, V hatched", size=f"{theme.base_pt:.0f}pt", color=theme.foreground)
         bar_axis = self.colorbar.getAxis("right")
+        bar_axis.setWidth(None)                         # fits the tick labels at the theme's font size
         bar_axis.setTickFont(theme.axis_font)
         bar_axis.setPen(theme.foreground)
         bar_axis.setTextPen(theme.foreground)
         th.style_ticks(bar_axis, theme)
+        bar_axis.setStyle(hideOverlappingLabels=False)  # its three labels sit at the ends: keep them
         self.empty.setBrush(QBrush(QColor("#3A3A3A" if theme.dark else "#E4E4E4")))
         self.strip_text.setColor(theme.foreground)
         self.strip_text.setFont(theme.axis_font)
@@ -224,6 +226,8 @@ class KVHeatmapPanel(QWidget):
             self.image.setRect(QRectF(0, 0, grid.shape[1], layers))
             self.image.setVisible(True)
             self.colorbar.setLevels((0.0, high))
+            fmt = "{:,.0f}" if high >= 100 else "{:.2f}"     # three labels: readable at any size, even in a scene
+            self.colorbar.getAxis("right").setTicks([[(v, fmt.format(v)) for v in (0.0, high / 2, high)], []])
         else:
             self.image.setVisible(False)
         label, unit = BAR_LABEL[self.mode]

@@ -27,6 +27,9 @@ def test_a_run_fills_every_panel(qtbot, window):
     for layer, ((k, v), held) in enumerate(zip(last.kv_bytes_per_layer, last.kv_positions_per_layer)):
         assert np.all(image[layer] == (k + v) / held)
     assert "equals the formula" in window.kv.info.text()
+    bar = window.kv.colorbar.getAxis("right")                # the colour scale says what the colours mean
+    labels = [label for _value, label in bar._tickLevels[0]]
+    assert labels[0] == "0" and labels[-1] == f"{np.nanmax(image):,.0f}" and not bar.style["hideOverlappingLabels"]
     # timing: a latency point per decode step, cumulative tokens for every step, a timeline bar per decode step
     items = window.timing._items[run.run_id]
     assert len(items.latency.getData()[0]) == n - 1
