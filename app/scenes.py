@@ -245,9 +245,8 @@ def _claim(name: str, store: RunStore, run: RunRecord | None, conversation: Conv
         s = _summary(store, "speculative")
         if "speedup" not in s:
             return "press R: a drafter guesses the next tokens, the model checks them all in one pass"
-        same = "same tokens as plain decode ✓" if s["tokens_match"] else (
-            f"tokens leave plain decode's at token {s['first_difference']:.0f} ({s['dtype']} rounding)"
-            if s["dtype"] != "float32" else f"tokens DIFFER from token {s['first_difference']:.0f} ✗")
+        same = "same tokens as plain decode ✓" if s["tokens_match"] else \
+            f"tokens leave plain decode's at token {s['first_difference']:.0f}{rounding(s)}"
         return (f"{s['drafter']}: {s['accepted']:.0f} of {s['drafted']:.0f} guesses kept, {s['tokens_per_pass']:.1f} "
                 f"tokens per pass, decode {s['speedup']:.1f}x as fast (measured); {same}")
     if name == "paged":
@@ -297,6 +296,11 @@ def _claim(name: str, store: RunStore, run: RunRecord | None, conversation: Conv
     return ""
 
 
+def rounding(s: dict) -> str:
+    """Why tokens parted, in a caption's few words: the engine's note (a 16-bit float), or a plain failure."""
+    return " (16-bit rounding)" if s.get("tokens_note") else " ✗"
+
+
 def chat_claim(s: dict) -> str:
     """The chat comparison in one line: the last turn's medians and whether they differ beyond the spread."""
     last = int(s["turns"])
@@ -306,8 +310,7 @@ def chat_claim(s: dict) -> str:
     else:
         verdict = "within the noise of the repeats"
     busy = " · measured on a busy machine" if load.busy(s.get("lowest_cpu_share")) else ""
-    same = "same replies" if s["tokens_match"] else "replies differ (16-bit rounding)" if s.get("tokens_note") \
-        else "DIFFERENT replies"
+    same = "same replies" if s["tokens_match"] else f"replies differ{rounding(s)}"
     return (f"turn {last} TTFT {on:,.0f} ms with the cache kept vs {off:,.0f} ms re-prefilled (median of "
             f"{s['repeats']}): {verdict}; {same}{busy}")
 

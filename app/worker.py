@@ -116,13 +116,13 @@ class EngineWorker(QObject):
         """A server "loads" when it answers: no weights here, no peaks to measure (they are the server's)."""
         import time
 
-        from engine.remote import RemoteSession, loaded_event, probe
+        from engine.remote import RemoteSession, probe
 
         self.push(LoadProgress("connect", f"Connecting to {url}", None))
         started = time.perf_counter()
         facts = probe(url)
         self.session, self.peaks = RemoteSession(facts), None
-        self.push(loaded_event(facts, (time.perf_counter() - started) * 1000.0))
+        self.push(ModelLoaded(model=facts, load_ms=(time.perf_counter() - started) * 1000.0))
 
     @Slot(dict)
     def run(self, request: dict) -> None:

@@ -405,10 +405,7 @@ def experiment_table(kind: str, points: list[ExperimentPoint], finished: Experim
                       f"{s['speedup']:.2f}x as fast (median of the repeats, measured; drafting "
                       f"{s['draft_share']:.0%} of the speculative time)",
                       "same tokens as plain greedy decode: " + ("yes" if s["tokens_match"] else
-                                                                f"NO, from token {int(s['first_difference'])}" +
-                                                                (f" ({s['dtype']} rounds a pass of several tokens "
-                                                                 "differently; float32 does not)"
-                                                                 if s["dtype"] != "float32" else ""))]
+                                                                f"NO, from token {int(s['first_difference'])}")]
             if busy_note(s.get("lowest_cpu_share")):
                 lines.append(f"note: {busy_note(s['lowest_cpu_share'])}")
     elif kind == "continuous":
@@ -434,7 +431,7 @@ def experiment_table(kind: str, points: list[ExperimentPoint], finished: Experim
         if "throughput_gain" in s:
             lines += ["", f"batch {s['largest_batch']}: {s['throughput_gain']:.1f}x the tokens/s of batch 1, each "
                       f"token {s['latency_growth']:.2f}x slower per request (measured)"]
-    if s.get("tokens_note") and kind != "speculative":             # speculative says it beside its first difference
+    if s.get("tokens_note"):
         lines.append(f"why the tokens differ: {s['tokens_note']}")
     if finished.reason != "done":
         lines.append(f"({finished.reason})")

@@ -31,7 +31,6 @@ from engine import metrics
 from engine.errors import EngineError, PromptError
 from engine.events import (
     Candidate,
-    ModelLoaded,
     RunFailed,
     RunFinished,
     RunStarted,
@@ -141,22 +140,20 @@ def _error_detail(response: http.client.HTTPResponse) -> str:
     return f": {text}" if text else ""
 
 
-def get_json(url: str, path: str, timeout: float = 5.0) -> Any:
+def get_text(url: str, path: str, timeout: float = 5.0, limit: int = metrics.MAX_PAGE + 1) -> str:
+    """A GET's body as text, at most ``limit`` bytes (a page larger than that is not what was asked for)."""
     connection, response = request(url, "GET", path, timeout=timeout)
     try:
-        return json.loads(response.read(MAX_LINE).decode("utf-8", "replace"))
+        return response.read(limit).decode("utf-8", "replace")
+    finally:
+        connection.close()
+
+
+def get_json(url: str, path: str, timeout: float = 5.0) -> Any:
+    try:
+        return json.loads(get_text(url, path, timeout, MAX_LINE))
     except ValueError:
         raise RemoteError(f"The server at {url} answered {path} with something that is not JSON") from None
-    finally:
-        connection.close()
-
-
-def get_text(url: str, path: str, timeout: float = 5.0) -> str:
-    connection, response = request(url, "GET", path, timeout=timeout)
-    try:
-        return response.read(metrics.MAX_PAGE + 1).decode("utf-8", "replace")
-    finally:
-        connection.close()
 
 
 # --- what the server reveals ------------------------------------------------------------------------------
@@ -197,10 +194,6 @@ def probe(url: str, timeout: float = 5.0) -> ServerFacts:
 
 def _int_or_none(value: object) -> int | None:
     return value if type(value) is int and value > 0 else None
-
-
-def loaded_event(facts: ServerFacts, load_ms: float) -> ModelLoaded:
-    return ModelLoaded(model=facts, load_ms=load_ms)
 
 
 # --- streaming ----------------------------------------------------------------------------------------------

@@ -362,17 +362,7 @@ class Checker:
 
     # --- runs ---
     def _run(self, data: dict) -> tuple[str, _Run]:
-        run_id = _str(data, "run_id", 64)
-        run = self.runs.get(run_id)
-        if run is None:
-            raise SchemaError(f"{data.get('type')} belongs to run {_short(run_id)}, which has not started")
-        if run.ended:
-            raise SchemaError(f"{data.get('type')} comes after run {_short(run_id)} ended")
-        t = _num(data, "t_ms")
-        if t < run.t_ms:
-            raise SchemaError(f"t_ms goes back in time ({t:g} ms after {run.t_ms:g} ms)")
-        run.t_ms = t
-        return run_id, run
+        return _advance(self.runs, data, "run_id", "run")
 
     def run_started(self, data: dict) -> RunStarted:
         _fields(data, RunStarted, ("run_id", "model", "params", "prompt_ids"))
@@ -552,17 +542,7 @@ class Checker:
                              _str(data, "measured", 32) if "measured" in data else "")
 
     def _experiment(self, data: dict) -> tuple[str, _Experiment]:
-        exp_id = _str(data, "exp_id", 64)
-        experiment = self.experiments.get(exp_id)
-        if experiment is None:
-            raise SchemaError(f"{data.get('type')} belongs to experiment {_short(exp_id)}, which has not started")
-        if experiment.ended:
-            raise SchemaError(f"{data.get('type')} comes after experiment {_short(exp_id)} ended")
-        t = _num(data, "t_ms")
-        if t < experiment.t_ms:
-            raise SchemaError(f"t_ms goes back in time ({t:g} ms after {experiment.t_ms:g} ms)")
-        experiment.t_ms = t
-        return exp_id, experiment
+        return _advance(self.experiments, data, "exp_id", "experiment")
 
     def experiment_started(self, data: dict) -> ExperimentStarted:
         _fields(data, ExperimentStarted, ("exp_id", "t_ms", "kind", "model", "settings"))
@@ -681,6 +661,22 @@ def _scalar(value: object) -> bool:
     if type(value) is int or type(value) is float:
         return math.isfinite(value) and abs(value) < 1e30
     return type(value) is str and len(value) <= 4096
+
+
+def _advance(owners: dict, data: dict, key: str, what: str):
+    """The run or experiment an event belongs to, which must have started and not ended, its clock moved to
+    the event's time (which may not go back)."""
+    ident = _str(data, key, 64)
+    owner = owners.get(ident)
+    if owner is None:
+        raise SchemaError(f"{data.get('type')} belongs to {what} {_short(ident)}, which has not started")
+    if owner.ended:
+        raise SchemaError(f"{data.get('type')} comes after {what} {_short(ident)} ended")
+    t = _num(data, "t_ms")
+    if t < owner.t_ms:
+        raise SchemaError(f"t_ms goes back in time ({t:g} ms after {owner.t_ms:g} ms)")
+    owner.t_ms = t
+    return ident, owner
 
 
 _BUILDERS = {

@@ -251,7 +251,7 @@ def speculative_decoding(session: Any, emit: Any, cancel: threading.Event | None
     return x.finish({
         "drafter": guesser.name, "draft_tokens": draft_tokens, "prompt_tokens": len(ids),
         "first_text": session._piece(spec.tokens[0]),
-        "generated": len(spec.tokens), "dtype": session.facts.dtype,
+        "generated": len(spec.tokens),
         "plain_decode_ms": plain_ms, "speculative_decode_ms": spec_ms,
         "speedup": plain_ms / spec_ms if spec_ms else float("nan"),
         "plain_passes": len(plain.passes), "passes": len(spec.passes), "drafted": spec.drafted,

@@ -33,6 +33,7 @@ from app import theme as th
 from app.panels.chart import Chart
 from app.store import ExperimentRecord, RunStore
 from engine import load
+from engine.serverload import MAX_REQUESTS
 
 TITLES = {"prefill": "Prefill vs prompt length", "cache": "KV cache on vs off", "batch": "Batch size",
           "continuous": "Continuous batching", "dtype": "Weight formats", "speculative": "Speculative decoding",
@@ -120,14 +121,14 @@ class ExperimentView(QWidget):
             form.addRow("New tokens", self.tokens)
             self.prompt_source = lambda: ""              # the window gives the Controls prompt
         elif kind == "server load":
-            self.requests = _spin(1, 64, 4, "")
+            self.requests = _spin(1, MAX_REQUESTS, 4, "")
             self.every = QDoubleSpinBox()
             self.every.setRange(0.0, 60.0)
             self.every.setSingleStep(0.25)
             self.every.setValue(0.5)
             self.every.setSuffix(" s")
             self.tokens = _spin(1, 4096, 48, " tokens")
-            form.addRow("Concurrent requests", self.requests)
+            form.addRow("Requests", self.requests)
             form.addRow("One starts every", self.every)
             form.addRow("New tokens per request", self.tokens)
         elif kind == "paged":
@@ -663,12 +664,8 @@ def marked_text(passes: list) -> str:
 def speculative_explanation(s: dict) -> str:
     if s["tokens_match"]:
         same = "the same tokens as plain greedy decode ✓"
-    elif s.get("dtype") != "float32":
-        same = (f"tokens differ from plain decode from token {int(s['first_difference'])}: in {escape(s['dtype'])}, "
-                "checking several tokens in one pass rounds differently from one at a time (in float32 they are "
-                "identical)")
     else:
-        same = f"tokens DIFFER from plain decode from token {int(s['first_difference'])} ✗"
+        same = f"tokens DIFFER from plain decode from token {int(s['first_difference'])} ✗{token_note(s)}"
     share = s.get("lowest_cpu_share", -1.0)
     busy = " Measured on a busy machine." if share >= 0 and load.busy(share) else ""
     return (f"{escape(str(s['drafter']))} guessed {int(s['drafted'])} tokens, the model kept "
