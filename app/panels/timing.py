@@ -119,6 +119,7 @@ class TimingPanel(QWidget):
         self.ttft_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(th.CHOSEN, width=2, style=Qt.PenStyle.DashLine),
                                          label="TTFT", labelOpts={"position": 0.92, "color": th.CHOSEN})
         self.timeline.add(self.ttft_line)
+        self.ttft_line.setVisible(False)                 # a marker at 0 ms with no run would be a false claim
         self.charts = QWidget()
         grid = QGridLayout(self.charts)
         grid.setContentsMargins(0, 0, 0, 0)
@@ -187,6 +188,7 @@ class TimingPanel(QWidget):
         self.timeline.plot.getAxis("left").setTicks([[(i, f"#{r.number}") for i, r in enumerate(reversed(runs))]])
         self.legend.setText(legend_html(runs, self.state, selected))
         self.timeline.plot.setYRange(-0.6, max(len(runs), 1) - 0.4, padding=0.02)
+        self.ttft_line.setVisible(selected is not None and bool(selected.n_steps))
         if selected is not None:
             self._update_summary(selected, [r for r in runs if r is not selected])
         else:

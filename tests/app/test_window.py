@@ -10,9 +10,10 @@ from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wai
 
 def test_a_run_fills_every_panel(qtbot, window):
     assert not window.sampling.chart.isVisible()                    # no empty axes before the first step
+    assert not window.timing.ttft_line.isVisible()                  # no TTFT marker without a run
     window.controls.max_tokens.setValue(20)
     run = run_and_wait(qtbot, window)
-    assert window.sampling.chart.isVisible()
+    assert window.sampling.chart.isVisible() and window.timing.ttft_line.isVisible()
     n = run.n_steps
     assert run.reason in ("max_tokens", "eos") and n >= 1
     # token stream: every prompt and generated token is in the document
