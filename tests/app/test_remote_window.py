@@ -56,6 +56,7 @@ def test_the_server_load_view_tables_one_row_per_request_and_charts_the_metrics_
     record = window.store.latest_experiment("server load")
     assert record.end.summary["completed"] == 3 and any(p.series == "metrics" for p in record.points)
     assert view.table.rowCount() == 3
+    assert view.sizes_plot.listDataItems()                       # the /metrics polls are on the chart
     ttft = [view.table.item(row, 2).text() for row in range(3)]
     assert all(text and float(text.replace(",", "")) > 0 for text in ttft)
     assert window.experiments.currentWidget() is view

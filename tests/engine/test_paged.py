@@ -139,4 +139,5 @@ def test_perfetto_counts_blocks_held_shared_and_free_at_every_step(experiment):
     counters = [e for e in out if e["ph"] == "C" and e["name"] == "paged KV blocks"]
     assert len(counters) == len(tables) > 0
     assert [c["args"]["free"] for c in counters] == [t.free_blocks for t in tables]
+    assert [c["args"]["held"] for c in counters] == [len({b for row in t.tables for b in row}) for t in tables]
     assert max(c["args"]["shared"] for c in counters) > 0                # the system prompt's blocks

@@ -141,3 +141,6 @@ def test_perfetto_shows_each_pass_drafting_then_verifying_per_repeat(experiment)
     verify = [e for e in out if e["ph"] == "X" and e["cat"] == "verify"]
     assert len(verify) == len(passes) and [e["args"]["kept"] for e in verify] == [p.accepted for p in passes]
     assert sum(e["cat"] == "draft" for e in out if e["ph"] == "X") == len(passes)
+    for tid in {e["tid"] for e in verify}:                              # per repeat: draft, verify, draft, ...
+        track = sorted((e for e in out if e["ph"] == "X" and e["tid"] == tid), key=lambda e: e["ts"])
+        assert [e["cat"] for e in track] == ["draft", "verify"] * (len(track) // 2)
