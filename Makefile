@@ -44,6 +44,7 @@ cli: setup
 
 test: setup
 	$(BIN)/ruff check engine app tests packaging
+	$(BIN)/lint-imports
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q --durations=15
 
 # A real llama-server on the embedded model: a streamed run, a concurrent load, the window through it.

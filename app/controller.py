@@ -1,21 +1,28 @@
 """The window's actions and the routing of what the engine reports, without a widget in sight.
 
-Every action either starts work in the engine or says in the status bar why it did not (busy with what,
-nothing loaded yet); a Run pressed while the previous run winds down after Stop is queued, not dropped.
-Events from the worker go to the store, fix each run's style, move the selection (new main runs and chat
-turns are shown; experiment runs stay in their own views) and advance the conversation. The window is told
-what to show through the small ``Surface`` interface it implements, so this module is testable as is.
+Every action either starts work in the engine or says why it did not (busy with what, nothing loaded yet); a
+Run pressed while the previous run winds down after Stop, or while the machine is being measured after a
+load, is queued, not dropped. Actions read the plain models (``RunSettings`` for a run, ``LessonChoices`` for a
+lesson), so the Run button, Ctrl+Enter, a scene's R and its parameter keys all start the same thing. Events
+from the worker go to the store, fix each run's style, move the selection (new main runs and chat turns are
+shown; experiment runs stay in their own views) and advance the conversation. The window is told what to
+show through the small ``Surface`` interface, so this module is testable as is.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
+from app import requests as rq
+from app.run_settings import LessonChoices, RunSettings
 from app.store import RunStore
 from app.viewstate import CHAT, EXPERIMENT, Conversation, ViewState
 from app.worker import EngineClient, Note
+from engine import lessons as engine_lessons
+from engine.errors import EngineError
 from engine.events import (
     ExperimentStarted,
     LoadProgress,
@@ -25,13 +32,12 @@ from engine.events import (
     RunStarted,
     ServerFacts,
 )
-from engine.params import GenerationParams
+from engine.remote import without_credentials
 from engine.trace import ReplayGap, ReplayIncomplete
 
 log = logging.getLogger(__name__)
-BUSY = {"load": "a model is loading", "run": "a run is in progress (Esc stops it)",
-        "experiment": "an experiment is running (its Cancel button stops it)", "replay": "a trace is replaying (Esc "
-        "stops it)", "peaks": "this machine's peaks are being measured"}
+BUSY = {"load": "a model is loading", "run": "a run is in progress", "experiment": "an experiment is running",
+        "replay": "a trace is replaying", "peaks": "this machine's peaks are being measured"}
 
 
 class Surface(Protocol):
@@ -64,15 +70,18 @@ def describe_loaded(loaded: ModelLoaded) -> str:
 
 class Controller:
     def __init__(self, store: RunStore, state: ViewState, conversation: Conversation, client: EngineClient,
-                 surface: Surface, remember_model: Callable[[str, str, str], None] = lambda *_: None) -> None:
+                 run_settings: RunSettings, choices: LessonChoices, surface: Surface,
+                 remember_model: Callable[[str, str, str], None] = lambda *_: None) -> None:
         self.store, self.state, self.conversation, self.client = store, state, conversation, client
-        self.surface = surface
+        self.run_settings, self.choices, self.surface = run_settings, choices, surface
         self.remember_model = remember_model        # called only after a load succeeded
         self.replaying = False
         self.loading: tuple[str, str, str] | None = None
+        self.load_request = rq.Load("embedded")     # the model the controls name (the window keeps it current)
+        self.replay_speed = 1.0
         self._load_failed = ""                  # "Could not load X." until the next load starts
         self._queued: Callable[[], None] | None = None
-        self._run_after_load = False
+        self._run_after_load: Callable[[], None] | None = None
         client.events_ready.connect(self.on_events)
 
     # --- refusals ---
@@ -80,7 +89,8 @@ class Controller:
         """Why ``action`` cannot start now, or None if it can."""
         busy = self.client.busy
         if busy:
-            return f"{action} is not available while {BUSY.get(busy, busy)}."
+            stop = " (the stop key, Ctrl+., stops it)" if busy in ("run", "experiment", "replay") else ""
+            return f"{action} is not available while {BUSY.get(busy, busy)}{stop}."
         if needs_model and self.client.model is None:
             return (f"{action} needs a model: wait for loading to finish (status bar) or press Load model "
                     "(Ctrl+L).")
@@ -93,47 +103,69 @@ class Controller:
             return True
         return False
 
+    def _queue_after_load(self, action: Callable[[], None], what: str) -> bool:
+        """A model has loaded and the machine is being measured once: start ``action`` right after."""
+        if self.client.busy == "load" and self.client.model is not None and self.loading is None:
+            self._queued = action
+            self.surface.show_status(f"{what} queued: it starts as soon as this machine's one-time measurement "
+                                     "ends.", 6000)
+            return True
+        return False
+
     # --- actions ---
-    def load_model(self, model: str, device: str = "auto", dtype: str = "auto", trust: bool = False) -> None:
+    def load_model(self, request: rq.Load | None = None) -> None:
+        request = request or self.load_request
         if self._refused("Loading a model", needs_model=False):
             return
-        self.loading = (model, device, dtype)
+        shown = without_credentials(request.model)
+        self.loading = (request.model, request.device, request.dtype)
         self._load_failed = ""
-        self.surface.show_progress(f"Loading {model}…", None)
-        self.surface.show_model_status(f"Loading {model}…")
-        self.client.load_model(model, device, dtype, trust)
+        self.surface.show_progress(f"Loading {shown}…", None)
+        self.surface.show_model_status(f"Loading {shown}…")
+        self.client.submit(request)
         self.surface.busy_changed(self.client.busy)
 
-    def start_run(self, prompt: str, params: GenerationParams, paused: bool = False, delay_s: float = 0.0) -> None:
+    def run(self, paused: bool = False, attention: bool = False) -> None:
+        """Run the prompt with the run settings (``attention``: record attention whatever they say)."""
+        start = lambda: self.run(paused, attention)  # noqa: E731  (the same call, later)
         if self.client.busy == "run" and self.client.control.cancel.is_set():
-            self._queued = lambda: self.start_run(prompt, params, paused, delay_s)
+            self._queued = start
             self.surface.show_status("Run queued: it starts as soon as the stopped run has wound down.", 4000)
             return
-        if self._refused("Run"):
+        if self._queue_after_load(start, "Run") or self._refused("Run"):
             return
+        prompt = self.run_settings.choices.prompt
         if not prompt.strip():
             self.surface.show_error("The prompt is empty: type something for the model to read (or pick a sample "
                                     "prompt).")
             return
-        self.client.control.delay_s = delay_s
-        self.client.start_run(prompt, params, paused=paused)
+        try:
+            params = self.run_settings.params(attention=attention)
+        except EngineError as exc:
+            self.surface.show_error(str(exc))
+            return
+        self.client.control.delay_s = self.run_settings.choices.slow_ms / 1000.0
+        self.client.submit(rq.Run(prompt, params), paused=paused)
         self.surface.busy_changed(self.client.busy)
 
     def stop(self) -> None:
+        """Stop whatever runs: a run, a chat turn, any lesson's experiment, a replay."""
         if not self.client.busy:
             self.surface.show_status("Nothing to stop: no run, experiment or replay is in progress.", 4000)
             return
         self._queued = None
         self.client.stop()
+        self.surface.show_status(f"Stopping: {BUSY.get(self.client.busy, self.client.busy)} ends at its next step.",
+                                 4000)
 
-    def step(self, start: Callable[[], None]) -> None:
-        """Running: let exactly one more token through. Idle: ``start`` a run that pauses after the prefill."""
+    def step(self) -> None:
+        """Running: let exactly one more token through. Idle: start a run that pauses after the prefill."""
         if self.client.busy == "run":
             self.client.control.step()
         elif self.client.busy:
             self._refused("Step")
         else:
-            start()
+            self.run(paused=True)
 
     def set_paused(self, paused: bool) -> bool:
         """Pause or resume the run; False (and a reason in the status bar) if no run is in progress."""
@@ -146,48 +178,75 @@ class Controller:
             self.client.control.resume()
         return True
 
-    def send_chat(self, text: str, params: GenerationParams, reuse: bool, delay_s: float = 0.0) -> bool:
+    def toggle_pause(self) -> bool:
+        return self.set_paused(not self.client.control.paused)
+
+    def set_slow_motion(self, ms: int) -> None:
+        self.run_settings.update(slow_ms=ms)
+        self.client.control.delay_s = ms / 1000.0
+
+    def send_chat(self, text: str, reuse: bool) -> bool:
         if self._refused("Sending a message"):
+            return False
+        try:
+            params = self.run_settings.params()
+        except EngineError as exc:
+            self.surface.show_error(str(exc))
             return False
         messages = self.conversation.send(text)
         if messages is None:
             self.surface.show_status("Type a message first (the last one is still being answered).", 4000)
             return False
-        self.client.control.delay_s = delay_s
-        self.client.start_chat(messages, params, reuse)
+        self.client.control.delay_s = self.run_settings.choices.slow_ms / 1000.0
+        self.client.submit(rq.Chat(tuple((m["role"], m["content"]) for m in messages), params, reuse))
         self.surface.busy_changed(self.client.busy)
         return True
 
-    def start_experiment(self, kind: str, settings: dict) -> bool:
-        if self._refused("An experiment"):
+    def start_lesson(self, kind: str) -> bool:
+        """Start ``kind`` with the settings its form holds (the same from the tab, a scene key or the menu)."""
+        lesson = engine_lessons.lesson(kind)
+        if self._queue_after_load(lambda: self.start_lesson(kind), lesson.title) or self._refused(lesson.title):
             return False
-        self.client.start_experiment(kind, settings)
+        try:
+            settings = self.choices.for_run(kind, lesson.settings, self.run_settings.choices.prompt)
+        except EngineError as exc:
+            self.surface.show_error(str(exc))
+            return False
+        if kind == "chat" and self.conversation.user_turns():
+            settings = replace(settings, turns=tuple(self.conversation.user_turns()))
+        self.client.submit(rq.Lesson(kind, settings))
         self.surface.busy_changed(self.client.busy)
+        self.surface.show_experiment(kind)
         return True
 
-    def open_traces(self, paths: list[str], speed: float) -> bool:
+    def open_traces(self, paths: list[str]) -> bool:
         if self._refused("Opening a trace", needs_model=False):
             return False
         self.replaying = True
-        self.client.open_traces(paths, speed)
+        self.client.submit(rq.Replay(tuple(paths), self.replay_speed))
         self.surface.busy_changed(self.client.busy)
         return True
 
     def remeasure_peaks(self) -> None:
         if self._refused("Measuring the peaks"):
             return
-        self.client.remeasure_peaks()
+        self.client.submit(rq.Remeasure())
         self.surface.busy_changed(self.client.busy)
 
-    def run_when_loaded(self, start: Callable[[], None]) -> None:
-        """Start ``start`` once the model is in (``kvscope --run``: a demo that needs no click)."""
-        self._run_after_load = start
+    def run_when_loaded(self) -> None:
+        """Run the prompt once the model is in (``kvscope --run``: a demo that needs no click)."""
+        self._run_after_load = self.run
 
     def clear_runs(self) -> None:
         if self._refused("Clearing the runs", needs_model=False):
             return
         self.store.clear()
         self.state.forget_runs(set())
+
+    def set_history(self, max_runs: int) -> None:
+        self.store.max_runs = max(1, max_runs)
+        self.store.trim()
+        self.state.forget_runs({r.run_id for r in self.store.runs})
 
     # --- what the engine reports ---
     def on_events(self, items: list) -> None:
@@ -208,7 +267,8 @@ class Controller:
             self.surface.loading(item)
         elif isinstance(item, ModelLoaded):
             if self.loading is not None:
-                self.remember_model(*self.loading)
+                model, device, dtype = self.loading
+                self.remember_model(without_credentials(model), device, dtype)
             self.loading = None
             self.surface.model_loaded(item)
         elif isinstance(item, ReplayGap):
@@ -256,6 +316,8 @@ class Controller:
             self.conversation.ended(event.run_id, isinstance(event, RunFailed), record.summary().text)
         if isinstance(event, RunFailed):
             self.surface.show_error(f"The run failed: {event.message}")
+        elif event.summary.notes and not record.started.experiment:
+            self.surface.show_warning(f"Run #{record.number}: " + "; ".join(event.summary.notes))
         elif not self.replaying and not record.started.experiment:
             self.surface.show_status(f"Run #{record.number}: {record.reason}", 5000)
 
@@ -265,7 +327,7 @@ class Controller:
             self.surface.show_error(str(note.payload))
             self.surface.hide_progress()
             if self.loading is not None:
-                self._load_failed = f"Could not load {self.loading[0]}."
+                self._load_failed = f"Could not load {without_credentials(self.loading[0])}."
                 self.loading = None
         elif note.kind == "memory":
             self.surface.show_memory(*note.payload)
@@ -284,8 +346,8 @@ class Controller:
         queued, self._queued = self._queued, None
         if queued is not None:
             queued()
-        elif self._run_after_load and self.client.model is not None:
-            start, self._run_after_load = self._run_after_load, False
+        elif self._run_after_load is not None and self.client.model is not None:
+            start, self._run_after_load = self._run_after_load, None
             start()
 
 
@@ -294,3 +356,5 @@ def duration(ms: float) -> str:
         if ms >= size:
             return f"{ms / size:,.1f} {unit}"
     return f"{ms:,.0f} ms"
+
+

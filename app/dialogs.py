@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QProgressBar, Q
 
 from engine import __version__
 from engine.events import HardwarePeaks, ModelLoaded, ServerFacts
-from engine.kvcache import format_bytes
+from engine.kvformula import format_bytes
 from engine.paths import cache_dir, converted_models_dir
 
 PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "PySide6", "pyqtgraph", "numpy")

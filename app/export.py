@@ -9,6 +9,7 @@ from pathlib import Path
 
 from app.store import ExperimentRecord, RunRecord
 from engine.events import to_dict
+from engine.files import write_bytes
 
 CSV_COLUMNS = ("step", "position", "token_id", "text", "phase", "special", "latency_ms", "forward_ms", "t_ms",
                "prob", "raw_prob", "kv_bytes")
@@ -50,16 +51,11 @@ def run_json(run: RunRecord) -> str:
     }, ensure_ascii=False, indent=1)
 
 
-def write_text(path: str | Path, text: str) -> Path:
-    target = Path(path)
-    target.write_text(text, encoding="utf-8")
-    return target
-
-
 def export_widget(widget, path: str | Path) -> Path:
     """A panel, its header numbers and captions included, to PNG (at twice its size on screen) or SVG (text
-    and lines stay vectors), chosen by the file's suffix; in the SVG every plot's data is cut to its axes."""
-    from PySide6.QtCore import QPoint, QRect, QSize
+    and lines stay vectors), chosen by the file's suffix; in the SVG every plot's data is cut to its axes. Drawn
+    in memory, then written atomically: a full disk leaves the previous file as it was."""
+    from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QPoint, QRect, QSize
     from PySide6.QtGui import QImage, QPainter
     from PySide6.QtSvg import QSvgGenerator
     from PySide6.QtWidgets import QWidget
@@ -69,10 +65,13 @@ def export_widget(widget, path: str | Path) -> Path:
     target = Path(path)
     suffix = target.suffix.lower()
     size = widget.size()
+    data = QByteArray()
+    buffer = QBuffer(data)
+    buffer.open(QIODevice.OpenModeFlag.WriteOnly)
     if suffix == ".svg":
         # SVG 1.1, not Qt's default SVG Tiny 1.2, so the clip paths are written for readers that honour them.
         generator = QSvgGenerator(QSvgGenerator.SvgVersion.Svg11)
-        generator.setFileName(str(target))
+        generator.setOutputDevice(buffer)
         generator.setSize(size)
         generator.setViewBox(QRect(0, 0, size.width(), size.height()))
         generator.setTitle("KVScope")
@@ -84,10 +83,9 @@ def export_widget(widget, path: str | Path) -> Path:
             painter.end()
         # An empty clip region is written as d="", which SVG readers reject ("invalid path data"); a path to
         # nowhere means the same thing and parses.
-        text = target.read_text(encoding="utf-8")
-        if ' d=""' in text:
-            target.write_text(text.replace(' d=""', ' d="M0,0 Z"'), encoding="utf-8")
-    elif suffix in (".png", ".jpg", ".jpeg"):
+        text = bytes(data).decode("utf-8").replace(' d=""', ' d="M0,0 Z"')
+        return write_bytes(target, text.encode("utf-8"), "the export")
+    if suffix in (".png", ".jpg", ".jpeg"):
         image = QImage(QSize(size.width() * 2, size.height() * 2), QImage.Format.Format_ARGB32)
         image.setDevicePixelRatio(2.0)
         image.fill(widget.palette().window().color())
@@ -96,10 +94,7 @@ def export_widget(widget, path: str | Path) -> Path:
             QWidget.render(widget, painter, QPoint())
         finally:
             painter.end()
-        if not image.save(str(target)):
-            raise OSError(f"could not write {target}")
-    else:
-        raise ValueError(f"Panels export to .png or .svg, not {suffix or 'a file without a suffix'}")
-    if not target.is_file():
-        raise OSError(f"could not write {target}")
-    return target
+        if not image.save(buffer, "PNG" if suffix == ".png" else "JPG"):
+            raise OSError(f"could not encode {target.name}")
+        return write_bytes(target, bytes(data), "the export")
+    raise ValueError(f"Panels export to .png or .svg, not {suffix or 'a file without a suffix'}")

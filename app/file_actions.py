@@ -16,11 +16,13 @@ from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QFileDialog, QFileIconProvider, QWidget
 
 from app import export
-from app.controller import Controller
+from app.controller import Controller, Surface
 from app.store import RunStore
 from app.viewstate import ViewState
 from engine.errors import TraceError
-from engine.trace import write_trace
+from engine.files import write_text
+from engine.perfetto import write_perfetto
+from engine.trace import write_checked
 
 UNREADABLE_TREES = ("/proc/", "/sys/", "/dev/")
 
@@ -56,10 +58,20 @@ class PlainIcons(QFileIconProvider):
 
 class FileActions:
     def __init__(self, parent: QWidget, store: RunStore, state: ViewState, controller: Controller,
-                 settings: QSettings, say: Callable[[str, int], None], show_error: Callable[[str], None],
-                 replay_speed: Callable[[], float]) -> None:
+                 settings: QSettings, surface: Surface, current_kind: Callable[[], str]) -> None:
         self.parent, self.store, self.state, self.controller = parent, store, state, controller
-        self.settings, self.say, self.show_error, self.replay_speed = settings, say, show_error, replay_speed
+        self.settings, self.surface, self.current_kind = settings, surface, current_kind
+
+    def say(self, message: str, ms: int = 5000) -> None:
+        self.surface.show_status(message, ms)
+
+    def show_error(self, message: str) -> None:
+        self.surface.show_error(message)
+
+    def experiment(self):
+        """The experiment File > Save / Export act on: the latest of the tab shown, else the latest of any."""
+        return self.store.latest_experiment(self.current_kind()) or (
+            self.store.experiments[-1] if self.store.experiments else None)
 
     # --- traces -------------------------------------------------------------------------------------------
     def open_trace_dialog(self) -> None:
@@ -73,7 +85,7 @@ class FileActions:
             self.open_trace(dialog.selectedFiles()[0])
 
     def open_trace(self, *paths: str) -> None:
-        if paths and self.controller.open_traces(list(paths), self.replay_speed()):
+        if paths and self.controller.open_traces(list(paths)):
             self.remember_dir(paths[-1])
 
     def selected_run(self):
@@ -97,11 +109,16 @@ class FileActions:
                 return
             events = run.events
         try:
-            write_trace(path, events)
-            self.remember_dir(path)
-            self.say(f"Saved {len(events)} events to {path}", 5000)
-        except (OSError, TraceError) as exc:
-            self.show_error(f"Could not save the trace to {path}: {getattr(exc, 'strerror', None) or exc}")
+            written = write_checked(path, events)
+        except (OSError, TraceError, ValueError) as exc:
+            self.show_error(f"Could not save the trace to {path}: {getattr(exc, 'strerror', None) or exc}. "
+                            "Any file that was there is unchanged.")
+            return
+        self.remember_dir(path)
+        if written.note:
+            self.surface.show_warning(f"Saved {written.events:,} events to {path}, but {written.note}")
+        else:
+            self.say(f"Saved {written.events:,} events to {path}", 5000)
 
     def save_experiment_trace_dialog(self, record) -> None:
         if record is None:
@@ -122,7 +139,7 @@ class FileActions:
                 export.export_widget(widget, path)
                 self.say(f"Exported {name} to {path}", 5000)
             except (OSError, ValueError) as exc:
-                self.show_error(f"Could not export {name}: {exc}")
+                self.show_error(f"Could not export {name}: {getattr(exc, 'strerror', None) or exc}")
 
     def export_run(self, kind: str) -> None:
         run = self.selected_run()
@@ -133,10 +150,11 @@ class FileActions:
             Path(self.last_dir()) / f"kvscope-run-{run.number}.{kind}"), f"{kind.upper()} (*.{kind})")
         if path:
             try:
-                export.write_text(path, export.run_csv(run) if kind == "csv" else export.run_json(run))
+                write_text(path, export.run_csv(run) if kind == "csv" else export.run_json(run), "the export")
                 self.say(f"Exported run #{run.number} to {path}", 5000)
             except OSError as exc:
-                self.show_error(f"Could not write {path}: {exc.strerror or exc}")
+                self.show_error(f"Could not write {path}: {exc.strerror or exc}. Any file that was there is "
+                                "unchanged.")
 
     def export_experiment(self, record) -> None:
         if record is None:
@@ -146,15 +164,14 @@ class FileActions:
             Path(self.last_dir()) / f"kvscope-{record.kind}-experiment.csv"), "CSV (*.csv)")
         if path:
             try:
-                export.write_text(path, export.experiment_csv(record))
+                write_text(path, export.experiment_csv(record), "the export")
                 self.say(f"Exported the {record.kind} experiment to {path}", 5000)
             except OSError as exc:
-                self.show_error(f"Could not write {path}: {exc.strerror or exc}")
+                self.show_error(f"Could not write {path}: {exc.strerror or exc}. Any file that was there is "
+                                "unchanged.")
 
     def export_perfetto(self, record) -> None:
         """The selected run (``record`` None) or an experiment, as a Chrome/Perfetto trace."""
-        from engine.perfetto import write_perfetto
-
         events = record.events if record is not None else (self.selected_run().events if self.selected_run()
                                                              else None)
         if not events:

@@ -14,15 +14,19 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 from PySide6.QtCore import QEvent, QTimer, qInstallMessageHandler
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from app.controller import Controller
+from app.menus import set_replay_speed
 from app.resources import icon_path
+from app.run_settings import LessonChoices, RunSettings
+from app.scene_list import NAMES
 from app.store import RunStore
-from app.viewstate import SCENES, Conversation, ViewState
+from app.viewstate import Conversation, ViewState
 from app.window import MainWindow
 from app.worker import EngineClient
 from app.x11watch import WindowWatch
@@ -45,7 +49,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--run", action="store_true", help="run the prompt as soon as the model has loaded")
     p.add_argument("--lecture", action="store_true",
                    help="start in lecture mode: one scene at a time, large type, full screen")
-    p.add_argument("--scene", choices=SCENES, help="lecture mode, opened on this scene (implies --lecture)")
+    p.add_argument("--scene", choices=NAMES, help="lecture mode, opened on this scene (implies --lecture)")
     p.add_argument("--self-test", action="store_true",
                    help="offscreen: load the model, generate a few tokens, print the timing report, exit 0")
     return p.parse_args(argv)
@@ -66,10 +70,12 @@ def build(args: argparse.Namespace) -> tuple[QApplication, MainWindow]:
     icon = icon_path()
     if icon.is_file():
         app.setWindowIcon(QIcon(str(icon)))
-    store, state, conversation = RunStore(), ViewState(), Conversation()
+    store, state, conversation = RunStore(), ViewState(NAMES), Conversation()
+    run_settings, choices = RunSettings(), LessonChoices()
     client = EngineClient()
-    window = MainWindow(store, state, conversation, client)
-    controller = Controller(store, state, conversation, client, window, remember_model=window.controls.remember_model)
+    window = MainWindow(store, state, conversation, client, run_settings, choices)
+    controller = Controller(store, state, conversation, client, run_settings, choices, window.surface,
+                            remember_model=window.controls.remember_model)
     window.attach(controller)
     client.setParent(window)          # deleted with the window, after its thread has been joined
     return app, window
@@ -88,18 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     window.activateWindow()
     stop_on_signals(app, window)
     WindowWatch(lambda: int(window.winId()), gone=lambda: (window.close(), app.quit()), parent=window)
-    if args.lecture or args.scene:
-        window.enter_lecture(args.scene)
-    if args.run:
-        window.run_when_loaded()
-    traces = ([args.trace] if args.trace else []) + args.trace_files
-    if traces:
-        window.set_replay_speed(max(args.speed, 0.0))
-        QTimer.singleShot(0, lambda: window.open_trace(*traces))
-    if not traces and not args.no_load:
-        model, device, dtype, trust = window.controls.model_request()
-        QTimer.singleShot(0, lambda: window.load_model(args.server or args.model or model, args.device or device,
-                                                       args.dtype or dtype, trust))
+    start(window, args)
     code = app.exec()
     if not window.worker_stopped:
         # A forward pass outlived the close timeout; it cannot be interrupted, and waiting would hang the
@@ -108,6 +103,23 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(code)
     dispose(app, window)
     return code
+
+
+def start(window: MainWindow, args: argparse.Namespace) -> None:
+    """What the command line asks for once the window shows: a scene, a run when loaded, traces or a model."""
+    if args.lecture or args.scene:
+        window.lecture.enter(args.scene)
+    if args.run:
+        window.controller.run_when_loaded()
+    traces = ([args.trace] if args.trace else []) + args.trace_files
+    if traces:
+        set_replay_speed(window.controller, window.actions_by_name, max(args.speed, 0.0))
+        QTimer.singleShot(0, lambda: window.files.open_trace(*traces))
+    if not traces and not args.no_load:
+        request = window.controls.model_request()
+        request = replace(request, model=args.server or args.model or request.model,
+                          device=args.device or request.device, dtype=args.dtype or request.dtype)
+        QTimer.singleShot(0, lambda: window.controller.load_model(request))
 
 
 def stop_on_signals(app: QApplication, window: MainWindow) -> None:

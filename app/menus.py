@@ -1,26 +1,43 @@
-"""The menu bar and every keyboard shortcut, in one place. Actions are also added to the window itself so
-their shortcuts keep working when lecture mode hides the menu bar; the lecture keys (the number row, PageUp/PageDown, R,
-C, B, Esc) are enabled only while a scene is shown, and Esc stops a run only outside a scene."""
+"""The menu bar and every keyboard shortcut, in one place. Actions call the controller (runs, lessons, stop),
+the lecture (scenes and the speaker's keys), the file actions, and the view state (colours, heatmap mode and
+zoom); only window things (quit, layout, about) call the window. Actions are also added to the window itself
+so their shortcuts keep working when lecture mode hides the menu bar; the lecture keys are enabled only while a
+scene is shown. The stop key Ctrl+. works everywhere; Esc stops too, outside a scene (in one it leaves)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QMainWindow, QWidget
 
-from app.scenes import SCENE_KEYS, SCENE_LIST
-
-if TYPE_CHECKING:
-    from app.window import MainWindow
+from app import lessons
+from app.controller import Controller
+from app.file_actions import FileActions
+from app.lecture import Lecture
+from app.scene_list import SCENES
+from app.viewstate import KV_MODES, TOKEN_COLOURS, ViewState
 
 REPLAY_SPEEDS = (("0.5x", 0.5), ("1x (as recorded)", 1.0), ("2x", 2.0), ("4x", 4.0), ("instant", 0.0))
 STOP_KEYS = {False: ["Esc", "Ctrl+."], True: ["Ctrl+."]}      # lecture mode: Esc leaves the scene instead
+PARAMETER_KEYS = (("T", "temperature"), ("P", "top_p"), ("K", "top_k"), ("M", "max_new_tokens"))
 
 
-def _action(window: MainWindow, menu, text: str, slot: Callable[[], object],
+class WindowActions(Protocol):
+    """What the menus ask of the window itself."""
+
+    def close(self) -> bool: ...
+    def reset_layout(self) -> None: ...
+    def show_about(self) -> None: ...
+    def show_shortcuts(self) -> None: ...
+    def ask_history(self) -> None: ...
+    def send_chat(self) -> None: ...
+
+
+def _action(window: QMainWindow, menu, text: str, slot: Callable[[], object],
             shortcut: str | QKeySequence | None = None, checkable: bool = False) -> QAction:
     action = QAction(text, window)
     if shortcut:
@@ -34,71 +51,78 @@ def _action(window: MainWindow, menu, text: str, slot: Callable[[], object],
     return action
 
 
-def build_menus(window: MainWindow) -> dict[str, QAction]:
-    files, actions = window.files, {}
+def build_menus(window: QMainWindow, controller: Controller, lecture: Lecture, files: FileActions,
+                state: ViewState, exports: dict[str, Callable[[], QWidget]], docks: list) -> dict[str, QAction]:
+    actions: dict[str, QAction] = {}
     bar = window.menuBar()
     file = bar.addMenu("&File")
     _action(window, file, "Open trace…", files.open_trace_dialog, QKeySequence.StandardKey.Open)
     _action(window, file, "Save run as trace…", files.save_trace_dialog, QKeySequence.StandardKey.Save)
-    _action(window, file, "Save experiment as trace…",
-            lambda: files.save_experiment_trace_dialog(window.current_experiment()))
+    _action(window, file, "Save experiment as trace…", lambda: files.save_experiment_trace_dialog(files.experiment()))
     speed = file.addMenu("Replay speed")
     for label, value in REPLAY_SPEEDS:
-        act = _action(window, speed, label, partial(window.set_replay_speed, value), checkable=True)
+        act = _action(window, speed, label, partial(set_replay_speed, controller, actions, value), checkable=True)
         act.setChecked(value == 1.0)
         actions[f"speed {value}"] = act
-    exports = file.addMenu("Export")
-    for label, widget in (("Timing panel", lambda: window.timing), ("KV heatmap panel", lambda: window.kv),
-                          ("Sampling panel", lambda: window.sampling),
-                          ("Experiment panel", lambda: window.experiments.current),
-                          ("Chat panel", lambda: window.chat), ("Lecture scene", lambda: window.scene_view)):
-        _action(window, exports, f"{label} as PNG or SVG…", lambda n=label, w=widget: files.export_panel(n, w()))
-    _action(window, exports, "Experiment data as CSV…", lambda: files.export_experiment(window.current_experiment()))
-    _action(window, exports, "Run as a Perfetto trace…", lambda: files.export_perfetto(None))
-    _action(window, exports, "Experiment as a Perfetto trace…",
-            lambda: files.export_perfetto(window.current_experiment()))
-    _action(window, exports, "Run data as CSV…", lambda: files.export_run("csv"))
-    _action(window, exports, "Run data as JSON…", lambda: files.export_run("json"))
+    out = file.addMenu("Export")
+    for label, widget in exports.items():
+        _action(window, out, f"{label} as PNG or SVG…", lambda n=label, w=widget: files.export_panel(n, w()))
+    _action(window, out, "Experiment data as CSV…", lambda: files.export_experiment(files.experiment()))
+    _action(window, out, "Run as a Perfetto trace…", lambda: files.export_perfetto(None))
+    _action(window, out, "Experiment as a Perfetto trace…", lambda: files.export_perfetto(files.experiment()))
+    _action(window, out, "Run data as CSV…", lambda: files.export_run("csv"))
+    _action(window, out, "Run data as JSON…", lambda: files.export_run("json"))
     file.addSeparator()
     _action(window, file, "Quit", window.close, QKeySequence.StandardKey.Quit)
 
     run = bar.addMenu("&Run")
-    _action(window, run, "Run", window.start_run, "Ctrl+Return")
-    _action(window, run, "Run (keypad Enter)", window.start_run, "Ctrl+Enter").setVisible(False)
-    actions["stop"] = _action(window, run, "Stop", window.controller.stop)
+    _action(window, run, "Run", controller.run, "Ctrl+Return")
+    _action(window, run, "Run (keypad Enter)", controller.run, "Ctrl+Enter").setVisible(False)
+    actions["stop"] = _action(window, run, "Stop (a run, an experiment, a replay)", lecture.stop)
     actions["stop"].setShortcuts([QKeySequence(k) for k in STOP_KEYS[False]])
-    _action(window, run, "Step one token", window.step_run, "F10")
-    _action(window, run, "Pause / resume", window.toggle_pause, "F9")
-    _action(window, run, "Load model", window.load_from_controls, "Ctrl+L")
-    _action(window, run, "Send chat message", window.chat.send, "Ctrl+Shift+Return")
-    _action(window, run, "Measure this machine's peaks again", window.controller.remeasure_peaks)
+    _action(window, run, "Step one token", controller.step, "F10")
+    _action(window, run, "Pause / resume", controller.toggle_pause, "F9")
+    _action(window, run, "Load model", controller.load_model, "Ctrl+L")
+    _action(window, run, "Send chat message", window.send_chat, "Ctrl+Shift+Return")
+    experiments = run.addMenu("Run experiment")
+    for kind, module in lessons.BY_KIND.items():
+        _action(window, experiments, module.LESSON.title, partial(controller.start_lesson, kind))
+    _action(window, run, "Measure this machine again (peaks, fastest float)", controller.remeasure_peaks)
     run.addSeparator()
-    _action(window, run, "Clear runs", window.controller.clear_runs)
+    _action(window, run, "Clear runs", controller.clear_runs)
     _action(window, run, "Keep the last N runs…", window.ask_history)
 
     view = bar.addMenu("&View")
-    actions["lecture"] = _action(window, view, "Lecture mode (scenes)", window.toggle_lecture, "F11", checkable=True)
+    actions["lecture"] = _action(window, view, "Lecture mode (scenes)", lecture.toggle, "F11", checkable=True)
     scenes = view.addMenu("Lecture scene")
-    for key, scene in zip(SCENE_KEYS, SCENE_LIST):
-        actions[f"scene {scene.name}"] = _action(window, scenes, f"{key}  {scene.title}",
-                                                 partial(window.show_scene, scene.name), key)
-    actions["next scene"] = _action(window, scenes, "Next scene", lambda: window.state.step_scene(1), "PgDown")
-    actions["previous scene"] = _action(window, scenes, "Previous scene", lambda: window.state.step_scene(-1), "PgUp")
-    actions["blank"] = _action(window, scenes, "Blank the screen", window.state.toggle_blank, "B")
-    actions["scene action"] = _action(window, scenes, "Run what the scene shows", window.scene_action, "R")
-    actions["continuous"] = _action(window, scenes, "Continuous batching (batch scene)",
-                                    lambda: window.start_experiment("continuous", {}), "C")
-    actions["leave lecture"] = _action(window, scenes, "Back to the workbench", window.leave_lecture, "Esc")
+    for scene in SCENES:
+        actions[f"scene {scene.name}"] = _action(window, scenes, f"{scene.key}  {scene.title}",
+                                                 partial(lecture.show, scene.name), scene.key)
+    actions["next scene"] = _action(window, scenes, "Next scene", partial(state.step_scene, 1), "PgDown")
+    actions["previous scene"] = _action(window, scenes, "Previous scene", partial(state.step_scene, -1), "PgUp")
+    actions["blank"] = _action(window, scenes, "Blank / unblank the screen", lecture.blank, "B")
+    actions["scene action"] = _action(window, scenes, "Run what the scene shows", lecture.action, "R")
+    actions["joined action"] = _action(window, scenes, "The scene's second experiment (C: continuous batching)",
+                                       lecture.joined_action, "C")
+    actions["previous token"] = _action(window, scenes, "Previous token", partial(lecture.step_tokens, -1), "Left")
+    actions["next token"] = _action(window, scenes, "Next token", partial(lecture.step_tokens, 1), "Right")
+    for key, name in PARAMETER_KEYS:
+        words = name.replace("_", " ")
+        actions[f"raise {name}"] = _action(window, scenes, f"Raise {words} and run",
+                                           partial(lecture.parameter, name, 1), key)
+        actions[f"lower {name}"] = _action(window, scenes, f"Lower {words} and run",
+                                           partial(lecture.parameter, name, -1), f"Shift+{key}")
+    actions["leave lecture"] = _action(window, scenes, "Back to the workbench", lecture.leave, "Esc")
     colour = view.addMenu("Token colours")
-    for i, mode in enumerate(("phase", "latency", "probability")):
-        _action(window, colour, mode.capitalize(), partial(window.tokens.set_mode, mode), f"Ctrl+{i + 1}")
+    for i, mode in enumerate(TOKEN_COLOURS):
+        _action(window, colour, mode.capitalize(), partial(state.set_token_colours, mode), f"Ctrl+{i + 1}")
     heat = view.addMenu("KV heatmap")
-    for i, (mode, label) in enumerate((("memory", "Memory"), ("k", "Key norm"), ("v", "Value norm"))):
-        _action(window, heat, label, partial(window.kv.set_mode, mode), f"Ctrl+Shift+{i + 1}")
+    for i, (mode, label) in enumerate(zip(KV_MODES, ("Memory", "Key norm", "Value norm"))):
+        _action(window, heat, label, partial(state.set_kv_mode, mode), f"Ctrl+Shift+{i + 1}")
     _action(window, heat, "Zoom to used positions / whole window",
-            lambda: window.state.set_heatmap_fit(not window.state.heatmap_fit), "Ctrl+Shift+Z")
+            lambda: state.set_heatmap_fit(not state.heatmap_fit), "Ctrl+Shift+Z")
     view.addSeparator()
-    for dock in window.docks.values():
+    for dock in docks:
         view.addAction(dock.toggleViewAction())
     _action(window, view, "Reset layout", window.reset_layout)
 
@@ -108,12 +132,20 @@ def build_menus(window: MainWindow) -> dict[str, QAction]:
     return actions
 
 
-LECTURE_ONLY = ("next scene", "previous scene", "blank", "scene action", "continuous", "leave lecture",
-                *(f"scene {scene.name}" for scene in SCENE_LIST))
+def set_replay_speed(controller: Controller, actions: dict[str, QAction], speed: float) -> None:
+    controller.replay_speed = speed
+    for name, action in actions.items():
+        if name.startswith("speed "):
+            action.setChecked(name == f"speed {speed}")
+
+
+LECTURE_ONLY = ("next scene", "previous scene", "blank", "scene action", "joined action", "leave lecture",
+                "previous token", "next token", *(f"scene {scene.name}" for scene in SCENES),
+                *(f"{way} {name}" for _key, name in PARAMETER_KEYS for way in ("raise", "lower")))
 
 
 def set_lecture_keys(actions: dict[str, QAction], lecture: bool) -> None:
-    """The lecture keys work only in a scene; there Esc leaves the scene, and Ctrl+. stops a run."""
+    """The lecture keys work only in a scene; there Esc leaves the scene, and Ctrl+. stops."""
     for name in LECTURE_ONLY:
         actions[name].setEnabled(lecture)
     actions["stop"].setShortcuts([QKeySequence(k) for k in STOP_KEYS[lecture]])
@@ -121,12 +153,14 @@ def set_lecture_keys(actions: dict[str, QAction], lecture: bool) -> None:
 
 
 SHORTCUTS = """Ctrl+Enter  run the prompt
-Esc (Ctrl+. in a lecture scene)  stop
+Esc, Ctrl+.  stop a run, an experiment or a replay (in a lecture scene Ctrl+.; Esc goes back)
 F10  step one token (starts paused after the prefill)
 F9  pause / resume
 Ctrl+L  load the model
 Ctrl+Shift+Enter  send the chat message
-F11  lecture mode: scenes on the number row (1-9, 0, -), PageUp/PageDown, R run the scene, B blank, Esc back
+F11  lecture mode: scenes on the number row, PageUp/PageDown, R run the scene, C continuous batching (scene 5),
+     B blank / unblank, T P K M raise temperature, top-p, top-k, max tokens and run (Shift lowers),
+     Left/Right step through the tokens, Esc back
 Ctrl+1/2/3  token colours
 Ctrl+Shift+1/2/3  KV heatmap mode; Ctrl+Shift+Z zoom to used positions / whole window
 Ctrl+O / Ctrl+S  open / save a trace"""

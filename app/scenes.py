@@ -1,17 +1,19 @@
-"""Lecture scenes: one claim on the screen at a time, the chart that proves it filling the screen, and a
-one-line caption stating the claim with the live number.
+"""Lecture scenes: one claim on the screen at a time, the chart that proves it filling the screen, and a caption
+stating the claim with the live number.
 
-Scenes are layouts over the panels the workbench already has, not copies: a scene borrows the widgets it
-shows and gives them back when it ends, so a run, a replay or an experiment draws in the scene exactly as in
-the workbench. Keys (also from presentation clickers, which send PageUp/PageDown): the number row or PageUp/PageDown
-move between scenes, R runs what the scene is about, B blanks the screen, Esc returns to the workbench.
+Scenes are layouts over the panels the workbench already has, not copies: a scene borrows the widgets it shows
+and gives them back when it ends, so a run, a replay or an experiment draws in the scene exactly as in the
+workbench. Which scenes exist and in what order is ``app.scene_list``; a lesson's scene caption comes from its
+module (``app.lessons``), the run scenes' captions from here. The footer shows the keys, the run settings a
+speaker can change from the scene (T, P, K, M), what is running and how to stop it, and why a key was refused.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from html import escape
+from html import escape, unescape
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont
@@ -21,7 +23,9 @@ from PySide6.QtWidgets import (
     QGridLayout,
     QHBoxLayout,
     QLabel,
+    QProgressBar,
     QScrollArea,
+    QSizePolicy,
     QSplitter,
     QStackedWidget,
     QTabWidget,
@@ -29,38 +33,30 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import lessons
 from app import theme as th
+from app.lesson_view import busy_badge
 from app.panels.attention import RECENT
 from app.panels.attention import shares as attention_shares
 from app.panels.kv_heatmap import concurrency_text
 from app.panels.sampling import caption as sampling_caption
+from app.run_settings import RunSettings
+from app.scene_list import BY_NAME, SCENES
 from app.store import RunRecord, RunStore
-from app.viewstate import SCENES, Conversation, ViewState
-from engine import kvcache, load
+from app.viewstate import Conversation, ViewState
+from engine import kvformula
+from engine.contention import busy
+
+RUN_SCENES = ("prefill", "kv", "sampling", "memory", "attention")
 
 
 @dataclass(frozen=True)
-class Scene:
-    name: str
-    title: str
-    action: str          # what R does here, in words
+class Context:
+    """What a caption may read besides its own record."""
 
-
-SCENE_LIST = (
-    Scene("prefill", "Prefill vs decode", "run the prompt"),
-    Scene("kv", "The KV cache filling", "run the prompt (F10 steps one token)"),
-    Scene("cache", "KV cache on vs off", "run the comparison"),
-    Scene("prompt", "Prompt length", "run the prefill sweep"),
-    Scene("batch", "Latency vs throughput", "run the batch sweep (C: continuous batching)"),
-    Scene("sampling", "Sampling", "run the prompt with the sampling settings"),
-    Scene("chat", "Conversations", "compare reuse on vs off"),
-    Scene("memory", "Memory grows with context", "run the prompt"),
-    Scene("attention", "What the cache is read for", "run the prompt recording attention"),
-    Scene("speculative", "Speculative decoding", "run plain vs speculative decode (settings: Experiments tab)"),
-    Scene("paged", "Paged KV and prefix sharing", "serve requests that share a system prompt"),
-)
-assert tuple(s.name for s in SCENE_LIST) == SCENES
-SCENE_KEYS = "1234567890-="[: len(SCENE_LIST)]        # the number row, left to right
+    store: RunStore
+    state: ViewState
+    conversation: Conversation
 
 
 class _Loan:
@@ -80,6 +76,7 @@ class _Loan:
             tabs = parent.parentWidget()
             index, label = tabs.indexOf(widget), tabs.tabText(tabs.indexOf(widget))
             current = tabs.currentIndex()
+            tabs.removeTab(index)                     # taken out, so the tabs never draw a page they lent
             self._restore = lambda: (tabs.insertTab(index, widget, label), tabs.setCurrentIndex(current))
         elif isinstance(parent, QSplitter):
             index, sizes = parent.indexOf(widget), parent.sizes()
@@ -100,44 +97,58 @@ class _Loan:
 
 
 class SceneView(QWidget):
-    """The lecture screen: caption, the scene's panels, a footer with the keys; a black cover for B."""
+    """The lecture screen: caption, the scene's panels, a footer with the keys, the settings and any progress;
+    a black cover for B."""
 
-    def __init__(self, store: RunStore, state: ViewState, conversation: Conversation,
-                 arrangements: dict[str, list[tuple[QWidget, int]]],
+    def __init__(self, context: Context, run_settings: RunSettings, arrangements: dict[str, list[tuple[QWidget, int]]],
                  on_enter: Callable[[str], None], on_leave: Callable[[str], None]) -> None:
         super().__init__()
-        self.store, self.state, self.conversation = store, state, conversation
+        self.context, self.run_settings = context, run_settings
         self.arrangements, self.on_enter, self.on_leave = arrangements, on_enter, on_leave
         self.caption = QLabel()
         self.caption.setWordWrap(True)
         self.caption.setTextFormat(Qt.TextFormat.RichText)
         self.body = QWidget()
+        self.body.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)   # never widens the window
         self.body_layout = QHBoxLayout(self.body)
         self.body_layout.setContentsMargins(0, 0, 0, 0)
+        self.progress = QProgressBar()
+        self.progress.setFormat("%v of %m")
+        self.progress.setMaximumWidth(320)
+        self.progress_label = QLabel()
+        self.progress_label.setTextFormat(Qt.TextFormat.PlainText)
+        progress_row = QHBoxLayout()
+        progress_row.addWidget(self.progress)
+        progress_row.addWidget(self.progress_label, 1)
+        self.progress_box = QWidget()
+        self.progress_box.setLayout(progress_row)
+        self.progress_box.hide()
         self.footer = QLabel()
         self.footer.setTextFormat(Qt.TextFormat.RichText)
         self.footer.setWordWrap(True)
+        self.notice = ""                               # a refused key's reason, until the next scene
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 8)
         layout.addWidget(self.caption)
         layout.addWidget(self.body, 1)
+        layout.addWidget(self.progress_box)
         layout.addWidget(self.footer)
         self.cover = QWidget(self)
         self.cover.setStyleSheet("background: black;")
         self.cover.hide()
         self._loans: list[_Loan] = []
         self.shown: str | None = None
-        state.subscribe(self._state_changed)
+        context.state.subscribe(self._state_changed)
+        run_settings.subscribe(lambda _names: self.refresh())
 
     # --- showing a scene ---
     def show_scene(self, name: str | None) -> None:
         self.release()
-        self.shown = name
+        self.shown, self.notice = name, ""
         if name is None:
             return
         self.on_enter(name)
-        layout_for = {"prefill": QVBoxLayout, "batch": QHBoxLayout, "attention": QHBoxLayout}.get(name, QVBoxLayout)
-        inner = layout_for()
+        inner = QHBoxLayout() if name in ("batch", "attention") else QVBoxLayout()
         for widget, stretch in self.arrangements[name]:
             self._loans.append(_Loan(widget))
             inner.addWidget(widget, stretch)
@@ -147,6 +158,8 @@ class SceneView(QWidget):
         inner.setContentsMargins(0, 0, 0, 0)
         self.body_layout.addWidget(holder)
         self.refresh()
+        self.cover.setVisible(self.context.state.blank)
+        self.cover.raise_()
 
     def release(self) -> None:
         """Give every borrowed panel back to the workbench."""
@@ -162,7 +175,7 @@ class SceneView(QWidget):
 
     def _state_changed(self, names: set[str]) -> None:
         if "blank" in names:
-            self.cover.setVisible(self.state.blank)
+            self.cover.setVisible(self.context.state.blank)
             self.cover.raise_()
         if "selected" in names:
             self.refresh()
@@ -173,157 +186,162 @@ class SceneView(QWidget):
 
     def set_theme(self, theme: th.Theme) -> None:
         font = QFont(self.font())
-        font.setPointSizeF(theme.base_pt * 1.35)
+        font.setPointSizeF(theme.base_pt * 1.3)
         font.setBold(True)
         self.caption.setFont(font)
+        self.refresh()
+
+    def say(self, notice: str) -> None:
+        """A refused key's reason, in the footer where the speaker looks."""
+        self.notice = notice
         self.refresh()
 
     # --- the words ---
     def refresh(self) -> None:
         if self.shown is None:
             return
-        scene = next(s for s in SCENE_LIST if s.name == self.shown)
-        number = SCENES.index(scene.name) + 1
-        claim = scene_claim(self.shown, self.store, self.state, self.conversation)
-        self.caption.setText(f"{number} · {escape(scene.title)}: {claim}")
-        keys = " ".join(f"<b>{k}</b>" if s.name == self.shown else k for k, s in zip(SCENE_KEYS, SCENE_LIST))
-        self.footer.setText(f"Scenes {keys} · PgUp/PgDn · <b>R</b> {escape(scene.action)} · Ctrl+Enter run · "
-                            "F10 step · F9 pause · Ctrl+. stop · B blank · Esc workbench")
+        scene = BY_NAME[self.shown]
+        claim = scene_claim(self.shown, self.context)
+        self.caption.setText(f"{scene.key} · {escape(scene.title)}: {escape(claim)}")
+        self._progress()
+        self.footer.setText(self._footer(scene))
+
+    def _progress(self) -> None:
+        """What is running in this scene, how far, and how to stop it."""
+        store = self.context.store
+        kind = scene_lesson(self.shown)
+        record = store.latest_experiment(kind) if kind else None
+        joined = lessons.joins().get(self.shown)
+        if joined is not None:
+            other = store.latest_experiment(joined[0])
+            if other is not None and not other.finished and (record is None or record.finished):
+                record = other
+        if record is not None and not record.finished and record.progress is not None:
+            p = record.progress
+            self.progress.setRange(0, max(p.total, 1))
+            self.progress.setValue(p.done)
+            self.progress_label.setText(f"{p.message} · Ctrl+. stops")
+            self.progress_box.show()
+            return
+        run = self.context.store.find(self.context.state.selected) if self.context.state.selected else None
+        if self.shown in RUN_SCENES and run is not None and not run.finished:
+            done, total = run.n_steps, run.started.params.max_new_tokens
+            self.progress.setRange(0, max(total, 1))
+            self.progress.setValue(min(done, total))
+            self.progress_label.setText(("prefill running" if not run.prefilled else f"token {done:,}") +
+                                        " · Ctrl+. stops")
+            self.progress_box.show()
+            return
+        self.progress_box.hide()
+
+    def _footer(self, scene) -> str:
+        keys = "".join(f"<b>{s.key}</b>" if s.name == scene.name else s.key for s in SCENES)
+        joined = lessons.joins().get(scene.name)
+        extra = f" · <b>{joined[1].key}</b> {escape(joined[1].words)}" if joined else ""
+        c = self.run_settings.choices
+        settings = (f"<b>T</b> {c.temperature:g} · <b>P</b> top-p {c.top_p:g} · <b>K</b> top-k {c.top_k or 'off'} · "
+                    f"<b>M</b> {c.max_new_tokens} tokens (Shift lowers)")
+        notice = f" · <b>{escape(self.notice)}</b>" if self.notice else ""
+        return (f"{keys} · <b>R</b> {escape(scene.action)}{extra} · Ctrl+. stop · B blank · Esc back<br>"
+                f"{settings} · ←/→ tokens{notice}")
 
 
-def _selected(store: RunStore, state: ViewState) -> RunRecord | None:
-    return store.find(state.selected) if state.selected else None
+def scene_lesson(name: str | None) -> str | None:
+    scene = BY_NAME.get(name) if name else None
+    return scene.lesson if scene is not None else None
 
 
-def scene_claim(name: str, store: RunStore, state: ViewState, conversation: Conversation) -> str:
-    """The scene's claim with the live number (escaped: it is shown as rich text)."""
-    run = _selected(store, state)
-    return escape(_claim(name, store, run, conversation))
+def scene_claim(name: str, context: Context) -> str:
+    """The scene's claim with its live number (plain text: the view escapes it)."""
+    kind = scene_lesson(name)
+    if kind is not None:
+        record = context.store.latest_experiment(kind)
+        module = lessons.BY_KIND[kind]
+        parts = [module.caption(record, context)]
+        joined = lessons.joins().get(name)
+        if joined is not None:
+            other = lessons.BY_KIND[joined[0]].caption(context.store.latest_experiment(joined[0]), context)
+            parts = [p for p in (parts[0], other) if p] or [f"press R for the {module.LESSON.title.lower()}, "
+                                                            f"{joined[1].key} for {joined[1].words}"]
+        claim = "; ".join(p for p in parts if p)
+        return claim + busy_badge(record.result if record is not None else None)
+    run = context.store.find(context.state.selected) if context.state.selected else None
+    return run_claim(name, run)
 
 
-def _claim(name: str, store: RunStore, run: RunRecord | None, conversation: Conversation) -> str:
-    if name in ("prefill", "kv", "sampling", "memory", "attention") and run is None:
+def run_claim(name: str, run: RunRecord | None) -> str:
+    if run is None:
         return "press R (or Ctrl+Enter) to run the prompt"
-    if name in ("prefill", "kv", "memory", "attention") and run.remote:
+    if run.remote:
         s = run.summary(with_text=False)
         return (f"through {run.model.engine}: TTFT {s.ttft_ms:,.0f} ms and {s.decode_tok_s:,.1f} tok/s as this client "
                 "measured them; a server reveals no per-layer cache, no prefill pass, no attention")
+    if not run.prefilled:
+        return f"prefill running: all {run.prompt_tokens:,} prompt tokens in one forward pass…"
+    s = run.summary(with_text=False)
+    busy_words = " · measured on a busy machine" if run.finished and busy(s.cpu_share) else ""
     if name == "prefill":
-        s = run.summary(with_text=False)
         per = s.decode_ms / s.decode_runs if s.decode_runs else 0.0
+        decode = f"decode made {s.decode_runs:,} tokens one pass each, {per:,.0f} ms per token" if s.decode_runs \
+            else "decode starts"
         return (f"prefill read {s.prompt_tokens:,} prompt tokens in one pass ({s.prefill_ms:,.0f} ms, TTFT "
-                f"{s.ttft_ms:,.0f} ms); decode made {s.decode_runs:,} tokens one pass each, {per:,.0f} ms per token "
-                "(measured)")
+                f"{s.ttft_ms:,.0f} ms); {decode} (measured){busy_words}")
     if name == "kv":
         m, seen = run.model, run.kv_tokens
         held = sum(map(sum, run.kv_bytes_per_layer))
-        predicted = kvcache.predicted_kv_bytes(m, seen)
-        check = "= the formula ✓" if held == predicted else f"≠ the formula's {kvcache.format_bytes(predicted)} ✗"
-        return (f"{kvcache.bytes_per_token(m):,} B per position (formula) × {seen:,} positions: the cache holds "
-                f"{kvcache.format_bytes(held)} (measured) {check}")
+        predicted = kvformula.predicted_kv_bytes(m, seen)
+        check = "= the formula ✓" if held == predicted else f"≠ the formula's {kvformula.format_bytes(predicted)} ✗"
+        allocated = run.kv_storage_bytes()
+        storage = f"; {kvformula.format_bytes(allocated)} allocated" if allocated and allocated != held else ""
+        return (f"{kvformula.bytes_per_token(m):,} B per position (formula) × {seen:,} positions: the cache holds "
+                f"{kvformula.format_bytes(held)} (measured) {check}{storage}")
     if name == "memory":
         m = run.model
         held = sum(map(sum, run.kv_bytes_per_layer))
-        full = kvcache.full_context_kv_bytes(m)
-        return (f"{kvcache.format_bytes(held)} for {run.kv_tokens:,} of {m.max_context:,} positions now; "
-                f"{kvcache.format_bytes(full)} at full context. {concurrency_text(m)}")
+        allocated = run.kv_storage_bytes()
+        storage = f" ({kvformula.format_bytes(allocated)} allocated)" if allocated and allocated != held else ""
+        return (f"{kvformula.format_bytes(held)}{storage} for {run.kv_tokens:,} of {m.max_context:,} positions now; "
+                f"{kvformula.format_bytes(kvformula.full_context_kv_bytes(m))} at full context. {concurrency_text(m)}")
     if name == "sampling":
-        step = run.steps[-1] if run.steps else None
-        if step is None:
+        if not run.steps:
             return "the candidates appear with the first token"
-        text = sampling_caption(step, run.started.params, getattr(run.model, "vocab_size", 0))
-        return _plain(text)
+        return _plain(sampling_caption(run.steps[-1], run.started.params, getattr(run.model, "vocab_size", 0)))
     if name == "attention":
         if not run.attention:
             return "press R to run the prompt recording each step's attention"
         step = run.attention[-1]
         sink, recent = attention_shares(step)
         sink_text = f"{sink:.0%} of its attention on the first token (the sink), " if sink is not None else ""
+        costs = [a.capture_ms for a in run.attention]
+        mean = sum(costs) / len(costs)
         return (f"the newest token reads all {step.position + 1:,} cached positions: {sink_text}{recent:.0%} on the "
-                f"newest {RECENT}; recording it costs {step.capture_ms:,.1f} ms per pass (measured)")
-    if name == "speculative":
-        s = _summary(store, "speculative")
-        if "speedup" not in s:
-            return "press R: a drafter guesses the next tokens, the model checks them all in one pass"
-        same = "same tokens as plain decode ✓" if s["tokens_match"] else \
-            f"tokens leave plain decode's at token {s['first_difference']:.0f}{rounding(s)}"
-        return (f"{s['drafter']}: {s['accepted']:.0f} of {s['drafted']:.0f} guesses kept, {s['tokens_per_pass']:.1f} "
-                f"tokens per pass, decode {s['speedup']:.1f}x as fast (measured); {same}")
-    if name == "paged":
-        s = _summary(store, "paged")
-        if "peak_blocks_shared" not in s:
-            return "press R: requests sharing a system prompt arrive and are served from one pool of blocks"
-        mib = 2**20
-        return (f"{s['shared_prefix_blocks']:.0f} system-prompt blocks held once for every request: "
-                f"{s['peak_bytes_shared'] / mib:,.1f} MiB at the peak instead of {s['peak_bytes_unshared'] / mib:,.1f} "
-                f"MiB unshared (measured); a contiguous cache would reserve {s['contiguous_bytes_at_peak'] / mib:,.1f} "
-                "MiB (computed)")
-    if name == "cache":
-        s = _summary(store, "cache")
-        if "decode_speedup" not in s:
-            return "press R to run the same prompt with the cache on and off"
-        return (f"without the cache every step recomputes the whole sequence: decode {s['decode_speedup']:.1f}x "
-                f"slower (measured) while the cost model counts {s['flops_ratio']:.0f}x the FLOPs: a small model's "
-                "step is dominated by reading weights, not by attention")
-    if name == "prompt":
-        s = _summary(store, "prefill")
-        if "exponent" not in s:
-            return "press R to time prefill for prompts of growing length"
-        doubling = " → ".join(f"{int(n):,}" for n in str(s["last_doubling"]).split("->"))
-        return (f"prefill time ~ n^{s['exponent_long']:.2f} for long prompts; {doubling} tokens took "
-                f"{s['last_doubling_x']:.1f}x as long (FLOPs {s['flops_doubling_x']:.1f}x, computed)")
-    if name == "batch":
-        s, c = _summary(store, "batch"), _summary(store, "continuous")
-        parts = []
-        if "throughput_gain" in s:
-            parts.append(f"a batch of {s['largest_batch']} decodes {s['throughput_gain']:.1f}x the tokens/s, each "
-                         f"token {s['latency_growth']:.1f}x slower (measured)")
-        if "continuous_mean_ttft_ms" in c:
-            parts.append(f"continuous batching: mean TTFT {c['continuous_mean_ttft_ms']:,.0f} ms vs "
-                         f"{c['static_mean_ttft_ms']:,.0f} ms static")
-        return "; ".join(parts) or "press R for the batch sweep, C for continuous vs static batching"
-    if name == "chat":
-        s = _summary(store, "chat")
-        if "tokens_match" in s and not s.get("incomplete"):
-            return chat_claim(s)
-        if conversation.turn_runs:
-            last = store.find(conversation.turn_runs[-1])
-            if last is not None:
-                t = last.summary(with_text=False)
-                return (f"turn {len(conversation.turn_runs)}: {t.reused_tokens:,} positions reused from the cache, "
-                        f"{t.prompt_tokens:,} prefilled, TTFT {t.ttft_ms:,.0f} ms (measured)")
-        return "type a message below (Ctrl+Shift+Enter sends it); R compares reuse on vs off"
+                f"newest {RECENT}; recording costs {mean:,.1f} ms per pass ({min(costs):,.1f}-{max(costs):,.1f} over "
+                f"{len(costs)} passes, measured)")
     return ""
 
 
-def rounding(s: dict) -> str:
-    """Why tokens parted, in a caption's few words: the engine's note (a 16-bit float), or a plain failure."""
-    return " (16-bit rounding)" if s.get("tokens_note") else " ✗"
+def scene_run(name: str, store: RunStore) -> str | None:
+    """The run a run scene shows when it opens: the newest one that recorded attention for the attention scene,
+    the newest plain run (not an experiment's, not one recording attention) for the others, so a lecture
+    replayed from several traces shows each scene's own run."""
+    if name not in RUN_SCENES:
+        return None
+    own = [r for r in store.runs if not r.started.experiment and r.started.kind != "chat"]
+    wanted = [r for r in own if (name == "attention") == r.started.params.capture_attention]
+    return wanted[-1].run_id if wanted else None
 
 
-def chat_claim(s: dict) -> str:
-    """The chat comparison in one line: the last turn's medians and whether they differ beyond the spread."""
-    last = int(s["turns"])
-    on, off = s[f"turn{last}_on_ms"], s[f"turn{last}_off_ms"]
-    if s[f"turn{last}_clear"]:
-        verdict = f"reuse {off / on:.1f}x faster" if on < off else f"reuse {on / off:.1f}x slower"
-    else:
-        verdict = "within the noise of the repeats"
-    busy = " · measured on a busy machine" if load.busy(s.get("lowest_cpu_share")) else ""
-    same = "same replies" if s["tokens_match"] else f"replies differ{rounding(s)}"
-    return (f"turn {last} TTFT {on:,.0f} ms with the cache kept vs {off:,.0f} ms re-prefilled (median of "
-            f"{s['repeats']}): {verdict}; {same}{busy}")
-
-
-def _summary(store: RunStore, kind: str) -> dict:
-    record = store.latest_experiment(kind)
-    end = record.end if record is not None else None
-    return end.summary if end is not None and hasattr(end, "summary") else {}
+def cutting_step(run: RunRecord) -> int | None:
+    """The step where the filters cut the most candidates while leaving a choice (several survivors), if any:
+    where the sampling scene opens, so the lesson (filters removing candidates) shows."""
+    best, most = None, 0
+    for step in run.steps:
+        cut = sum(1 for c in step.candidates if c.p_raw > 0 and c.p_final == 0.0)
+        if cut > most and step.kept > 1:
+            best, most = step.step, cut
+    return best
 
 
 def _plain(rich: str) -> str:
     """Rich text from a panel's caption, as plain words (the scene caption escapes again)."""
-    import re
-    from html import unescape
-
     return unescape(re.sub(r"<[^>]+>", "", rich))

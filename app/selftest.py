@@ -11,6 +11,7 @@ import time
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
+from app.requests import Load
 from app.window import MainWindow
 from app.worker import Note
 from engine.events import RunFailed, RunFinished
@@ -55,10 +56,8 @@ def run_self_test(app: QApplication, window: MainWindow, started: float, model: 
             elif isinstance(item, Note) and item.kind == "idle" and "loaded_s" not in outcome \
                     and window.client.model is not None:
                 outcome["loaded_s"] = time.perf_counter() - started
-                window.controls.prompt.setPlainText(PROMPT)
-                window.controls.max_tokens.setValue(TOKENS)
-                window.controls.temperature.setValue(0.0)
-                window.start_run()
+                window.run_settings.update(prompt=PROMPT, max_new_tokens=TOKENS, temperature=0.0)
+                window.controller.run()
             elif isinstance(item, RunFailed):
                 finish(1, f"self-test failed: {item.message}")
             elif isinstance(item, RunFinished):
@@ -71,6 +70,6 @@ def run_self_test(app: QApplication, window: MainWindow, started: float, model: 
 
     window.client.events_ready.connect(on_events)
     QTimer.singleShot(TIMEOUT_MS, lambda: finish(1, "self-test failed: timed out"))
-    window.load_model(model, device, dtype)
+    window.controller.load_model(Load(model, device, dtype))
     app.exec()
     return outcome.get("code", 1)

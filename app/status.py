@@ -6,7 +6,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
 
 from app.store import RunRecord
-from engine.kvcache import format_bytes
+from engine.kvformula import format_bytes
 
 FIELDS = ("ttft", "prefill", "decode", "tokens", "context", "kv", "memory")
 

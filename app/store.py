@@ -23,6 +23,9 @@ from engine.events import (
     ExperimentStarted,
     HardwarePeaks,
     KVNorms,
+    LayerTimes,
+    LessonResult,
+    LessonSettings,
     ModelFacts,
     PrefillDone,
     RunFailed,
@@ -32,6 +35,7 @@ from engine.events import (
     ServerFacts,
     TokenStep,
 )
+from engine.tally import RunTally
 
 STEP_FIELDS = ("t_ms", "latency_ms", "forward_ms", "prob", "raw_prob", "kv_bytes", "waited_ms")
 
@@ -64,13 +68,17 @@ class RunRecord:
         self.remote = isinstance(started.model, ServerFacts)     # a server's run: no per-layer anything
         layers = 0 if self.remote else self.model.num_layers
         self.events: list[object] = [started]
+        self.tally = RunTally()
+        self.tally.add(started)
         self.prefill: PrefillDone | None = None
         self.steps: list[TokenStep] = []
         self.attention: list[AttentionStep] = []     # one per step, when the run captured attention
+        self.layer_times: list[LayerTimes] = []      # one per step, when the model is split across devices
         self.series = {name: Series() for name in STEP_FIELDS}
         self.end: RunFinished | RunFailed | None = None
         self.kv_bytes_per_layer: list[list[int]] = [[0, 0] for _ in range(layers)]
         self.kv_positions_per_layer: list[int] = [0] * layers
+        self.kv_storage_per_layer: list[int] = []   # allocated bytes per layer, where they differ from the held
         self.kv_tokens = 0            # positions the cache has been fed (sliding layers may hold fewer)
         self.kv_allocated = 0         # a static cache: positions allocated up front (0: the cache grows)
         self._norms = np.zeros((2, layers, 0), dtype=np.float32)   # K, V x layers x positions
@@ -110,11 +118,13 @@ class RunRecord:
     # --- appending ----------------------------------------------------------------------------------------
     def add(self, event: object) -> None:
         self.events.append(event)
+        self.tally.add(event)
         if isinstance(event, PrefillDone):
             self.prefill = event
             self.kv_allocated = event.kv_allocated
             self.kv_bytes_per_layer = event.kv_bytes_per_layer
             self.kv_positions_per_layer = event.kv_positions_per_layer
+            self.kv_storage_per_layer = event.kv_storage_per_layer
             held = event.reused_tokens + event.n_tokens
             self.kv_tokens = held if sum(map(sum, event.kv_bytes_per_layer)) else 0
         elif isinstance(event, KVNorms):
@@ -127,6 +137,7 @@ class RunRecord:
             self.steps.append(event)
             self.kv_bytes_per_layer = event.kv_bytes_per_layer
             self.kv_positions_per_layer = event.kv_positions_per_layer
+            self.kv_storage_per_layer = event.kv_storage_per_layer
             held = sum(map(sum, event.kv_bytes_per_layer))
             self.kv_tokens = event.position if held and event.position is not None else 0   # the new token is not
             for name, value in (("t_ms", event.t_ms), ("latency_ms", event.latency_ms),     # cached yet
@@ -136,6 +147,8 @@ class RunRecord:
                 self.series[name].append(np.nan if value is None else value)      # absent: a gap, not a zero
         elif isinstance(event, AttentionStep):
             self.attention.append(event)
+        elif isinstance(event, LayerTimes):
+            self.layer_times.append(event)
         elif isinstance(event, (RunFinished, RunFailed)):
             self.end = event
 
@@ -157,29 +170,22 @@ class RunRecord:
         return self.steps[index] if 0 <= index < len(self.steps) else None
 
     def summary(self, with_text: bool = True) -> RunSummary:
-        """The final summary once finished; while running, the figures so far (``with_text=False`` skips the
-        text and ids, which cost O(tokens): the status strip asks 30 times a second)."""
+        """The final summary once finished; while running, the figures so far from the same builder the engine
+        uses (``engine.tally``), so nothing shown changes when the run ends. ``with_text=False`` skips the text
+        and ids, which cost O(tokens): the status strip asks 30 times a second."""
         if self.end is not None:
             return self.end.summary
-        steps = self.steps
-        decode = self.series["latency_ms"].values[1:]
-        if self.remote:
-            return RunSummary(
-                prompt_tokens=None, tokenize_ms=None, prefill_ms=None, kv_tokens=None, kv_bytes=None,
-                reused_tokens=None, generated_tokens=len(steps), decode_runs=max(len(steps) - 1, 0),
-                ttft_ms=steps[0].t_ms if steps else 0.0, decode_ms=float(decode.sum()),
-                total_ms=steps[-1].t_ms if steps else 0.0,
-                text="".join(s.text for s in steps) if with_text else "")
-        return RunSummary(
-            prompt_tokens=self.prompt_tokens - self.reused_tokens, reused_tokens=self.reused_tokens,
-            generated_tokens=len(steps), decode_runs=max(len(steps) - 1, 0),
-            tokenize_ms=self.prefill.tokenize_ms if self.prefill else 0.0,
-            prefill_ms=self.prefill.forward_ms if self.prefill else 0.0,
-            ttft_ms=steps[0].t_ms if steps else 0.0, decode_ms=float(decode.sum()),
-            total_ms=steps[-1].t_ms if steps else 0.0, kv_tokens=self.kv_tokens,
-            kv_bytes=sum(map(sum, self.kv_bytes_per_layer)),
-            text="".join(s.text for s in steps if not s.special) if with_text else "",
-            token_ids=[s.token_id for s in steps] if with_text else [])
+        return self.tally.summary(with_text=with_text)
+
+    @property
+    def prefilled(self) -> bool:
+        """The prompt's pass has ended (until then no figure of the run is measured yet)."""
+        return self.prefill is not None or bool(self.steps)
+
+    def kv_storage_bytes(self) -> int:
+        """Bytes the cache's tensors have allocated (distinct storages), where that differs from what they
+        expose; 0 when it does not (the usual case)."""
+        return sum(self.kv_storage_per_layer)
 
     def norm_grid(self, which: str) -> np.ndarray:
         """Mean L2 norm of the cached key (``"k"``) or value (``"v"``) vectors, ``[layers, positions]``."""
@@ -213,7 +219,8 @@ class RunRecord:
 
 
 class ExperimentRecord:
-    """One experiment: its settings, the points measured so far, progress, and the runs it started."""
+    """One experiment: its typed settings, the points measured so far, progress, the runs it started, and its
+    typed result once it finished."""
 
     def __init__(self, started: ExperimentStarted) -> None:
         self.started = started
@@ -236,6 +243,15 @@ class ExperimentRecord:
     @property
     def finished(self) -> bool:
         return self.end is not None
+
+    @property
+    def settings(self) -> LessonSettings:
+        return self.started.settings
+
+    @property
+    def result(self) -> LessonResult | None:
+        """The lesson's result once it finished (None while it runs, or if it failed)."""
+        return self.end.result if isinstance(self.end, ExperimentFinished) else None
 
     def add(self, event: object) -> None:
         self.events.append(event)

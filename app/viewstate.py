@@ -2,8 +2,10 @@
 napari's evented models, in a few lines).
 
 ``ViewState`` holds the one explicit selection every run panel draws (so an experiment finishing in the
-background cannot swap the heatmap under the token stream), the style each run was given when it started
-(its colour and dash never change), the lecture scene, and the heatmap's zoom. ``Conversation`` is the chat:
+background cannot swap the heatmap under the token stream), the step pinned in it (the sampling and attention
+views follow it; None follows the newest), the style each run was given when it started (its colour and dash
+never change), the lecture scene and the blanked screen, the token colouring, the heatmap's mode and zoom.
+``Conversation`` is the chat:
 messages, which run answered each turn, and the message waiting for the model. Listeners hear the names of
 what changed, once per batch of changes.
 """
@@ -18,8 +20,8 @@ from dataclasses import dataclass
 # white lecture background, none of them the prefill blue or the "computed" grey.
 RUN_COLOURS = ("#D55E00", "#332288", "#117733", "#AA4499", "#44AA99", "#882255", "#999933", "#E69F00",
                "#661100", "#6699CC")
-SCENES = ("prefill", "kv", "cache", "prompt", "batch", "sampling", "chat", "memory", "attention", "speculative",
-          "paged")
+TOKEN_COLOURS = ("phase", "latency", "probability")
+KV_MODES = ("memory", "k", "v")
 MAIN, CHAT, EXPERIMENT = "main", "chat", "experiment"
 
 Listener = Callable[[set[str]], None]
@@ -72,10 +74,14 @@ def group_of(kind: str, experiment: str) -> str:
 
 
 class ViewState(Observable):
-    def __init__(self) -> None:
+    def __init__(self, scenes: tuple[str, ...] = ()) -> None:
         super().__init__()
+        self.scenes = scenes                      # the lecture's scenes, in order (app.scene_list)
         self.selected: str | None = None         # the run every run panel shows
         self.selected_reason = ""                 # why: "newest run", "replay", "chat turn 2", "picked"
+        self.pinned: tuple[str, int] | None = None   # (run, step) the step views show; None: the newest step
+        self.token_colours = TOKEN_COLOURS[0]
+        self.kv_mode = KV_MODES[0]
         self.styles: dict[str, RunStyle] = {}
         self._used = {MAIN: 0, CHAT: 0, EXPERIMENT: 0}
         self.scene: str | None = None             # the lecture scene shown, None = the workbench
@@ -106,23 +112,49 @@ class ViewState(Observable):
     def select(self, run_id: str | None, reason: str) -> None:
         if (run_id, reason) != (self.selected, self.selected_reason):
             self.selected, self.selected_reason = run_id, reason
-            self.changed("selected")
+            self.pinned = None
+            self.changed("selected", "pinned")
+
+    def pin(self, run_id: str, step: int) -> None:
+        """Show ``step`` of ``run_id`` in the step views; a negative step follows the newest again."""
+        pinned = (run_id, step) if step >= 0 else None
+        if pinned != self.pinned:
+            self.pinned = pinned
+            self.changed("pinned")
+
+    def pinned_step(self, run_id: str) -> int | None:
+        return self.pinned[1] if self.pinned is not None and self.pinned[0] == run_id else None
+
+    def set_token_colours(self, mode: str) -> None:
+        if mode in TOKEN_COLOURS and mode != self.token_colours:
+            self.token_colours = mode
+            self.changed("token_colours")
+
+    def set_kv_mode(self, mode: str) -> None:
+        if mode in KV_MODES and mode != self.kv_mode:
+            self.kv_mode = mode
+            self.changed("kv_mode")
 
     # --- lecture ---
     def show_scene(self, scene: str | None) -> None:
-        if scene is not None and scene not in SCENES:
-            raise ValueError(f"unknown scene {scene!r}: use one of {', '.join(SCENES)}")
+        """Change scene; the screen stays blanked if it was (B brings it back, wherever the speaker went)."""
+        if scene is not None and scene not in self.scenes:
+            raise ValueError(f"unknown scene {scene!r}: use one of {', '.join(self.scenes)}")
         if scene != self.scene:
-            self.scene, self.blank = scene, False
+            self.scene = scene
             self.changed("scene")
 
     def step_scene(self, delta: int) -> None:
-        index = SCENES.index(self.scene) if self.scene in SCENES else -delta
-        self.show_scene(SCENES[(index + delta) % len(SCENES)])
+        index = self.scenes.index(self.scene) if self.scene in self.scenes else -delta
+        self.show_scene(self.scenes[(index + delta) % len(self.scenes)])
 
     def toggle_blank(self) -> None:
-        self.blank = not self.blank
-        self.changed("blank")
+        self.set_blank(not self.blank)
+
+    def set_blank(self, blank: bool) -> None:
+        if blank != self.blank:
+            self.blank = blank
+            self.changed("blank")
 
     def set_heatmap_fit(self, fit: bool) -> None:
         if fit != self.heatmap_fit:

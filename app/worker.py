@@ -1,10 +1,12 @@
-"""The engine's thread. ``EngineWorker`` lives in a ``QThread`` and runs one request at a time (load a model,
-run a prompt, replay a trace); ``EngineClient`` is its face in the GUI thread.
+"""The engine's thread. ``EngineWorker`` lives in a ``QThread`` and carries out one request at a time (the typed
+requests of ``app.requests``: load a model, run a prompt, a chat turn, a lesson, replay traces, measure the
+machine); ``EngineClient`` is its face in the GUI thread.
 
 Events leave the worker through an outbox (a deque: appends and pops are thread-safe) plus one coalesced
 queued signal, so a model streaming thousands of tokens a second costs the GUI one wake-up per batch, not one
 per token, and the order of events and notes is the order they happened in. The GUI never waits on the worker;
-steering goes through ``RunControl`` and closing stops the run and joins the thread.
+steering goes through ``RunControl`` and closing stops the work and joins the thread. The engine is imported
+here, in the worker's thread, on first use: the window shows before torch loads.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.control import RunControl
+from app import requests as rq
+from app.run_control import RunControl
 from engine.errors import EngineError
 from engine.events import LoadProgress, ModelLoaded
 from engine.memory import device_memory_bytes, process_rss_bytes
-from engine.params import GenerationParams
 
 log = logging.getLogger(__name__)
 MEMORY_EVERY_S = 0.5
@@ -50,6 +52,10 @@ class EngineWorker(QObject):
         self._signalled = threading.Event()
         self._last_memory = 0.0
         self._remeasured = False
+        self._actions: dict[type, tuple[str, Callable]] = {
+            rq.Load: ("Loading failed", self._load), rq.Run: ("The run failed", self._run),
+            rq.Chat: ("The turn failed", self._chat), rq.Lesson: ("The experiment failed", self._lesson),
+            rq.Replay: ("The replay failed", self._replay), rq.Remeasure: ("Measuring failed", self._remeasure)}
 
     # --- outbox -------------------------------------------------------------------------------------------
     def push(self, item: object) -> None:
@@ -72,14 +78,18 @@ class EngineWorker(QObject):
         return items
 
     # --- requests (worker thread) -------------------------------------------------------------------------
-    def _handle(self, busy: str, failure: str, action: Callable[[], None]) -> None:
+    @Slot(object)
+    def handle(self, request: rq.Request) -> None:
         """Every request: ``busy`` first, ``idle`` last whatever happens, and an error as a note, never a
         dead thread (the app must survive anything a model throws)."""
-        self.push(Note("busy", busy))
+        failure, action = self._actions[type(request)]
+        self.push(Note("busy", rq.BUSY[type(request)]))
         try:
-            action()
+            action(request)
         except EngineError as exc:
             self.push(Note("error", str(exc)))
+        except RecursionError:
+            self.push(Note("error", f"{failure}: what was read was nested too deeply to be what it claimed"))
         except Exception as exc:  # noqa: BLE001
             log.exception("%s", failure)
             self.push(Note("error", f"{failure}: {type(exc).__name__}: {exc}"))
@@ -91,88 +101,67 @@ class EngineWorker(QObject):
             raise EngineError("No model is loaded yet: wait for loading to finish, or load one")
         return self.session
 
-    @Slot(dict)
-    def load(self, request: dict) -> None:
-        def action() -> None:
-            from engine.models import load
-            from engine.remote import is_server
+    def _load(self, request: rq.Load) -> None:
+        from engine.remote import is_server
 
-            if is_server(request["model"]):
-                self._attach_server(request["model"])
-                return
-            from engine.session import Session
+        if is_server(request.model):
+            self._attach_server(request)
+            return
+        from engine.models import load
+        from engine.session import Session
 
-            loaded = load(request["model"], request.get("device", "auto"), request.get("dtype", "auto"),
-                          trust_remote_code=request.get("trust_remote_code", False), progress=self.push,
-                          cancelled=self.control.cancel.is_set)
-            self.session = Session(loaded)  # the previous model stays until this one has loaded
-            _freeze_heap()
-            self.push(loaded.loaded_event())
-            self._measure_peaks()
+        loaded = load(request.model, request.device, request.dtype, trust_remote_code=request.trust_remote_code,
+                      progress=self.push, cancelled=self.control.cancel.is_set, memory_budget=request.memory_budget)
+        self.session = Session(loaded)  # the previous model stays until this one has loaded
+        _freeze_heap()
+        self.push(loaded.loaded_event())
+        self._measure_peaks()
 
-        self._handle("load", "Loading failed", action)
-
-    def _attach_server(self, url: str) -> None:
+    def _attach_server(self, request: rq.Load) -> None:
         """A server "loads" when it answers: no weights here, no peaks to measure (they are the server's)."""
-        import time
+        from engine.remote import RemoteSession, probe, without_credentials
 
-        from engine.remote import RemoteSession, probe
-
-        self.push(LoadProgress("connect", f"Connecting to {url}", None))
+        self.push(LoadProgress("connect", f"Connecting to {without_credentials(request.model)}", None))
         started = time.perf_counter()
-        facts = probe(url)
-        self.session, self.peaks = RemoteSession(facts), None
+        facts = probe(request.model, deadline_s=request.deadline_s)
+        self.session, self.peaks = RemoteSession(facts, deadline_s=request.deadline_s), None
         self.push(ModelLoaded(model=facts, load_ms=(time.perf_counter() - started) * 1000.0))
 
-    @Slot(dict)
-    def run(self, request: dict) -> None:
-        def action() -> None:
-            result = self._session().run(request["prompt"], request["params"], self.push, self.control.cancel,
-                                         self.control.before_step)
-            self._check_peaks(result)
+    def _run(self, request: rq.Run) -> None:
+        result = self._session().run(request.prompt, request.params, self.push, self.control.cancel,
+                                     self.control.before_step)
+        self._check_peaks(result)
 
-        self._handle("run", "The run failed", action)
+    def _chat(self, request: rq.Chat) -> None:
+        messages = [{"role": role, "content": content} for role, content in request.messages]
+        self._session().chat(messages, request.params, self.push, self.control.cancel, self.control.before_step,
+                             reuse=request.reuse)
 
-    @Slot()
-    def remeasure_peaks(self) -> None:
-        self._handle("peaks", "Measuring the peaks failed", lambda: self._measure_peaks(remeasure=True))
+    def _lesson(self, request: rq.Lesson) -> None:
+        from engine import lessons
+        from engine.experiment import run_lesson
 
-    @Slot(dict)
-    def chat(self, request: dict) -> None:
-        self._handle("run", "The turn failed", lambda: self._session().chat(
-            request["messages"], request["params"], self.push, self.control.cancel, self.control.before_step,
-            reuse=request.get("reuse", True)))
+        run_lesson(lessons.lesson(request.kind), self._session(), request.settings, self.push, self.control.cancel,
+                   self.peaks)
 
-    @Slot(dict)
-    def experiment(self, request: dict) -> None:
-        def action() -> None:
-            from engine.experiments import run_experiment
-
-            run_experiment(request["kind"], self._session(), self.push, self.control.cancel, peaks=self.peaks,
-                           **request.get("settings", {}))
-
-        self._handle("experiment", "The experiment failed", action)
-
-    @Slot(dict)
-    def replay(self, request: dict) -> None:
+    def _replay(self, request: rq.Replay) -> None:
         """Replay traces, one after the other (a lecture prepared as several files): no model, no torch; paced
         by the recorded timestamps. Every file is read and checked before the first event is shown."""
-        def action() -> None:
-            from engine.trace import read_trace, replay
+        from engine.trace import read_traces, replay
 
-            traces = [read_trace(path) for path in request["paths"]]
-            for events in traces:
-                for event in replay(events, request.get("speed", 1.0), cancelled=self.control.cancel.is_set,
-                                    sleep=self._sleep):
-                    self.push(event)
+        for events in read_traces(request.paths):
+            for event in replay(events, request.speed, cancelled=self.control.cancel.is_set, sleep=self._sleep):
+                self.push(event)
 
-        self._handle("replay", "The replay failed", action)
+    def _remeasure(self, _request: rq.Remeasure) -> None:
+        self._measure_peaks(remeasure=True)
 
     def _measure_peaks(self, remeasure: bool = False) -> None:
         from engine.hardware import peaks_event
 
         session = self._session()
-        self.push(LoadProgress("peaks", "Measuring this machine's peak FLOP/s and memory bandwidth", None))
+        self.push(LoadProgress("peaks", "Measuring this machine's peak FLOP/s and memory bandwidth (once; a run "
+                                        "waits for it)", None))
         try:
             self.peaks = peaks_event(session.loaded, remeasure=remeasure)
             self.push(self.peaks)
@@ -214,12 +203,7 @@ class EngineClient(QObject):
     ``events_ready(list)`` (engine events and notes, in order)."""
 
     events_ready = Signal(list)
-    _load = Signal(dict)
-    _run = Signal(dict)
-    _replay = Signal(dict)
-    _experiment = Signal(dict)
-    _chat = Signal(dict)
-    _remeasure = Signal()
+    _request = Signal(object)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -228,48 +212,18 @@ class EngineClient(QObject):
         self.thread.setObjectName("kvscope-engine")
         self.worker = EngineWorker(self.control)
         self.worker.moveToThread(self.thread)
-        self._load.connect(self.worker.load)
-        self._run.connect(self.worker.run)
-        self._replay.connect(self.worker.replay)
-        self._experiment.connect(self.worker.experiment)
-        self._chat.connect(self.worker.chat)
-        self._remeasure.connect(self.worker.remeasure_peaks)
+        self._request.connect(self.worker.handle)
         self.worker.pending.connect(self._drain)
         self.thread.finished.connect(self.worker.deleteLater)
         self.busy: str | None = None
         self.model: ModelLoaded | None = None
         self.thread.start()
 
-    def load_model(self, model: str, device: str = "auto", dtype: str = "auto",
-                   trust_remote_code: bool = False) -> None:
-        self.control.reset()
-        self.busy = "load"
-        self._load.emit({"model": model, "device": device, "dtype": dtype, "trust_remote_code": trust_remote_code})
-
-    def start_run(self, prompt: str, params: GenerationParams, paused: bool = False) -> None:
+    def submit(self, request: rq.Request, paused: bool = False) -> None:
+        """Hand ``request`` to the worker (``paused``: a run starts paused after its prefill)."""
         self.control.reset(paused=paused)
-        self.busy = "run"
-        self._run.emit({"prompt": prompt, "params": params})
-
-    def start_chat(self, messages: list[dict], params: GenerationParams, reuse: bool) -> None:
-        self.control.reset()
-        self.busy = "run"
-        self._chat.emit({"messages": messages, "params": params, "reuse": reuse})
-
-    def start_experiment(self, kind: str, settings: dict) -> None:
-        self.control.reset()
-        self.busy = "experiment"
-        self._experiment.emit({"kind": kind, "settings": settings})
-
-    def open_traces(self, paths: list[str], speed: float = 1.0) -> None:
-        self.control.reset()
-        self.busy = "replay"
-        self._replay.emit({"paths": list(paths), "speed": speed})
-
-    def remeasure_peaks(self) -> None:
-        self.control.reset()
-        self.busy = "peaks"
-        self._remeasure.emit()
+        self.busy = rq.BUSY[type(request)]
+        self._request.emit(request)
 
     def stop(self) -> None:
         self.control.stop()
@@ -293,4 +247,3 @@ class EngineClient(QObject):
         if done:
             self._drain()
         return done
-

@@ -50,7 +50,7 @@ def generate_batch(model, prompts: list[list[int]], new_tokens: int, pad_id: int
     rows = len(prompts)
     with torch.inference_mode():
         start = clock.mark()
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, logits_to_keep=1)
+        out = kvcache.forward(model, ids, cache, positions=positions, mask=mask)
         forward_end = clock.mark()
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)                     # [B, 1]
         end = clock.mark()
@@ -64,7 +64,7 @@ def generate_batch(model, prompts: list[list[int]], new_tokens: int, pad_id: int
             mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)         # the mask grows with the cache
             last = last + 1
             start = clock.mark()
-            out = model(input_ids=nxt, attention_mask=mask, position_ids=last, cache=cache)
+            out = kvcache.forward(model, nxt, cache, positions=last, mask=mask)
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
             end = clock.mark()
             step_ms.append(clock.elapsed_ms(start, end))

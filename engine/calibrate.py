@@ -5,12 +5,12 @@ A short calibration times one decoder layer's worth of matmuls (the model's own 
 sizes) per candidate dtype: one token at a time (decode: reading weights) and 64 tokens at once (prefill:
 arithmetic). The score is the time of a typical run, a 64-token prefill plus 64 decode steps; ``auto`` takes
 the lowest, float32 on a tie, so it is never slower than float32 in its own measurement. Cached per device,
-torch version, thread count and shape (a second or two the first time); not cached when the machine was busy.
+torch version, thread count and shape (a second or two the first time). A measurement taken on a busy machine
+is not used: a stated rule (native bf16 units or not) decides, the same at every launch, and is cached too.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
-from engine.load import LoadMeter, busy
-from engine.paths import cache_dir
+from engine import machine_cache
+from engine.contention import LoadMeter, busy
 
 CANDIDATES = {"cpu": ("float32", "bfloat16"), "cuda": ("float32", "bfloat16", "float16"), "mps": ("float32", "float16")}
+CACHE = "dtypes.json"
 PREFILL_TOKENS = 64
 DECODE_STEPS = 64
 
@@ -44,14 +45,18 @@ class Calibration:
     native_bf16: bool | None
     cpu_share: float | None = None
     cached: bool = False
+    by_rule: bool = False          # the machine was busy while measuring: the stated rule decided, not the timings
 
     def timing(self, dtype: str) -> Timing | None:
         return next((t for t in self.timings if t.dtype == dtype), None)
 
     def reason(self) -> str:
-        """Why ``auto`` chose what it chose, in one line (shown beside the model)."""
+        """Why ``auto`` chose what it chose, in one line (shown beside the model and in ``--json``)."""
         base, best = self.timing("float32"), self.timing(self.best)
         native = {True: "native bf16 on this CPU", False: "bf16 emulated on this CPU", None: ""}[self.native_bf16]
+        if self.by_rule:
+            return (f"{self.best}: by rule ({native or 'the device'}), because the machine was busy when it was "
+                    "measured (kept; Run > Measure this machine again measures anew)")
         native = f" ({native})" if native else ""
         if base is None or best is None or best.dtype == "float32":
             others = [t for t in self.timings if t.dtype != "float32"]
@@ -119,34 +124,37 @@ def measure(device: torch.device, hidden: int, intermediate: int) -> Calibration
     return Calibration(best, timings, native_bf16(device), None if device.type != "cpu" else meter.share())
 
 
+def rule(device: torch.device) -> str:
+    """The dtype ``auto`` takes when it cannot trust a measurement (the machine was busy while measuring): on a
+    CPU bfloat16 only with native bf16 units (AVX512_BF16 or AMX), on a GPU bfloat16 where supported, else
+    float32. The same answer at every launch on the same machine."""
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "bfloat16" if device.type == "cpu" and native_bf16(device) else "float32"
+
+
 def calibrate(device: torch.device, hidden: int, intermediate: int, recalibrate: bool = False,
               measuring: Callable[[], None] = lambda: None) -> Calibration:
-    """The cached calibration for this machine and shape, else a new measurement (``measuring`` is called first,
-    so a progress line appears only when something is measured)."""
+    """The cached decision for this machine and shape, else a new one (``measuring`` is called first, so a
+    progress line appears only when something is measured). A measurement taken on a quiet machine decides; one
+    taken on a busy machine is not used: the stated rule (:func:`rule`) decides, and that decision is kept too,
+    so a machine that is always busy is not measured at every launch."""
     from engine.hardware import device_name
 
-    path = cache_dir() / "dtypes.json"
     key = f"{device_name(device)}|{device.type}|torch {torch.__version__}|threads {torch.get_num_threads()}|" \
           f"{hidden}x{intermediate}"
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
-    entry = table.get(key) if isinstance(table, dict) else None
-    if not recalibrate and isinstance(entry, dict):
+    entry = None if recalibrate else machine_cache.entry(CACHE, key)
+    if entry is not None:
         try:
             return Calibration(entry["best"], [Timing(**t) for t in entry["timings"]], entry.get("native_bf16"),
-                               entry.get("cpu_share"), cached=True)
+                               entry.get("cpu_share"), cached=True, by_rule=bool(entry.get("by_rule")))
         except (KeyError, TypeError):
             pass
     measuring()
     found = measure(device, hidden, intermediate)
-    if not busy(found.cpu_share):
-        table = table if isinstance(table, dict) else {}
-        table[key] = {**asdict(found), "measured": time.strftime("%Y-%m-%d")}
-        table[key].pop("cached", None)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(table, indent=1))
-        tmp.replace(path)
+    if busy(found.cpu_share):
+        found = Calibration(rule(device), found.timings, found.native_bf16, found.cpu_share, by_rule=True)
+    record = asdict(found)
+    record.pop("cached", None)
+    machine_cache.remember(CACHE, key, record)
     return found

@@ -1,7 +1,9 @@
 """The headless CLI: ``python -m engine --prompt ...`` streams the text and prints the llama.cpp-style report.
 
 Bad input exits non-zero with one clear line on stderr, never a traceback. Subcommands (``costmodel``,
-``sweep``) are dispatched on the first word, so the plain form needs no subcommand.
+``sweep``, ``load``, ``perfetto``: ``engine.commands``) are dispatched on the first word, so the plain form
+needs no subcommand. SIGTERM and SIGHUP end a run as Ctrl+C does: what was measured is written to the trace,
+marked incomplete, before the process exits.
 """
 
 from __future__ import annotations
@@ -9,58 +11,50 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 import threading
 from collections.abc import Callable
 
-from engine import kvcache
+from engine import commands, kvformula
+from engine.command_line import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_RUN_FAILED,
+    Parser,
+    add_model_arguments,
+    add_server_arguments,
+    bounded,
+    close_writer,
+    keep_partial,
+    load_with_progress,
+    prompt_text,
+    safe,
+    safe_line,
+    trace_writer,
+)
+from engine.contention import busy
 from engine.errors import EngineError, ParameterError
-from engine.events import AttentionStep, LoadProgress, RunFailed, RunStarted, TokenStep
-from engine.load import busy
+from engine.events import AttentionStep, RunFailed, RunStarted, TokenStep, plain
 from engine.params import MAX_SEED, GenerationParams
-from engine.textstream import clean_text
+from engine.remote import RemoteSession, probe, remote_report
+from engine.report import report
 
-EXIT_BAD_INPUT = 2
-EXIT_RUN_FAILED = 1
-SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {}
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one line on stderr for a bad argument (not usage plus error), exit status 2."""
-
-    def error(self, message: str):
-        self.exit(EXIT_BAD_INPUT, f"error: {message} (see {self.prog} --help)\n")
-
-
-def bounded(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: a whole number in ``[low, high]``, refused with the range."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value:,} is out of range: use {low:,} to {high:,}")
-        return value
-    parse.__name__ = "whole number"
-    return parse
-
-
-def prompt_text(text: str) -> str:
-    """The prompt as valid Unicode; bytes that were not UTF-8 become U+FFFD, and stderr says so."""
-    fixed, replaced = clean_text(text)
-    if replaced:
-        print(f"warning: the prompt was not valid UTF-8: {replaced} character(s) replaced with U+FFFD",
-              file=sys.stderr)
-    return fixed
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "costmodel": commands.costmodel_main, "sweep": commands.sweep_main, "load": commands.load_main,
+    "perfetto": commands.perfetto_main}
+PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
+    "costmodel": commands.costmodel_parser, "sweep": commands.sweep_parser, "load": commands.load_parser,
+    "perfetto": commands.perfetto_parser}
 
 
 def generate_parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m engine", description=(
         "Run a prompt through a real model, streaming the text, then print prefill/decode timing and KV-cache "
-        "memory. Subcommands: " + (", ".join(SUBCOMMANDS) or "none yet") + "."))
+        "memory. Subcommands: " + ", ".join(SUBCOMMANDS) + "."))
     p.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     add_model_arguments(p)
+    add_server_arguments(p)
     p.add_argument("--max-new-tokens", type=bounded(1, 1 << 24), default=GenerationParams.max_new_tokens)
     p.add_argument("--temperature", type=float, default=GenerationParams.temperature, help="0 = greedy")
     p.add_argument("--top-k", type=bounded(0, 1 << 24), default=GenerationParams.top_k, help="0 = off")
@@ -71,7 +65,7 @@ def generate_parser() -> argparse.ArgumentParser:
                    help="allocate the KV cache for prompt + new tokens up front (what compiled decode needs)")
     p.add_argument("--compile", action="store_true",
                    help="decode through torch.compile over the static cache (CUDA graphs on a GPU; implies "
-                        "--static-cache; the first step compiles and is reported apart)")
+                        "--static-cache; compiling is reported apart)")
     p.add_argument("--attention", action="store_true",
                    help="record each step's newest-token attention over the cache (into --trace; the cost per "
                         "pass is reported)")
@@ -81,140 +75,59 @@ def generate_parser() -> argparse.ArgumentParser:
     return p
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    from engine.models import DEVICES, DTYPES
-
-    p.add_argument("--model", default="embedded",
-                   help="'embedded' (SmolLM2-135M-Instruct), a Hugging Face folder, a .gguf file or a hub id")
-    p.add_argument("--server", metavar="URL",
-                   help="run through a serving engine instead (llama-server, vLLM, TGI, SGLang: its OpenAI-compatible "
-                        "API); an API key is read from the KVSCOPE_API_KEY environment variable")
-    p.add_argument("--device", default="auto", choices=DEVICES)
-    p.add_argument("--dtype", default="auto", choices=DTYPES)
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="allow this model's own Python code to run (off by default)")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _register_subcommands()
     if argv and argv[0] in SUBCOMMANDS:
-        return _guarded(lambda: SUBCOMMANDS[argv[0]](argv[1:]))
+        return guarded(lambda: SUBCOMMANDS[argv[0]](argv[1:]))
     args = generate_parser().parse_args(argv)
-    return _guarded(lambda: run_generate(args))
+    return guarded(lambda: run_generate(args))
 
 
-def _guarded(action: Callable[[], int]) -> int:
+def guarded(action: Callable[[], int]) -> int:
+    """Run a command: a user's mistake is one line and status 2; Ctrl+C, SIGTERM and SIGHUP status 130 (the
+    command has already kept what it measured)."""
+    previous = {name: _interrupt_on(name) for name in ("SIGTERM", "SIGHUP")}
     try:
         return action()
     except (EngineError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {safe_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:                     # the disk filled, a folder went away: one line, not a traceback
+        print(f"error: {safe_line(getattr(exc, 'strerror', None) or exc)}"
+              f"{': ' + safe_line(exc.filename) if getattr(exc, 'filename', None) else ''}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    except RecursionError:
+        print("error: something KVScope read was nested too deeply to be what it claimed", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    finally:
+        for name, handler in previous.items():
+            if handler is not None:
+                signal.signal(getattr(signal, name), handler)
 
 
-def _register_subcommands() -> None:
-    """Subcommands register here; their modules load torch only when they run."""
-    from engine.commands import costmodel_main, load_main, perfetto_main, sweep_main
+def _interrupt_on(name: str):
+    """Make ``name`` raise KeyboardInterrupt in the main thread, so every command ends it as Ctrl+C."""
+    if not hasattr(signal, name) or threading.current_thread() is not threading.main_thread():
+        return None
 
-    SUBCOMMANDS.update(costmodel=costmodel_main, sweep=sweep_main, perfetto=perfetto_main, load=load_main)
+    def interrupt(_signum, _frame) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(getattr(signal, name), interrupt)
 
 
 def parse_only(argv: list[str]) -> argparse.Namespace:
     """The arguments a command line would run with, without running it (README's commands are checked so)."""
-    from engine.commands import costmodel_parser, load_parser, perfetto_parser, sweep_parser
-
-    parsers = {"costmodel": costmodel_parser, "sweep": sweep_parser, "perfetto": perfetto_parser,
-               "load": load_parser}
-    if argv and argv[0] in parsers:
-        return parsers[argv[0]]().parse_args(argv[1:])
+    if argv and argv[0] in PARSERS:
+        return PARSERS[argv[0]]().parse_args(argv[1:])
     return generate_parser().parse_args(argv)
-
-
-def run_remote(args: argparse.Namespace, params: GenerationParams, prompt: str, writer) -> int:
-    """One run through a server: the text as it streams, then what this client measured beside what the server
-    reported about itself."""
-    from engine.remote import RemoteSession, probe
-
-    if params.kv_cache is False or params.static_cache or params.compiled or params.capture_attention:
-        raise ParameterError("--no-kv-cache, --static-cache, --compile and --attention act on a model KVScope runs; "
-                             "a server decides those itself")
-    facts = probe(args.server)
-    print(f"[{facts.engine} at {facts.url}: {facts.name}]", file=sys.stderr, flush=True)
-
-    def sink(event: object) -> None:
-        if writer is not None:
-            writer(event)
-        if not args.json and isinstance(event, TokenStep):
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-
-    result = RemoteSession(facts).run(prompt, params, sink)
-    s = result.summary
-    if args.json:
-        print(json.dumps({"server": dataclasses.asdict(facts), "params": dataclasses.asdict(params),
-                          "result": "failed" if isinstance(result, RunFailed) else result.reason,
-                          **dataclasses.asdict(s)}, indent=2))
-    else:
-        print("\n")
-        print(remote_report(s))
-    if writer is not None:
-        writer.close()
-    if isinstance(result, RunFailed):
-        print(f"error: {result.message}", file=sys.stderr)
-        return EXIT_RUN_FAILED
-    return 0
-
-
-def remote_report(s) -> str:
-    """Client-side figures (measured here) and the server's own (as reported), never mixed."""
-    rate = f"{s.decode_runs / (s.decode_ms / 1000.0):,.2f} tokens per second" if s.decode_ms > 0 else "n/a"
-    lines = [f"client: TTFT {s.ttft_ms:,.1f} ms (request sent to first token arriving); {s.generated_tokens} tokens; "
-             f"decode {s.decode_ms:,.1f} ms for {s.decode_runs} tokens after the first ({rate}); "
-             f"total {s.total_ms:,.1f} ms"
-             " (measured by this client's clock)"]
-    t = s.server_timings
-    if "timings.prompt_ms" in t:
-        lines.append(f"server: prompt {t.get('timings.prompt_n', '?')} tokens in {t['timings.prompt_ms']:,.1f} ms, "
-                     f"{t.get('timings.predicted_n', '?')} tokens predicted in "
-                     f"{t.get('timings.predicted_ms', 0):,.1f} ms, "
-                     f"{t.get('timings.cache_n', 0)} prompt tokens from its cache (as reported by the server)")
-    elif t:
-        lines.append("server: " + ", ".join(f"{k} {v:,}" for k, v in sorted(t.items())) + " (as reported)")
-    else:
-        lines.append("server: reported no timings")
-    return "\n".join(lines)
-
-
-def load_for_cli(args: argparse.Namespace):
-    from engine.models import load
-
-    tty = sys.stderr.isatty()
-    last_stage = [""]
-
-    def progress(p: LoadProgress) -> None:
-        """On a terminal one line that updates in place; in a log one line per stage."""
-        pct = f"{p.fraction * 100:3.0f}% " if p.fraction is not None else ""
-        if tty:
-            print(f"\r[{pct}{p.message}]"[:100].ljust(100), end="\n" if p.stage == "done" else "",
-                  file=sys.stderr, flush=True)
-        elif p.stage != last_stage[0] or p.stage == "done":
-            print(f"[{pct}{p.message}]", file=sys.stderr, flush=True)
-        last_stage[0] = p.stage
-
-    loaded = load(args.model, args.device, args.dtype, trust_remote_code=args.trust_remote_code,
-                  progress=progress)
-    for warning in loaded.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    return loaded
 
 
 def run_generate(args: argparse.Namespace) -> int:
     """Everything the user typed is checked before the model loads (seconds on a slow disk)."""
-    from engine.trace import TraceWriter
-
     params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                               kv_cache=not args.no_kv_cache, chat_template=not args.raw,
@@ -223,15 +136,14 @@ def run_generate(args: argparse.Namespace) -> int:
     prompt = prompt_text(args.prompt)
     if not prompt.strip():
         raise EngineError("The prompt is empty: pass some text with --prompt")
-    writer = TraceWriter(args.trace) if args.trace else None
+    writer = trace_writer(args.trace)
     if args.server:
         return run_remote(args, params, prompt, writer)
-    loaded = load_for_cli(args)
+    loaded = load_with_progress(args)
     if params.top_k > loaded.facts.vocab_size:
         raise ParameterError(f"--top-k {params.top_k:,} is more than {loaded.facts.name}'s vocabulary of "
                              f"{loaded.facts.vocab_size:,} tokens (0 = off)")
-    from engine.report import report
-    from engine.session import Session
+    from engine.session import Session  # torch loads only for a command that runs a model here
 
     out = sys.stdout
     started: list[RunStarted] = []
@@ -245,7 +157,7 @@ def run_generate(args: argparse.Namespace) -> int:
         elif isinstance(event, AttentionStep):
             attention_ms.append(event.capture_ms)
         elif not args.json and isinstance(event, TokenStep) and not event.special:
-            out.write(event.text)
+            out.write(safe(event.text))
             out.flush()
 
     cancel = threading.Event()
@@ -253,21 +165,22 @@ def run_generate(args: argparse.Namespace) -> int:
         result = Session(loaded).run(prompt, params, sink, cancel)
     except KeyboardInterrupt:
         cancel.set()
-        if writer is not None and writer.events:
-            writer.close()                 # what was measured before Ctrl+C is kept
+        keep_partial(writer)
         raise
     summary = result.summary
     facts = loaded.facts
     if args.json:
         used = started[0].params if started else params          # the seed the session picked, if it did
-        formula = kvcache.predicted_kv_bytes(facts, summary.kv_tokens) if params.kv_cache else 0
+        formula = kvformula.predicted_kv_bytes(facts, summary.kv_tokens) if params.kv_cache else 0
         payload = {"model": facts.name, "device": facts.device, "dtype": facts.dtype,
-                   "params": dataclasses.asdict(used),
+                   "weights": facts.weight_format or facts.dtype, "weights_described": facts.weights,
+                   "dtype_reason": loaded.dtype_reason, "params": dataclasses.asdict(used),
                    "result": "failed" if isinstance(result, RunFailed) else result.reason,
                    "prefill_tok_s": summary.prefill_tok_s, "decode_tok_s": summary.decode_tok_s,
-                   **dataclasses.asdict(summary),
-                   "kv_bytes_formula": formula, "kv_bytes_full_context": kvcache.full_context_kv_bytes(facts),
-                   "kv_positions_full_context": kvcache.full_context_positions(facts),
+                   **plain(summary), "kv_bytes_formula": formula,
+                   "kv_bytes_full_context": kvformula.full_context_kv_bytes(facts),
+                   "kv_positions_full_context": kvformula.full_context_positions(facts),
+                   "state_bytes": kvformula.state_bytes(facts),
                    "kv_layers": [dataclasses.asdict(layer) for layer in facts.kv_layers],
                    "busy": busy(summary.cpu_share)}
         print(json.dumps(payload, indent=2))
@@ -275,15 +188,60 @@ def run_generate(args: argparse.Namespace) -> int:
         print("\n", file=out)
         print(report(facts, summary, kv_on=params.kv_cache))
         if attention_ms:
-            print(f"attention recorded on {len(attention_ms)} passes: {sum(attention_ms) / len(attention_ms):.2f} ms "
-                  "per pass to record (measured by the wall clock; inside the total time above)")
-    if writer is not None:
-        try:
-            writer.close()
-        except OSError as exc:            # the disk filled or the folder went away during the run
-            print(f"error: could not write the trace to {writer.path}: {exc.strerror or exc}", file=sys.stderr)
-            return EXIT_RUN_FAILED
+            print(f"attention recorded on {len(attention_ms)} passes: {_spread(attention_ms)} per pass to record "
+                  "(measured by the wall clock; inside the total time above)")
+    if not close_writer(writer):
+        return EXIT_RUN_FAILED
     if isinstance(result, RunFailed):
-        print(f"error: {result.message}", file=sys.stderr)
+        print(f"error: {safe_line(result.message)}", file=sys.stderr)
         return EXIT_RUN_FAILED
     return 0
+
+
+def run_remote(args: argparse.Namespace, params: GenerationParams, prompt: str, writer) -> int:
+    """One run through a server: the text as it streams, then what this client measured beside what the server
+    reported about itself. Everything the server sends is shown with control characters escaped."""
+    if params.kv_cache is False or params.static_cache or params.compiled or params.capture_attention:
+        raise ParameterError("--no-kv-cache, --static-cache, --compile and --attention act on a model KVScope runs; "
+                             "a server decides those itself")
+    facts = probe(args.server, deadline_s=args.deadline)
+    print(f"[{safe_line(facts.engine)} at {safe_line(facts.url)}: {safe_line(facts.name)}]", file=sys.stderr,
+          flush=True)
+
+    def sink(event: object) -> None:
+        if writer is not None:
+            writer(event)
+        if not args.json and isinstance(event, TokenStep):
+            sys.stdout.write(safe(event.text))
+            sys.stdout.flush()
+
+    cancel = threading.Event()
+    try:
+        result = RemoteSession(facts, deadline_s=args.deadline).run(prompt, params, sink, cancel)
+    except KeyboardInterrupt:
+        cancel.set()
+        keep_partial(writer)
+        raise
+    s = result.summary
+    if args.json:
+        print(json.dumps({"server": plain(facts), "params": dataclasses.asdict(params),
+                          "result": "failed" if isinstance(result, RunFailed) else result.reason, **plain(s)},
+                         indent=2))
+    else:
+        print("\n")
+        print(safe(remote_report(s)))
+    if not close_writer(writer):
+        return EXIT_RUN_FAILED
+    if isinstance(result, RunFailed):
+        print(f"error: {safe_line(result.message)}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    return 0
+
+
+def _spread(values: list[float]) -> str:
+    """A per-pass cost as its mean with the range of the passes: one pass is not a cost."""
+    mean = sum(values) / len(values)
+    return f"{mean:.2f} ms (mean; {min(values):.2f}-{max(values):.2f} ms over the passes)"
+
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_RUN_FAILED", "Parser", "bounded", "main", "parse_only", "run_generate"]

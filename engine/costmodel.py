@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine import kvcache
+from engine import kvformula
 from engine.events import ModelFacts
 
 SEED_D_MODEL = 64
@@ -101,8 +101,8 @@ class ModelCost:
         embeddings = self.output_params * (1 if model.tied_embeddings else 2)
         self.body_params = max(model.num_params - embeddings, 0)
         # A sliding layer's query sees at most its window (the positions kept plus itself); a full one all.
-        self.windows = [None if layer.kind == kvcache.FULL else (layer.capacity or 0) + 1
-                        for layer in kvcache.attention_layers(model)]
+        self.windows = [None if layer.kind != kvformula.SLIDING else (layer.capacity or 0) + 1
+                        for layer in kvformula.attention_layers(model)]
         # The bytes of the weights as stored (int8 and int4 read fewer), else parameters x the dtype's size.
         self.weight_bytes = model.weight_bytes or (self.body_params + self.output_params) * model.dtype_bytes
 
@@ -114,12 +114,12 @@ class ModelCost:
 
     def prefill(self, n: int) -> Cost:
         flops = 2.0 * self.body_params * n + 2.0 * self.output_params + self._attention(0, n)
-        return Cost(flops, self.weight_bytes + kvcache.predicted_kv_bytes(self.m, n))
+        return Cost(flops, self.weight_bytes + kvformula.predicted_kv_bytes(self.m, n))
 
     def decode(self, position: int) -> Cost:
         """One decode step: the token at ``position`` attends to ``position + 1`` keys (or its window)."""
         flops = 2.0 * (self.body_params + self.output_params) + self._attention(position, position + 1)
-        return Cost(flops, self.weight_bytes + kvcache.predicted_kv_bytes(self.m, position + 1))
+        return Cost(flops, self.weight_bytes + kvformula.predicted_kv_bytes(self.m, position + 1))
 
     def decode_without_cache(self, position: int) -> Cost:
         """Without a cache a decode step is a prefill of the whole sequence so far."""
@@ -133,6 +133,23 @@ class ModelCost:
     def decode_bound_tok_s(self, position: int, device: Device) -> float:
         """The most tokens per second one sequence can decode at ``position`` on ``device``."""
         return 1.0 / self.decode(position).predicted_s(device)
+
+
+def quadratic_from(cost: ModelCost) -> float:
+    """The prompt length at which attention's n^2 FLOPs equal the linear 2 x parameters FLOPs per token
+    (computed): below it prefill's FLOPs grow about linearly, above it quadratically."""
+    layers = max(len(cost.windows), 1)
+    return cost.body_params / (cost.head_width * layers) if cost.head_width else float("inf")
+
+
+def scaling_note(cost: ModelCost) -> str:
+    """Why the seed's "prefill scales quadratically" and a measured n^0.6 to n^1.1 are both right, for this model."""
+    crossover = quadratic_from(cost)
+    return (f"Why prefill time is not n^2 here: attention's FLOPs grow as n^2, but the weights' 2 x parameters "
+            f"FLOPs per token grow as n, and for this model the n^2 term catches up only at about {crossover:,.0f} "
+            "tokens (computed). Below that prefill is about linear in FLOPs, and for short prompts reading the "
+            "weights once costs more than the arithmetic, so measured time grows slower than n (computed "
+            "bounds above; `sweep prefill` measures it).")
 
 
 def _keys_seen(queries_from: int, queries_to: int, window: int | None) -> float:

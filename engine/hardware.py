@@ -1,14 +1,13 @@
 """This machine's ceilings, measured: peak matmul FLOP/s and memory bandwidth, for the cost model's roofline.
 
 Measured once per device, dtype, torch version and thread count, and cached (a few seconds the first time),
-so every later launch shows the bounds at once; but not cached when the machine was busy while measuring, and
-measured again on request or when a run achieves more than the cached ceiling allows. On CUDA both are
-measured on the GPU with CUDA events.
+so every later launch shows the bounds at once; a measurement taken on a busy machine is kept too, marked
+busy, and measured again on request or when a run achieves more than the cached ceiling allows. On CUDA both
+are measured on the GPU with CUDA events.
 """
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from collections.abc import Callable
@@ -16,10 +15,12 @@ from pathlib import Path
 
 import torch
 
+from engine import machine_cache
+from engine.contention import LoadMeter
 from engine.costmodel import Device
 from engine.events import HardwarePeaks
-from engine.load import LoadMeter, busy
-from engine.paths import cache_dir
+
+CACHE = "hardware.json"
 
 
 def device_name(device: torch.device) -> str:
@@ -78,17 +79,14 @@ def measure(device: torch.device, dtype: torch.dtype) -> tuple[Device, float | N
 
 
 def peaks(device: torch.device, dtype: torch.dtype, remeasure: bool = False) -> HardwarePeaks:
-    """The ceilings for ``device``/``dtype``: from the cache unless ``remeasure``; a fresh measurement is
-    cached only if the machine was quiet while it ran (a busy machine's peaks would sit below the truth)."""
-    path = cache_dir() / "hardware.json"
+    """The ceilings for ``device``/``dtype``: from the machine cache unless ``remeasure``. A measurement is kept
+    whatever the machine was doing, with the CPU share it got: a machine that is always busy is measured once,
+    not at every launch, and every figure from it says it was measured busy (``cpu_share``); a run that achieves
+    more than a ceiling, or the user, asks for a new measurement."""
     key = _key(device, dtype)
     dtype_name = str(dtype).removeprefix("torch.")
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
-    entry = table.get(key) if isinstance(table, dict) else None
-    if not remeasure and isinstance(entry, dict):
+    entry = None if remeasure else machine_cache.entry(CACHE, key)
+    if entry is not None:
         try:
             return HardwarePeaks(str(entry["name"]), dtype_name, float(entry["flops_per_s"]),
                                  float(entry["bytes_per_s"]), cached=True, cpu_share=entry.get("cpu_share"),
@@ -97,14 +95,8 @@ def peaks(device: torch.device, dtype: torch.dtype, remeasure: bool = False) -> 
             pass                                    # a damaged entry is measured again
     found, share = measure(device, dtype)
     today = time.strftime("%Y-%m-%d")
-    if not busy(share):
-        table = table if isinstance(table, dict) else {}
-        table[key] = {"name": found.name, "flops_per_s": found.flops_per_s, "bytes_per_s": found.bytes_per_s,
-                      "measured": today, "cpu_share": share}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(table, indent=1))
-        tmp.replace(path)
+    machine_cache.remember(CACHE, key, {"name": found.name, "flops_per_s": found.flops_per_s,
+                                        "bytes_per_s": found.bytes_per_s, "measured": today, "cpu_share": share})
     return HardwarePeaks(found.name, dtype_name, found.flops_per_s, found.bytes_per_s, cached=False,
                          cpu_share=share, measured=today)
 

@@ -6,6 +6,7 @@ the fix. Remote code stays off unless the caller opts in for this load.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
@@ -15,13 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine import embedded, gguf, kvcache
+from engine import embedded, gguf, kvcache, kvformula
 from engine.errors import ModelSourceError
 from engine.events import LoadProgress, ModelFacts, ModelLoaded
+from engine.params import DEVICES, DTYPES, FLOATS
+from engine.paths import cache_dir
 
-DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "int4")
-FLOATS = ("float32", "bfloat16", "float16")
 DECODER_LAYER = re.compile(r"(.*\.)?(layers|h|blocks)\.\d+")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 SUPPORTED = ("KVScope shows decoder-only transformers whose layers keep an attention KV cache (Llama, Qwen, Mistral, "
@@ -126,7 +126,10 @@ def pick_dtype(requested: str, device: Any, config: Any = None, recalibrate: boo
 
 def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *,
          trust_remote_code: bool = False, progress: Progress | None = None,
-         cancelled: Callable[[], bool] | None = None) -> LoadedModel:
+         cancelled: Callable[[], bool] | None = None, memory_budget: int = 0) -> LoadedModel:
+    """``spec`` loaded on ``device`` as ``dtype``. ``memory_budget`` (bytes, 0: none): at most that much of the
+    weights on each memory tier (the CPU; on a GPU machine the GPU and the CPU), the rest offloaded to disk by
+    accelerate and read back at every forward pass."""
     report = progress or (lambda _p: None)
     started = time.perf_counter()
     source = resolve_source(spec)
@@ -150,6 +153,9 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
     config = _read_config(folder, trust_remote_code)
     torch_dtype, weights, reason = pick_dtype(dtype, torch_device, config, measuring=lambda: report(LoadProgress(
         "calibrate", "Measuring which float dtype is fastest on this machine (once)", None)))
+    if weights is not None and memory_budget:
+        raise ModelSourceError(f"{weights} weights and a memory budget cannot go together: the offloaded layers are "
+                               "stored as they load. Pick a float dtype to offload, or no budget")
     if weights is not None:
         from engine.quantize import supported
 
@@ -159,7 +165,8 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
     report(LoadProgress("load", f"Loading weights to {torch_device} as {str(torch_dtype).removeprefix('torch.')}",
                         None))
     warnings = pickle_warnings(Path(folder))
-    model, tokenizer = _load_folder(folder, config, torch_device, torch_dtype, trust_remote_code)
+    placement = _placement(torch_device, memory_budget, folder)
+    model, tokenizer = _load_folder(folder, config, torch_device, torch_dtype, trust_remote_code, placement)
     weights_text = str(torch_dtype).removeprefix("torch.")
     if weights is not None:
         from engine.quantize import quantize
@@ -168,7 +175,8 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
         weights_text = quantize(model, weights, torch_dtype).describe(weights_text)
     input_device = model.get_input_embeddings().weight.device
     name = embedded.DISPLAY_NAME if source.kind == "embedded" else source.display
-    facts = model_facts(model, name=name, source=spec or embedded.SPEC, device=input_device, weights=weights_text)
+    facts = model_facts(model, name=name, source=spec or embedded.SPEC, device=input_device, weights=weights_text,
+                        weight_format=weights or str(torch_dtype).removeprefix("torch."))
     load_ms = (time.perf_counter() - started) * 1000.0
     report(LoadProgress("done", f"Loaded {name} on {facts.device} in {load_ms / 1000:.1f} s", 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, device=input_device, facts=facts, load_ms=load_ms,
@@ -203,13 +211,30 @@ def _read_config(folder: str, trust_remote_code: bool) -> Any:
     return config
 
 
-def _load_folder(folder: str, config: Any, device: Any, dtype: Any, trust_remote_code: bool) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+def _placement(device: Any, budget: int, folder: str) -> dict[str, Any]:
+    """accelerate's arguments for where the weights go: with a budget, at most that much per memory tier and an
+    offload folder for the rest (in KVScope's cache, one per model); on CUDA without one, the whole GPU first."""
+    if budget > 0:
+        offload = offload_dir(folder)
+        offload.mkdir(parents=True, exist_ok=True)
+        tiers = {"cpu": budget} if device.type != "cuda" else {device.index or 0: budget, "cpu": budget}
+        return {"device_map": "auto", "max_memory": tiers, "offload_folder": str(offload), "offload_state_dict": True}
     if device.type == "cuda":
         # accelerate spreads a model larger than the GPU over GPU, CPU and disk; a small one stays whole.
-        kwargs["device_map"] = "auto" if device.index is None else {"": str(device)}
+        return {"device_map": "auto" if device.index is None else {"": str(device)}}
+    return {}
+
+
+def offload_dir(folder: str) -> Path:
+    """Where the layers that fit nowhere are kept for a model (a folder per model path, in KVScope's cache)."""
+    return cache_dir() / "offload" / hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:16]
+
+
+def _load_folder(folder: str, config: Any, device: Any, dtype: Any, trust_remote_code: bool,
+                 placement: dict[str, Any]) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code, **placement}
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(folder, config=config, **kwargs)
@@ -219,7 +244,7 @@ def _load_folder(folder: str, config: Any, device: Any, dtype: Any, trust_remote
     except Exception as exc:  # noqa: BLE001  (a broken folder fails in many libraries' ways; say which file)
         raise ModelSourceError(f"Cannot load the model in {folder}: {type(exc).__name__}: {_first_line(exc)}") \
             from None
-    if device.type != "cuda":
+    if "device_map" not in kwargs:
         model.to(device)
     model.eval()
     return model, tokenizer
@@ -259,9 +284,11 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
-def model_facts(model: Any, *, name: str, source: str, device: Any, weights: str = "") -> ModelFacts:
+def model_facts(model: Any, *, name: str, source: str, device: Any, weights: str = "",
+                weight_format: str = "") -> ModelFacts:
     """Sizes from the config; what the cache keeps per layer from the cache the model really builds."""
     from engine.quantize import decode_weight_bytes, parameter_count
+
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     architecture = (config.architectures or [type(model).__name__])[0]
     try:
@@ -269,13 +296,16 @@ def model_facts(model: Any, *, name: str, source: str, device: Any, weights: str
     except Exception as exc:  # noqa: BLE001  (a model's own forward can fail in any way; say which)
         raise ModelSourceError(f"{architecture} could not run one token through its cache "
                                f"({type(exc).__name__}: {_first_line(exc)}): {SUPPORTED}") from None
-    if not any(layer.kind in (kvcache.FULL, kvcache.SLIDING) for layer in kv_layers):
+    attention = [layer for layer in kv_layers if layer.kind in kvformula.HOLDS_POSITIONS]
+    if not attention:
         raise ModelSourceError(f"{architecture} keeps no attention KV cache (it is a state-space model, whose "
                                f"state has a fixed size): {SUPPORTED}")
     layers = len(kv_layers)
     heads = int(getattr(config, "num_attention_heads", 0) or 0)
-    attention = [layer for layer in kv_layers if layer.kind in (kvcache.FULL, kvcache.SLIDING)]
-    head_dim = attention[0].k_dim
+    if attention[0].kind == kvformula.LATENT:       # a query head's width, not the compressed cache's
+        head_dim = int(getattr(config, "qk_nope_head_dim", 0) or 0) + int(getattr(config, "qk_rope_head_dim", 0) or 0)
+    else:
+        head_dim = attention[0].k_dim
     return ModelFacts(
         name=name, source=source, architecture=architecture,
         num_layers=layers, num_heads=heads or attention[0].kv_heads, head_dim=head_dim,
@@ -285,7 +315,8 @@ def model_facts(model: Any, *, name: str, source: str, device: Any, weights: str
         num_params=parameter_count(model), device=str(device),
         layer_devices=layer_devices(model, layers), kv_layers=kv_layers,
         tied_embeddings=bool(getattr(model.config, "tie_word_embeddings", False)),
-        weights=weights or str(model.dtype).removeprefix("torch."), weight_bytes=decode_weight_bytes(model))
+        weights=weights or str(model.dtype).removeprefix("torch."), weight_bytes=decode_weight_bytes(model),
+        weight_format=weight_format or str(model.dtype).removeprefix("torch."))
 
 
 def layer_devices(model: Any, num_layers: int) -> list[str]:

@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import GenerationConfig
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from engine import kvcache
+from engine import kvformula
 
 TESTED_WITH = "5.24"       # the transformers release whose private fields this module reads
 
@@ -58,9 +60,9 @@ class Snapshot:
 
 def paged_refusal(facts: Any) -> str | None:
     """Why this model's cache cannot be paged here, or None."""
-    if kvcache.state_layers(facts):
+    if kvformula.state_layers(facts):
         return "state-space layers keep a running state, not pages of keys and values"
-    if any(layer.kind != kvcache.FULL for layer in facts.kv_layers):
+    if any(layer.kind != kvformula.FULL for layer in facts.kv_layers):
         return ("only full-attention layers are shown as a block table (transformers pages sliding-window layers "
                 "separately, without sharing)")
     return None
@@ -68,7 +70,6 @@ def paged_refusal(facts: Any) -> str | None:
 
 def check_transformers() -> None:
     """Fail loudly, naming what moved, if transformers no longer has what this adapter reads."""
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
     from transformers.generation.continuous_batching import continuous_api, scheduler
     from transformers.generation.continuous_batching.cache_allocators import cache_allocator
 
@@ -89,22 +90,29 @@ def check_transformers() -> None:
                                f"written against transformers {TESTED_WITH})")
 
 
-def serve_paged(model: Any, requests: list[PagedRequest], *, page_size: int, num_blocks: int, sharing: bool,
-                eos_ids: set[int], on_step: Callable[[Snapshot], None] | None = None,
+@dataclass(frozen=True)
+class Pool:
+    """The paged cache: ``num_blocks`` blocks of ``page_size`` positions, prefix blocks shared or not."""
+
+    page_size: int
+    num_blocks: int
+    sharing: bool
+
+
+def serve_paged(model: Any, requests: list[PagedRequest], pool: Pool, on_step: Callable[[Snapshot], None] | None = None,
                 cancel: threading.Event | None = None, max_steps: int = 100_000) -> bool:
     """Serve ``requests`` (each joins at its ``arrival_step``) through transformers' continuous batching with
-    a paged cache of ``num_blocks`` blocks of ``page_size`` positions; greedy. Fills each request's tokens and
+    ``pool``; greedy, and every request makes exactly its ``new_tokens`` (no end-of-text stop, as in KVScope's
+    own scheduler, so both serve the same work and tokens compare one to one). Fills each request's tokens and
     times (ms since the first step); returns False if cancelled."""
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
     check_transformers()
     original = model.config._attn_implementation
     if original not in ("sdpa", "eager", "paged|eager"):
         model.set_attn_implementation("sdpa")            # e.g. KVScope's capturing sdpa: same arithmetic
     generation = GenerationConfig(do_sample=False, max_new_tokens=max(r.new_tokens for r in requests),
-                                  eos_token_id=sorted(eos_ids) or -1, pad_token_id=0)
-    config = ContinuousBatchingConfig(page_size=page_size, num_blocks=num_blocks, allow_block_sharing=sharing,
+                                  eos_token_id=-1, pad_token_id=0)
+    config = ContinuousBatchingConfig(page_size=pool.page_size, num_blocks=pool.num_blocks,
+                                      allow_block_sharing=pool.sharing,
                                       max_batch_tokens=max(len(r.ids) for r in requests) + len(requests),
                                       use_cuda_graph=False, use_async_batching=False, auto_switch_to_flash=False)
     manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
@@ -176,130 +184,3 @@ def _free_blocks(allocator: Any) -> int:
     """Blocks neither held by a request nor kept for their content."""
     held = {b for table in allocator.block_table.values() for b in table} | set(allocator.ledger.cached_blocks)
     return int(allocator.num_blocks) - len(held)
-
-
-# --- the experiment ---------------------------------------------------------------------------------------
-SYSTEM = ("You are the support assistant of a library. Answer in one short sentence, politely, and never invent "
-          "opening hours: the library opens at nine and closes at six on weekdays, and is closed on Sundays.")
-QUESTIONS = ("When do you open on Monday?", "Are you open on Sunday?", "Can I return a book at seven?",
-             "What time do you close on Friday?", "Do you open before nine?", "Is the library open on Saturday?",
-             "Can I come at noon on Tuesday?", "When do you close on Wednesday?")
-
-
-def paged_kv(session: Any, emit: Any, cancel: threading.Event | None = None, *, requests: int = 6,
-             arrive_every: int = 3, new_tokens: int = 16, page_size: int = 16, system: str = SYSTEM,
-             reserve: int = 256, compare: bool = True, peaks: Any = None) -> Any:
-    """Requests that share a system prompt arrive every ``arrive_every`` steps and run through transformers'
-    continuous batching with a paged cache, block sharing on (every step's block table is emitted) and off;
-    then the same arrivals through KVScope's own scheduler. Summary: blocks held at the peak with and without
-    sharing (measured from the block tables) next to what a contiguous cache would reserve for the same requests
-    (computed: prompt + ``reserve`` positions each, as a server reserves for a request's max_tokens), the
-    prefix blocks shared, and timings and tokens of both schedulers."""
-    import statistics
-
-    from engine.batch import generate_batch
-    from engine.errors import ParameterError
-    from engine.events import BlockTable
-    from engine.experiments import _Experiment
-    from engine.scheduler import Request, serve
-
-    if not 1 <= requests <= 64 or arrive_every < 0 or not 1 <= new_tokens <= 1024 or not 4 <= page_size <= 1024 \
-            or reserve < new_tokens:
-        raise ParameterError("The paged cache lesson needs 1 to 64 requests, arrivals every 0 or more steps, 1 to "
-                             "1,024 new tokens, blocks of 4 to 1,024 positions and a reservation of at least the new "
-                             "tokens")
-    refusal = paged_refusal(session.facts)
-    if refusal:
-        raise ParameterError(f"The paged cache lesson is not available for {session.facts.name}: {refusal}")
-    check_transformers()
-    prompts = [_encode(session, system, QUESTIONS[i % len(QUESTIONS)]) for i in range(requests)]
-    longest = max(len(p) for p in prompts) + new_tokens
-    if longest > session.facts.max_context:
-        raise ParameterError(f"A request of {longest:,} positions does not fit the context of "
-                             f"{session.facts.max_context:,}")
-    per_request = -(-longest // page_size)
-    num_blocks = requests * per_request + 4                 # room for every request without sharing
-    settings = {"requests": requests, "arrive_every": arrive_every, "new_tokens": new_tokens,
-                "page_size": page_size, "system": system, "num_blocks": num_blocks, "reserve": reserve}
-    x = _Experiment("paged", session, settings, emit, cancel, peaks)
-    total_steps = 3 if compare else 2
-    model = session.model          # every request makes exactly new_tokens (no end-of-text stop), as in KVScope's
-                                   # own scheduler, so both serve the same work and tokens compare one to one
-
-    def arrivals() -> list[PagedRequest]:
-        return [PagedRequest(i, ids, new_tokens, i * arrive_every) for i, ids in enumerate(prompts)]
-
-    peaks_by_sharing: dict[bool, dict] = {}
-    runs: dict[bool, list[PagedRequest]] = {}
-    for done, sharing in enumerate((True, False)):
-        x.progress(done, total_steps, f"transformers' continuous batching, block sharing {'on' if sharing else 'off'}")
-        batch, peak = arrivals(), {"blocks": 0, "reserved": 0, "used": 0}
-
-        def step(snap: Snapshot, sharing: bool = sharing, peak: dict = peak, batch: list = batch) -> None:
-            held = len({b for table in snap.tables for b in table})
-            if held > peak["blocks"]:
-                reserved = sum(len(batch[i].ids) + reserve for i in snap.running)
-                peak.update(blocks=held, reserved=reserved, used=sum(snap.positions), step=snap.step)
-            if sharing:
-                x.emit(BlockTable(x.exp_id, x.ms(), snap.step, page_size, snap.total, snap.running, snap.tables,
-                                  snap.positions, snap.waiting, sorted(snap.shared), [snap.shared[b] for b in
-                                                                                     sorted(snap.shared)],
-                                  snap.cached, snap.free))
-
-        if not serve_paged(model, batch, page_size=page_size, num_blocks=num_blocks, sharing=sharing, eos_ids=set(),
-                           on_step=step, cancel=x.cancel):
-            return x.finish({"incomplete": True})
-        peaks_by_sharing[sharing], runs[sharing] = peak, batch
-        for r in batch:
-            x.point("request", sharing=float(sharing), index=r.index, prompt_tokens=len(r.ids),
-                    new_tokens=len(r.tokens), ttft_ms=r.first_token_ms - r.arrival_ms,
-                    e2e_ms=r.done_ms - r.arrival_ms, queue_ms=r.admitted_ms - r.arrival_ms)
-    summary = {**_paged_summary(session, runs, peaks_by_sharing, page_size, prompts), "reserve": reserve}
-    solo = [generate_batch(model, [ids], new_tokens, 0, session.device).tokens[0] for ids in prompts]
-    summary["tokens_match_solo"] = solo == [r.tokens for r in runs[True]]
-    if compare:
-        x.progress(2, total_steps, "the same arrivals through KVScope's own scheduler")
-        ours = [Request(i, ids, new_tokens, i * arrive_every) for i, ids in enumerate(prompts)]
-        if not serve(model, session.device, session.facts, ours, "continuous", cancel=x.cancel):
-            return x.finish({"incomplete": True, **summary})
-        theirs = runs[True]
-        summary.update(_timings("ours", ours), same_tokens_as_ours=[r.tokens for r in ours] ==
-                       [r.tokens for r in theirs])
-    summary.update(_timings("transformers", runs[True]))
-    summary["mean_ttft_spread"] = statistics.pstdev(r.first_token_ms - r.arrival_ms for r in runs[True])
-    x.progress(total_steps, total_steps, "done")
-    return x.finish(summary)
-
-
-def _encode(session: Any, system: str, question: str) -> list[int]:
-    if session.has_chat_template:
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-        return list(session.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
-    return session.encode(f"{system}\n{question}\n", chat_template=False)
-
-
-def _paged_summary(session: Any, runs: dict, peaks_by_sharing: dict, page_size: int, prompts: list) -> dict:
-    per_position = kvcache.bytes_per_token(session.facts)
-    on, off = peaks_by_sharing[True], peaks_by_sharing[False]
-    shared_prefix = 0
-    for a, b in zip(prompts, prompts[1:]):
-        shared_prefix = max(shared_prefix, kvcache.common_prefix(a, b))
-    return {
-        "bytes_per_position": per_position, "bytes_per_block": per_position * page_size,
-        "peak_blocks_shared": on["blocks"], "peak_blocks_unshared": off["blocks"],
-        "peak_bytes_shared": on["blocks"] * page_size * per_position,
-        "peak_bytes_unshared": off["blocks"] * page_size * per_position,
-        "contiguous_bytes_at_peak": off["reserved"] * per_position,
-        "used_bytes_at_peak": off["used"] * per_position,
-        "shared_prefix_tokens": shared_prefix, "shared_prefix_blocks": shared_prefix // page_size,
-        "sharing_saves": 1.0 - on["blocks"] / off["blocks"] if off["blocks"] else 0.0,
-        "same_tokens_with_and_without_sharing": [r.tokens for r in runs[True]] == [r.tokens for r in runs[False]]}
-
-
-def _timings(prefix: str, batch: list) -> dict:
-    import statistics
-
-    span = max(r.done_ms for r in batch) - min(r.arrival_ms for r in batch)
-    return {f"{prefix}_tok_s": sum(len(r.tokens) for r in batch) / (span / 1000.0) if span else 0.0,
-            f"{prefix}_mean_ttft_ms": statistics.fmean(r.first_token_ms - r.arrival_ms for r in batch),
-            f"{prefix}_mean_e2e_ms": statistics.fmean(r.done_ms - r.arrival_ms for r in batch)}

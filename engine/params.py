@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
+from typing import Annotated
 
 from engine.errors import ParameterError
+from engine.fields import MAX_CONTEXT, MAX_VOCAB, Range
 
 MAX_SEED = 2**63 - 1
+DEVICES = ("auto", "cpu", "cuda", "mps")                             # where a model may load
+DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "int4")  # how: a float, or int8 / int4 weights
+FLOATS = ("float32", "bfloat16", "float16")
 MAX_TEMPERATURE = 100.0
 MIN_TEMPERATURE = 0.01      # below it logits / T overflows toward inf (NaN probabilities); 0 means greedy
 MIN_TOP_P = 0.01            # below it the filter is argmax in all but name, and tiny values underflow
@@ -19,11 +24,11 @@ class GenerationParams:
     """What one run does. ``temperature == 0`` means greedy; ``top_k == 0`` and ``top_p == 1`` mean "off";
     ``seed is None`` lets the session pick one and report it, so every run can be repeated."""
 
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
+    max_new_tokens: Annotated[int, Range(1, MAX_CONTEXT)] = 128
+    temperature: Annotated[float, Range(0.0, MAX_TEMPERATURE)] = 0.0
+    top_k: Annotated[int, Range(0, MAX_VOCAB)] = 0
+    top_p: Annotated[float, Range(MIN_TOP_P, 1.0)] = 1.0
+    seed: Annotated[int, Range(0, MAX_SEED)] | None = None
     kv_cache: bool = True
     chat_template: bool = True
     static_cache: bool = False      # preallocate the cache for prompt + max_new_tokens (what compiling needs)
@@ -31,12 +36,12 @@ class GenerationParams:
     capture_attention: bool = False  # record each pass's newest-token attention weights (costs time and space)
 
     def __post_init__(self) -> None:
-        _check_int("max_new_tokens", self.max_new_tokens, low=1)
+        _check_int("max_new_tokens", self.max_new_tokens, low=1, high=MAX_CONTEXT)
         _check_float("temperature", self.temperature)
         if self.temperature != 0.0 and not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
             raise ParameterError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and "
                                  f"{MAX_TEMPERATURE:g}, got {self.temperature:g}")
-        _check_int("top_k", self.top_k, low=0)
+        _check_int("top_k", self.top_k, low=0, high=MAX_VOCAB)
         _check_float("top_p", self.top_p)
         if not MIN_TOP_P <= self.top_p <= 1.0:
             raise ParameterError(f"top_p must be between {MIN_TOP_P:g} and 1 (1 = off), got {self.top_p:g}")

@@ -2,9 +2,10 @@
 ui.perfetto.dev or chrome://tracing beside traces of anything else.
 
 One process per run or experiment, one thread (track) per kind of work: the run's forward passes (prefill,
-then each decode step), sampling (each step's time after its forward pass), waits (paused, stepping); an
-experiment's runs each on their own track, and continuous batching one track per request (waiting, prefill,
-decode) plus a counter of the batch size; paged KV as counters of blocks held, shared and free per step;
+then each decode step), sampling (each step's time after its forward pass), waits (paused, stepping), and the
+per-layer times of a split model; an experiment's runs each on their own track, and whatever its lesson adds
+from its points (``Lesson.timeline``: continuous batching one track per request plus a counter of the batch
+size, a load test the server's /metrics); paged KV as counters of blocks held, shared and free per step;
 speculative decoding one track per repeat with each pass's drafting and verifying. Times are microseconds from
 the start of each run or experiment, as recorded; every slice is a complete event (``"ph": "X"``) with a
 duration. Speculative passes are reported together after their repeat, so they are laid out back to back from
@@ -18,19 +19,25 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from engine import lessons
 from engine.events import (
     BlockTable,
     DraftPass,
     ExperimentPoint,
     ExperimentStarted,
+    LayerTimes,
     PrefillDone,
     RunFailed,
     RunFinished,
     RunStarted,
     TokenStep,
+    plain,
 )
+from engine.experiment import Span
+from engine.files import write_text
 
 TRACKS = {"forward": 1, "sampling": 2, "waits": 3}
+LAYERS = 4                 # the track of a split model's per-layer times, named when the first arrives
 
 
 def trace_events(events: Iterable[object]) -> list[dict]:
@@ -38,6 +45,9 @@ def trace_events(events: Iterable[object]) -> list[dict]:
     pids: dict[str, int] = {}
     run_track: dict[str, tuple[int, int]] = {}         # run id -> (pid, first tid) of its tracks
     experiments: dict[str, int] = {}
+    kinds: dict[str, str] = {}                          # experiment id -> its lesson's kind
+    lanes: dict[tuple[int, str], int] = {}              # (pid, track name) -> tid, for lessons' own tracks
+    timed: set[tuple[int, int]] = set()                 # per-layer tracks named so far
     passes: dict[tuple[str, int], list[DraftPass]] = {}     # (experiment, repeat) -> its passes, in order
 
     def process(key: str, name: str) -> int:
@@ -51,7 +61,8 @@ def trace_events(events: Iterable[object]) -> list[dict]:
     for event in events:
         if isinstance(event, ExperimentStarted):
             pid = experiments[event.exp_id] = process(f"exp:{event.exp_id}", f"experiment: {event.kind}")
-            out.append(_slice(pid, 0, "experiment", "experiment", 0.0, 0.0, {"settings": event.settings}))
+            kinds[event.exp_id] = event.kind
+            out.append(_slice(pid, 0, "experiment", "experiment", 0.0, 0.0, {"settings": plain(event.settings)}))
         elif isinstance(event, RunStarted):
             owner = experiments.get(event.experiment)
             if owner is not None:                        # an experiment's run: a track of its own there
@@ -92,7 +103,28 @@ def trace_events(events: Iterable[object]) -> list[dict]:
             out.append({"ph": "i", "name": name, "cat": "end", "pid": pid, "tid": base + TRACKS["forward"],
                         "ts": _us(event.t_ms), "s": "t"})
         elif isinstance(event, ExperimentPoint) and event.exp_id in experiments:
-            out.extend(_point(experiments[event.exp_id], event, thread))
+            pid = experiments[event.exp_id]
+            timeline = lessons.BY_KIND[kinds[event.exp_id]].timeline if kinds[event.exp_id] in lessons.BY_KIND \
+                else None
+            for item in timeline(event) if timeline is not None else ():
+                if isinstance(item, Span):
+                    if (pid, item.track) not in lanes:
+                        lanes[(pid, item.track)] = 1000 + len([k for k in lanes if k[0] == pid])
+                        thread(pid, lanes[(pid, item.track)], item.track)
+                    out.append(_slice(pid, lanes[(pid, item.track)], item.name, item.name, item.start_ms,
+                                      item.duration_ms, {}))
+                else:
+                    out.append({"ph": "C", "name": item.name, "pid": pid, "ts": _us(item.t_ms), "args": item.values})
+        elif isinstance(event, LayerTimes) and event.run_id in run_track:
+            pid, base = run_track[event.run_id]
+            if (pid, base + LAYERS) not in timed:
+                timed.add((pid, base + LAYERS))
+                thread(pid, base + LAYERS, "layers (where each layer's weights were read from)")
+            start = event.t_ms - sum(event.ms)
+            for layer, (ms, device) in enumerate(zip(event.ms, event.devices)):
+                out.append(_slice(pid, base + LAYERS, f"layer {layer} ({device})", device, start, ms,
+                                  {"step": event.step}))
+                start += ms
         elif isinstance(event, BlockTable) and event.exp_id in experiments:
             shared = len(event.shared_blocks)
             held = len({b for table in event.tables for b in table})
@@ -120,25 +152,6 @@ def _passes(pid: int, repeat: int, done: list[DraftPass], thread) -> list[dict]:
     return out
 
 
-def _point(pid: int, event: ExperimentPoint, thread) -> list[dict]:
-    v = event.values
-    if event.series == "metrics" and "t_ms" in v:                      # a server's /metrics, polled
-        return [{"ph": "C", "name": f"server {name}", "pid": pid, "ts": _us(v["t_ms"]), "args": {name: value}}
-                for name, value in v.items() if name != "t_ms"]
-    if event.series == "request" and "admitted_ms" in v:                # continuous / static batching
-        policy = "continuous" if v.get("policy") else "static"
-        tid = 1000 + int(v.get("policy", 0)) * 500 + int(v["index"])
-        thread(pid, tid, f"{policy}: request {int(v['index'])}")
-        spans = (("waiting", v["arrival_ms"], v["admitted_ms"]), ("prefill", v["admitted_ms"], v["first_token_ms"]),
-                 ("decode", v["first_token_ms"], v["done_ms"]))
-        return [_slice(pid, tid, name, name, start, max(end - start, 0.0), {}) for name, start, end in spans]
-    if event.series == "batch" and "batch_size" in v:
-        policy = "continuous" if v.get("policy") else "static"
-        return [{"ph": "C", "name": f"batch size ({policy})", "pid": pid, "ts": _us(v["t_ms"]),
-                 "args": {"rows": v["batch_size"]}}]
-    return []
-
-
 def _slice(pid: int, tid: int, name: str, cat: str, start_ms: float, dur_ms: float, args: dict) -> dict:
     return {"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid, "ts": _us(start_ms),
             "dur": round(dur_ms * 1000.0, 3), "args": args}
@@ -149,8 +162,8 @@ def _us(ms: float) -> float:
 
 
 def write_perfetto(path: str | os.PathLike, events: Iterable[object]) -> Path:
-    """The JSON object form (``{"traceEvents": [...]}``), which Perfetto and chrome://tracing both open."""
-    target = Path(path)
-    target.write_text(json.dumps({"traceEvents": trace_events(events), "displayTimeUnit": "ms",
-                                  "otherData": {"producer": "KVScope"}}), encoding="utf-8")
-    return target
+    """The JSON object form (``{"traceEvents": [...]}``), which Perfetto and chrome://tracing both open, written
+    atomically (a full disk leaves no truncated file)."""
+    text = json.dumps({"traceEvents": trace_events(events), "displayTimeUnit": "ms",
+                       "otherData": {"producer": "KVScope"}})
+    return write_text(path, text, what="the Perfetto trace")

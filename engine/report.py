@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from engine import kvcache
+from engine import kvformula
+from engine.contention import busy_note
 from engine.events import ModelFacts, RunSummary
-from engine.load import busy_note
+
+
+def quantity(v: float) -> str:
+    """A large count in a table: ``1.23 G``, ``45.60 M``, ``789.0``."""
+    if abs(v) >= 1e9:
+        return f"{v / 1e9:,.2f} G"
+    if abs(v) >= 1e6:
+        return f"{v / 1e6:,.2f} M"
+    return f"{v:,.1f}"
 
 
 def timing_lines(s: RunSummary) -> list[str]:
@@ -25,12 +34,12 @@ def _line(label: str, ms: float, count: int, unit: str) -> str:
 def kv_line(model: ModelFacts, positions: int, bytes_held: int) -> str:
     """Formula per token, what the cache tensors held (measured) beside the formula for those positions, and
     the formula at full context."""
-    full = kvcache.full_context_kv_bytes(model)
-    predicted = kvcache.predicted_kv_bytes(model, positions)
-    check = "= the formula" if predicted == bytes_held else f"but the formula says {kvcache.format_bytes(predicted)}"
-    return (f"KV cache: {kvcache.formula_text(model)}; after {positions:,} positions the tensors hold "
-            f"{kvcache.format_bytes(bytes_held)} (measured, {check}); at full context "
-            f"({kvcache.full_context_positions(model):,} positions) = {kvcache.format_bytes(full)} (computed)")
+    full = kvformula.full_context_kv_bytes(model)
+    predicted = kvformula.predicted_kv_bytes(model, positions)
+    check = "= the formula" if predicted == bytes_held else f"but the formula says {kvformula.format_bytes(predicted)}"
+    return (f"KV cache: {kvformula.formula_text(model)}; after {positions:,} positions the tensors hold "
+            f"{kvformula.format_bytes(bytes_held)} (measured, {check}); at full context "
+            f"({kvformula.full_context_positions(model):,} positions) = {kvformula.format_bytes(full)} (computed)")
 
 
 def report(model: ModelFacts, s: RunSummary, kv_on: bool = True) -> str:
@@ -38,7 +47,7 @@ def report(model: ModelFacts, s: RunSummary, kv_on: bool = True) -> str:
     lines.append(f"TTFT = {s.ttft_ms:.2f} ms (tokenize {s.tokenize_ms:.2f} ms + prefill + first sample)")
     lines.append(kv_line(model, s.kv_tokens, s.kv_bytes) if kv_on else
                  f"KV cache: off (every step recomputed all {s.prompt_tokens + s.decode_runs:,} positions); "
-                 f"{kvcache.formula_text(model)} if it were on")
+                 f"{kvformula.formula_text(model)} if it were on")
     if s.compile_ms:
         lines.append(f"compile: the first compiled decode step took {s.compile_ms:,.0f} ms, compiling included "
                      "(not in eval time)")

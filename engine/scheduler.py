@@ -15,10 +15,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from engine import kvcache
+from engine import kvcache, kvformula
 from engine.errors import ParameterError
 from engine.events import ModelFacts
 
@@ -57,7 +58,7 @@ class BatchedDecoder:
         ids = torch.tensor([request.ids], device=self.device)
         cache = kvcache.new_cache(self.model)
         with torch.inference_mode():
-            out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+            out = kvcache.forward(self.model, ids, cache)
         request.tokens.append(int(out.logits[0, -1].argmax()))
         n = len(request.ids)
         mask = torch.ones((1, n), dtype=torch.long, device=self.device)
@@ -83,7 +84,7 @@ class BatchedDecoder:
         self.mask = torch.cat([self.mask, self.mask.new_ones(rows, 1)], dim=1)
         positions = torch.tensor([[p] for p in self.positions], device=self.device)        # [B, 1]
         with torch.inference_mode():
-            out = self.model(input_ids=tokens, attention_mask=self.mask, position_ids=positions, cache=self.cache)
+            out = kvcache.forward(self.model, tokens, self.cache, positions=positions, mask=self.mask)
         for row, token in zip(self.rows, out.logits[:, -1].argmax(-1).tolist()):
             row.tokens.append(token)
         self.positions = [p + 1 for p in self.positions]
@@ -107,13 +108,15 @@ class BatchedDecoder:
         return finished
 
 
-def serve(model, device: torch.device, facts: ModelFacts, requests: list[Request], policy: str,
-          on_step: Callable[[float, int], None] | None = None, cancel: threading.Event | None = None,
-          sync: Callable[[], None] = lambda: None) -> bool:
-    """Run ``requests`` (arrival times in decode steps) to completion under ``policy``; fills their timings
-    (ms since start) and tokens. ``on_step(t_ms, batch_size)`` after every decode step. False if cancelled."""
+def serve(session: Any, requests: list[Request], policy: str, on_step: Callable[[float, int], None] | None = None,
+          cancel: threading.Event | None = None) -> bool:
+    """Run ``requests`` (arrival times in decode steps) on ``session``'s model to completion under ``policy``;
+    fills their timings (ms since start) and tokens. ``on_step(t_ms, batch_size)`` after every decode step.
+    False if cancelled. On a GPU each time is read after the device finished (a sync)."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}")
+    model, device, facts = session.model, session.device, session.facts
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
 
     def now() -> float:
@@ -122,7 +125,7 @@ def serve(model, device: torch.device, facts: ModelFacts, requests: list[Request
 
     upcoming = sorted(requests, key=lambda r: (r.arrival_step, r.index))
     waiting: list[Request] = []
-    refusal = kvcache.batching_refusal(facts)
+    refusal = kvformula.batching_refusal(facts)
     if refusal is not None:
         raise ParameterError(f"Continuous batching is not available for {facts.name}: {refusal}")
     batch = BatchedDecoder(model, device, facts)

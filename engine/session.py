@@ -1,9 +1,12 @@
 """The instrumented inference loop: ``prefill`` (one forward pass over the prompt), ``decode_step`` (one
 forward pass per new token over the cached prefix) and ``run`` driving both and emitting events.
 
-The hot loop does the forward pass, sampling and O(layers) bookkeeping only: KV bytes are read from tensor
-metadata (no device work), KV norms are one stacked reduction with one device-to-host copy, and text pieces
-come from an incremental decoder. Everything else (statistics, display) happens in the event consumers.
+The loop has gpt-fast's shape: :meth:`Session._steps` is a generator that prefills, then yields one
+:class:`Step` per forward pass (forward, sample, read the cache), and one observer (``_Observer``) turns each
+step into events and decides whether to go on. The hot path does the forward pass, sampling and O(layers)
+bookkeeping only: KV bytes are read from tensor metadata (no device work), KV norms are one stacked reduction
+with one device-to-host copy every few steps, and text pieces come from an incremental decoder. Every forward
+call goes through ``kvcache.forward``, as every other caller's does (speculative, batching, chat).
 """
 
 from __future__ import annotations
@@ -13,15 +16,16 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import torch
 
-from engine import attention, faults, kvcache
+from engine import attention, faults, kvcache, kvformula
 from engine.clock import StepClock
+from engine.contention import LoadMeter
 from engine.errors import ParameterError, PromptError
 from engine.events import (
     AttentionStep,
@@ -31,50 +35,53 @@ from engine.events import (
     RunFailed,
     RunFinished,
     RunStarted,
-    RunSummary,
     TokenStep,
 )
-from engine.load import LoadMeter
 from engine.models import LoadedModel
 from engine.params import GenerationParams
-from engine.sampling import choose, make_generator
+from engine.sampling import Choice, choose, make_generator
+from engine.tally import RunTally
 from engine.textstream import TextStream, clean_text, pieces
 
 log = logging.getLogger(__name__)
 Sink = Callable[[object], None]
 FaultHook = Callable[[str, int], None]
+Waiter = Callable[[int], None]
 NORMS_EVERY = 8      # decode steps between KVNorms events: one batched read instead of eight small ones
 
 
 @dataclass
-class _Tally:
-    """What has been measured so far, so a failed run still reports its numbers."""
+class _Request:
+    """One run as asked: the ids to prefill (all of them; ``reused`` come from a kept cache), where events
+    go, how to stop, and the clock it started on."""
 
-    prompt_tokens: int = 0
-    reused_tokens: int = 0
-    tokenize_ms: float = 0.0
-    prefill_ms: float = 0.0
-    ttft_ms: float = 0.0
-    decode_ms: float = 0.0
-    waited_ms: float = 0.0
-    compile_ms: float = 0.0
-    kv_tokens: int = 0
-    kv_bytes: int = 0
+    ids: list[int]
+    prompt: str
+    kind: str
+    params: GenerationParams
+    emit: Sink
+    cancelled: Callable[[], bool]
+    before_step: Waiter | None
+    t0: float
+    reused: int = 0
+    cache: Any = None
     cache_note: str = ""
-    load: LoadMeter = field(default_factory=LoadMeter)
-    token_ids: list[int] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
+    allocated: int = 0
+    tokenize_ms: float = 0.0
 
-    def summary(self, total_ms: float) -> RunSummary:
-        generated = len(self.token_ids)
-        compiled_step = 1 if self.compile_ms and generated > 1 else 0       # timed apart: it compiled
-        return RunSummary(
-            prompt_tokens=self.prompt_tokens, generated_tokens=generated,
-            decode_runs=max(generated - 1 - compiled_step, 0), compile_ms=self.compile_ms,
-            tokenize_ms=self.tokenize_ms, prefill_ms=self.prefill_ms, ttft_ms=self.ttft_ms,
-            decode_ms=self.decode_ms, total_ms=total_ms, kv_tokens=self.kv_tokens, kv_bytes=self.kv_bytes,
-            text="".join(self.text), token_ids=list(self.token_ids), reused_tokens=self.reused_tokens,
-            waited_ms=self.waited_ms, cpu_share=self.load.share(self.waited_ms))
+
+@dataclass
+class Step:
+    """One forward pass and its token: step 0 from the prefill's last position, then one per decode step."""
+
+    index: int
+    position: int                  # where the chosen token will sit in the cache
+    choice: Choice
+    forward_ms: float
+    latency_ms: float
+    kv: list[list[int]]
+    held: list[int]
+    storage: list[int] = field(default_factory=list)
 
 
 class Session:
@@ -90,9 +97,9 @@ class Session:
         self.record_kv_norms = record_kv_norms
         self.fault_hook = fault_hook if fault_hook is not None else faults.from_env()
         self.clock = StepClock(self.device)
-        self._special = set(self.tokenizer.all_special_ids)
-        self._eos = _eos_ids(self.model, self.tokenizer)
-        self._candidate_text: dict[int, str] = {}
+        self.special_ids = set(self.tokenizer.all_special_ids)
+        self.eos_ids = eos_ids(self.model, self.tokenizer)
+        self._token_text: dict[int, str] = {}
         self._kept_cache: Any = None        # the cache a chat keeps between turns
         self._kept_ids: list[int] = []      # ...and the ids it holds
         self._dropped = "this is the first turn"     # why there is no kept cache, for the next turn to say
@@ -107,10 +114,22 @@ class Session:
     def encode(self, prompt: str, chat_template: bool = True) -> list[int]:
         """Prompt ids: through the chat template when asked and the tokenizer has one, else raw text."""
         if chat_template and self.has_chat_template:
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=False)
-            return list(ids)
+            return self.encode_chat([{"role": "user", "content": prompt}])
         return list(self.tokenizer(prompt)["input_ids"])
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """A conversation's ids with the prompt for the assistant's next turn."""
+        if self.has_chat_template:
+            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+        return list(self.tokenizer("\n".join(f"{m['role']}: {m['content']}" for m in messages)
+                                   + "\nassistant:")["input_ids"])
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text on its own (as a candidate or a guess is shown), cached."""
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
 
     def check_prompt(self, n_tokens: int) -> None:
         limit = self.facts.max_context
@@ -130,24 +149,43 @@ class Session:
         their positions continue from the cache."""
         if use_cache and cache is None:
             cache = kvcache.new_cache(self.model, static_positions)
-        out = self.model(input_ids=input_ids, cache=cache if use_cache else None, use_cache=use_cache,
-                         logits_to_keep=1, **self._capture_kwargs())
+        out = kvcache.forward(self.model, input_ids, cache if use_cache else None, extra=self._capture_kwargs())
         self._collect(out)
         return out.logits[0, -1], cache
 
     def decode_step(self, token: torch.Tensor, position: int, cache: Any,
                     sequence: torch.Tensor | None, compiled: bool = False) -> torch.Tensor:
         """One new token. With the cache: feed one token at ``position`` (``[1, 1]``) and attend to the
-        cached keys and values (through ``torch.compile`` when ``compiled``: CUDA graphs over a static cache).
-        Without: recompute the whole ``sequence`` (``[1, position + 1]``)."""
+        cached keys and values (through ``torch.compile`` when ``compiled``). Without: recompute the whole
+        ``sequence`` (``[1, position + 1]``)."""
         if cache is not None:
             forward = self._compiled_forward() if compiled else self.model
-            out = forward(input_ids=token.view(1, 1), cache=cache, use_cache=True,
-                          position_ids=torch.tensor([[position]], device=self.device), **self._capture_kwargs())
+            out = kvcache.forward(forward, token.view(1, 1), cache, positions=torch.tensor([[position]],
+                                  device=self.device), logits_to_keep=0, extra=self._capture_kwargs())
         else:
-            out = self.model(input_ids=sequence, use_cache=False, logits_to_keep=1, **self._capture_kwargs())
+            out = kvcache.forward(self.model, sequence, None, extra=self._capture_kwargs())
         self._collect(out)
         return out.logits[0, -1]                                           # [V]
+
+    def timed_prefill(self, ids: list[int]) -> tuple[float, float]:
+        """One prefill of ``ids`` with a fresh cache, greedy first token: (forward ms, forward + sampling ms)."""
+        prompt = torch.tensor([ids], device=self.device)
+        clock = self.clock
+        with torch.inference_mode():
+            a = clock.mark()
+            logits, cache = self.prefill(prompt, use_cache=True)
+            b = clock.mark()
+            choose(logits, GenerationParams(), None)
+            c = clock.mark()
+            del cache
+        return clock.elapsed_ms(a, b), clock.elapsed_ms(a, c)
+
+    def negative_log_likelihood(self, text: str) -> float:
+        """Mean negative log-likelihood (nats per token) of ``text`` under the model, teacher-forced, one pass."""
+        ids = torch.tensor([self.encode(text, chat_template=False)], device=self.device)
+        with torch.inference_mode():
+            logits = kvcache.forward(self.model, ids, None, logits_to_keep=0).logits[0, :-1].float()
+        return float(torch.nn.functional.cross_entropy(logits, ids[0, 1:]))
 
     def _capture_kwargs(self) -> dict:
         return self._attention.forward_kwargs() if self._attention is not None else {}
@@ -174,8 +212,7 @@ class Session:
 
     # --- the run ------------------------------------------------------------------------------------------
     def run(self, prompt: str, params: GenerationParams, sink: Sink | None = None,
-            cancel: threading.Event | None = None,
-            before_step: Callable[[int], None] | None = None) -> RunFinished | RunFailed:
+            cancel: threading.Event | None = None, before_step: Waiter | None = None) -> RunFinished | RunFailed:
         """Generate for ``prompt``, emitting ``RunStarted``, ``PrefillDone``, one ``TokenStep`` per token and
         ``RunFinished`` (or ``RunFailed``). Bad input raises before any compute. ``cancel`` is checked
         before every forward pass; ``before_step(step)`` may block (pause, single-step, slow motion)."""
@@ -186,10 +223,11 @@ class Session:
         ids = self.encode(prompt, params.chat_template)
         if self._kept_cache is not None:
             self.forget("a plain run since the last turn replaced the conversation's cache")
-        return self._run(ids, prompt, "generate", params, sink, cancel, before_step, t0, reuse=False)
+        return self._run(_Request(ids, prompt, "generate", params, sink or _ignore, _cancelled(cancel), before_step,
+                                  t0))
 
     def chat(self, messages: list[dict], params: GenerationParams, sink: Sink | None = None,
-             cancel: threading.Event | None = None, before_step: Callable[[int], None] | None = None,
+             cancel: threading.Event | None = None, before_step: Waiter | None = None,
              reuse: bool = True) -> RunFinished | RunFailed:
         """One turn of a conversation: ``messages`` is the whole conversation so far, ending with the new
         user message. With ``reuse``, the cache kept from the last turn gives back the longest prefix it
@@ -199,16 +237,16 @@ class Session:
         messages = [{**m, "content": clean_text(str(m.get("content", "")))[0]} for m in messages]
         if not messages or not messages[-1]["content"].strip():
             raise PromptError("The message is empty: type something for the model to read")
-        if self.has_chat_template:
-            ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
-        else:
-            ids = list(self.tokenizer("\n".join(f"{m['role']}: {m['content']}" for m in messages)
-                                      + "\nassistant:")["input_ids"])
+        ids = self.encode_chat(messages)
         if not reuse or not params.kv_cache or params.static_cache:
             self.forget("reuse is off" if not reuse else "the KV cache is off" if not params.kv_cache else
                         "a static cache is allocated for one run at a time")
-        return self._run(ids, messages[-1]["content"], "chat", params, sink, cancel, before_step, t0,
-                         reuse=reuse and params.kv_cache and not params.static_cache)
+            reuse = False
+        request = _Request(ids, messages[-1]["content"], "chat", params, sink or _ignore, _cancelled(cancel),
+                           before_step, t0)
+        if reuse:
+            request.cache, request.reused, request.cache_note = self._reusable_cache(ids)
+        return self._run(request)
 
     def forget(self, reason: str = "a new conversation started") -> None:
         """Drop the cache kept for the next turn, remembering why (the next turn reports it)."""
@@ -218,66 +256,56 @@ class Session:
     def kept_tokens(self) -> int:
         return len(self._kept_ids)
 
-    def _run(self, ids: list[int], prompt: str, kind: str, params: GenerationParams, sink: Sink | None,
-             cancel: threading.Event | None, before_step: Callable[[int], None] | None, t0: float,
-             reuse: bool) -> RunFinished | RunFailed:
-        emit = sink or (lambda _e: None)
-        self.check_prompt(len(ids))
+    def _run(self, request: _Request) -> RunFinished | RunFailed:
+        self.check_prompt(len(request.ids))
+        params = request.params
         if params.top_k > self.facts.vocab_size:
             raise ParameterError(f"top_k must be at most the vocabulary size ({self.facts.vocab_size:,}), "
                                  f"got {params.top_k:,} (0 = off)")
         if params.seed is None:
-            params = params.with_(seed=secrets.randbelow(2**31))
+            request.params = params = params.with_(seed=secrets.randbelow(2**31))
         capture = self.attention_capture() if params.capture_attention else None
-        cache, reused, cache_note = self._reusable_cache(ids) if reuse else (None, 0, "")
-        tally = _Tally(prompt_tokens=len(ids) - reused, reused_tokens=reused, tokenize_ms=_since(t0),
-                       cache_note=cache_note)
-        run_id = uuid.uuid4().hex[:12]
-        emit(RunStarted(
-            run_id=run_id, label=params.describe() + (", reuse" if reuse else ""), model=self.facts, params=params,
-            prompt=prompt, prompt_ids=ids, prompt_pieces=pieces(self.tokenizer, ids),
-            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), t_ms=_since(t0), kind=kind))
+        request.tokenize_ms = (time.perf_counter() - request.t0) * 1000.0
+        tally = RunTally()
+        observer = _Observer(self, request, tally)
+        observer.started()
         failure: tuple[str, str] | None = None
+        cache = None
         if capture is not None:
             capture.active = True
         try:
             with torch.inference_mode():
-                reason, cache = self._generate(run_id, ids, params, emit, cancel, before_step, tally, t0, cache,
-                                               reused)
+                reason, cache = observer.follow(self._steps(request, tally, observer))
         except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
             failure = ("out_of_memory",
-                       f"Out of memory after {len(tally.token_ids)} tokens ({_first_line(exc)}). Memory was "
+                       f"Out of memory after {tally.generated} tokens ({_first_line(exc)}). Memory was "
                        "released: try fewer tokens, a shorter prompt, the KV cache on, or a smaller dtype.")
         except Exception as exc:  # noqa: BLE001  (the run must end with an event whatever broke)
-            log.exception("run %s failed", run_id)
+            log.exception("run failed")
             failure = (type(exc).__name__, _first_line(exc))
         finally:
+            observer.meter.stop()
             if capture is not None:
                 capture.active = False
                 capture.rows.clear()
         if failure is not None:
             # Outside the except block: the traceback no longer pins the cache tensors, so they can go.
-            cache = None
+            cache = request.cache = None
             self.forget("the last turn failed")
             _release_device_memory(self.device)
-            failed = RunFailed(run_id, _since(t0), failure[0], failure[1], tally.summary(_since(t0)))
-            emit(failed)
-            return failed
-        if reuse and cache is not None:
+            return observer.failed(*failure)
+        if request.kind == "chat" and cache is not None and params.kv_cache and not params.static_cache:
             # The cache holds the prompt and every generated token but the last (it was never fed).
-            self._kept_cache, self._kept_ids = cache, ids + tally.token_ids[:-1]
+            self._kept_cache, self._kept_ids = cache, request.ids + tally.token_ids[:-1]
         # The summary's text is decoded once from all ids, so a character the run cut in half still shows.
-        tally.text = [self.tokenizer.decode(tally.token_ids, skip_special_tokens=True)]
-        finished = RunFinished(run_id, _since(t0), reason, tally.summary(_since(t0)))
-        emit(finished)
-        return finished
+        return observer.finished(reason, self.tokenizer.decode(tally.token_ids, skip_special_tokens=True))
 
     def _reusable_cache(self, ids: list[int]) -> tuple[Any, int, str]:
         """The kept cache cut back to what it shares with ``ids`` (at least one id is left to prefill), the
         positions reused, and why nothing (or less than everything kept) was reused."""
         if self._kept_cache is None:
             return None, 0, f"nothing reused: {self._dropped}"
-        shared = min(kvcache.common_prefix(self._kept_ids, ids), len(ids) - 1)
+        shared = min(kvformula.common_prefix(self._kept_ids, ids), len(ids) - 1)
         cache, kept = self._kept_cache, len(self._kept_ids)
         self.forget("the kept cache was handed to the last turn")
         refusal = kvcache.rollback_refusal(self.facts, cache, shared)
@@ -292,98 +320,51 @@ class Session:
         note = "" if shared == kept else f"{kept - shared:,} kept positions differed from the new conversation"
         return cache, shared, note
 
-    def _generate(self, run_id: str, ids: list[int], params: GenerationParams, emit: Sink,
-                  cancel: threading.Event | None, before_step: Callable[[int], None] | None,
-                  tally: _Tally, t0: float, cache: Any = None, reused: int = 0) -> tuple[str, Any]:
-        clock = self.clock
+    def _steps(self, request: _Request, tally: RunTally, observer: _Observer) -> Iterator[Step]:
+        """Prefill, then one decode step each time the consumer asks for the next token: forward, sample, read
+        the cache. ``request.cache`` is the live cache throughout (the observer reads norms from it)."""
+        params, clock, ids, reused = request.params, self.clock, request.ids, request.reused
         generator = make_generator(self.device, params.seed)
-        text = TextStream(self.tokenizer)
         sequence = torch.tensor([ids], device=self.device)                 # [1, n]
-        cancelled = cancel.is_set if cancel is not None else (lambda: False)
-        if cancelled():
-            return "stopped", cache
-
         self._fault("prefill", 0)
+        compiling = params.compiled and self._compiled is None
+        request.allocated = min(len(ids) + params.max_new_tokens, self.facts.max_context) \
+            if params.static_cache and params.kv_cache and request.cache is None else 0
         if self.device.type == "cpu":
-            tally.load.start()
+            observer.meter.start()
         start = clock.mark()
-        first_compile = params.compiled and self._compiled is None
-        allocated = min(len(ids) + params.max_new_tokens, self.facts.max_context) \
-            if params.static_cache and params.kv_cache and cache is None else 0
-        logits, cache = self.prefill(sequence[:, reused:], params.kv_cache, cache, allocated)
+        logits, request.cache = self.prefill(sequence[:, reused:], params.kv_cache, request.cache, request.allocated)
         forward_end = clock.mark()
         choice = choose(logits, params, generator)
         end = clock.mark()
-        forward_ms, latency_ms = clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end)
-        tally.prefill_ms, tally.ttft_ms = forward_ms, _since(t0)
-        kv, held = self._record(tally, cache)
-        emit(PrefillDone(run_id, _since(t0), len(ids) - reused, tally.tokenize_ms, forward_ms, kv, reused, held,
-                         tally.cache_note, allocated))
-        norms_from = self._emit_norms(emit, run_id, t0, cache, 0)
         position = len(ids)
-        step, waited_ms = 0, 0.0
+        yield Step(0, position, choice, clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end),
+                   *self._read_cache(request.cache))
+        index = 0
         while True:
-            emit(self._token_step(run_id, t0, step, position, choice, text, "prefill" if step == 0 else "decode",
-                                  latency_ms, forward_ms, kv, held, waited_ms, tally))
-            if params.capture_attention:
-                emit(self._attention_step(run_id, t0, step, position - 1))
-            if step % NORMS_EVERY == 0:
-                norms_from = self._emit_norms(emit, run_id, t0, cache, norms_from)
             token = torch.tensor([choice.token_id], device=self.device)
-            reason = self._stop_reason(choice.token_id, step + 1, position + 1, params)
-            waited_ms = 0.0
-            if reason is None and before_step is not None:
-                wait_start = time.perf_counter()
-                before_step(step + 1)                    # pause, single step, slow motion: not decode time
-                waited_ms = _since(wait_start)
-                tally.waited_ms += waited_ms
-            if reason is None and cancelled():
-                reason = "stopped"
-            if reason is not None:
-                tally.load.stop()
-                self._emit_norms(emit, run_id, t0, cache, norms_from)
-                return reason, cache
-            if cache is None:
+            if request.cache is None:
                 sequence = torch.cat([sequence, token.view(1, 1)], dim=1)     # [1, position + 1]
-            step += 1
-            self._fault("decode", step)
+            index += 1
+            self._fault("decode", index)
             start = clock.mark()
-            logits = self.decode_step(token, position, cache, sequence, params.compiled)
+            logits = self.decode_step(token, position, request.cache, sequence, params.compiled)
             forward_end = clock.mark()
             choice = choose(logits, params, generator)
             end = clock.mark()
-            forward_ms, latency_ms = clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end)
-            if first_compile and step == 1:
-                tally.compile_ms = latency_ms            # the first compiled step compiles: timed apart
-            else:
-                tally.decode_ms += latency_ms
+            latency = clock.elapsed_ms(start, end)
+            if compiling and index == 1:
+                tally.compile_ms, tally.compiled_from_step = latency, 1    # this step compiled: timed apart
             position += 1
-            kv, held = self._record(tally, cache)
+            yield Step(index, position, choice, clock.elapsed_ms(start, forward_end), latency,
+                       *self._read_cache(request.cache))
 
-    def _token_step(self, run_id: str, t0: float, step: int, position: int, choice: Any, text: TextStream,
-                    phase: str, latency_ms: float, forward_ms: float, kv: list[list[int]], held: list[int],
-                    waited_ms: float, tally: _Tally) -> TokenStep:
-        piece = text.step(choice.token_id)
-        special = choice.token_id in self._special
-        tally.token_ids.append(choice.token_id)
-        if not special:
-            tally.text.append(piece)
-        candidates = [Candidate(i, self._piece(i), raw, final) for i, raw, final in
-                      zip(choice.candidate_ids, choice.candidate_raw, choice.candidate_final)]
-        return TokenStep(run_id=run_id, t_ms=_since(t0), step=step, position=position, token_id=choice.token_id,
-                         text=piece, special=special, phase=phase, latency_ms=latency_ms, forward_ms=forward_ms,
-                         prob=choice.prob, raw_prob=choice.raw_prob, candidates=candidates,
-                         kv_bytes_per_layer=kv, kv_positions_per_layer=held, waited_ms=waited_ms,
-                         kept=choice.kept)
+    def _read_cache(self, cache: Any) -> tuple[list[list[int]], list[int], list[int]]:
+        kv, held = kvcache.held_per_layer(cache, self.facts.num_layers)
+        return kv, held, kvcache.storage_per_layer(cache, kv)
 
-    def _attention_step(self, run_id: str, t0: float, step: int, query_position: int) -> AttentionStep:
-        capture = self.attention_capture()
-        layers, firsts, weights, spent_ms = capture.take(query_position)
-        return AttentionStep(run_id, _since(t0), step, query_position, layers, firsts, weights, spent_ms,
-                             capture.method)
-
-    def _stop_reason(self, token_id: int, generated: int, length: int, params: GenerationParams) -> str | None:
-        if token_id in self._eos:
+    def stop_reason(self, token_id: int, generated: int, length: int, params: GenerationParams) -> str | None:
+        if token_id in self.eos_ids:
             return "eos"
         if generated >= params.max_new_tokens:
             return "max_tokens"
@@ -391,56 +372,114 @@ class Session:
             return "context_full"
         return None
 
-    def _record(self, tally: _Tally, cache: Any) -> tuple[list[list[int]], list[int]]:
-        """Bytes and positions each layer holds, read from the cache tensors' metadata (no device work)."""
-        kv, held = kvcache.held_per_layer(cache, self.facts.num_layers)
-        tally.kv_tokens = kvcache.positions_seen(cache)
-        tally.kv_bytes = sum(k + v for k, v in kv)
-        return kv, held
-
     def _fault(self, phase: str, step: int) -> None:
         if self.fault_hook is not None:
             self.fault_hook(phase, step)
 
-    # --- KV norms (content of the cache, per layer and position) ---------------------------------------------
-    def _emit_norms(self, emit: Sink, run_id: str, t0: float, cache: Any, first: int) -> int:
-        """Emit ``KVNorms`` for the positions cached since ``first``; returns the next first position."""
-        if cache is None or not self.record_kv_norms:
-            return first
+
+class _Observer:
+    """Turns a run's steps into events (``TokenStep``, attention, norms), keeps its tally, waits where the user
+    asked it to (pause, single step, slow motion) and decides when the run ends."""
+
+    def __init__(self, session: Session, request: _Request, tally: RunTally) -> None:
+        self.session, self.request, self.tally = session, request, tally
+        self.run_id = uuid.uuid4().hex[:12]
+        self.text = TextStream(session.tokenizer)
+        self.meter = LoadMeter()
+        self.norms_from = 0
+        self.waited_ms = 0.0
+
+    def since(self) -> float:
+        return (time.perf_counter() - self.request.t0) * 1000.0
+
+    def emit(self, event: object) -> None:
+        self.tally.add(event)
+        self.request.emit(event)
+
+    def started(self) -> None:
+        r, s = self.request, self.session
+        self.emit(RunStarted(
+            run_id=self.run_id, label=r.params.describe() + (", reuse" if r.kind == "chat" and r.reused else ""),
+            model=s.facts, params=r.params, prompt=r.prompt, prompt_ids=r.ids,
+            prompt_pieces=pieces(s.tokenizer, r.ids), started_at=datetime.now(timezone.utc).isoformat(
+                timespec="seconds"), t_ms=self.since(), kind=r.kind))
+
+    def follow(self, steps: Iterator[Step]) -> tuple[str, Any]:
+        """Consume the steps until a stop reason: emit each, wait if asked, check cancel before the next."""
+        r, s = self.request, self.session
+        if r.cancelled():
+            return "stopped", r.cache
+        for step in steps:
+            if step.index == 0:
+                self.emit(PrefillDone(self.run_id, self.since(), len(r.ids) - r.reused, r.tokenize_ms,
+                                      step.forward_ms, step.kv, r.reused, step.held, r.cache_note, r.allocated,
+                                      step.storage))
+                self._norms()
+            self.emit(self._token_step(step))
+            if r.params.capture_attention:
+                self.emit(self._attention_step(step))
+            if step.index % NORMS_EVERY == 0 and step.index:
+                self._norms()
+            reason = s.stop_reason(step.choice.token_id, step.index + 1, step.position + 1, r.params)
+            self.waited_ms = 0.0
+            if reason is None and r.before_step is not None:
+                wait_start = time.perf_counter()
+                r.before_step(step.index + 1)            # pause, single step, slow motion: not decode time
+                self.waited_ms = (time.perf_counter() - wait_start) * 1000.0
+            if reason is None and r.cancelled():
+                reason = "stopped"
+            if reason is not None:
+                self.meter.stop()
+                self._norms()
+                return reason, r.cache
+        raise AssertionError("the steps never end on their own")
+
+    def _token_step(self, step: Step) -> TokenStep:
+        s, choice = self.session, step.choice
+        piece = self.text.step(choice.token_id)
+        candidates = [Candidate(i, s.token_text(i), raw, final) for i, raw, final in
+                      zip(choice.candidate_ids, choice.candidate_raw, choice.candidate_final)]
+        return TokenStep(run_id=self.run_id, t_ms=self.since(), step=step.index, position=step.position,
+                         token_id=choice.token_id, text=piece, special=choice.token_id in s.special_ids,
+                         phase="prefill" if step.index == 0 else "decode", latency_ms=step.latency_ms,
+                         forward_ms=step.forward_ms, prob=choice.prob, raw_prob=choice.raw_prob,
+                         candidates=candidates, kv_bytes_per_layer=step.kv, kv_positions_per_layer=step.held,
+                         waited_ms=self.waited_ms, kept=choice.kept, kv_storage_per_layer=step.storage)
+
+    def _attention_step(self, step: Step) -> AttentionStep:
+        capture = self.session.attention_capture()
+        query = step.position - 1
+        layers, firsts, weights, spent_ms = capture.take(query)
+        return AttentionStep(self.run_id, self.since(), step.index, query, layers, firsts, weights, spent_ms,
+                             capture.method)
+
+    def _norms(self) -> None:
+        """``KVNorms`` for the positions cached since the last ones."""
+        cache = self.request.cache
+        if cache is None or not self.session.record_kv_norms:
+            return
         held = kvcache.positions_seen(cache)
-        if held <= first:
-            return first
-        k, v = kv_norms(cache, first, held)
-        emit(KVNorms(run_id, _since(t0), first, k, v))
-        return held
+        if held <= self.norms_from:
+            return
+        k, v = kvcache.norms(cache, self.norms_from, held)
+        self.emit(KVNorms(self.run_id, self.since(), self.norms_from, k, v))
+        self.norms_from = held
 
-    def _piece(self, token_id: int) -> str:
-        text = self._candidate_text.get(token_id)
-        if text is None:
-            text = self._candidate_text[token_id] = self.tokenizer.decode([token_id])
-        return text
+    def finished(self, reason: str, text: str) -> RunFinished:
+        self.tally.cpu_share = self.meter.share(self.tally.waited_ms)
+        event = RunFinished(self.run_id, self.since(), reason, self.tally.summary(self.since(), text))
+        self.request.emit(event)
+        return event
 
-
-def kv_norms(cache: Any, first: int, end: int) -> tuple[list[list[float]], list[list[float]]]:
-    """Mean over KV heads of the L2 norm of each cached key and value, positions ``first:end``, one stacked
-    reduction and one copy to the host. A sliding layer holding fewer positions is left-padded with 0, and a
-    layer with no keys (a state-space layer) is all 0."""
-    span = end - first
-    rows = []
-    for layer in cache.layers:
-        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):  # [1, kv_heads, held, dim]
-            held = t.shape[2] if t is not None else 0                         # a sliding layer keeps the last
-            take = max(min(held, end - first), 0)                             # `held` positions only
-            rows.append(t[0, :, held - take:] if take else None)
-    if all(r is not None and r.shape[1] == span for r in rows):
-        values = torch.stack(rows).float().norm(dim=-1).mean(dim=1).tolist()  # [2 * layers, span]
-    else:
-        values = [[0.0] * span if r is None else
-                  [0.0] * (span - r.shape[1]) + r.float().norm(dim=-1).mean(dim=0).tolist() for r in rows]
-    return values[0::2], values[1::2]
+    def failed(self, error: str, message: str) -> RunFailed:
+        self.tally.cpu_share = self.meter.share(self.tally.waited_ms)
+        event = RunFailed(self.run_id, self.since(), error, message, self.tally.summary(self.since()))
+        self.request.emit(event)
+        return event
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """The ids that end a generation: the model's generation config and the tokenizer's, all of them."""
     ids: set[int] = set()
     for value in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
         if isinstance(value, int):
@@ -450,16 +489,20 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
+def _cancelled(cancel: threading.Event | None) -> Callable[[], bool]:
+    return cancel.is_set if cancel is not None else (lambda: False)
+
+
+def _ignore(_event: object) -> None:
+    pass
+
+
 def _release_device_memory(device: torch.device) -> None:
     import gc
 
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def _since(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000.0
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,10 +1,11 @@
 """A run on disk: JSON lines, a versioned header first, then one event per line.
 
-Traces are data from anywhere, so reading one parses JSON (no NaN, no infinities, bounded lines, depth and
-size) and checks every event against the schema in ``engine.schema``; nothing is evaluated. Writing goes to
-a temporary file that replaces the target only when complete, so a crash mid-save never corrupts an existing
-trace, and the file gets the permissions the user's umask gives any other file. No torch here: the app
-replays traces with no model loaded.
+Traces are data from anywhere, so reading one parses JSON (no NaN, no infinities, bounded lines, numbers,
+containers and depth) and checks every event against the schema in ``engine.schema``; nothing is evaluated.
+Writing runs the same checks on every event before it is written, so a trace KVScope writes is one it can read:
+an event that would not pass (a bug in a producer) ends the file there, and the writer says so. Writes are
+atomic (``engine.files``). Several traces joined into one file (``cat a b > c``) read as one list of events.
+No torch here: the app replays traces with no model loaded.
 """
 
 from __future__ import annotations
@@ -12,25 +13,30 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import math
 import os
-import tempfile
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import __version__
+from engine import __version__, lessons
 from engine.errors import TraceError
-from engine.events import ExperimentStarted, RunFailed, RunFinished, RunStarted, to_dict
+from engine.events import TRACE_EVENTS, ExperimentStarted, RunFailed, RunFinished, RunStarted, to_dict
+from engine.files import WriteRefused, writable_target, write_atomically
 from engine.schema import Checker, SchemaError
+from engine.textstream import clean_text
 
 FORMAT = "kvscope-trace"
-VERSION = 2            # 2: per-layer KV facts from the cache (ModelFacts.kv_layers), waits and CPU share
+VERSION = 3            # 3: lessons' settings and results typed; per-layer storage; layer times
 MAX_FILE_BYTES = 4 << 30
-MAX_LINE_BYTES = 256 << 20           # one event; a KV-norms batch of a 128k-token prefill is well below
+MAX_LINE_BYTES = 64 << 20            # one event; a KV-norms batch of a 128k-token prefill is about 61 MiB
+MAX_CONTAINERS = 100_000             # lists and objects in one line (a legitimate event has a few thousand)
+MAX_DIGITS = 40                      # digits of one whole number (the largest a trace holds has 19)
 MAX_EVENTS = 20_000_000
 MAX_REPLAY_GAP_S = 3.0               # a longer pause in a recording is shortened, and the replay says so
+BOM = b"\xef\xbb\xbf"
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def header() -> dict:
@@ -38,68 +44,73 @@ def header() -> dict:
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
+def checker() -> Checker:
+    """The schema checker with every lesson's settings and result types (``engine.lessons``)."""
+    return Checker(lessons.types())
+
+
 # --- writing ----------------------------------------------------------------------------------------------
 def check_writable(path: str | os.PathLike) -> Path:
     """Refuse a path a trace cannot be written to, before any work is done for it."""
-    target = Path(path).expanduser()
-    if target.is_dir():
-        raise TraceError(f"{target} is a folder: give a file name for the trace, e.g. {target / 'run.jsonl'}")
-    folder = target.parent
-    if not folder.is_dir():
-        raise TraceError(f"Cannot write the trace to {target}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise TraceError(f"Cannot write the trace to {target}: the folder {folder} is not writable")
-    return target
+    try:
+        return writable_target(path, "the trace", "run.kvscope.jsonl")
+    except WriteRefused as exc:
+        raise TraceError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class Written:
+    """What ``write_trace`` wrote: the file, how many events, and what it left out (empty when nothing)."""
+
+    path: Path
+    events: int
+    note: str = ""
 
 
 def write_trace(path: str | os.PathLike, events: Iterable[object]) -> Path:
-    """Write ``events`` atomically (temporary file in the same folder, then rename)."""
-    target = check_writable(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    """Write ``events`` atomically, checked (:func:`write_checked`); the file written."""
+    return write_checked(path, events).path
+
+
+def write_checked(path: str | os.PathLike, events: Iterable[object]) -> Written:
+    """Write ``events`` atomically, each checked by the reader's own checks first. An event the reader would
+    refuse ends the trace there (what came before reads back, its run marked incomplete), and ``note`` says
+    which event and why."""
+    check_writable(path)
+    check, written, note = checker(), 0, ""
+
+    def write(f) -> None:
+        nonlocal written, note
+        f.write(json.dumps(header()) + "\n")
+        for event in events:
+            if not isinstance(event, TRACE_EVENTS):
+                continue
+            data = to_dict(event)
+            try:
+                check.event(data)
+            except SchemaError as exc:
+                note = (f"the trace stops before event {written + 1} ({type(event).__name__}), which its reader "
+                        f"would refuse: {exc}")
+                return
+            f.write(_line(data) + "\n")
+            written += 1
+
     try:
-        os.fchmod(fd, 0o666 & ~_umask())                 # mkstemp makes 0600; a trace is an ordinary file
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(header()) + "\n")
-            for event in events:
-                f.write(event_line(event) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+        target = write_atomically(path, write, what="the trace")
+    except WriteRefused as exc:
+        raise TraceError(str(exc)) from None
+    return Written(target, written, note)
 
 
-def event_line(event: object) -> str:
-    """One event as a JSON line. Non-finite numbers (an experiment's ratio over a zero) become null, so every
-    trace KVScope writes is one it can read."""
-    data = to_dict(event)
+def _line(data: dict) -> str:
+    """One checked event as a JSON line: UTF-8 where it can be, escaped where it cannot (a lone surrogate from a
+    trace someone else wrote reads back as the replacement character)."""
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False)
     try:
-        return json.dumps(data, ensure_ascii=False, allow_nan=False)
-    except ValueError:
-        return json.dumps(_finite(data), ensure_ascii=False, allow_nan=False)
-
-
-def _finite(value: object) -> object:
-    if type(value) is float and not math.isfinite(value):
-        return None
-    if type(value) is list:
-        return [_finite(v) for v in value]
-    if type(value) is dict:
-        return {k: _finite(v) for k, v in value.items()}
-    return value
-
-
-def _umask() -> int:
-    """The process umask, read without changing it (``os.umask`` sets it, which races with other threads)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(data, ensure_ascii=True, allow_nan=False)
+    return text
 
 
 class TraceWriter:
@@ -108,12 +119,15 @@ class TraceWriter:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = check_writable(path)
         self.events: list[object] = []
+        self.note = ""
 
     def __call__(self, event: object) -> None:
         self.events.append(event)
 
     def close(self) -> Path:
-        return write_trace(self.path, self.events)
+        written = write_checked(self.path, self.events)
+        self.note = written.note
+        return written.path
 
 
 # --- reading ----------------------------------------------------------------------------------------------
@@ -141,6 +155,11 @@ def read_trace(path: str | os.PathLike) -> Trace:
         raise TraceError(f"Cannot open trace {p}: {exc.strerror or exc}") from None
 
 
+def read_traces(paths: Iterable[str | os.PathLike]) -> list[Trace]:
+    """Several traces, each read and checked before any is used (a lecture prepared as several files)."""
+    return [read_trace(path) for path in paths]
+
+
 @contextlib.contextmanager
 def _no_cyclic_gc() -> Iterator[None]:
     """Events hold no reference cycles, but the collector would walk the growing list of them again and again
@@ -155,7 +174,7 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 
 def _read(f, name: str) -> Trace:
-    checker = Checker()
+    check = checker()
     events = Trace()
     number = 0
     last = b""
@@ -165,22 +184,20 @@ def _read(f, name: str) -> Trace:
             break
         number += 1
         last = raw
+        if number == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM):]
         if len(raw) > MAX_LINE_BYTES:
             raise TraceError(f"{name} line {number} is longer than {MAX_LINE_BYTES >> 20} MiB: not a KVScope trace")
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise TraceError(f"{name} is not a KVScope trace (line {number} is not UTF-8 text)") from None
-        if not line.strip():
+        if not raw.strip():
             continue
-        data = _parse(line, name, number)
-        if number == 1:
-            _check_header(data, name)
+        data = _parse(raw, name, number)
+        if number == 1 or _is_header(data):
+            _check_header(data, name, number)
             continue
         if len(events) >= MAX_EVENTS:
             raise TraceError(f"{name} holds more than {MAX_EVENTS:,} events; KVScope reads at most that many")
         try:
-            events.append(checker.event(data))
+            events.append(check.event(data))
         except SchemaError as exc:
             raise TraceError(f"{name} line {number} is not a valid event: {exc}") from None
     if number == 0:
@@ -189,23 +206,38 @@ def _read(f, name: str) -> Trace:
         raise TraceError(f"{name} is truncated: its last line (line {number}) is incomplete")
     if not any(isinstance(e, (RunStarted, ExperimentStarted)) for e in events):
         raise TraceError(f"{name} holds no run and no experiment")
-    events.incomplete = checker.unfinished_runs()
+    events.incomplete = check.unfinished_runs()
     return events
 
 
-def _check_header(head: object, name: str) -> None:
+def _is_header(data: object) -> bool:
+    return type(data) is dict and data.get("format") == FORMAT and "type" not in data
+
+
+def _check_header(head: object, name: str, number: int) -> None:
     if not isinstance(head, dict) or head.get("format") != FORMAT:
         raise TraceError(f"{name} is not a KVScope trace (its first line is not a trace header)")
     version = head.get("version")
     if version != VERSION:
-        shown = version if isinstance(version, int) else "unknown"
-        raise TraceError(f"{name} is trace version {shown}; this KVScope reads version {VERSION}. Open it with "
-                         "the KVScope that wrote it.")
+        shown = version if type(version) is int and abs(version) < 10**6 else "unknown"
+        where = "" if number == 1 else f" (the trace joined to it at line {number:,})"
+        raise TraceError(f"{name}{where} is trace version {shown}; this KVScope reads version {VERSION}. Open it "
+                         "with the KVScope that wrote it.")
 
 
-def _parse(line: str, name: str, number: int) -> object:
+def _parse(raw: bytes, name: str, number: int) -> object:
+    """One line as JSON, its size bounded before it is parsed in full: at most ``MAX_CONTAINERS`` lists and
+    objects, so the peak memory of a line stays within about ten times ``MAX_LINE_BYTES``."""
+    containers = raw.count(b"[") + raw.count(b"{")
+    if containers > MAX_CONTAINERS:
+        raise TraceError(f"{name} line {number} holds {containers:,} lists and objects; a KVScope event holds at "
+                         f"most {MAX_CONTAINERS:,}: not a KVScope trace")
     try:
-        return _DECODER.decode(line)
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TraceError(f"{name} is not a KVScope trace (line {number} is not UTF-8 text)") from None
+    try:
+        data = _DECODER.decode(line)
     except json.JSONDecodeError as exc:
         raise TraceError(f"{name} line {number} is not valid JSON ({exc.msg}): the file is damaged or "
                          "truncated") from None
@@ -213,13 +245,34 @@ def _parse(line: str, name: str, number: int) -> object:
         raise TraceError(f"{name} line {number} is nested too deeply to be a KVScope event") from None
     except ValueError as exc:
         raise TraceError(f"{name} line {number} is not valid: {exc}") from None
+    if _SURROGATE_ESCAPE.search(raw):
+        data = _without_surrogates(data)
+    return data
 
 
 def _no_constant(token: str) -> object:
     raise ValueError(f"{token} is not a number a trace may hold")
 
 
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)      # one decoder: building one per line costs 2x
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"it holds a whole number of {len(text):,} digits; a KVScope value has at most "
+                         f"{MAX_DIGITS}")
+    return int(text)
+
+
+def _without_surrogates(value: object) -> object:
+    """Strings with lone surrogates (valid escaped JSON, not valid text) with each replaced by U+FFFD."""
+    if type(value) is str:
+        return clean_text(value)[0]
+    if type(value) is list:
+        return [_without_surrogates(v) for v in value]
+    if type(value) is dict:
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_int=_bounded_int)   # one decoder: one per line costs 2x
 
 
 # --- replaying --------------------------------------------------------------------------------------------

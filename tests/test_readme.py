@@ -57,11 +57,10 @@ APP = ("python -m app", ".venv/bin/python -m app", "kvscope", ".venv/bin/kvscope
 
 
 def test_every_engine_command_in_readme_parses():
-    from engine.cli import SUBCOMMANDS, _register_subcommands, parse_only
+    from engine.cli import SUBCOMMANDS, parse_only
 
     used = commands(ENGINE)
     assert len(used) >= 8
-    _register_subcommands()
     seen, refused = set(), []
     for argv in used:
         if argv and argv[0] in SUBCOMMANDS:

@@ -90,7 +90,7 @@ class AttentionPanel(QWidget):
         super().__init__()
         self.store, self.state = store, state
         self.theme = th.current_theme(False)
-        self.pinned: tuple[str, int] | None = None
+        state.subscribe(lambda names: self.refresh() if "pinned" in names else None)
         self.caption = QLabel(OFF)
         self.caption.setWordWrap(True)
         self.caption.setTextFormat(Qt.TextFormat.RichText)
@@ -155,17 +155,13 @@ class AttentionPanel(QWidget):
         for widget in (*self._controls, self.caption):
             widget.setVisible(visible)
 
-    def show_step(self, run_id: str, step: int) -> None:
-        """Pin a step (from the token view); ``step < 0`` follows the newest again."""
-        self.pinned = (run_id, step) if step >= 0 else None
-        self.refresh()
-
     def current(self) -> tuple[RunRecord | None, AttentionStep | None]:
         run = self.store.find(self.state.selected) if self.state.selected else None
         if run is None or not run.attention:
             return run, None
-        if self.pinned is not None and self.pinned[0] == run.run_id and self.pinned[1] < len(run.attention):
-            return run, run.attention[self.pinned[1]]
+        pinned = self.state.pinned_step(run.run_id)
+        if pinned is not None and pinned < len(run.attention):
+            return run, run.attention[pinned]
         return run, run.attention[-1]
 
     def refresh(self) -> None:

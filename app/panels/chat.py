@@ -27,15 +27,15 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme as th
-from app.panels.chart import Chart
+from app.chart import Chart
+from app.lessons import chat as chat_lesson
 from app.store import RunStore
 from app.viewstate import Conversation
-from engine import load
 
 
 class ChatPanel(QWidget):
     send_requested = Signal(str, bool)           # the new message, reuse
-    compare_requested = Signal(list)             # user turns
+    compare_requested = Signal()                 # the chat lesson, on this conversation's turns
 
     def __init__(self, store: RunStore, conversation: Conversation) -> None:
         super().__init__()
@@ -52,7 +52,7 @@ class ChatPanel(QWidget):
         self.compare_button = QPushButton("Compare reuse on vs off")
         self.send_button.clicked.connect(self.send)
         self.new_button.clicked.connect(conversation.clear)
-        self.compare_button.clicked.connect(lambda: self.compare_requested.emit(conversation.user_turns()))
+        self.compare_button.clicked.connect(self.compare_requested)
         self.chart = Chart("TTFT per turn", legend_columns=1)
         self.plot = self.chart.plot
         self.explain = QLabel()
@@ -144,9 +144,9 @@ class ChatPanel(QWidget):
     def _comparison_transcript(self) -> list[str]:
         """With no conversation of its own (a replayed comparison, a lecture from traces), the comparison's
         last conversation: what was asked, what the model answered, and what each turn reused."""
-        record = self.store.latest_experiment("chat")
-        summary = record.end.summary if record is not None and hasattr(record.end, "summary") else {}
-        turns = int(summary.get("turns", 0))
+        record = self.store.latest_experiment(chat_lesson.LESSON.kind)
+        result = record.result if record is not None else None
+        turns = result.turns if result is not None else 0
         points = [p.values for p in record.points if "reuse" in p.values] if record is not None else []
         if not turns or len(points) != len(record.run_ids):
             return []
@@ -174,7 +174,7 @@ class ChatPanel(QWidget):
         if self._dirty:
             self._dirty = False
             self._render()
-        record = self.store.latest_experiment("chat")
+        record = self.store.latest_experiment(chat_lesson.LESSON.kind)
         runs = [self.store.find(r) for r in self.conversation.turn_runs]
         done = [r for r in runs if r is not None and r.finished]
         key = (len(done), (record.exp_id, len(record.events)) if record else None)
@@ -193,48 +193,8 @@ class ChatPanel(QWidget):
             self.chart.add(pg.PlotDataItem(list(range(1, len(ttft) + 1)), ttft, pen=pg.mkPen(th.CHOSEN, width=width),
                                            symbol="o", symbolBrush=th.CHOSEN), "this conversation (measured)")
         if record is not None:
-            turns = max(turns, len(record.started.settings.get("turns", [])))
-            self._draw_comparison(record, width)
+            turns = max(turns, len(record.settings.turns))
+            chat_lesson.draw(self.chart, record, width)
+            if record.result is not None:
+                self.explain.setText(chat_lesson.explanation(record.result))
         self.plot.getAxis("bottom").setTicks([[(t, str(t)) for t in range(1, max(turns, 1) + 1)]])
-
-    def _draw_comparison(self, record, width: float) -> None:
-        """Medians per turn as lines, every repeat as a dot: the spread is on screen, not only the average."""
-        for reuse, colour in ((1.0, th.DECODE), (0.0, th.CACHE_OFF)):
-            points = [p.values for p in record.points if p.values.get("reuse") == reuse]
-            if not points:
-                continue
-            by_turn: dict[int, list[float]] = {}
-            for p in points:
-                by_turn.setdefault(int(p["turn"]), []).append(p["ttft_ms"])
-            turns = sorted(by_turn)
-            medians = [sorted(v)[len(v) // 2] for v in (by_turn[t] for t in turns)]
-            name = f"reuse {'on' if reuse else 'off'} (measured, median of repeats)"
-            self.chart.add(pg.PlotDataItem(turns, medians, pen=th.run_pen(colour, width, not reuse)), name)
-            self.chart.add(pg.ScatterPlotItem([int(p["turn"]) for p in points], [p["ttft_ms"] for p in points],
-                                              size=8, brush=colour, pen=None))
-        summary = record.end.summary if record.end is not None and hasattr(record.end, "summary") else {}
-        if "tokens_match" in summary and not summary.get("incomplete"):
-            self.explain.setText(comparison_text(summary))
-
-
-def comparison_text(s: dict) -> str:
-    """What the repeats show, and only what they show: a difference is called only where the spreads of the
-    repeats do not overlap; a busy machine is named."""
-    note = f" ({html.escape(str(s['tokens_note']))})" if s.get("tokens_note") else ""
-    match = "the same tokens ✓" if s["tokens_match"] else f"DIFFERENT tokens ✗{note}"
-    last = int(s["turns"])
-    on, off = s[f"turn{last}_on_ms"], s[f"turn{last}_off_ms"]
-    (on_lo, on_hi), (off_lo, off_hi) = s[f"turn{last}_on_range"], s[f"turn{last}_off_range"]
-    if s[f"turn{last}_clear"]:
-        verdict = (f"with reuse TTFT is <b>{off / on:.1f}x lower</b>" if on < off else
-                   f"with reuse TTFT is {on / off:.1f}x <b>higher</b>")
-    else:
-        verdict = "the difference is <b>within the noise</b> (the spreads overlap)"
-    clear = sum(bool(s.get(f"turn{i}_clear")) for i in range(1, last + 1))
-    text = (f"Both ways gave {match}. Turn {last}, median of {s['repeats']} repeats: {on:,.0f} ms with reuse "
-            f"({on_lo:,.0f}–{on_hi:,.0f}) vs {off:,.0f} ms without ({off_lo:,.0f}–{off_hi:,.0f}): {verdict}. "
-            f"{clear} of {last} turns differ beyond the spread of the repeats.")
-    note = load.busy_note(s.get("lowest_cpu_share"))
-    if note:
-        text += f" <b>Note:</b> some turns were {html.escape(note)}."
-    return text

@@ -1,8 +1,9 @@
-"""Everything a user can tweak: model source, device, dtype, prompt, sampling parameters, KV cache; and the
-run buttons (Run, Stop, Step, Pause) with a slow-motion slider so an audience can follow.
+"""Everything a user can tweak: model source, device, dtype, memory budget, prompt, sampling parameters, KV
+cache; and the run buttons (Run, Stop, Step, Pause) with a slow-motion slider so an audience can follow.
 
-Widgets refuse invalid values by their ranges, and ``params()`` builds a ``GenerationParams``, which checks
-itself again, so what reaches the engine is what the widgets show.
+The run settings live in ``app.run_settings.RunSettings``, not here: every edit writes it, and the widgets
+follow it (a lecture scene's keys change it too). Widgets refuse invalid values by their ranges, and the
+engine's ``GenerationParams`` checks again, so what reaches the engine is what the widgets show.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import requests as rq
 from app.resources import sample_prompts
-from engine.models import DEVICES, DTYPES
-from engine.params import GenerationParams
+from app.run_settings import SEED_MAX, SLOW_MAX_MS, RunSettings
+from engine.params import DEVICES, DTYPES
+from engine.remote import DEADLINE_S, without_credentials
 
-SEED_MAX = 2**31 - 1
+GIB = 1 << 30
 
 
 class ControlsPanel(QWidget):
@@ -37,12 +40,12 @@ class ControlsPanel(QWidget):
     stop_requested = Signal()
     step_requested = Signal()
     pause_toggled = Signal(bool)
-    load_requested = Signal(str, str, str, bool)
-    delay_changed = Signal(float)
+    load_requested = Signal()
     changed = Signal()                      # any setting the user changed (the window saves them soon after)
 
-    def __init__(self) -> None:
+    def __init__(self, run_settings: RunSettings) -> None:
         super().__init__()
+        self.run_settings = run_settings
         # --- model ---
         self.model_box = QComboBox()
         self.model_box.setEditable(True)
@@ -58,6 +61,19 @@ class ControlsPanel(QWidget):
         self.device_box.addItems(list(DEVICES))
         self.dtype_box = QComboBox()
         self.dtype_box.addItems(list(DTYPES))
+        self.budget = QDoubleSpinBox()
+        self.budget.setRange(0.0, 4096.0)
+        self.budget.setDecimals(2)
+        self.budget.setSingleStep(0.05)
+        self.budget.setSuffix(" GiB")
+        self.budget.setSpecialValueText("no limit")
+        self.budget.setToolTip("At most this much of the model's weights in memory (CPU, or the GPU): the rest is "
+                               "offloaded to disk and read back at every step (the offloading lesson). 0 = no limit")
+        self.deadline = QSpinBox()
+        self.deadline.setRange(1, 86_400)
+        self.deadline.setValue(int(DEADLINE_S))
+        self.deadline.setSuffix(" s")
+        self.deadline.setToolTip("A server run that streams for longer than this is ended, keeping what arrived")
         self.trust_box = QCheckBox("Allow this model's own code")
         self.trust_box.setToolTip("trust_remote_code: runs Python shipped with the model. Allowed per model: "
                                   "changing the model source clears it, and it is never remembered")
@@ -76,6 +92,8 @@ class ControlsPanel(QWidget):
         form.addRow("", row)
         form.addRow("Device", self.device_box)
         form.addRow("dtype", self.dtype_box)
+        form.addRow("Memory budget", self.budget)
+        form.addRow("Server deadline", self.deadline)
         form.addRow(self.trust_box)
         form.addRow(self.load_button)
         form.addRow(self.model_status)
@@ -106,6 +124,7 @@ class ControlsPanel(QWidget):
         # --- parameters ---
         self.max_tokens = QSpinBox()
         self.max_tokens.setRange(1, 8192)
+        self.max_tokens.setToolTip("How many tokens to generate at most (the model's context caps it)")
         self.max_tokens.setValue(128)
         self.max_tokens.setSuffix(" tokens")
         self.temperature = QDoubleSpinBox()
@@ -125,7 +144,7 @@ class ControlsPanel(QWidget):
         self.seed.setRange(0, SEED_MAX)
         self.seed.setValue(42)
         self.random_seed = QCheckBox("random")
-        self.random_seed.toggled.connect(lambda on: self.seed.setEnabled(not on))
+
         self.kv_box = QCheckBox("KV cache")
         self.kv_box.setChecked(True)
         self.kv_box.setToolTip("Off: every decode step recomputes the whole sequence (watch the latency grow)")
@@ -136,7 +155,6 @@ class ControlsPanel(QWidget):
         self.compile_box = QCheckBox("compiled decode")
         self.compile_box.setToolTip("Decode through torch.compile with CUDA graphs (on a GPU); the first step "
                                     "compiles and is timed apart. On a CPU it compiles slowly and rarely helps")
-        self.static_box.toggled.connect(lambda on: self.compile_box.setEnabled(on))
         self.compile_box.setEnabled(False)
         self.attention_box = QCheckBox("record attention")
         self.attention_box.setToolTip("Keep each step's attention weights over the cached positions for the "
@@ -168,10 +186,11 @@ class ControlsPanel(QWidget):
         self.pause_button.setCheckable(True)
         self.run_button.clicked.connect(self.run_requested)
         self.stop_button.clicked.connect(self.stop_requested)
+        self.stop_button.setToolTip("Stops a run, an experiment or a replay (Esc; in a lecture scene Ctrl+.)")
         self.step_button.clicked.connect(self.step_requested)
         self.pause_button.toggled.connect(self._pause_toggled)
         self.slow = QSlider(Qt.Orientation.Horizontal)
-        self.slow.setRange(0, 1000)
+        self.slow.setRange(0, SLOW_MAX_MS)
         self.slow.setSingleStep(25)
         self.slow.setPageStep(100)
         self.slow_label = QLabel()
@@ -200,33 +219,69 @@ class ControlsPanel(QWidget):
         layout.addWidget(params_group)
         layout.addWidget(run_group)
         self.loaded: tuple[str, str, str] | None = None
-        for signal in (self.prompt.textChanged, self.max_tokens.valueChanged, self.temperature.valueChanged,
-                       self.top_k.valueChanged, self.top_p.valueChanged, self.seed.valueChanged,
-                       self.random_seed.toggled, self.kv_box.toggled, self.chat_box.toggled, self.attention_box.toggled,
-                       self.slow.valueChanged):
+        self._writes = {
+            self.prompt.textChanged: lambda: {"prompt": self.prompt.toPlainText()},
+            self.max_tokens.valueChanged: lambda: {"max_new_tokens": self.max_tokens.value()},
+            self.temperature.valueChanged: lambda: {"temperature": round(self.temperature.value(), 4)},
+            self.top_k.valueChanged: lambda: {"top_k": self.top_k.value()},
+            self.top_p.valueChanged: lambda: {"top_p": round(self.top_p.value(), 4)},
+            self.seed.valueChanged: lambda: {"seed": self.seed.value()},
+            self.random_seed.toggled: lambda: {"random_seed": self.random_seed.isChecked()},
+            self.kv_box.toggled: lambda: {"kv_cache": self.kv_box.isChecked()},
+            self.static_box.toggled: lambda: {"static_cache": self.static_box.isChecked()},
+            self.compile_box.toggled: lambda: {"compiled": self.compile_box.isChecked()},
+            self.chat_box.toggled: lambda: {"chat_template": self.chat_box.isChecked()},
+            self.attention_box.toggled: lambda: {"attention": self.attention_box.isChecked()},
+            self.slow.valueChanged: lambda: {"slow_ms": self.slow.value()}}
+        for signal, values in self._writes.items():
+            signal.connect(lambda *_a, v=values: self._write(v()))
+        for signal in (self.budget.valueChanged, self.deadline.valueChanged):
             signal.connect(lambda *_: self.changed.emit())
+        run_settings.subscribe(lambda _names: self.follow())
         self.set_running(False)
 
     # --- values -------------------------------------------------------------------------------------------
-    def params(self) -> GenerationParams:
-        return GenerationParams(
-            max_new_tokens=self.max_tokens.value(), temperature=round(self.temperature.value(), 4),
-            top_k=self.top_k.value(), top_p=round(self.top_p.value(), 4),
-            seed=None if self.random_seed.isChecked() else self.seed.value(),
-            kv_cache=self.kv_box.isChecked(), chat_template=self.chat_box.isChecked(),
-            static_cache=self.static_box.isChecked() and self.kv_box.isChecked(),
-            compiled=self.compile_box.isChecked() and self.static_box.isChecked() and self.kv_box.isChecked(),
-            capture_attention=self.attention_box.isChecked())
+    def _write(self, values: dict) -> None:
+        self.run_settings.update(**values)
+        self.changed.emit()
+
+    def follow(self) -> None:
+        """Show what the run settings say (a scene's keys, a restored file), without writing them back."""
+        c = self.run_settings.choices
+        for widget, value in ((self.max_tokens, c.max_new_tokens), (self.temperature, c.temperature),
+                              (self.top_k, c.top_k), (self.top_p, c.top_p), (self.seed, c.seed),
+                              (self.slow, c.slow_ms)):
+            if widget.value() != value:
+                widget.blockSignals(True)
+                widget.setValue(value)
+                widget.blockSignals(False)
+        for box, value in ((self.random_seed, c.random_seed), (self.kv_box, c.kv_cache),
+                           (self.static_box, c.static_cache), (self.compile_box, c.compiled),
+                           (self.chat_box, c.chat_template), (self.attention_box, c.attention)):
+            if box.isChecked() != value:
+                box.blockSignals(True)
+                box.setChecked(value)
+                box.blockSignals(False)
+        self.seed.setEnabled(not c.random_seed)
+        self.compile_box.setEnabled(c.static_cache)
+        if self.prompt.toPlainText() != c.prompt:
+            self.prompt.blockSignals(True)
+            self.prompt.setPlainText(c.prompt)
+            self.prompt.blockSignals(False)
+        self._slow_changed(self.slow.value())
 
     def prompt_text(self) -> str:
         return self.prompt.toPlainText()
 
-    def model_request(self) -> tuple[str, str, str, bool]:
-        return (self.model_box.currentText().strip() or "embedded", self.device_box.currentText(),
-                self.dtype_box.currentText(), self.trust_box.isChecked())
+    def model_request(self) -> rq.Load:
+        return rq.Load(self.model_box.currentText().strip() or "embedded", self.device_box.currentText(),
+                       self.dtype_box.currentText(), self.trust_box.isChecked(),
+                       memory_budget=int(self.budget.value() * GIB), deadline_s=float(self.deadline.value()))
 
     def remember_model(self, model: str, device: str, dtype: str) -> None:
-        """Called when a load succeeded: only a model that loaded is offered again at the next launch."""
+        """Called when a load succeeded: only a model that loaded is offered again at the next launch (a server's
+        address without any user:password in it)."""
+        model = without_credentials(model)
         self.loaded = (model, device, dtype)
         if self.model_box.currentText() != model:      # a --model / --server from the command line shows in the box
             trusted = self.trust_box.isChecked()
@@ -258,40 +313,29 @@ class ControlsPanel(QWidget):
 
     # --- settings -----------------------------------------------------------------------------------------
     def save(self, s: QSettings) -> None:
+        """The model it loaded last and the sources offered (never with credentials); the run settings are
+        saved by the window from ``RunSettings``."""
         if self.loaded is not None:
             model, device, dtype = self.loaded
             s.setValue("controls/model", model)
             s.setValue("controls/device", device)
             s.setValue("controls/dtype", dtype)
-        s.setValue("controls/models", [self.model_box.itemText(i) for i in range(self.model_box.count())][:10])
-        s.setValue("controls/prompt", self.prompt.toPlainText())
-        for key, value in (("max_tokens", self.max_tokens.value()), ("temperature", self.temperature.value()),
-                           ("top_k", self.top_k.value()), ("top_p", self.top_p.value()),
-                           ("seed", self.seed.value()), ("random_seed", self.random_seed.isChecked()),
-                           ("kv_cache", self.kv_box.isChecked()), ("chat", self.chat_box.isChecked()),
-                           ("attention", self.attention_box.isChecked()), ("slow_ms", self.slow.value())):
-            s.setValue(f"controls/{key}", value)
+        s.setValue("controls/models", [without_credentials(self.model_box.itemText(i))
+                                       for i in range(self.model_box.count())][:10])
+        s.setValue("controls/budget_gib", self.budget.value())
+        s.setValue("controls/deadline_s", self.deadline.value())
 
     def restore(self, s: QSettings) -> None:
         models = s.value("controls/models", [], list) or []
         for text in models:
-            if text and self.model_box.findText(text) < 0:
-                self.model_box.addItem(text)
-        self.model_box.setCurrentText(s.value("controls/model", "embedded", str))
+            if isinstance(text, str) and text and self.model_box.findText(text) < 0:
+                self.model_box.addItem(without_credentials(text))
+        self.model_box.setCurrentText(without_credentials(str(s.value("controls/model", "embedded"))))
         for key, box in (("device", self.device_box), ("dtype", self.dtype_box)):
-            index = box.findText(s.value(f"controls/{key}", "auto", str))
+            index = box.findText(str(s.value(f"controls/{key}", "auto")))
             box.setCurrentIndex(max(index, 0))
-        self.prompt.setPlainText(s.value("controls/prompt", self.prompt.toPlainText(), str))
-        self.max_tokens.setValue(s.value("controls/max_tokens", self.max_tokens.value(), int))
-        self.temperature.setValue(s.value("controls/temperature", self.temperature.value(), float))
-        self.top_k.setValue(s.value("controls/top_k", self.top_k.value(), int))
-        self.top_p.setValue(s.value("controls/top_p", self.top_p.value(), float))
-        self.seed.setValue(s.value("controls/seed", self.seed.value(), int))
-        self.random_seed.setChecked(s.value("controls/random_seed", False, bool))
-        self.kv_box.setChecked(s.value("controls/kv_cache", True, bool))
-        self.chat_box.setChecked(s.value("controls/chat", True, bool))
-        self.attention_box.setChecked(s.value("controls/attention", False, bool))
-        self.slow.setValue(s.value("controls/slow_ms", 0, int))
+        self.budget.setValue(_number(s.value("controls/budget_gib", 0.0), 0.0, self.budget.maximum(), 0.0))
+        self.deadline.setValue(int(_number(s.value("controls/deadline_s", DEADLINE_S), 1, 86_400, DEADLINE_S)))
 
     # --- handlers -----------------------------------------------------------------------------------------
     def _use_sample(self, index: int) -> None:
@@ -316,7 +360,7 @@ class ControlsPanel(QWidget):
         self.model_box.setCurrentText(text)
 
     def _request_load(self) -> None:
-        self.load_requested.emit(*self.model_request())
+        self.load_requested.emit()
 
     def _pause_toggled(self, paused: bool) -> None:
         self.set_paused(paused)
@@ -324,4 +368,12 @@ class ControlsPanel(QWidget):
 
     def _slow_changed(self, ms: int) -> None:
         self.slow_label.setText(f"{ms} ms/token" if ms else "off")
-        self.delay_changed.emit(ms / 1000.0)
+
+
+def _number(value: object, low: float, high: float, default: float) -> float:
+    """A stored number within [low, high], else ``default`` (a settings file is data from anywhere)."""
+    try:
+        number = float(str(value))
+    except (TypeError, ValueError):
+        return default
+    return number if low <= number <= high else default

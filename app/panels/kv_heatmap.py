@@ -28,7 +28,7 @@ from app import theme as th
 from app.paint import TimedGraphics
 from app.store import RunRecord, RunStore
 from app.viewstate import ViewState
-from engine import kvcache
+from engine import kvformula
 
 REMOTE = ("This run went through a server: it reveals no per-layer tensors, so there is no heatmap. Its KV cache "
           "in use, as the server reports it on /metrics, is in the Server load tab.")
@@ -65,7 +65,7 @@ class KVHeatmapPanel(QWidget):
         self.mode_box = QComboBox()
         for key, label in MODES.items():
             self.mode_box.addItem(label, key)
-        self.mode_box.currentIndexChanged.connect(lambda _i: self.set_mode(self.mode_box.currentData()))
+        self.mode_box.currentIndexChanged.connect(lambda _i: state.set_kv_mode(self.mode_box.currentData()))
         self.fit_button = QPushButton("Zoom to used positions")
         self.fit_button.setCheckable(True)
         self.fit_button.setChecked(state.heatmap_fit)
@@ -202,6 +202,8 @@ class KVHeatmapPanel(QWidget):
         self._apply_range(force=True)
 
     def _state_changed(self, names: set[str]) -> None:
+        if "kv_mode" in names:
+            self.set_mode(self.state.kv_mode)
         if "heatmap_fit" in names:
             self.fit_button.blockSignals(True)
             self.fit_button.setChecked(self.state.heatmap_fit)
@@ -278,13 +280,13 @@ class KVHeatmapPanel(QWidget):
 
     def _info_html(self, run: RunRecord) -> str:
         m = run.model
-        fmt = kvcache.format_bytes
+        fmt = kvformula.format_bytes
         kv = run.kv_bytes_per_layer
         k_total, v_total = sum(k for k, _ in kv), sum(v for _, v in kv)
         held = k_total + v_total
         seen = run.kv_tokens
-        predicted = kvcache.predicted_kv_bytes(m, run.kv_allocated or seen)
-        full = kvcache.full_context_positions(m)
+        predicted = kvformula.predicted_kv_bytes(m, run.kv_allocated or seen)
+        full = kvformula.full_context_positions(m)
         if not run.started.params.kv_cache:
             measured = "<b>Measured</b>: 0 B: the KV cache is off for this run (every step recomputes all positions)"
         elif run.prefill is None:
@@ -296,13 +298,13 @@ class KVHeatmapPanel(QWidget):
                       f"{seen:,} in use" if run.kv_allocated else "")
             measured = (f"<b>Measured</b> (read from the cache tensors): {fmt(held)} after {seen:,} positions "
                         f"(K {fmt(k_total)} + V {fmt(v_total)}) {agree}{static}")
-        notes = "".join(f"<br>{escape(note)}" for note in kvcache.layer_notes(m))
+        notes = "".join(f"<br>{escape(note)}" for note in kvformula.layer_notes(m))
         notes += f"<br>{escape(concurrency_text(m))}"
-        return (f"{measured}<br><b>Formula</b> (computed): {escape(kvcache.formula_text(m))}; for "
+        return (f"{measured}<br><b>Formula</b> (computed): {escape(kvformula.formula_text(m))}; for "
                 f"{run.kv_allocated or seen:,} positions "
                 f"{fmt(predicted)}<br><b>Full context</b> ({full:,} positions, computed): "
-                f"{fmt(kvcache.full_context_kv_bytes(m))} — {seen / max(full, 1):.1%} used<br>"
-                f"{escape(kvcache.heads_text(m))}{notes}<br>Devices: {escape(layer_ranges(m.layer_devices))} · "
+                f"{fmt(kvformula.full_context_kv_bytes(m))} — {seen / max(full, 1):.1%} used<br>"
+                f"{escape(kvformula.heads_text(m))}{notes}<br>Devices: {escape(layer_ranges(m.layer_devices))} · "
                 f"dtype {escape(m.dtype)}")
 
 
@@ -311,10 +313,10 @@ GPU_GIB = (24, 80)
 
 def concurrency_text(m) -> str:
     """What full-context caches mean for serving: how many fit on common GPUs beside the weights (computed)."""
-    full = kvcache.full_context_kv_bytes(m)
+    full = kvformula.full_context_kv_bytes(m)
     if not full:
         return ""
     weights = m.num_params * m.dtype_bytes
     fits = [f"{max(int((gib * 2**30 - weights) // full), 0):,} on {gib} GiB" for gib in GPU_GIB]
-    return (f"Requests at full context that fit beside the weights ({kvcache.format_bytes(weights)}), computed: "
+    return (f"Requests at full context that fit beside the weights ({kvformula.format_bytes(weights)}), computed: "
             + ", ".join(fits))

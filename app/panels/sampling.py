@@ -14,7 +14,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app import theme as th
-from app.panels.chart import Chart
+from app.chart import Chart
 from app.panels.tokens import escaped
 from app.store import RunStore
 from app.viewstate import ViewState
@@ -40,7 +40,6 @@ class SamplingPanel(QWidget):
         super().__init__()
         self.store, self.state = store, state
         self.theme = th.current_theme(False)
-        self.pinned: tuple[str, int] | None = None      # (run id, step) chosen in the token view
         self.caption = QLabel("The candidates for the next token appear here during a run.")
         self.caption.setWordWrap(True)
         self.caption.setTextFormat(Qt.TextFormat.RichText)
@@ -68,6 +67,7 @@ class SamplingPanel(QWidget):
         layout.addWidget(self.caption)
         layout.addWidget(self.chart, 1)
         self._shown: tuple | None = None
+        state.subscribe(lambda names: self.refresh() if "pinned" in names else None)
         self.set_theme(self.theme)
 
     def set_theme(self, theme: th.Theme) -> None:
@@ -78,18 +78,14 @@ class SamplingPanel(QWidget):
         self._shown = None
         self.refresh()
 
-    def show_step(self, run_id: str, step: int) -> None:
-        """Pin a step (from the token view); ``step < 0`` follows the newest again."""
-        self.pinned = (run_id, step) if step >= 0 else None
-        self.refresh()
-
     def current_step(self) -> TokenStep | None:
-        if self.pinned is not None:
-            run = self.store.find(self.pinned[0])
-            if run is not None and self.pinned[1] < run.n_steps and run.run_id == self.state.selected:
-                return run.steps[self.pinned[1]]
+        """The step pinned in the view state (a click in the token view, the arrow keys in a scene), else the
+        newest."""
         run = self.store.find(self.state.selected) if self.state.selected else None
-        return run.steps[-1] if run is not None and run.steps else None
+        if run is None or not run.steps:
+            return None
+        pinned = self.state.pinned_step(run.run_id)
+        return run.steps[pinned] if pinned is not None and pinned < run.n_steps else run.steps[-1]
 
     def refresh(self) -> None:
         step = self.current_step()

@@ -15,10 +15,10 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QGridLayout, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 from app import theme as th
-from app.panels.chart import Chart
+from app.chart import Chart
 from app.store import RunRecord, RunStore
 from app.viewstate import MAIN, ViewState
-from engine import load
+from engine import contention
 from engine.costmodel import Device, ModelCost
 
 WAIT_GAP_MS = 1.0           # waits shorter than this are not drawn apart
@@ -211,7 +211,7 @@ class TimingPanel(QWidget):
         comparison = compare(run, others[-1]) if others else ""
         if comparison:
             text += f"<br><b>{escape(comparison)}</b>"
-        note = load.busy_note(s.cpu_share)
+        note = contention.busy_note(s.cpu_share)
         if note:
             text += f"<br><b>Note:</b> {escape(note)}"
         peaks = self.store.peaks
@@ -278,7 +278,7 @@ def bounds_text(run: RunRecord, s, peaks) -> str:
     decode = (f"decode {s.decode_tok_s:,.1f} tok/s measured vs ceiling <b>{ceiling:,.1f}"
               f" tok/s</b> computed ({peaks.bytes_per_s / 1e9:,.1f} GB/s ÷ {step.bytes / 2**20:,.0f} MiB read per "
               f"token)" if run.started.params.kv_cache else "decode without cache: every step is a prefill")
-    busy = " (peaks measured on a busy machine)" if load.busy(peaks.cpu_share) else ""
+    busy = " (peaks measured on a busy machine)" if contention.busy(peaks.cpu_share) else ""
     return (f"{decode} · prefill {prefill_flops / 1e9:,.1f} GFLOP/s achieved ({evaluated / 1e9:,.2f} GFLOP computed "
             f"÷ {s.prefill_ms:,.1f} ms measured) vs peak {peaks.flops_per_s / 1e9:,.0f} GFLOP/s (measured matmul)"
             f"{busy}")

@@ -75,7 +75,8 @@ class TokensPanel(QWidget):
         self.mode_box = QComboBox()
         for mode in MODES:
             self.mode_box.addItem(MODE_LABELS[mode], mode)
-        self.mode_box.currentIndexChanged.connect(lambda _i: self.set_mode(self.mode_box.currentData()))
+        self.mode_box.currentIndexChanged.connect(lambda _i: state.set_token_colours(self.mode_box.currentData()))
+        state.subscribe(lambda names: self.set_mode(state.token_colours) if "token_colours" in names else None)
         self.legend = QLabel()
         self.legend.setTextFormat(Qt.TextFormat.RichText)
         self.legend.setWordWrap(True)

@@ -10,6 +10,21 @@ def _isolated_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("KVSCOPE_SETTINGS", str(tmp_path / "settings.ini"))
 
 
+def load(window, model: str, device: str = "auto", dtype: str = "auto") -> None:
+    """What Load model does with these choices."""
+    from app.requests import Load
+
+    window.controller.load_model(Load(model, device, dtype))
+
+
+def start_lesson(window, kind: str, **settings) -> bool:
+    """What a lesson's Run button does, its form set to ``settings`` (the rest the lesson's defaults)."""
+    from engine import lessons
+
+    window.controller.choices.set(lessons.lesson(kind).settings(**settings))
+    return window.controller.start_lesson(kind)
+
+
 def wait_idle(qtbot, window, timeout: int = 60_000) -> None:
     qtbot.waitUntil(lambda: window.client.busy is None, timeout=timeout)
 
@@ -20,7 +35,7 @@ def make_window(qtbot, model_dir=None):
     _app, window = build(parse_args(["--no-load"]))
     window.show()
     if model_dir is not None:
-        window.load_model(str(model_dir), "cpu", "float32")
+        load(window, str(model_dir), "cpu", "float32")
         qtbot.waitUntil(lambda: window.client.model is not None and window.client.busy is None, timeout=60_000)
     return window
 
@@ -42,7 +57,7 @@ def close_and_dispose(window) -> None:
 
 
 def run_and_wait(qtbot, window, timeout: int = 60_000):
-    window.start_run()
+    window.controller.run()
     qtbot.waitUntil(lambda: window.store.current is not None and window.store.current.finished
                     and window.client.busy is None, timeout=timeout)
     window.refresh(force=True)

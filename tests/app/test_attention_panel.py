@@ -59,11 +59,11 @@ def test_a_recorded_run_fills_the_view_and_a_clicked_token_pins_its_step(qtbot, 
 def test_r_in_the_attention_scene_records_attention_with_the_box_unticked(qtbot, window):
     window.controls.max_tokens.setValue(3)
     assert not window.controls.attention_box.isChecked()
-    window.enter_lecture("attention")
-    window.scene_action()
+    window.lecture.enter("attention")
+    window.lecture.action()
     wait_idle(qtbot, window)
     window.refresh(force=True)
     run = window.store.current
     assert run.started.params.capture_attention and len(run.attention) == 3
     assert "cached positions" in window.scene_view.caption.text()
-    window.leave_lecture()
+    window.lecture.leave()

@@ -33,8 +33,8 @@ import time
 from PySide6.QtCore import QEventLoop, QTimer
 from app.main import build, parse_args
 app, w = build(parse_args(["--no-load"]))
-w.replay_speed = 0.0
-w.open_trace({str(path)!r})
+w.controller.replay_speed = 0.0
+w.files.open_trace({str(path)!r})
 deadline = time.time() + 30
 while (w.store.current is None or not w.store.current.finished) and time.time() < deadline:
     loop = QEventLoop(); QTimer.singleShot(20, loop.quit); loop.exec()

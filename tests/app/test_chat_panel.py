@@ -1,6 +1,6 @@
 """Chat mode in the window: turns reuse the cache, the view says how much, and reuse on/off compare."""
 
-from tests.app.conftest import wait_idle
+from tests.app.conftest import start_lesson, wait_idle
 
 
 def send(qtbot, window, text):
@@ -33,8 +33,8 @@ def test_compare_runs_the_conversation_both_ways(qtbot, window):
     wait_idle(qtbot, window, timeout=120_000)
     window.refresh(force=True)
     record = window.store.latest_experiment("chat")
-    assert record.end.summary["tokens_match"] is True
-    assert record.started.settings["turns"] == ["hello there", "tell me more"]
+    assert record.result.tokens_match is True
+    assert record.settings.turns == ("hello there", "tell me more")
     names = window.chat.chart.legend_names()
     assert "reuse on (measured, median of repeats)" in names and "reuse off (measured, median of repeats)" in names
     assert "the same tokens ✓" in window.chat.explain.text()
@@ -65,15 +65,15 @@ def test_a_plain_run_between_turns_says_why_nothing_was_reused(qtbot, window):
 
 def test_a_replayed_comparison_shows_its_conversation_as_the_transcript(qtbot, window, tmp_path):
     window.controls.max_tokens.setValue(4)
-    window.start_experiment("chat", {"turns": ["hello there", "tell me more"]})
+    start_lesson(window, "chat", **{"turns": ["hello there", "tell me more"]})
     wait_idle(qtbot, window, timeout=120_000)
     record = window.store.latest_experiment("chat")
     path = tmp_path / "chat.jsonl"
-    window.save_trace(str(path), record.events)
+    window.files.save_trace(str(path), record.events)
     window.chat.new_button.click()
-    window.clear_runs()
-    window.replay_speed = 0.0
-    window.open_trace(str(path))
+    window.controller.clear_runs()
+    window.controller.replay_speed = 0.0
+    window.files.open_trace(str(path))
     wait_idle(qtbot, window)
     window.refresh(force=True)
     text = window.chat.view.toPlainText()

@@ -10,12 +10,11 @@ from tests.app.conftest import run_and_wait, wait_idle
 
 
 def run_experiment(qtbot, window, kind, **setup):
+    """Set the tab's form as a user would, then press its Run button."""
     view = window.experiments.views[kind]
     window.experiments.setCurrentWidget(view)
     for name, value in setup.items():
-        widget = getattr(view, name)
-        widget.setText(value) if hasattr(widget, "setText") and not hasattr(widget, "setValue") else \
-            widget.setValue(value)
+        view.form.set_value(name, value)
     view.run_button.click()
     wait_idle(qtbot, window, timeout=120_000)
     window.refresh(force=True)
@@ -29,13 +28,13 @@ def test_prefill_sweep_fills_chart_table_and_explanation(qtbot, window):
     names = view.chart.legend_names()
     assert "prefill time (measured)" in names and "cost model, roofline (computed)" in names
     assert view.table.rowCount() == 4 and view.table.item(3, 0).text() == "128"
-    assert "time ~ n" in view.explain.text() and "Doubling 64-&gt;128" in view.explain.text()
+    assert "time ~ n" in view.explain.text() and "Doubling 64 → 128" in view.explain.text()
     assert view.progress.value() == view.progress.maximum()
 
 
 def test_cache_experiment_overlays_both_runs(qtbot, window):
-    view, record = run_experiment(qtbot, window, "cache", tokens=16)
-    assert record.end.summary["tokens_match"] is True
+    view, record = run_experiment(qtbot, window, "cache", new_tokens=16)
+    assert record.result.tokens_match is True
     assert len(record.run_ids) == 2
     names = view.chart.legend_names()
     assert names == ["KV cache on (measured)", "KV cache off (measured)"]
@@ -44,7 +43,7 @@ def test_cache_experiment_overlays_both_runs(qtbot, window):
 
 
 def test_batch_experiment_draws_throughput_against_latency(qtbot, window):
-    view, record = run_experiment(qtbot, window, "batch", sizes="1, 2, 4", tokens=4)
+    view, record = run_experiment(qtbot, window, "batch", sizes="1, 2, 4", new_tokens=4)
     assert list(record.series("batch", "batch")) == [1, 2, 4]
     curve = view.plot.listDataItems()[0]
     xs, ys = curve.getData()
@@ -56,20 +55,25 @@ def test_batch_experiment_draws_throughput_against_latency(qtbot, window):
 
 def test_bad_batch_sizes_are_refused_in_the_tab(qtbot, window):
     view = window.experiments.views["batch"]
-    view.sizes.setText("1, two, 4")
-    view.run_button.click()
-    assert "whole numbers" in view.status.text() and window.client.busy is None
+    view.form.set_value("sizes", "1, two, 4")
+    assert "whole numbers" in view.status.text()
+    view.form.set_value("sizes", "1, 2000")
+    assert "sizes[1] must be between 1 and 1,024" in view.status.text()
+    view.run_button.click()                       # with the last good settings (the defaults here), not the bad ones
+    wait_idle(qtbot, window, timeout=120_000)
+    record = window.store.latest_experiment("batch")
+    assert record.settings.sizes == (1, 2, 4, 8, 16)
 
 
 def test_cancel_keeps_the_points_measured_so_far(qtbot, window, monkeypatch):
     import time
 
     session = window.client.worker.session
-    prefill = session.prefill
-    monkeypatch.setattr(session, "prefill", lambda *a, **k: (time.sleep(0.05), prefill(*a, **k))[1])
+    prefill = session.timed_prefill
+    monkeypatch.setattr(session, "timed_prefill", lambda *a, **k: (time.sleep(0.05), prefill(*a, **k))[1])
     view = window.experiments.views["prefill"]
-    view.max_length.setValue(256)
-    view.repeats.setValue(10)                    # 4 lengths x 11 passes x >= 50 ms: cancel lands mid-sweep
+    view.form.set_value("max_length", 256)
+    view.form.set_value("repeats", 10)           # 4 lengths x 11 passes x >= 50 ms: cancel lands mid-sweep
     view.run_button.click()
     qtbot.waitUntil(lambda: (r := window.store.latest_experiment("prefill")) is not None and len(r.points) >= 1,
                     timeout=60_000)
@@ -93,33 +97,33 @@ def test_timing_panel_labels_measured_computed_and_achieved_figures(qtbot, windo
 
 @pytest.mark.parametrize("suffix", [".png", ".svg"])
 def test_experiment_chart_exports(qtbot, window, tmp_path, suffix):
-    view, _record = run_experiment(qtbot, window, "batch", sizes="1, 2", tokens=3)
+    view, _record = run_experiment(qtbot, window, "batch", sizes="1, 2", new_tokens=3)
     path = export.export_widget(view, tmp_path / f"batch{suffix}")
     assert path.stat().st_size > 2000
 
 
 def test_continuous_batching_draws_lanes_and_batch_sizes(qtbot, window):
     view, record = run_experiment(qtbot, window, "continuous", requests=4, arrive_every=2)
-    s = record.end.summary
-    assert s["tokens_match_solo"] is True and s["same_tokens_both_policies"] is True
+    r = record.result
+    assert r.tokens_match_solo is True and r.same_tokens_both_policies is True
     lanes = [item for item in view.plot.items if isinstance(item, __import__("pyqtgraph").BarGraphItem)]
     assert len(lanes) == 6                                          # waiting, prefill, decode x two policies
-    assert len(view.sizes_plot.listDataItems()) == 2
+    assert len(view.sizes_chart.plot.listDataItems()) == 2
     assert view.table.rowCount() == 8 and view.table.item(0, 0).text() == "continuous"
     assert "Continuous:" in view.explain.text() and "solo run ✓" in view.explain.text()
 
 
 def test_an_experiment_saved_as_a_trace_replays_with_its_runs(qtbot, window, tmp_path):
-    view, original = run_experiment(qtbot, window, "cache", tokens=6)
+    view, original = run_experiment(qtbot, window, "cache", new_tokens=6)
     path = tmp_path / "cache.jsonl"
-    window.save_trace(str(path), original.events)
+    window.files.save_trace(str(path), original.events)
     kinds = {type(e).__name__ for e in original.events}
     assert {"ExperimentStarted", "RunStarted", "TokenStep", "ExperimentFinished"} <= kinds
-    window.clear_runs()
+    window.controller.clear_runs()
     window.experiments.setCurrentWidget(window.experiments.views["batch"])
     window.docks["timing"].raise_()
-    window.replay_speed = 0.0
-    window.open_trace(str(path))
+    window.controller.replay_speed = 0.0
+    window.files.open_trace(str(path))
     wait_idle(qtbot, window)
     window.refresh(force=True)
     replayed = window.store.latest_experiment("cache")
@@ -130,26 +134,27 @@ def test_an_experiment_saved_as_a_trace_replays_with_its_runs(qtbot, window, tmp
 
 def test_speculative_decoding_marks_every_kept_and_rejected_guess(qtbot, window):
     view = window.experiments.views["speculative"]
-    view.prompt_box.setCurrentIndex(view.prompt_box.count() - 1)        # the prompt in Controls
+    prompt = view.form.widgets["prompt"]
+    prompt.setCurrentIndex(prompt.count() - 1)                           # the prompt in Controls
     window.controls.prompt.setPlainText("hello world hello world hello world")
-    view, record = run_experiment(qtbot, window, "speculative", tokens=12, guesses=3)
-    s = record.end.summary
-    assert record.end.reason == "done" and s["tokens_match"] is True
+    view, record = run_experiment(qtbot, window, "speculative", new_tokens=12, draft_tokens=3)
+    r = record.result
+    assert record.end.reason == "done" and r.tokens_match is True
+    assert record.settings.prompt == "hello world hello world hello world"
     last = [p for p in record.passes if p.repeat == max(p.repeat for p in record.passes)]
     text = view.passes_text.text()
     assert text.count("<u ") == sum(p.accepted for p in last)
     assert text.count("<s ") == sum(len(p.drafted) - p.accepted for p in last)
-    assert text.count("<b ") == len(last) == s["passes"]
-    assert view.table.rowCount() == 2 * record.started.settings["repeats"]
-    assert f"{s['tokens_per_pass']:.1f} tokens per forward pass" in view.explain.text()
+    assert text.count("<b ") == len(last) == r.passes
+    assert view.table.rowCount() == 2 * record.settings.repeats
+    assert f"{r.tokens_per_pass:.1f} tokens per forward pass" in view.explain.text()
     assert "same tokens as plain greedy decode ✓" in view.explain.text()
     assert view.chart.legend_names() == ["guesses kept", "the model's own token", "guesses rejected"]
 
 
 def test_paged_kv_draws_each_requests_blocks_and_scrubs_through_the_steps(qtbot, window):
-    view, record = run_experiment(qtbot, window, "paged", requests=3, tokens=4, arrive_every=1)
-    s = record.end.summary
-    assert record.end.reason == "done" and s["tokens_match_solo"] is True
+    view, record = run_experiment(qtbot, window, "paged", requests=3, new_tokens=4, arrive_every=1)
+    assert record.end.reason == "done" and record.result.tokens_match_solo is True
     names = view.chart.legend_names()
     assert "shared prefix block" in names and "the request's own block" in names
     assert view.step_slider.maximum() == len(record.tables) - 1

@@ -10,7 +10,8 @@ import pytest
 from engine.faults import parse
 from engine.memory import process_rss_bytes
 from engine.params import GenerationParams
-from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
+from engine.trace import VERSION
+from tests.app.conftest import close_and_dispose, make_window, run_and_wait, start_lesson, wait_idle
 
 
 def test_out_of_memory_mid_run_keeps_the_numbers_and_the_next_run_works(qtbot, window):
@@ -29,12 +30,12 @@ def test_out_of_memory_mid_run_keeps_the_numbers_and_the_next_run_works(qtbot, w
     (b"", "is empty"),
     (b'{"format": "kvscope-trace", "version": 7}\n', "version 7"),
     (b"<html>not a trace</html>\n", "not valid JSON"),
-    (b'{"format": "kvscope-trace", "version": 2}\n{"type": "RunStarted", "run_id"', "truncated"),
+    (b'{"format": "kvscope-trace", "version": %d}\n{"type": "RunStarted", "run_id"' % VERSION, "truncated"),
 ])
 def test_bad_trace_files_show_a_clear_message(qtbot, window, tmp_path, content, fragment):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(content)
-    window.open_trace(str(path))
+    window.files.open_trace(str(path))
     wait_idle(qtbot, window)
     assert window.banner.isVisible() and fragment in window.banner.label.text()
     assert window.store.current is None
@@ -45,7 +46,7 @@ def test_bad_trace_files_show_a_clear_message(qtbot, window, tmp_path, content, 
 def test_stop_during_a_long_prefill_keeps_the_window_responsive(qtbot, window):
     window.client.worker.session.fault_hook = parse("prefill:0:sleep=2")
     window.controls.max_tokens.setValue(50)
-    window.start_run()
+    window.controller.run()
     qtbot.waitUntil(lambda: window.store.current is not None)
     started = time.perf_counter()
     ticks = []
@@ -61,7 +62,7 @@ def test_stop_during_a_long_prefill_keeps_the_window_responsive(qtbot, window):
 
 def test_closing_during_an_experiment_stops_it_quickly(qtbot, tiny_model_dir):
     w = make_window(qtbot, tiny_model_dir)
-    w.start_experiment("prefill", {"max_length": 256, "repeats": 20})
+    start_lesson(w, "prefill", **{"max_length": 256, "repeats": 20})
     qtbot.waitUntil(lambda: (r := w.store.latest_experiment("prefill")) is not None and bool(r.points))
     started = time.perf_counter()
     w.close()
@@ -127,7 +128,8 @@ def test_widgets_refuse_out_of_range_values(window):
         box.setValue(value)
         assert box.value() == pytest.approx(expected), box
     assert c.top_k.maximum() == window.client.model.model.vocab_size
-    assert c.params() == GenerationParams(max_new_tokens=255, temperature=0.0, top_k=0, top_p=1.0, seed=0)
+    assert window.run_settings.params() == GenerationParams(max_new_tokens=255, temperature=0.0, top_k=0, top_p=1.0,
+                                                            seed=0)
 
 
 def test_allowing_model_code_is_per_model(window):
@@ -138,7 +140,7 @@ def test_allowing_model_code_is_per_model(window):
 
 
 def test_two_hundred_runs_keep_a_bounded_history_and_flat_memory(qtbot, window, capsys):
-    window.set_history(20)
+    window.controller.set_history(20)
     window.controls.max_tokens.setValue(8)
     window.controls.prompt.setPlainText("hello world")
     rss = {}
@@ -166,8 +168,8 @@ def test_a_trace_from_another_model_replays_and_says_so(qtbot, window, tmp_path,
     other = dataclasses.replace(events[0].model, name="SomeOtherModel-7B", device="cuda:0")
     events[0] = dataclasses.replace(events[0], model=other)
     path = write_trace(tmp_path / "other.jsonl", events)
-    window.replay_speed = 0.0
-    window.open_trace(str(path))
+    window.controller.replay_speed = 0.0
+    window.files.open_trace(str(path))
     qtbot.waitUntil(lambda: "SomeOtherModel-7B" in window.status.currentMessage(), timeout=10_000)
     assert "not the loaded model" in window.status.currentMessage()
     wait_idle(qtbot, window)

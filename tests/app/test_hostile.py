@@ -70,8 +70,8 @@ def test_model_and_file_text_is_shown_as_text_not_html(qtbot, window, tiny, tmp_
     events[0] = events[0].__class__(**{**vars(events[0]), "model": hostile})
     last = next(i for i in range(len(events) - 1, -1, -1) if isinstance(events[i], TokenStep))
     events[last] = TokenStep(**{**vars(events[last]), "text": "<b>&amp;"})
-    window.replay_speed = 0.0
-    window.open_trace(str(write_trace(tmp_path / "html.jsonl", events)))
+    window.controller.replay_speed = 0.0
+    window.files.open_trace(str(write_trace(tmp_path / "html.jsonl", events)))
     wait_idle(qtbot, window)
     window.refresh(force=True)
     assert "&lt;b&gt;cpu&lt;/b&gt;" in window.kv.info.text()
@@ -83,8 +83,8 @@ def test_model_and_file_text_is_shown_as_text_not_html(qtbot, window, tiny, tmp_
 def test_an_incomplete_trace_replays_marked(qtbot, window, tiny, tmp_path):
     events: list = []
     Session(tiny).run("hi", GenerationParams(max_new_tokens=4), events.append)
-    window.replay_speed = 0.0
-    window.open_trace(str(write_trace(tmp_path / "cut.jsonl", events[:-2])))
+    window.controller.replay_speed = 0.0
+    window.files.open_trace(str(write_trace(tmp_path / "cut.jsonl", events[:-2])))
     wait_idle(qtbot, window)
     assert window.store.current.reason == "incomplete"
     assert "marked incomplete" in window.banner.label.text()

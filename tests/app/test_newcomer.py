@@ -15,7 +15,7 @@ from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QFileSystemModel
 
 from app.file_actions import PlainIcons, RegularFilesOnly
-from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
+from tests.app.conftest import close_and_dispose, load, make_window, run_and_wait, wait_idle
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_settings_are_written_soon_after_they_change_without_closing(qtbot, window):
     window.controls.temperature.setValue(0.65)
     path = window.settings.fileName()
-    qtbot.waitUntil(lambda: QSettings(path, QSettings.Format.IniFormat).value("controls/temperature", 0.0, float)
+    qtbot.waitUntil(lambda: QSettings(path, QSettings.Format.IniFormat).value("run/temperature", 0.0, float)
                     == 0.65, timeout=3000)
 
 
@@ -48,14 +48,14 @@ def test_reset_layout_docks_floating_and_hidden_panels_again(qtbot, window):
 
 
 def test_refused_actions_say_why(qtbot, window):
-    window.load_model("/no/such/model")                  # busy loading for a moment
-    window.start_run()
+    load(window, "/no/such/model")                  # busy loading for a moment
+    window.controller.run()
     assert "Run is not available while a model is loading" in window.status.currentMessage() \
         or window.client.busy is None
     wait_idle(qtbot, window)
     window.controls.max_tokens.setValue(200)
     window.controls.slow.setValue(50)
-    window.start_run()
+    window.controller.run()
     qtbot.waitUntil(lambda: window.store.current is not None and window.store.current.n_steps >= 1)
     window.chat.input.setPlainText("hi")
     window.chat.send()                                    # Ctrl+Shift+Enter: the button itself is disabled
@@ -63,18 +63,18 @@ def test_refused_actions_say_why(qtbot, window):
     assert "Wait for the model to load" not in window.status.currentMessage()
     window.controller.stop()
     wait_idle(qtbot, window)
-    window.toggle_pause()
+    window.controller.toggle_pause()
     assert "Pause works during a run" in window.status.currentMessage()
 
 
 def test_run_pressed_while_a_stopped_run_winds_down_is_queued_not_dropped(qtbot, window):
     window.controls.max_tokens.setValue(100)
     window.controls.slow.setValue(30)
-    window.start_run()
+    window.controller.run()
     qtbot.waitUntil(lambda: window.store.current is not None and window.store.current.n_steps >= 2)
     first = window.store.current
     window.controller.stop()
-    window.start_run()                                    # the first run has not wound down yet
+    window.controller.run()                                    # the first run has not wound down yet
     qtbot.waitUntil(lambda: len(window.store.runs) == 2, timeout=30_000)
     assert first.reason == "stopped" and window.store.current is not first
     window.controller.stop()
@@ -84,7 +84,7 @@ def test_run_pressed_while_a_stopped_run_winds_down_is_queued_not_dropped(qtbot,
 def test_a_failed_load_says_so_and_is_not_retried_at_the_next_launch(qtbot, tiny_model_dir, tmp_path):
     w = make_window(qtbot, tiny_model_dir)
     try:
-        w.load_model(str(tmp_path / "fake.gguf"), "cpu", "float32")
+        load(w, str(tmp_path / "fake.gguf"), "cpu", "float32")
         wait_idle(qtbot, w)
         assert w.controls.model_status.text().startswith(f"Could not load {tmp_path / 'fake.gguf'}.")
         assert "tiny" in w.controls.model_status.text()            # the model that is still loaded
@@ -100,7 +100,7 @@ def test_a_model_loaded_from_the_command_line_shows_in_the_model_box(qtbot, tiny
     w = make_window(qtbot)
     try:
         w.controls.model_box.setCurrentText("embedded")            # what the last launch remembered
-        w.load_model(str(tiny_model_dir), "cpu", "float32")          # as --model does
+        load(w, str(tiny_model_dir), "cpu", "float32")          # as --model does
         qtbot.waitUntil(lambda: w.client.model is not None and w.client.busy is None, timeout=60_000)
         assert w.controls.model_box.currentText() == str(tiny_model_dir)
     finally:

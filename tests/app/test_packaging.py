@@ -56,10 +56,10 @@ def test_first_run_dialog_follows_conversion_progress(qtbot, window):
     from engine.events import LoadProgress
 
     window.controller.on_events([LoadProgress("convert", "De-quantizing tensor 10 of 272", 0.3)])
-    assert window.first_run is not None and window.first_run.isVisible()
-    assert window.first_run.bar.value() == 300 and "tensor 10" in window.first_run.step.text()
+    assert window.surface.first_run is not None and window.surface.first_run.isVisible()
+    assert window.surface.first_run.bar.value() == 300 and "tensor 10" in window.surface.first_run.step.text()
     window.controller.on_events([LoadProgress("load", "Loading weights", None)])
-    assert window.first_run is None
+    assert window.surface.first_run is None
 
 
 def test_window_icon_and_desktop_entry(window):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
+from tests.app.conftest import close_and_dispose, load, make_window, run_and_wait, wait_idle
 from tests.replay_server import ReplayServer, llamacpp_routes
 
 
@@ -14,7 +14,7 @@ def server_window(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("KVSCOPE_SETTINGS", str(tmp_path / "settings.ini"))
     with ReplayServer(llamacpp_routes()) as server:
         window = make_window(qtbot)
-        window.load_model(server.url, "auto", "auto")
+        load(window, server.url, "auto", "auto")
         qtbot.waitUntil(lambda: window.client.model is not None and window.client.busy is None, timeout=30_000)
         try:
             yield window, server
@@ -40,7 +40,7 @@ def test_a_local_run_after_a_server_run_shows_the_heatmap_again(server_window, q
     window.controls.max_tokens.setValue(4)
     run_and_wait(qtbot, window)
     assert not window.kv.graphics.isVisible()
-    window.load_model(str(tiny_model_dir), "cpu", "float32")
+    load(window, str(tiny_model_dir), "cpu", "float32")
     wait_idle(qtbot, window)
     run = run_and_wait(qtbot, window)
     assert not run.remote and window.kv.graphics.isVisible() and window.kv.mode_box.isVisible()
@@ -49,15 +49,16 @@ def test_a_local_run_after_a_server_run_shows_the_heatmap_again(server_window, q
 def test_the_server_load_view_tables_one_row_per_request_and_charts_the_metrics_polls(server_window, qtbot):
     window, _server = server_window
     view = window.experiments.views["server load"]
-    view.requests.setValue(3)
+    view.form.set_value("requests", 3)
     view.run_button.click()
     wait_idle(qtbot, window, timeout=60_000)
     window.refresh(force=True)
     record = window.store.latest_experiment("server load")
-    assert record.end.summary["completed"] == 3 and any(p.series == "metrics" for p in record.points)
+    assert record.result.completed == 3 and any(p.series == "metrics" for p in record.points)
     assert view.table.rowCount() == 3
-    assert view.sizes_plot.listDataItems()                       # the /metrics polls are on the chart
+    assert view.metrics_chart.plot.listDataItems()                # the /metrics polls are on the chart
     ttft = [view.table.item(row, 2).text() for row in range(3)]
     assert all(text and float(text.replace(",", "")) > 0 for text in ttft)
     assert window.experiments.currentWidget() is view
-    assert view.status.text().startswith("Finished. Ran with requests 3, every s 0.5, new tokens 48")
+    assert view.status.text().startswith("Finished. Ran with requests 3, one starts every 0.5 s, new tokens per "
+                                         "request 48, poll /metrics every 0.5 s, stop after 300 s.")

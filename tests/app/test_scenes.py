@@ -10,13 +10,14 @@ from PySide6.QtCore import QPoint, QRectF
 from PySide6.QtGui import QColor, QImage, QPainter
 from PySide6.QtSvg import QSvgRenderer
 
+from app import lecture
 from app.export import export_widget
-from app.viewstate import SCENES
-from engine.experiments import run_experiment
+from app.scene_list import NAMES as SCENES
 from engine.params import GenerationParams
 from engine.session import Session
 from engine.trace import write_trace
-from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
+from tests.app.conftest import close_and_dispose, make_window, run_and_wait, start_lesson, wait_idle
+from tests.lessons import collect
 
 MIN_PLOT = {(1920, 1080): (700, 300), (1280, 720): (420, 180)}     # plot area (px) of a scene's main chart
 
@@ -32,18 +33,18 @@ def lecture_trace(tiny, tmp_path_factory):
     for kind, settings in (("cache", {"new_tokens": 12}), ("prefill", {"max_length": 128, "repeats": 1}),
                            ("batch", {"sizes": (1, 2, 4), "new_tokens": 6}),
                            ("continuous", {"requests": 3, "arrive_every": 2, "new_tokens": (4, 6)}),
-                           ("chat", {"turns": ["hi", "and then?"], "new_tokens": 6, "repeats": 2}),
+                           ("chat", {"turns": ("hi", "and then?"), "new_tokens": 6, "repeats": 2}),
                            ("speculative", {"new_tokens": 12, "repeats": 1}),
                            ("paged", {"requests": 3, "new_tokens": 4})):
-        run_experiment(kind, session, events.append, **settings)
+        collect(kind, session, events=events, **settings)
     return write_trace(tmp_path_factory.mktemp("lecture") / "lecture.kvscope.jsonl", events)
 
 
 def open_replayed(qtbot, trace, size):
     w = make_window(qtbot)
     w.resize(*size)
-    w.replay_speed = 0.0
-    w.open_trace(str(trace))
+    w.controller.replay_speed = 0.0
+    w.files.open_trace(str(trace))
     wait_idle(qtbot, w)
     return w
 
@@ -65,11 +66,11 @@ SCENE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv]
 
 
 @pytest.mark.parametrize("size", list(MIN_PLOT))
-def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, lecture_trace, size):
+def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, lecture_trace, size, monkeypatch):
     w = open_replayed(qtbot, lecture_trace, size)
-    w.cover_screen = lambda: w.setGeometry(0, 0, *size)     # a screen of this size (offscreen's is 800x800)
+    monkeypatch.setattr(lecture, "cover_screen", lambda win: win.setGeometry(0, 0, *size))   # a screen this size
     try:
-        w.enter_lecture("prefill")
+        w.lecture.enter("prefill")
         for scene in SCENES:
             w.state.show_scene(scene)
             w.refresh(force=True)
@@ -82,7 +83,7 @@ def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, 
                 min_w = low_w / 2 if scene == "batch" else low_w          # two charts side by side
                 assert width >= min_w and height >= low_h, (scene, size, width, height)
             assert w.scene_view.caption.font().pointSizeF() >= 15       # 20 px at 96 dpi, and larger
-        w.leave_lecture()
+        w.lecture.leave()
         assert w.docks["kv"].widget().widget() is w.kv and w.tokens.isVisible()     # every panel given back
         assert w.experiments.count() == len(w.experiments.views) and w.timing.charts.layout().count() == 4
     finally:
@@ -96,8 +97,8 @@ def test_a_scene_opens_straight_from_the_command_line(qtbot, lecture_trace):
     assert args.scene == "kv" and args.trace_files == [str(lecture_trace)]
     app, w = build(args)
     try:
-        w.enter_lecture(args.scene)
-        assert w.lecture and w.state.scene == "kv" and w.docks["kv"].widget().widget() is not w.kv
+        w.lecture.enter(args.scene)
+        assert w.lecture.active and w.state.scene == "kv" and w.docks["kv"].widget().widget() is not w.kv
     finally:
         w.close()
         dispose(app, w)
@@ -123,7 +124,7 @@ def test_a_run_keeps_its_colour_after_five_more_runs_and_is_in_the_legend(qtbot,
 def test_an_experiment_does_not_change_what_the_main_views_show(qtbot, window):
     window.controls.max_tokens.setValue(4)
     run = run_and_wait(qtbot, window)
-    window.start_experiment("cache", {"new_tokens": 4})
+    start_lesson(window, "cache", **{"new_tokens": 4})
     wait_idle(qtbot, window)
     window.refresh(force=True)
     record = window.store.latest_experiment("cache")
@@ -149,10 +150,10 @@ def test_a_replayed_run_appears_in_the_timing_charts(qtbot, window, tmp_path):
     window.controls.max_tokens.setValue(6)
     original = run_and_wait(qtbot, window)
     path = tmp_path / "run.jsonl"
-    window.save_trace(str(path))
-    window.clear_runs()
-    window.replay_speed = 0.0
-    window.open_trace(str(path))
+    window.files.save_trace(str(path))
+    window.controller.clear_runs()
+    window.controller.replay_speed = 0.0
+    window.files.open_trace(str(path))
     wait_idle(qtbot, window)
     window.refresh(force=True)
     replayed = window.store.current

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from PySide6.QtCore import Qt
 
+from app.lecture import fit_to_screen
 from engine.params import GenerationParams
-from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
+from tests.app.conftest import close_and_dispose, load, make_window, run_and_wait, wait_idle
 
 
 def test_a_run_fills_every_panel(qtbot, window):
@@ -75,7 +76,7 @@ def test_parameter_widgets_reach_the_engine_with_the_values_shown(qtbot, window)
 def test_stop_mid_run_ends_with_stopped(qtbot, window):
     window.controls.max_tokens.setValue(200)
     window.controls.slow.setValue(40)
-    window.start_run()
+    window.controller.run()
     qtbot.waitUntil(lambda: window.store.current is not None and window.store.current.n_steps >= 3, timeout=30_000)
     qtbot.keyClick(window, Qt.Key.Key_Escape)
     wait_idle(qtbot, window)
@@ -105,11 +106,11 @@ def test_opening_a_trace_reproduces_the_run(qtbot, window, tmp_path):
     original = run_and_wait(qtbot, window)
     doc = window.tokens.text.toPlainText()
     path = tmp_path / "run.jsonl"
-    window.save_trace(str(path))
-    window.clear_runs()
+    window.files.save_trace(str(path))
+    window.controller.clear_runs()
     assert window.store.current is None
-    window.replay_speed = 0.0
-    window.open_trace(str(path))
+    window.controller.replay_speed = 0.0
+    window.files.open_trace(str(path))
     wait_idle(qtbot, window)
     window.refresh(force=True)
     replayed = window.store.current
@@ -120,7 +121,7 @@ def test_opening_a_trace_reproduces_the_run(qtbot, window, tmp_path):
 
 
 def test_bad_model_path_shows_an_error_and_the_app_stays_usable(qtbot, window):
-    window.load_model("/no/such/model", "cpu", "float32")
+    load(window, "/no/such/model", "cpu", "float32")
     wait_idle(qtbot, window)
     assert window.banner.isVisible() and "No such file or folder" in window.banner.label.text()
     window.controls.max_tokens.setValue(3)
@@ -130,7 +131,7 @@ def test_bad_model_path_shows_an_error_and_the_app_stays_usable(qtbot, window):
 
 def test_empty_prompt_is_refused_in_the_window(qtbot, window):
     window.controls.prompt.setPlainText("   ")
-    window.start_run()
+    window.controller.run()
     assert window.banner.isVisible() and "prompt is empty" in window.banner.label.text()
     assert window.client.busy is None and window.store.current is None
 
@@ -141,7 +142,7 @@ def test_closing_during_a_run_does_not_hang(qtbot, tiny_model_dir):
     w = make_window(qtbot, tiny_model_dir)
     w.controls.max_tokens.setValue(250)
     w.controls.slow.setValue(200)
-    w.start_run()
+    w.controller.run()
     qtbot.waitUntil(lambda: w.store.current is not None and w.store.current.n_steps >= 1)
     started = time.perf_counter()
     w.close()
@@ -166,12 +167,12 @@ def test_settings_are_remembered(qtbot, tiny_model_dir):
 
 def test_lecture_mode_shows_a_scene_in_large_type_and_esc_returns_to_the_workbench(qtbot, window):
     qtbot.keyClick(window, Qt.Key.Key_F11)
-    assert window.lecture and window.menuBar().isHidden() and window.state.scene == "prefill"
+    assert window.lecture.active and window.menuBar().isHidden() and window.state.scene == "prefill"
     assert window.stack.currentWidget() is window.scene_view
     assert window.scene_view.caption.font().pointSizeF() >= 15 * 1.3
     assert window.timing.latency.plot.getAxis("bottom").style["tickFont"].pointSizeF() >= 15   # 20 px at 96 dpi
     qtbot.keyClick(window, Qt.Key.Key_Escape)
-    assert not window.lecture and not window.menuBar().isHidden() and window.state.scene is None
+    assert not window.lecture.active and not window.menuBar().isHidden() and window.state.scene is None
     assert window.stack.currentWidget() is window.workbench
 
 
@@ -228,7 +229,7 @@ def test_waiting_between_steps_is_drawn_apart_and_not_counted_as_decode(qtbot, w
 
 def test_the_sampling_caption_and_bars_show_the_same_step_while_stepping(qtbot, window):
     window.controls.max_tokens.setValue(6)
-    window.step_run()                                     # starts paused after the prefill
+    window.controller.step()                                     # starts paused after the prefill
     for expected in range(4):
         qtbot.waitUntil(lambda: (r := window.store.current) is not None and r.n_steps == expected + 1)
         window.refresh(force=True)
@@ -236,7 +237,7 @@ def test_the_sampling_caption_and_bars_show_the_same_step_while_stepping(qtbot, 
         assert f"Step {step.step}</b>" in window.sampling.caption.text()
         widths = list(window.sampling.raw_bars.opts["width"])[:len(step.candidates)]
         assert widths == [c.p_raw for c in step.candidates]
-        window.step_run()
+        window.controller.step()
     window.controller.stop()
     wait_idle(qtbot, window)
 
@@ -269,12 +270,12 @@ def test_the_window_fits_its_screen_in_every_mode(qtbot, window):
     area = window.screen().availableGeometry()
     window.resize(area.width() + 600, area.height() + 400)          # as a geometry saved on a larger screen
     window.move(area.x() + 300, area.y() + 200)
-    window.fit_to_screen()
+    fit_to_screen(window)
     assert area.contains(window.frameGeometry())
-    window.enter_lecture("batch")
+    window.lecture.enter("batch")
     assert window.geometry() == window.screen().geometry()
     for scene in ("chat", "memory", "prefill"):
-        window.show_scene(scene)
+        window.lecture.show(scene)
         assert window.geometry() == window.screen().geometry()
-    window.leave_lecture()
+    window.lecture.leave()
     assert area.contains(window.frameGeometry())

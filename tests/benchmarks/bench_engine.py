@@ -57,6 +57,7 @@ def generate_once(loaded, ids: list[int], n: int) -> dict:
 def window_sink():
     """The sink the window uses: the worker's push (no thread, no GUI: the GUI's own cost is bench_gui's)."""
     from app.control import RunControl
+
     from app.worker import EngineWorker
 
     worker = EngineWorker(RunControl())
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tokens", type=int, default=96)
     args = p.parse_args(argv)
 
-    from engine.load import busy_note
+    from engine.contention import busy_note
     from engine.models import load
     from engine.session import Session
 

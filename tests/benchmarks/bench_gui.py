@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.app.conftest import load
 from tests.benchmarks.common import machine, save
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -63,14 +64,14 @@ def open_window(model: str):
 
     _app, window = build(parse_args(["--no-load"]))
     window.show()
-    window.load_model(model, "cpu", "float32")
+    load(window, model, "cpu", "float32")
     _wait(lambda: window.client.model is not None and window.client.busy is None)
     return window
 
 
 def run_once(window, tokens: int):
     window.controls.max_tokens.setValue(tokens)
-    window.start_run()
+    window.controller.run()
     _wait(lambda: window.store.current is not None and window.store.current.finished
           and window.client.busy is None)
     return window.store.current

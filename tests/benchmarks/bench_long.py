@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tokens", type=int, default=0, help="new tokens (default: up to the full context)")
     args = p.parse_args(argv)
     os.environ.setdefault("KVSCOPE_SETTINGS", str(Path(tempfile.mkdtemp()) / "bench.ini"))
-    from engine.kvcache import format_bytes
+    from engine.kvformula import format_bytes
     from engine.memory import process_rss_bytes
 
     window = open_window(args.model)
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
     window.controls.max_tokens.setValue(args.tokens or context - 1)
     rss_before = process_rss_bytes()
     started = time.perf_counter()
-    window.start_run()
+    window.controller.run()
     peak = rss_before
     while not (window.store.current is not None and window.store.current.finished and window.client.busy is None):
         _pause(500)                                     # the event loop runs: the window draws as it would

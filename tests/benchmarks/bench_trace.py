@@ -21,7 +21,7 @@ PROMPT = "Write a long story about a dragon who learns to bake bread. Describe e
 
 
 def full_context_events(session) -> list:
-    from engine import kvcache
+    from engine import kvformula
     from engine.events import KVNorms, RunFinished, TokenStep
     from engine.params import GenerationParams
 
@@ -35,11 +35,11 @@ def full_context_events(session) -> list:
     step_ms = template.latency_ms
     t, norms_end = last.t_ms, norms[-1].first_position + len(norms[-1].k_norms[0])
     column = [[row[-1]] for row in norms[-1].k_norms]
-    for step in range(last.step + 1, kvcache.full_context_positions(facts) - last.position + last.step + 1):
+    for step in range(last.step + 1, kvformula.full_context_positions(facts) - last.position + last.step + 1):
         position = last.position + step - last.step
         t += step_ms
-        sizes = [[b // 2, b // 2] for b in kvcache.predicted_kv_bytes_per_layer(facts, position)]
-        held = [kvcache.held_positions(layer, position) for layer in facts.kv_layers]
+        sizes = [[b // 2, b // 2] for b in kvformula.predicted_kv_bytes_per_layer(facts, position)]
+        held = [kvformula.held_positions(layer, position) for layer in facts.kv_layers]
         out.append(dataclasses.replace(template, t_ms=t, step=step, position=position, kv_bytes_per_layer=sizes,
                                        kv_positions_per_layer=held))
         if step % 8 == 0:
@@ -76,9 +76,9 @@ def window_open_seconds(path: str) -> float:
 
     app, window = build(parse_args(["--no-load"]))
     window.show()
-    window.replay_speed = 0.0
+    window.controller.replay_speed = 0.0
     started = time.perf_counter()
-    window.open_trace(path)
+    window.files.open_trace(path)
     while window.client.busy is not None or window.store.current is None or not window.store.current.finished:
         loop = QEventLoop()
         QTimer.singleShot(5, loop.quit)

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import torch
-
-from engine import kvcache
 from engine.experiments import run_experiment
+
+from engine import kvcache, kvformula
 from engine.hardware import peaks_event
 from engine.models import load
 from engine.params import GenerationParams
@@ -63,7 +63,7 @@ def kv_memory(loaded, n: int = 1024) -> dict:
     torch.cuda.synchronize()
     after = torch.cuda.memory_allocated()
     read = sum(k + v for k, v in kvcache.held_per_layer(cache, loaded.facts.num_layers)[0])
-    return {"tokens": n, "read_from_tensors": read, "formula": kvcache.predicted_kv_bytes(loaded.facts, n),
+    return {"tokens": n, "read_from_tensors": read, "formula": kvformula.predicted_kv_bytes(loaded.facts, n),
             "cuda_allocated_delta": after - before}
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import copy
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from engine import cli, kvcache
+from engine import cli, kvcache, kvformula
 from engine.errors import ModelSourceError, ParameterError
 from engine.events import AttentionStep, PrefillDone, TokenStep
 from engine.models import load
@@ -49,26 +50,26 @@ def test_measured_bytes_equal_the_formula_after_every_step_past_the_window(arch)
     steps = [e for e in events if isinstance(e, TokenStep)]
     assert steps[-1].position > WINDOW + 8, "the run must go well past the sliding window"
     prefill = next(e for e in events if isinstance(e, PrefillDone))
-    assert [k + v for k, v in prefill.kv_bytes_per_layer] == kvcache.predicted_kv_bytes_per_layer(
+    assert [k + v for k, v in prefill.kv_bytes_per_layer] == kvformula.predicted_kv_bytes_per_layer(
         facts, prefill.n_tokens)
     for step in steps:
         measured = [k + v for k, v in step.kv_bytes_per_layer]
-        assert measured == kvcache.predicted_kv_bytes_per_layer(facts, step.position), step.step
-        assert step.kv_positions_per_layer == [kvcache.held_positions(layer, step.position)
+        assert measured == kvformula.predicted_kv_bytes_per_layer(facts, step.position), step.step
+        assert step.kv_positions_per_layer == [kvformula.held_positions(layer, step.position)
                                                for layer in facts.kv_layers]
-    assert result.summary.kv_bytes == kvcache.predicted_kv_bytes(facts, result.summary.kv_tokens)
+    assert result.summary.kv_bytes == kvformula.predicted_kv_bytes(facts, result.summary.kv_tokens)
 
 
 def test_full_context_figure_is_what_the_cache_holds_at_max_context_minus_one(arch):
     _name, _folder, loaded = arch
     facts = loaded.facts
     assert facts.max_context == CONTEXT
-    ids = torch.arange(kvcache.full_context_positions(facts)).remainder(facts.vocab_size - 4).add(4).view(1, -1)
+    ids = torch.arange(kvformula.full_context_positions(facts)).remainder(facts.vocab_size - 4).add(4).view(1, -1)
     session = Session(loaded)
     with torch.inference_mode():
         _logits, cache = session.prefill(ids, use_cache=True)
     held = sum(k + v for k, v in kvcache.held_per_layer(cache, facts.num_layers)[0])
-    assert held == kvcache.full_context_kv_bytes(facts)
+    assert held == kvformula.full_context_kv_bytes(facts)
 
 
 def test_greedy_tokens_equal_generate(arch):
@@ -88,7 +89,7 @@ def test_cli_json_measured_formula_and_full_context_agree(arch, capsys):
     payload = json.loads(capsys.readouterr().out)
     assert code == 0
     assert payload["kv_bytes"] == payload["kv_bytes_formula"] > 0
-    assert payload["kv_bytes_full_context"] == kvcache.full_context_kv_bytes(loaded.facts)
+    assert payload["kv_bytes_full_context"] == kvformula.full_context_kv_bytes(loaded.facts)
     assert payload["kv_positions_full_context"] == CONTEXT - 1
 
 
@@ -118,7 +119,7 @@ def test_recorded_attention_equals_eager_output_attentions_or_is_refused(arch):
     with torch.inference_mode():
         maps = eager(sequence, output_attentions=True).attentions
     by_layer = dict(enumerate(maps)) if len(maps) == loaded.facts.num_layers else dict(zip(steps[0].layers, maps))
-    attention_layers = [i for i, kv in enumerate(loaded.facts.kv_layers) if kv.kind != kvcache.STATE]
+    attention_layers = [i for i, kv in enumerate(loaded.facts.kv_layers) if kv.kind != kvformula.STATE]
     for step in steps:
         assert step.layers == attention_layers and step.position == len(prompt_ids) - 1 + step.step
         for layer, first, weights in zip(step.layers, step.first_positions, step.weights):
@@ -153,9 +154,9 @@ def test_chat_reuse_works_or_says_why_not(arch):
     facts = loaded.facts
     if reused[1] == seen[0]:
         return                                  # the new turn extends the whole kept cache: no rollback needed
-    if kvcache.state_layers(facts):         # a running state cannot be rolled back to where the turns differ
+    if kvformula.state_layers(facts):         # a running state cannot be rolled back to where the turns differ
         assert reused[1] == 0 and "state-space" in notes[1]
-    elif any(layer.kind == kvcache.SLIDING and layer.capacity < seen[0] for layer in facts.kv_layers):
+    elif any(layer.kind == kvformula.SLIDING and layer.capacity < seen[0] for layer in facts.kv_layers):
         assert reused[1] == 0 and "sliding-window" in notes[1]     # the window dropped what a rollback needs
     else:
         assert 0 < reused[1] < seen[0] and "differed" in notes[1]
@@ -173,11 +174,11 @@ def test_continuous_batching_gives_solo_tokens_or_declines(arch):
                ("hello world", "The KV cache holds keys and values for every position so decode does not",
                 "Prefill reads the whole prompt")]
     requests = [Request(i, ids, 20, i * 3) for i, ids in enumerate(prompts)]
-    if kvcache.batching_refusal(facts) is not None:
+    if kvformula.batching_refusal(facts) is not None:
         with pytest.raises(ParameterError, match="Continuous batching is not available"):
-            serve(model, torch.device("cpu"), facts, requests, "continuous")
+            serve(SimpleNamespace(model=model, device=torch.device("cpu"), facts=facts), requests, "continuous")
         return
-    assert serve(model, torch.device("cpu"), facts, requests, "continuous")
+    assert serve(SimpleNamespace(model=model, device=torch.device("cpu"), facts=facts), requests, "continuous")
     pad = loaded.tokenizer.pad_token_id
     solo = [generate_batch(model, [r.ids], 20, pad, torch.device("cpu")).tokens[0] for r in requests]
     assert [r.tokens for r in requests] == solo

@@ -90,7 +90,7 @@ def _first_attention(rows: list[dict]) -> int:
 
 
 @pytest.mark.parametrize("change, fragment", [
-    (lambda a: a["weights"][0][0].__setitem__(0, 1.5), "weights from 0 to 1"),
+    (lambda a: a["weights"][0][0].__setitem__(0, 1.5), r"weights\[0\]\[0\]\[0\] must be between 0 and 1"),
     (lambda a: a["weights"][0][0].pop(), "weights must be"),
     (lambda a: a.__setitem__("position", a["position"] + 1), "position must be between"),
     (lambda a: a["first_positions"].__setitem__(0, 10**6), "first_positions"),

@@ -39,9 +39,9 @@ def test_traces_and_formulas_need_no_torch(tiny, tmp_path):
     path = writer.close()
     run_blocked(["torch", "transformers", "accelerate"], f"""
 from engine.trace import read_trace, replay
-from engine import kvcache, report
+from engine import kvformula, report
 events = list(replay(read_trace({str(path)!r}), speed=0))
-assert kvcache.bytes_per_token(events[0].model) == 512
+assert kvformula.bytes_per_token(events[0].model) == 512
 print(report.report(events[0].model, events[-1].summary))
 """)
 

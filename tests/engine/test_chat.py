@@ -3,9 +3,10 @@
 import pytest
 
 from engine.events import ExperimentPoint, PrefillDone
-from engine.experiments import CONVERSATION, run_experiment
 from engine.params import GenerationParams
 from engine.session import Session
+from engine.workloads import CONVERSATION
+from tests.lessons import collect
 
 
 def converse(session, reuse, turns=CONVERSATION[:3], tokens=12):
@@ -34,11 +35,11 @@ def test_reuse_gives_the_same_tokens_and_prefills_only_the_new_turn(tiny):
 def test_kv_bytes_cover_the_whole_conversation(tiny):
     session = Session(tiny)
     _, prefills = converse(session, reuse=True, tokens=6)
-    from engine import kvcache
+    from engine import kvformula
 
     last = prefills[-1]
     held = last.reused_tokens + last.n_tokens
-    assert sum(map(sum, last.kv_bytes_per_layer)) == kvcache.predicted_kv_bytes(tiny.facts, held)
+    assert sum(map(sum, last.kv_bytes_per_layer)) == kvformula.predicted_kv_bytes(tiny.facts, held)
 
 
 def test_a_plain_run_or_a_new_conversation_forgets_the_kept_cache(tiny):
@@ -50,11 +51,10 @@ def test_a_plain_run_or_a_new_conversation_forgets_the_kept_cache(tiny):
 
 
 def test_chat_experiment_compares_reuse_on_and_off_repeated_and_interleaved(tiny):
-    events = []
-    finished = run_experiment("chat", Session(tiny), events.append, turns=CONVERSATION[:3], new_tokens=8, repeats=3)
+    events, finished = collect("chat", tiny, turns=CONVERSATION[:3], new_tokens=8, repeats=3)
     points = [e.values for e in events if isinstance(e, ExperimentPoint)]
-    s = finished.summary
-    assert s["tokens_match"] is True and len(points) == 2 * 3 * 3 and s["repeats"] == 3
+    r = finished.result
+    assert r.tokens_match is True and len(points) == 2 * 3 * 3 and r.repeats == 3 and r.turns == 3
     order = [p["reuse"] for p in points if p["turn"] == 1]
     assert order == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]                         # the order alternates per repeat
     first = [p for p in points if p["repeat"] == 1]
@@ -64,11 +64,11 @@ def test_chat_experiment_compares_reuse_on_and_off_repeated_and_interleaved(tiny
     assert all(a["prefilled_tokens"] < b["prefilled_tokens"] for a, b in zip(on[1:], off[1:]))
     conv = [p["conversation_tokens"] for p in off]
     assert conv == sorted(conv) and len(set(conv)) == 3                     # the conversation grows
-    for turn in (1, 2, 3):
-        ttft = sorted(p["ttft_ms"] for p in points if p["turn"] == turn and p["reuse"])
-        assert s[f"turn{turn}_on_ms"] == ttft[1] and s[f"turn{turn}_on_range"] == [ttft[0], ttft[-1]]
-        off_range = s[f"turn{turn}_off_range"]
-        assert s[f"turn{turn}_clear"] == (ttft[-1] < off_range[0] or off_range[1] < ttft[0])
+    for figures in r.per_turn:
+        ttft = sorted(p["ttft_ms"] for p in points if p["turn"] == figures.turn and p["reuse"])
+        assert figures.on_ms == ttft[1] and figures.on_range == (ttft[0], ttft[-1])
+        off_range = figures.off_range
+        assert figures.clear == (ttft[-1] < off_range[0] or off_range[1] < ttft[0])
 
 
 def test_empty_chat_message_is_refused(tiny):

@@ -1,18 +1,24 @@
 """Continuous batching: requests join and leave a running batch, and each gets its solo tokens."""
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from engine.batch import generate_batch
 from engine.events import ExperimentPoint
-from engine.experiments import run_experiment
 from engine.scheduler import Request, serve
 from engine.session import Session
+from tests.lessons import collect
 
-PROMPTS = ["hello world", "The KV cache holds keys and values for decode and more of it", "日本語 😀",
-           "Temperature, top-k and top-p change which token is chosen", "hi"]
+PROMPTS = ("hello world", "The KV cache holds keys and values for decode and more of it", "日本語 😀",
+           "Temperature, top-k and top-p change which token is chosen", "hi")
+
+
+def on(model, facts):
+    """What ``serve`` runs on: a model, where it runs, and its facts (a float64 copy in some tests)."""
+    return SimpleNamespace(model=model, device=torch.device("cpu"), facts=facts)
 
 
 def make_requests(session, lengths=(6, 9, 4, 7, 5), every=2):
@@ -27,7 +33,7 @@ def test_each_request_gets_its_solo_tokens(tiny, policy):
     session = Session(tiny)
     requests = make_requests(session)
     sizes = []
-    assert serve(model, torch.device("cpu"), tiny.facts, requests, policy, on_step=lambda t, b: sizes.append(b))
+    assert serve(on(model, tiny.facts), requests, policy, on_step=lambda t, b: sizes.append(b))
     for r in requests:
         solo = generate_batch(model, [r.ids], r.new_tokens, 0, torch.device("cpu")).tokens[0]
         assert r.tokens == solo, r.index
@@ -38,8 +44,8 @@ def test_each_request_gets_its_solo_tokens(tiny, policy):
 def test_continuous_admits_at_once_static_waits_for_the_batch(tiny):
     session = Session(tiny)
     cont, stat = make_requests(session), make_requests(session)
-    serve(tiny.model, torch.device("cpu"), tiny.facts, cont, "continuous")
-    serve(tiny.model, torch.device("cpu"), tiny.facts, stat, "static")
+    serve(session, cont, "continuous")
+    serve(session, stat, "static")
     # request 1 arrives while request 0 is still decoding: continuous admits it at once, static makes it wait
     assert cont[1].admitted_ms - cont[1].arrival_ms < stat[1].admitted_ms - stat[1].arrival_ms
     assert stat[1].admitted_ms >= stat[0].done_ms
@@ -52,15 +58,13 @@ def test_cancel_stops_serving(tiny):
     cancel = threading.Event()
     cancel.set()
     requests = make_requests(Session(tiny))
-    assert serve(tiny.model, torch.device("cpu"), tiny.facts, requests, "continuous", cancel=cancel) is False
+    assert serve(Session(tiny), requests, "continuous", cancel=cancel) is False
 
 
 def test_the_experiment_reports_lanes_batch_sizes_and_the_token_check(tiny):
-    events = []
-    finished = run_experiment("continuous", Session(tiny), events.append, requests=5, arrive_every=2,
-                              new_tokens=(5, 8), prompts=PROMPTS)
-    s = finished.summary
-    assert s["tokens_match_solo"] is True and s["same_tokens_both_policies"] is True
+    events, finished = collect("continuous", tiny, requests=5, arrive_every=2, new_tokens=(5, 8), prompts=PROMPTS)
+    r = finished.result
+    assert r.tokens_match_solo is True and r.same_tokens_both_policies is True
     requests = [e.values for e in events if isinstance(e, ExperimentPoint) and e.series == "request"]
     assert len(requests) == 10 and {r["policy"] for r in requests} == {0.0, 1.0}
     cont = [r for r in requests if r["policy"] == 1.0]

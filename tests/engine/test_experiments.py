@@ -1,4 +1,5 @@
-"""Cost model and experiments on the tiny model: complete, monotone where they must be, tokens equal."""
+"""Cost model and the lessons' experiments on the tiny model: complete, monotone where they must be, tokens
+equal, and one lifecycle for all of them."""
 
 import json
 import os
@@ -13,10 +14,13 @@ from engine import costmodel
 from engine.batch import generate_batch
 from engine.errors import ParameterError
 from engine.events import ExperimentFinished, ExperimentPoint, ExperimentStarted, RunStarted
-from engine.experiments import doubling_lengths, fitted_exponent, run_experiment
+from engine.experiment import rounding_note
+from engine.lessons.cache import CacheResult
+from engine.lessons.prefill import doubling_lengths, fitted_exponent
 from engine.params import GenerationParams
 from engine.session import Session
 from tests.engine.test_kvcache import smol_facts
+from tests.lessons import collect
 
 SEED_EXPECTED = """PREFILL cost -- scales QUADRATICALLY:
   Prompt length   50 -> ~320,000 FLOPs
@@ -69,13 +73,7 @@ def test_fitted_exponent_and_lengths():
     assert fitted_exponent([1, 2, 4, 8], [3, 12, 48, 192]) == pytest.approx(2.0)
 
 
-SHORT_PROMPTS = ["hello world", "The KV cache holds keys and values", "日本語 😀", "Temperature and top-p"]
-
-
-def collect(kind, tiny, **settings):
-    events = []
-    finished = run_experiment(kind, Session(tiny), events.append, **settings)
-    return events, finished
+SHORT_PROMPTS = ("hello world", "The KV cache holds keys and values", "日本語 😀", "Temperature and top-p")
 
 
 def test_prefill_sweep_on_the_tiny_model(tiny):
@@ -86,13 +84,14 @@ def test_prefill_sweep_on_the_tiny_model(tiny):
     assert all(p["prefill_ms"] > 0 and p["ttft_ms"] >= p["prefill_ms"] for p in points)
     flops = [p["flops"] for p in points]
     assert flops == sorted(flops) and len(set(flops)) == 4
-    assert "exponent" in finished.summary and finished.summary["last_doubling"] == "64->128"
+    r = finished.result
+    assert r.exponent is not None and (r.doubled_from, r.doubled_to) == (64, 128) and r.points == 4
 
 
 def test_cache_comparison_tokens_match(tiny):
     events, finished = collect("cache", tiny, new_tokens=24, prompt="The KV cache holds keys")
-    s = finished.summary
-    assert s["tokens_match"] is True and s["flops_ratio"] > 1 and s["attention_flops_ratio"] > 1
+    r = finished.result
+    assert isinstance(r, CacheResult) and r.tokens_match is True and r.flops_ratio > 1 and r.attention_flops_ratio > 1
     runs = [e for e in events if isinstance(e, RunStarted)]
     assert [r.params.kv_cache for r in runs] == [True, False]       # the runs themselves are in the stream
     assert len([e for e in events if isinstance(e, ExperimentPoint)]) == 2
@@ -103,7 +102,7 @@ def test_batch_sweep_on_the_tiny_model(tiny):
     points = [e.values for e in events if isinstance(e, ExperimentPoint)]
     assert [p["batch"] for p in points] == [1, 2, 4]
     assert all(p["decode_tok_s"] > 0 and p["per_token_ms"] > 0 for p in points)
-    assert finished.summary["largest_batch"] == 4
+    assert finished.result.largest_batch == 4
 
 
 def test_each_row_of_a_batch_equals_its_solo_run(tiny):
@@ -132,8 +131,8 @@ def test_batch_of_one_equals_the_session_greedy_run(tiny):
 def test_cancel_stops_an_experiment(tiny):
     cancel = threading.Event()
     cancel.set()
-    finished = run_experiment("prefill", Session(tiny), lambda e: None, cancel, max_length=64)
-    assert isinstance(finished, ExperimentFinished) and finished.reason == "stopped"
+    _events, finished = collect("prefill", tiny, cancel, max_length=64)
+    assert isinstance(finished, ExperimentFinished) and finished.reason == "stopped" and finished.result.incomplete
 
 
 def test_prompts_that_do_not_fit_the_context_are_refused(tiny):
@@ -142,10 +141,16 @@ def test_prompts_that_do_not_fit_the_context_are_refused(tiny):
 
 
 def test_bad_experiment_settings(tiny):
-    with pytest.raises(ParameterError, match="Unknown experiment"):
-        run_experiment("nope", Session(tiny), lambda e: None)
-    with pytest.raises(ParameterError, match="shortest prompt"):
-        run_experiment("prefill", Session(tiny), lambda e: None, max_length=8)
+    from engine import lessons
+
+    with pytest.raises(KeyError, match="Unknown lesson 'nope'"):
+        lessons.lesson("nope")
+    with pytest.raises(ParameterError, match=r"max_length \(8\) must be at least start \(16\)"):
+        collect("prefill", tiny, max_length=8)
+    with pytest.raises(ParameterError, match="repeats must be between 1 and 100"):
+        collect("prefill", tiny, repeats=0)
+    with pytest.raises(ParameterError, match="The sweep needs 1 <= shortest prompt"):
+        collect("prefill", tiny, start=300, max_length=400)           # past the tiny model's context of 256
 
 
 def test_sweep_cli_prints_json(tiny_model_dir, cache_root):
@@ -154,14 +159,12 @@ def test_sweep_cli_prints_json(tiny_model_dir, cache_root):
                        env={**os.environ, "KVSCOPE_CACHE_DIR": str(cache_root)})
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert [p["batch"] for p in data["points"]] == [1, 2] and data["summary"]["largest_batch"] == 2
+    assert [p["batch"] for p in data["points"]] == [1, 2] and data["result"]["largest_batch"] == 2
 
 
 def test_hardware_peaks_are_measured_once_then_cached(tiny, monkeypatch):
-    from engine import hardware
     from engine.hardware import peaks_event
 
-    monkeypatch.setattr(hardware, "busy", lambda _share: False)   # caching, not busyness (test_load checks that)
     first = peaks_event(tiny)
     second = peaks_event(tiny)
     assert first.flops_per_s > 1e8 and first.bytes_per_s > 1e8
@@ -170,7 +173,6 @@ def test_hardware_peaks_are_measured_once_then_cached(tiny, monkeypatch):
 
 def test_an_experiment_that_breaks_closes_its_record_and_later_runs_are_not_filed_under_it(tiny):
     from engine.events import ExperimentFailed, ExperimentStarted, RunStarted
-    from engine.experiments import run_experiment
 
     session = Session(tiny)
     calls = []
@@ -185,7 +187,7 @@ def test_an_experiment_that_breaks_closes_its_record_and_later_runs_are_not_file
     session.prefill = failing_prefill
     events: list = []
     with pytest.raises(RuntimeError, match="injected"):
-        run_experiment("prefill", session, events.append, max_length=64, repeats=1)
+        collect("prefill", session, max_length=64, repeats=1, events=events)
     started = next(e for e in events if isinstance(e, ExperimentStarted))
     failed = events[-1]
     assert isinstance(failed, ExperimentFailed) and failed.exp_id == started.exp_id
@@ -196,11 +198,7 @@ def test_an_experiment_that_breaks_closes_its_record_and_later_runs_are_not_file
 
 
 def test_runs_an_experiment_makes_name_it(tiny):
-    from engine.events import ExperimentStarted, RunStarted
-    from engine.experiments import run_experiment
-
-    events: list = []
-    run_experiment("cache", Session(tiny), events.append, new_tokens=3)
+    events, _finished = collect("cache", tiny, new_tokens=3)
     exp_id = next(e for e in events if isinstance(e, ExperimentStarted)).exp_id
     runs = [e for e in events if isinstance(e, RunStarted)]
     assert len(runs) == 2 and all(r.experiment == exp_id for r in runs)
@@ -209,17 +207,17 @@ def test_runs_an_experiment_makes_name_it(tiny):
 def test_tokens_that_part_in_a_16_bit_float_are_explained_and_in_float32_are_not():
     from types import SimpleNamespace
 
-    from engine.experiments import rounding_note
+    from engine.lessons.continuous import ContinuousResult
 
     bf16, fp32 = SimpleNamespace(dtype="bfloat16"), SimpleNamespace(dtype="float32")
-    assert "in bfloat16, a pass over several tokens rounds differently" in rounding_note(bf16, {"tokens_match": False})
-    assert "bfloat16" in rounding_note(bf16, {"tokens_match": True, "tokens_match_solo": False})
-    assert rounding_note(bf16, {"tokens_match": True}) == ""
-    assert rounding_note(bf16, {"tokens_match": False, "incomplete": True}) == ""
-    assert rounding_note(fp32, {"tokens_match": False}) == ""              # float32: a difference is a bug, not noise
+    assert "in bfloat16, a pass over several tokens rounds differently" in rounding_note(
+        bf16, CacheResult(tokens_match=False))
+    assert "bfloat16" in rounding_note(bf16, ContinuousResult(tokens_match_solo=False))
+    assert rounding_note(bf16, CacheResult(tokens_match=True)) == ""
+    assert rounding_note(bf16, CacheResult(tokens_match=False, incomplete=True)) == ""
+    assert rounding_note(fp32, CacheResult(tokens_match=False)) == ""      # float32: a difference is a bug, not noise
 
 
 def test_a_finished_experiment_whose_tokens_match_carries_no_note(tiny):
-    events: list = []
-    finished = run_experiment("cache", Session(tiny), events.append, new_tokens=4)
-    assert finished.summary["tokens_match"] and "tokens_note" not in finished.summary
+    _events, finished = collect("cache", tiny, new_tokens=4)
+    assert finished.result.tokens_match and finished.result.tokens_note == ""

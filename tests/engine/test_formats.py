@@ -8,10 +8,10 @@ import torch
 
 from engine import calibrate, quantize
 from engine.costmodel import ModelCost
-from engine.experiments import run_experiment
 from engine.models import load
 from engine.params import GenerationParams
 from engine.session import Session
+from tests.lessons import collect
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
@@ -25,6 +25,7 @@ def test_quantized_weights_load_and_generate_on_the_tiny_model(tiny_model_dir, f
     if fmt == "int4":       # the 457-token output projection: the int4 kernel takes multiples of 16 outputs
         assert [m.out_features for m in kept] == [loaded.facts.vocab_size]
     assert loaded.facts.weights.startswith(f"{fmt} weights ({len(layers)} linear layers")
+    assert loaded.facts.weight_format == fmt                     # named apart from the activations' dtype
     assert loaded.facts.num_params == fp32.facts.num_params
     result = Session(loaded).run("hello world", GenerationParams(max_new_tokens=6))
     assert result.summary.generated_tokens == 6
@@ -68,11 +69,31 @@ def test_auto_never_picks_a_dtype_slower_than_float32_in_its_own_calibration():
 
 def test_the_measuring_line_appears_only_when_a_calibration_is_measured(monkeypatch, tmp_path):
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(calibrate, "busy", lambda _share: False)          # a noisy CI machine still caches it
     said: list[str] = []
     first = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
     again = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
     assert said == ["measuring"] and not first.cached and again.cached and again.best == first.best
+
+
+def test_a_busy_measurement_is_not_used_and_the_rule_decides_at_every_launch(monkeypatch, tmp_path):
+    """On a busy machine the timings say little: the stated rule (native bf16 units or not) chooses, the reason
+    says so, and the decision is kept, so the next launch neither measures again nor chooses otherwise."""
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibrate, "busy", lambda _share: True)
+    said: list[str] = []
+    first = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
+    again = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
+    rule = calibrate.rule(torch.device("cpu"))
+    assert first.best == again.best == rule and first.by_rule and again.by_rule and again.cached
+    assert said == ["measuring"]
+    assert first.reason().startswith(f"{rule}: by rule") and "busy" in first.reason()
+
+
+def test_the_rule_follows_the_cpu_flags(monkeypatch):
+    monkeypatch.setattr(calibrate, "native_bf16", lambda _device: True)
+    assert calibrate.rule(torch.device("cpu")) == "bfloat16"
+    monkeypatch.setattr(calibrate, "native_bf16", lambda _device: False)
+    assert calibrate.rule(torch.device("cpu")) == "float32"
 
 
 def test_the_reason_names_the_measured_ratios():
@@ -88,16 +109,14 @@ def test_the_reason_names_the_measured_ratios():
 def test_the_format_sweep_measures_each_format_beside_its_ceiling(tiny):
     from engine.events import ExperimentPoint
 
-    events: list = []
-    finished = run_experiment("dtype", Session(tiny), events.append, formats=("float32", "int8"), new_tokens=6,
-                              repeats=1, prefill_tokens=32)
+    events, finished = collect("dtype", tiny, formats=("float32", "int8"), new_tokens=6, repeats=1, prefill_tokens=32)
     points = [e.values for e in events if isinstance(e, ExperimentPoint) and e.series == "format"]
-    assert len(points) == 2 and finished.summary["formats"] == ["float32", "int8"]
+    assert len(points) == 2 and [f.name for f in finished.result.measured] == ["float32", "int8"]
     fp32, int8 = points
     assert int8["bytes_per_token"] < fp32["bytes_per_token"] / 2
     assert all(p["decode_tok_s"] > 0 and p["decode_ceiling_tok_s"] > 0 and p["perplexity"] > 1 for p in points)
     assert fp32["diverges_at"] == -1.0                          # float32 is the reference
-    assert finished.summary["int8_bytes_x"] == pytest.approx(int8["bytes_per_token"] / fp32["bytes_per_token"])
+    assert finished.result.measured[1].bytes_x == pytest.approx(int8["bytes_per_token"] / fp32["bytes_per_token"])
 
 
 @pytest.mark.real

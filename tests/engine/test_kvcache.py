@@ -1,6 +1,6 @@
 """The formula over per-layer facts (no torch): full, sliding and state layers, GQA/MQA wording, byte units."""
 
-from engine import kvcache
+from engine import kvcache, kvformula
 from engine.events import KVLayer, ModelFacts
 
 SMOL_LAYER = KVLayer("full", kv_heads=3, k_dim=64, v_dim=64, dtype_bytes=4)
@@ -19,62 +19,62 @@ def smol_facts(layers: list[KVLayer] | None = None, **changes) -> ModelFacts:
 
 def test_formula_matches_the_issue_example():
     m = smol_facts()
-    assert kvcache.bytes_per_token(m) == 46_080
-    assert kvcache.formula_text(m) == "30 layers x 3 KV heads x 64 dims x 2 (K,V) x 4 B = 46,080 B/token"
-    assert kvcache.full_context_positions(m) == 8191          # the last token is produced, never fed back
-    assert kvcache.full_context_kv_bytes(m) == 46_080 * 8191
-    assert kvcache.format_bytes(kvcache.full_context_kv_bytes(m)) == "360 MiB"
-    assert kvcache.format_bytes(46_080 * 100) == "4.39 MiB"
+    assert kvformula.bytes_per_token(m) == 46_080
+    assert kvformula.formula_text(m) == "30 layers x 3 KV heads x 64 dims x 2 (K,V) x 4 B = 46,080 B/token"
+    assert kvformula.full_context_positions(m) == 8191          # the last token is produced, never fed back
+    assert kvformula.full_context_kv_bytes(m) == 46_080 * 8191
+    assert kvformula.format_bytes(kvformula.full_context_kv_bytes(m)) == "360 MiB"
+    assert kvformula.format_bytes(46_080 * 100) == "4.39 MiB"
 
 
 def test_half_precision_halves_and_batch_multiplies():
     half = KVLayer("full", kv_heads=3, k_dim=64, v_dim=64, dtype_bytes=2)
-    assert kvcache.bytes_per_token(smol_facts([half] * 30)) == 23_040
-    assert kvcache.predicted_kv_bytes(smol_facts(), 10, batch=4) == 4 * 10 * 46_080
+    assert kvformula.bytes_per_token(smol_facts([half] * 30)) == 23_040
+    assert kvformula.predicted_kv_bytes(smol_facts(), 10, batch=4) == 4 * 10 * 46_080
 
 
 def test_a_sliding_layer_holds_its_measured_capacity_and_a_full_one_everything():
     sliding = KVLayer("sliding", kv_heads=2, k_dim=16, v_dim=16, dtype_bytes=4, capacity=15)
     full = KVLayer("full", kv_heads=2, k_dim=16, v_dim=16, dtype_bytes=4)
     m = smol_facts([sliding, full], max_context=256)
-    per = kvcache.bytes_per_position(full)
+    per = kvformula.bytes_per_position(full)
     assert per == 256
-    assert kvcache.predicted_kv_bytes_per_layer(m, 100) == [15 * per, 100 * per]
-    assert kvcache.predicted_kv_bytes_per_layer(m, 10) == [10 * per, 10 * per]
-    assert kvcache.full_context_kv_bytes(m) == (15 + 255) * per
-    assert "1 of 2 layers slide and hold at most 15 positions" in kvcache.formula_text(m)
+    assert kvformula.predicted_kv_bytes_per_layer(m, 100) == [15 * per, 100 * per]
+    assert kvformula.predicted_kv_bytes_per_layer(m, 10) == [10 * per, 10 * per]
+    assert kvformula.full_context_kv_bytes(m) == (15 + 255) * per
+    assert "1 of 2 layers slide and hold at most 15 positions" in kvformula.formula_text(m)
 
 
 def test_state_layers_hold_no_positions_and_are_named():
     attention = KVLayer("full", kv_heads=2, k_dim=16, v_dim=16, dtype_bytes=4)
     state = KVLayer("state", state_bytes=6144)
     m = smol_facts([state, attention, state, attention])
-    assert kvcache.predicted_kv_bytes_per_layer(m, 10) == [0, 2560, 0, 2560]
-    assert kvcache.formula_text(m) == ("2 layers x 2 KV heads x 16 dims x 2 (K,V) x 4 B = 512 B/token; 2 of 4 layers "
+    assert kvformula.predicted_kv_bytes_per_layer(m, 10) == [0, 2560, 0, 2560]
+    assert kvformula.formula_text(m) == ("2 layers x 2 KV heads x 16 dims x 2 (K,V) x 4 B = 512 B/token; 2 of 4 layers "
                                        "are state-space layers with a fixed 12.0 KiB state instead of a KV cache")
-    assert kvcache.batching_refusal(m) is not None
-    assert kvcache.batching_refusal(smol_facts()) is None
+    assert kvformula.batching_refusal(m) is not None
+    assert kvformula.batching_refusal(smol_facts()) is None
 
 
 def test_different_k_and_v_head_dims_are_written_out():
     layer = KVLayer("full", kv_heads=4, k_dim=192, v_dim=128, dtype_bytes=2)
     m = smol_facts([layer] * 2)
-    assert kvcache.bytes_per_token(m) == 2 * 4 * (192 + 128) * 2
-    assert "(192 K + 128 V dims)" in kvcache.formula_text(m)
+    assert kvformula.bytes_per_token(m) == 2 * 4 * (192 + 128) * 2
+    assert "(192 K + 128 V dims)" in kvformula.formula_text(m)
 
 
 def test_heads_text_says_gqa_mqa_or_none():
-    assert "9 query heads share 3 KV heads (GQA, 3 per KV head)" in kvcache.heads_text(smol_facts())
+    assert "9 query heads share 3 KV heads (GQA, 3 per KV head)" in kvformula.heads_text(smol_facts())
     mqa = KVLayer("full", kv_heads=1, k_dim=16, v_dim=16, dtype_bytes=4)
-    assert "share 1 KV head (MQA" in kvcache.heads_text(smol_facts([mqa] * 2, num_heads=4))
+    assert "share 1 KV head (MQA" in kvformula.heads_text(smol_facts([mqa] * 2, num_heads=4))
     mha = KVLayer("full", kv_heads=4, k_dim=16, v_dim=16, dtype_bytes=4)
-    assert kvcache.heads_text(smol_facts([mha] * 2, num_heads=4)).endswith("(no GQA)")
+    assert kvformula.heads_text(smol_facts([mha] * 2, num_heads=4)).endswith("(no GQA)")
 
 
 def test_format_bytes_uses_binary_units():
-    assert kvcache.format_bytes(512) == "512 B"
-    assert kvcache.format_bytes(2048) == "2.00 KiB"
-    assert kvcache.format_bytes(3 * 1024**3) == "3.00 GiB"
+    assert kvformula.format_bytes(512) == "512 B"
+    assert kvformula.format_bytes(2048) == "2.00 KiB"
+    assert kvformula.format_bytes(3 * 1024**3) == "3.00 GiB"
 
 
 def test_no_cache_holds_nothing():

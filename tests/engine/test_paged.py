@@ -12,18 +12,19 @@ from engine import paged
 from engine.batch import generate_batch
 from engine.errors import ParameterError, TraceError
 from engine.events import BlockTable, ExperimentFinished
-from engine.experiments import run_experiment
+from engine.lessons import paged as paged_lesson
 from engine.models import load
 from engine.session import Session
 from engine.trace import read_trace, write_trace
 from tests.architectures import build
+from tests.lessons import collect
 
 PAGE = 16
 
 
 def requests_for(session: Session, n: int = 4, new: int = 6, every: int = 2) -> list[paged.PagedRequest]:
-    return [paged.PagedRequest(i, paged._encode(session, paged.SYSTEM, q), new, i * every)
-            for i, q in enumerate(paged.QUESTIONS[:n])]
+    return [paged.PagedRequest(i, paged_lesson._encode(session, paged_lesson.SYSTEM, q), new, i * every)
+            for i, q in enumerate(paged_lesson.QUESTIONS[:n])]
 
 
 def test_the_adapter_names_the_private_field_that_moved(monkeypatch):
@@ -39,8 +40,7 @@ def test_the_adapter_names_the_private_field_that_moved(monkeypatch):
 def shared_run(tiny):
     session = Session(tiny)
     batch, snaps = requests_for(session), []
-    assert paged.serve_paged(tiny.model, batch, page_size=PAGE, num_blocks=64, sharing=True, eos_ids=set(),
-                             on_step=snaps.append)
+    assert paged.serve_paged(tiny.model, batch, paged.Pool(PAGE, 64, sharing=True), on_step=snaps.append)
     return session, batch, snaps
 
 
@@ -53,7 +53,7 @@ def test_tokens_equal_each_request_alone(tiny, shared_run):
 
 def test_block_tables_add_up_and_the_shared_prefix_is_counted_by_reference(shared_run):
     _session, batch, snaps = shared_run
-    prefix_blocks = paged.kvcache.common_prefix(batch[0].ids, batch[1].ids) // PAGE
+    prefix_blocks = paged.kvformula.common_prefix(batch[0].ids, batch[1].ids) // PAGE
     assert prefix_blocks >= 1
     for snap in snaps:
         for table, held in zip(snap.tables, snap.positions):
@@ -69,8 +69,7 @@ def test_block_tables_add_up_and_the_shared_prefix_is_counted_by_reference(share
 def test_without_sharing_no_block_is_shared_and_more_are_held(tiny, shared_run):
     session, shared_batch, shared_snaps = shared_run
     batch, snaps = requests_for(session), []
-    paged.serve_paged(tiny.model, batch, page_size=PAGE, num_blocks=64, sharing=False, eos_ids=set(),
-                      on_step=snaps.append)
+    paged.serve_paged(tiny.model, batch, paged.Pool(PAGE, 64, sharing=False), on_step=snaps.append)
     assert all(not s.shared for s in snaps)
     peak = max(len({b for t in s.tables for b in t}) for s in snaps)
     peak_shared = max(len({b for t in s.tables for b in t}) for s in shared_snaps)
@@ -82,35 +81,33 @@ def test_the_models_attention_is_given_back(tiny):
     session = Session(tiny)
     session.attention_capture()                              # switches the model to the capturing sdpa
     before = tiny.model.config._attn_implementation
-    paged.serve_paged(tiny.model, requests_for(session, n=2, new=2), page_size=PAGE, num_blocks=32, sharing=True,
-                      eos_ids=set())
+    paged.serve_paged(tiny.model, requests_for(session, n=2, new=2), paged.Pool(PAGE, 32, sharing=True))
     assert tiny.model.config._attn_implementation == before == "kvscope_sdpa"
 
 
 def test_a_sliding_window_model_is_refused_with_the_reason(tmp_path):
     loaded = load(str(build("mistral-sliding", tmp_path / "m")), device="cpu", dtype="float32")
     with pytest.raises(ParameterError, match="only full-attention layers"):
-        run_experiment("paged", Session(loaded), lambda e: None)
+        collect("paged", loaded)
 
 
 @pytest.fixture(scope="module")
 def experiment(tiny) -> list:
-    events: list = []
-    run_experiment("paged", Session(tiny), events.append, requests=4, new_tokens=6, arrive_every=2)
+    events, _finished = collect("paged", tiny, requests=4, new_tokens=6, arrive_every=2)
     return events
 
 
 def test_the_experiment_measures_sharing_against_no_sharing_and_both_schedulers(experiment):
     end = experiment[-1]
     assert isinstance(end, ExperimentFinished) and end.reason == "done"
-    s = end.summary
-    assert s["peak_blocks_shared"] < s["peak_blocks_unshared"]
-    assert s["peak_bytes_shared"] == s["peak_blocks_shared"] * s["bytes_per_block"]
-    assert s["contiguous_bytes_at_peak"] > s["used_bytes_at_peak"]
-    assert s["tokens_match_solo"] and s["same_tokens_as_ours"] and s["same_tokens_with_and_without_sharing"]
-    assert s["ours_tok_s"] > 0 and s["transformers_tok_s"] > 0
+    r = end.result
+    assert r.peak_blocks_shared < r.peak_blocks_unshared
+    assert r.peak_bytes_shared == r.peak_blocks_shared * r.bytes_per_block
+    assert r.contiguous_bytes_at_peak > r.used_bytes_at_peak
+    assert r.tokens_match_solo and r.same_tokens_as_ours and r.same_tokens_with_and_without_sharing
+    assert r.ours_tok_s > 0 and r.transformers_tok_s > 0
     tables = [e for e in experiment if isinstance(e, BlockTable)]
-    assert tables and max(len({b for t in e.tables for b in t}) for e in tables) == s["peak_blocks_shared"]
+    assert tables and max(len({b for t in e.tables for b in t}) for e in tables) == r.peak_blocks_shared
 
 
 def test_the_experiment_replays_and_a_hostile_block_table_is_refused(experiment, tmp_path):

@@ -10,14 +10,14 @@ def test_defaults_are_valid_and_greedy():
 
 
 @pytest.mark.parametrize("changes, fragment", [
-    ({"max_new_tokens": 0}, "max_new_tokens must be at least 1"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be between 1 and 16,777,216, got 0"),
     ({"max_new_tokens": 2.5}, "whole number"),
     ({"temperature": -0.1}, "temperature must be 0 (greedy) or between 0.01 and 100"),
     ({"temperature": float("nan")}, "finite"),
     ({"temperature": 1e9}, "temperature must be 0 (greedy) or between 0.01 and 100"),
     ({"temperature": 1e-300}, "temperature must be 0 (greedy) or between 0.01 and 100, got 1e-300"),
     ({"temperature": 0.009}, "temperature must be 0 (greedy) or between 0.01"),
-    ({"top_k": -1}, "top_k must be at least 0"),
+    ({"top_k": -1}, "top_k must be between 0 and 16,777,216, got -1"),
     ({"top_p": 0.0}, "top_p must be between 0.01 and 1"),
     ({"top_p": 1e-300}, "top_p must be between 0.01 and 1 (1 = off), got 1e-300"),
     ({"top_p": 1.5}, "top_p must be between 0.01 and 1"),

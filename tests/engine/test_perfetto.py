@@ -6,10 +6,10 @@ import json
 from collections import defaultdict
 
 from engine import cli
-from engine.experiments import run_experiment
 from engine.params import GenerationParams
 from engine.session import Session
 from engine.trace import write_trace
+from tests.lessons import collect
 
 PHASES = {"X", "M", "i", "C"}
 
@@ -56,9 +56,8 @@ def test_a_run_becomes_forward_sampling_and_wait_tracks(tiny, tmp_path, capsys):
 def test_experiments_give_a_track_per_run_and_per_request(tiny, tmp_path):
     events: list = []
     session = Session(tiny)
-    run_experiment("cache", session, events.append, new_tokens=4)
-    run_experiment("continuous", session, events.append, requests=3, arrive_every=1, new_tokens=(3, 4),
-                   check_solo=False)
+    collect("cache", session, events=events, new_tokens=4)
+    collect("continuous", session, events=events, requests=3, arrive_every=1, new_tokens=(3, 4), check_solo=False)
     from engine.perfetto import write_perfetto
 
     out = check_trace_event_format(json.loads(write_perfetto(tmp_path / "exp.json", events).read_text()))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine import embedded, gguf, kvcache
+from engine import embedded, gguf, kvformula
 from engine.events import RunFinished, TokenStep
 from engine.params import GenerationParams
 from engine.session import Session
@@ -25,8 +25,8 @@ def test_converted_copy_gives_the_same_logits_as_the_gguf(smol):
 
 def test_facts_match_smollm2(smol):
     f = smol.facts
-    assert (f.num_layers, f.num_heads, kvcache.kv_heads(f), f.head_dim, f.max_context) == (30, 9, 3, 64, 8192)
-    assert kvcache.bytes_per_token(f) == 46_080
+    assert (f.num_layers, f.num_heads, kvformula.kv_heads(f), f.head_dim, f.max_context) == (30, 9, 3, 64, 8192)
+    assert kvformula.bytes_per_token(f) == 46_080
 
 
 @pytest.mark.parametrize("kv_cache", [True, False])

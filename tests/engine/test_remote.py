@@ -12,10 +12,10 @@ import pytest
 
 from engine import metrics
 from engine.events import RunFailed, RunFinished, RunStarted, ServerFacts, TokenStep
-from engine.experiments import run_experiment
 from engine.params import GenerationParams
 from engine.remote import API_KEY_ENV, RemoteError, RemoteSession, probe, server_url
 from engine.trace import read_trace, write_trace
+from tests.lessons import collect
 from tests.replay_server import ReplayServer, Route, fixture, llamacpp_routes
 
 MODELS = json.dumps({"object": "list", "data": [{"id": "Qwen/Qwen3-0.6B", "object": "model", "owned_by": "vllm",
@@ -151,11 +151,10 @@ def test_a_metrics_page_that_is_not_prometheus_is_one_line():
 
 
 def test_a_load_test_times_every_request_and_polls_metrics(vllm):
-    events: list = []
-    end = run_experiment("server load", RemoteSession(probe(vllm.url)), events.append, requests=3, every_s=0.05,
-                         new_tokens=8, poll_s=0.1, limit_s=30)
-    s = end.summary
-    assert s["completed"] == 3 and s["failed"] == 0 and s["peak_running"] == 3.0 and s["peak_kv_usage"] == 0.4375
+    events, end = collect("server load", RemoteSession(probe(vllm.url)), requests=3, every_s=0.05, new_tokens=8,
+                          poll_s=0.1, limit_s=30)
+    r = end.result
+    assert r.completed == 3 and r.failed == 0 and r.peak_running == 3.0 and r.peak_kv_usage == 0.4375
     runs = [e for e in events if isinstance(e, RunStarted)]
     assert len(runs) == 3 and all(r.experiment == end.exp_id for r in runs)
     assert len([e for e in events if getattr(e, "series", "") == "request"]) == 3
@@ -166,9 +165,9 @@ def test_a_local_experiment_is_refused_against_a_server_and_the_load_test_agains
     from engine.session import Session
 
     with pytest.raises(ParameterError, match="runs the model inside KVScope"):
-        run_experiment("cache", RemoteSession(probe(vllm.url)), lambda e: None)
+        collect("cache", RemoteSession(probe(vllm.url)))
     with pytest.raises(ParameterError, match="runs against a server"):
-        run_experiment("server load", Session(tiny), lambda e: None)
+        collect("server load", Session(tiny))
 
 
 def test_a_servers_run_exports_to_perfetto_as_client_timed_slices(vllm):

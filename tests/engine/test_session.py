@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from engine import kvcache
+from engine import kvformula
 from engine.errors import ParameterError, PromptError
 from engine.events import KVNorms, PrefillDone, RunFailed, RunFinished, RunStarted, TokenStep
 from engine.params import GenerationParams
@@ -67,15 +67,15 @@ def test_kv_bytes_read_from_cache_equal_the_formula_after_every_step(tiny):
     events, result = run_collect(Session(tiny), max_new_tokens=12)
     facts = events[0].model
     n = len(events[0].prompt_ids)
-    assert kvcache.kv_heads(facts) < facts.num_heads        # GQA is exercised
+    assert kvformula.kv_heads(facts) < facts.num_heads        # GQA is exercised
     prefill = events[1]
-    per_layer = kvcache.bytes_per_position(facts.kv_layers[0])
+    per_layer = kvformula.bytes_per_position(facts.kv_layers[0])
     assert [k + v for k, v in prefill.kv_bytes_per_layer] == [per_layer * n] * facts.num_layers
     assert all(k == v for k, v in prefill.kv_bytes_per_layer)
     for step in (e for e in events if isinstance(e, TokenStep)):
         held = n + step.step                           # the newest token is not in the cache yet
-        assert [k + v for k, v in step.kv_bytes_per_layer] == kvcache.predicted_kv_bytes_per_layer(facts, held)
-    assert result.summary.kv_bytes == kvcache.predicted_kv_bytes(facts, result.summary.kv_tokens)
+        assert [k + v for k, v in step.kv_bytes_per_layer] == kvformula.predicted_kv_bytes_per_layer(facts, held)
+    assert result.summary.kv_bytes == kvformula.predicted_kv_bytes(facts, result.summary.kv_tokens)
 
 
 def test_kv_norms_cover_every_cached_position_once(tiny):
@@ -96,7 +96,7 @@ def test_kv_norms_cover_every_cached_position_once(tiny):
 def test_kv_norms_match_the_cache_tensors(tiny):
     from transformers import DynamicCache
 
-    from engine.session import kv_norms
+    from engine.kvcache import norms as kv_norms
 
     session = Session(tiny)
     ids = torch.tensor([session.encode(PROMPT)])
@@ -137,7 +137,7 @@ def test_stop_reasons_max_tokens_and_eos(tiny):
     _, result = run_collect(session, max_new_tokens=3)
     assert result.reason == "max_tokens" and result.summary.generated_tokens == 3
     first = result.summary.token_ids[0]
-    session._eos = {first}                               # make the first greedy token the end of sequence
+    session.eos_ids = {first}                               # make the first greedy token the end of sequence
     _, result = run_collect(session, max_new_tokens=10)
     assert result.reason == "eos" and result.summary.token_ids == [first]
 
@@ -243,7 +243,7 @@ def test_a_static_cache_gives_the_dynamic_cache_tokens_and_holds_its_allocation(
     assert prefill.kv_allocated == allocated
     for step in (e for e in events if isinstance(e, TokenStep)):
         # the tensors hold the whole allocation from the start (measured), of which `position` are in use
-        assert [k + v for k, v in step.kv_bytes_per_layer] == kvcache.predicted_kv_bytes_per_layer(facts, allocated)
+        assert [k + v for k, v in step.kv_bytes_per_layer] == kvformula.predicted_kv_bytes_per_layer(facts, allocated)
         assert step.kv_positions_per_layer == [step.position] * facts.num_layers
 
 

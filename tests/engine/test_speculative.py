@@ -11,12 +11,12 @@ import pytest
 from engine import speculative as sp
 from engine.errors import ParameterError, TraceError
 from engine.events import DraftPass, ExperimentFinished
-from engine.experiments import run_experiment
 from engine.models import load
 from engine.params import GenerationParams
 from engine.session import Session
 from engine.trace import read_trace, write_trace
 from tests.architectures import build
+from tests.lessons import collect
 
 PROMPT = "hello world hello world hello world"
 NEW = 24
@@ -72,7 +72,7 @@ def test_wrong_guesses_are_all_rejected_and_rolled_back(session, plain):
 
 def test_prompt_lookup_and_a_draft_model_give_plain_greedys_tokens(session, plain, tiny):
     ids, reference = plain
-    lookup = sp.decode(session, ids, NEW, sp.PromptLookup(session._eos), 5)
+    lookup = sp.decode(session, ids, NEW, sp.PromptLookup(session.eos_ids), 5)
     draft = sp.decode(session, ids, NEW, sp.DraftModel(tiny, tiny.tokenizer.get_vocab(), "itself"), 3)
     for result in (lookup, draft):
         assert result.tokens == reference.tokens
@@ -91,26 +91,25 @@ def test_a_draft_model_with_another_tokenizer_is_refused(tiny):
 def test_a_sliding_window_model_is_refused_before_any_compute(tmp_path):
     loaded = load(str(build("mistral-sliding", tmp_path / "m")), device="cpu", dtype="float32")
     with pytest.raises(ParameterError, match="sliding-window layers"):
-        run_experiment("speculative", Session(loaded), lambda e: None, prompt=PROMPT)
+        collect("speculative", loaded, prompt=PROMPT)
 
 
 @pytest.fixture(scope="module")
 def experiment(session) -> list:
-    events: list = []
-    run_experiment("speculative", session, events.append, prompt=PROMPT, new_tokens=16, repeats=2, draft_tokens=4)
+    events, _finished = collect("speculative", session, prompt=PROMPT, new_tokens=16, repeats=2, draft_tokens=4)
     return events
 
 
 def test_the_experiment_reports_passes_acceptance_and_the_same_tokens(experiment):
     end = experiment[-1]
     assert isinstance(end, ExperimentFinished)
-    s = end.summary
+    r = end.result
     passes = [e for e in experiment if isinstance(e, DraftPass)]
     last = [p for p in passes if p.repeat == 1]
-    assert s["tokens_match"] and s["passes"] == len(last) and s["accepted"] == sum(p.accepted for p in last)
-    assert s["drafted"] == sum(len(p.drafted) for p in last)
-    assert s["tokens_per_pass"] == pytest.approx((s["generated"] - 1) / s["passes"])
-    assert s["speedup"] == pytest.approx(s["plain_decode_ms"] / s["speculative_decode_ms"])
+    assert r.tokens_match and r.passes == len(last) and r.accepted == sum(p.accepted for p in last)
+    assert r.drafted == sum(len(p.drafted) for p in last) and r.first_difference is None
+    assert r.tokens_per_pass == pytest.approx((r.generated - 1) / r.passes)
+    assert r.speedup == pytest.approx(r.plain_decode_ms / r.speculative_decode_ms)
     assert all(len(p.drafted_text) == len(p.drafted) for p in passes)
 
 

@@ -111,8 +111,8 @@ def test_replay_stops_when_cancelled(run_events):
 
 
 def test_an_experiment_trace_reads_back(tiny, tmp_path):
-    from engine.experiments import run_experiment
+    from tests.lessons import collect
 
-    events = []
-    run_experiment("cache", Session(tiny), events.append, new_tokens=4, prompt="hello")
-    assert read_trace(write_trace(tmp_path / "exp.jsonl", events)) == events
+    events, _finished = collect("cache", tiny, new_tokens=4, prompt="hello")
+    back = read_trace(write_trace(tmp_path / "exp.jsonl", events))
+    assert back == events and back[-1].result == events[-1].result      # the typed result, field for field

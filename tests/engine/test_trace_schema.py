@@ -73,7 +73,7 @@ def test_an_event_with_200k_unknown_keys_gives_a_short_message(lines, tmp_path):
     ("TokenStep", ("t_ms",), "12", "t_ms must be a number"),
     ("TokenStep", ("latency_ms",), "fast", "latency_ms must be a number"),
     ("TokenStep", ("kv_bytes_per_layer",), "lots", "kv_bytes_per_layer must be a list"),
-    ("TokenStep", ("kv_bytes_per_layer", 0, 0), "512", "kv_bytes_per_layer[0] must be two whole numbers"),
+    ("TokenStep", ("kv_bytes_per_layer", 0, 0), "512", "kv_bytes_per_layer[0][0] must be a whole number, not '512'"),
     ("TokenStep", ("position",), "3", "position must be a whole number"),
     ("TokenStep", ("text",), 42, "text must be a string"),
     ("RunStarted", ("model", "num_layers"), "2", "num_layers must be a whole number"),
@@ -86,9 +86,11 @@ def test_an_event_with_200k_unknown_keys_gives_a_short_message(lines, tmp_path):
     ("KVNorms", ("first_position",), 10**9, "first_position must be between 0 and"),
     ("TokenStep", ("position",), 10**8, "position must be between"),
     ("TokenStep", ("t_ms",), 1e308, "t_ms must be between 0 and"),
-    ("TokenStep", ("kv_bytes_per_layer", 0), [-5, 5], "at least 0"),
-    ("TokenStep", ("kv_bytes_per_layer", 0), [10**30, 0], "this layer holds at most"),
-    ("TokenStep", ("candidates", 0, "p_raw"), 1.5, "probabilities p_raw and p_final in [0, 1]"),
+    ("TokenStep", ("kv_bytes_per_layer", 0), [-5, 5], "kv_bytes_per_layer[0][0] must be between 0 and"),
+    ("TokenStep", ("kv_bytes_per_layer", 0), [10**30, 0], "kv_bytes_per_layer[0][0] must be between 0 and"),
+    ("TokenStep", ("kv_bytes_per_layer", 0), [10**9, 0], "this layer holds at most"),
+    ("TokenStep", ("kv_bytes_per_layer", 0), [5, 5, 5], "kv_bytes_per_layer[0] has 3 entries; at most 2"),
+    ("TokenStep", ("candidates", 0, "p_raw"), 1.5, "candidates[0]: p_raw must be between 0 and 1, not 1.5"),
     ("TokenStep", ("step",), 5, "step must be between 0 and 0"),
 ])
 def test_a_wrong_field_is_refused_by_name(lines, tmp_path, kind, path, value, fragment):

@@ -8,9 +8,9 @@ import json
 import urllib.request
 
 import pytest
+from engine.experiments import run_experiment
 
 from engine.events import RunFinished, TokenStep
-from engine.experiments import run_experiment
 from engine.params import GenerationParams
 from engine.remote import RemoteSession, probe
 from tests.integration.conftest import SLOTS

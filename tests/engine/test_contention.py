@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from engine import hardware, load
+from engine import contention, hardware
 from engine.costmodel import Device
 from engine.events import HardwarePeaks
 from engine.params import GenerationParams
@@ -13,13 +13,13 @@ from engine.session import Session
 
 
 def test_a_low_cpu_share_is_called_busy_and_a_high_one_is_not():
-    assert load.busy(0.4) and "busy" in load.busy_note(0.4) and "40%" in load.busy_note(0.4)
-    assert not load.busy(0.95) and load.busy_note(0.95) == ""
-    assert not load.busy(None) and load.busy_note(None) == ""
+    assert contention.busy(0.4) and "busy" in contention.busy_note(0.4) and "40%" in contention.busy_note(0.4)
+    assert not contention.busy(0.95) and contention.busy_note(0.95) == ""
+    assert not contention.busy(None) and contention.busy_note(None) == ""
 
 
 def test_the_meter_reads_a_sleeping_thread_as_busy_and_a_working_one_as_quiet():
-    sleeping = load.LoadMeter()
+    sleeping = contention.LoadMeter()
     sleeping.start()
     time.sleep(0.2)                       # wall time passes, no CPU time: as if other programs had the cores
     sleeping.stop()
@@ -27,7 +27,7 @@ def test_the_meter_reads_a_sleeping_thread_as_busy_and_a_working_one_as_quiet():
     import torch
 
     a = torch.randn(512, 512)
-    working = load.LoadMeter()
+    working = contention.LoadMeter()
     working.start()
     deadline = time.perf_counter() + 0.3
     while time.perf_counter() < deadline:        # torch's threads keep every core busy, as a forward pass does
@@ -55,7 +55,8 @@ def test_a_long_enough_run_reports_its_cpu_share(tiny):
     assert result.summary.total_ms > 100 and 0 < result.summary.cpu_share < 4
 
 
-def test_peaks_measured_on_a_busy_machine_are_not_cached(tiny, monkeypatch, tmp_path):
+def test_peaks_measured_on_a_busy_machine_are_kept_once_and_marked_busy(tiny, monkeypatch, tmp_path):
+    """A machine that is always busy is measured once, not at every launch; what was measured says it was busy."""
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))         # nothing cached yet
     calls = []
 
@@ -65,9 +66,11 @@ def test_peaks_measured_on_a_busy_machine_are_not_cached(tiny, monkeypatch, tmp_
 
     monkeypatch.setattr(hardware, "measure", fake_measure)
     first = hardware.peaks_event(tiny)
-    assert not first.cached and load.busy(first.cpu_share)
+    assert not first.cached and contention.busy(first.cpu_share)
     second = hardware.peaks_event(tiny)
-    assert len(calls) == 2 and not second.cached and load.busy(second.cpu_share)
+    assert len(calls) == 1 and second.cached and contention.busy(second.cpu_share)
+    remeasured = hardware.peaks_event(tiny, remeasure=True)                  # the user asked: measured again
+    assert len(calls) == 2 and not remeasured.cached
 
 
 def test_peaks_a_run_beats_are_implausible():

@@ -52,5 +52,11 @@ class Chart(TimedGraphics):
         if self.legend is not None:
             self.legend.clear()
 
+    def set_title_visible(self, visible: bool) -> None:
+        """A lecture scene states the claim in its caption; its charts drop their titles for the room it takes."""
+        self.plot.setTitle(self.title if visible and self.title else None)
+        if visible and self.title:
+            self.plot.setTitle(self.title, size=f"{self.theme.base_pt + 1:.0f}pt", color=self.theme.foreground)
+
     def legend_names(self) -> list[str]:
         return [label.text for _sample, label in self.legend.items] if self.legend is not None else []

@@ -1,0 +1,367 @@
+"""One lesson's tab, the same for every lesson: its settings form (built from the lesson's settings class),
+Run / Cancel with progress, the chart that proves the claim, a few sentences on what the numbers show, and a
+table of them. A lesson module (``app/lessons/<kind>.py``) subclasses :class:`LessonView` with its chart, its
+words and its scene caption; everything else is here. A lecture scene shows the same widget, compact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from html import escape
+from typing import Any, ClassVar
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app import theme as th
+from app.chart import Chart
+from app.run_settings import LessonChoices
+from app.store import ExperimentRecord, RunStore
+from engine.contention import busy, busy_note
+from engine.errors import ParameterError
+from engine.events import LessonResult, LessonSettings
+from engine.experiment import Lesson
+from engine.validation import MISSING, FieldShape, shapes
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A lecture scene: its ``name`` (``kvscope --scene NAME``), ``title``, place in the lecture (``order``), what
+    R does there in words (``action``), and ``key`` where it is not the number-row key of its place. A lesson's
+    scene runs that lesson on R; the registry fills in ``lesson``."""
+
+    name: str
+    title: str
+    order: int
+    action: str
+    lesson: str | None = None
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class Joins:
+    """A lesson shown in another lesson's scene beside it, started there by its own ``key``."""
+
+    scene: str
+    key: str
+    words: str
+
+
+CONTROLS_PROMPT = object()          # a preset that means "the prompt in Controls, when the lesson starts"
+INT_LIMIT = 2**31 - 1               # what a spin box holds
+
+
+class SettingsForm(QWidget):
+    """A field per user-settable setting, its range and default from the settings class. Every edit builds the
+    settings object (which checks itself) and hands it to ``LessonChoices``; a refused value says why in
+    ``status`` and keeps the last good settings."""
+
+    def __init__(self, lesson: Lesson, choices: LessonChoices, presets: dict[str, list[tuple[str, object]]],
+                 status: Callable[[str], None]) -> None:
+        super().__init__()
+        self.lesson, self.choices, self.status = lesson, choices, status
+        self.readers: dict[str, Callable[[], object]] = {}
+        self.follows: dict[str, Callable[[], bool]] = {}
+        self.widgets: dict[str, QWidget] = {}
+        layout = QFormLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        for shape in shapes(lesson.settings):
+            if shape.setting is None:
+                continue
+            widget = self.widgets[shape.name] = self._widget(shape, presets.get(shape.name))
+            widget.setToolTip(shape.setting.help)
+            layout.addRow(shape.setting.label, widget)
+        self.write()
+
+    def _widget(self, shape: FieldShape, presets: list[tuple[str, object]] | None) -> QWidget:
+        default = None if shape.default is MISSING else shape.default
+        if presets:
+            box = QComboBox()
+            for label, value in presets:
+                box.addItem(label, value)
+            index = next((i for i, (_l, v) in enumerate(presets) if v == default), 0)
+            box.setCurrentIndex(index)
+            box.currentIndexChanged.connect(self.write)
+            self.readers[shape.name] = lambda b=box: None if b.currentData() is CONTROLS_PROMPT else b.currentData()
+            self.follows[shape.name] = lambda b=box: b.currentData() is CONTROLS_PROMPT
+            return box
+        if shape.base is int:
+            box = QSpinBox()
+            low, high = int(shape.span.low), min(int(shape.span.high), INT_LIMIT)
+            if shape.optional:
+                box.setRange(low - 1, high)
+                box.setSpecialValueText("the model's whole context")
+            else:
+                box.setRange(low, high)
+            box.setValue(low - 1 if default is None else default)
+            if shape.setting.unit:
+                box.setSuffix(f" {shape.setting.unit}")
+            box.valueChanged.connect(self.write)
+            self.readers[shape.name] = lambda b=box, opt=shape.optional, lo=low: \
+                None if opt and b.value() < lo else b.value()
+            return box
+        if shape.base is float:
+            box = QDoubleSpinBox()
+            box.setRange(shape.span.low, shape.span.high)
+            box.setDecimals(2)
+            box.setSingleStep(0.25)
+            box.setValue(default)
+            if shape.setting.unit:
+                box.setSuffix(f" {shape.setting.unit}")
+            box.valueChanged.connect(self.write)
+            self.readers[shape.name] = box.value
+            return box
+        if shape.base is str and shape.text is not None and shape.text.choices:
+            box = QComboBox()
+            box.addItems(list(shape.text.choices))
+            box.setCurrentText(str(default))
+            box.currentTextChanged.connect(self.write)
+            self.readers[shape.name] = box.currentText
+            return box
+        edit = QLineEdit(", ".join(str(v) for v in default) if shape.base is tuple else str(default or ""))
+        edit.editingFinished.connect(self.write)
+        self.readers[shape.name] = lambda e=edit, s=shape: _parse_text(e.text(), s)
+        return edit
+
+    def set_value(self, name: str, value: object) -> None:
+        """Set one field as a user would (a spin box's number, a text, a choice's value), then write."""
+        widget = self.widgets[name]
+        if isinstance(widget, QComboBox):
+            index = widget.findData(value)
+            widget.setCurrentIndex(index if index >= 0 else widget.findText(str(value)))
+        elif isinstance(widget, QLineEdit):
+            widget.setText(", ".join(str(v) for v in value) if isinstance(value, tuple) else str(value))
+            widget.editingFinished.emit()
+        else:
+            widget.setValue(value)
+
+    def write(self) -> None:
+        try:
+            values = {name: read() for name, read in self.readers.items()}
+            settings = self.lesson.settings(**{k: v for k, v in values.items() if v is not None or
+                                               self._optional(k)})
+        except (ParameterError, ValueError) as exc:
+            self.status(str(exc))
+            return
+        self.choices.set(settings)
+        follow = next((name for name, follows in self.follows.items() if follows()), None)
+        self.choices.follow(self.lesson.kind, follow)
+
+    def _optional(self, name: str) -> bool:
+        return next(s.optional for s in shapes(self.lesson.settings) if s.name == name)
+
+
+def _parse_text(text: str, shape: FieldShape) -> object:
+    if shape.base is not tuple:
+        return text
+    parts = [p.strip() for p in text.replace(";", ",").split(",") if p.strip()]
+    if shape.element is int:
+        if not all(p.isdigit() for p in parts):
+            raise ValueError(f"{shape.setting.label} must be whole numbers separated by commas (e.g. 1, 2, 4)")
+        return tuple(int(p) for p in parts)
+    return tuple(parts)
+
+
+class LessonView(QWidget):
+    """The shell every lesson's tab shares. Subclasses set ``lesson`` and ``axes`` (x quantity, x unit, y
+    quantity, y unit) and ``columns`` (point value, heading, format), and implement ``draw`` (the chart from the
+    record) and ``explanation`` (rich text from the typed result). The scene's one-line claim is the lesson
+    module's ``caption(record, context)``."""
+
+    run_requested = Signal(str)
+    cancel_requested = Signal()
+    lesson: ClassVar[Lesson]
+    axes: ClassVar[tuple[str, str | None, str, str | None]] = ("", None, "", None)
+    columns: ClassVar[list[tuple[str, str, str]]] = []
+    presets: ClassVar[dict[str, list[tuple[str, object]]]] = {}
+    table_series: ClassVar[tuple[str, ...] | None] = None     # the points' series the table lists (None: all)
+    in_tabs: ClassVar[bool] = True          # the chat comparison lives in the Chat panel instead
+
+    def __init__(self, store: RunStore, choices: LessonChoices) -> None:
+        super().__init__()
+        self.store, self.choices = store, choices
+        self.theme = th.current_theme(False)
+        self.status = QLabel("Not run yet.")
+        self.status.setTextFormat(Qt.TextFormat.PlainText)
+        self.status.setWordWrap(True)
+        self.form = SettingsForm(self.lesson, choices, self.presets, self.status.setText)
+        self.run_button = QPushButton("Run experiment")
+        self.cancel_button = QPushButton("Cancel")
+        self.run_button.clicked.connect(lambda: self.run_requested.emit(self.lesson.kind))
+        self.cancel_button.clicked.connect(self.cancel_requested)
+        self.progress = QProgressBar()
+        self.progress.setFormat("%p%  %v of %m")
+        row = QHBoxLayout()
+        row.addWidget(self.form, 1)
+        buttons = QVBoxLayout()
+        buttons.addWidget(self.run_button)
+        buttons.addWidget(self.cancel_button)
+        buttons.addStretch(1)
+        row.addLayout(buttons)
+        self.settings_box = QWidget()
+        self.settings_box.setLayout(row)
+        self.chart = Chart(self.lesson.title)
+        self.plot = self.chart.plot
+        self.plot.getViewBox().setDefaultPadding(0.08)       # room for point labels at the edges
+        self.charts = QWidget()
+        self.charts.setMinimumHeight(340)                # a short dock scrolls instead of squashing the charts
+        self.charts_layout = QVBoxLayout(self.charts)
+        self.charts_layout.setContentsMargins(0, 0, 0, 0)
+        self.charts_layout.addWidget(self.chart, 3)
+        self.explain = QLabel()
+        self.explain.setWordWrap(True)
+        self.explain.setTextFormat(Qt.TextFormat.RichText)
+        self.table = QTableWidget(0, len(self.columns))
+        self.table.setHorizontalHeaderLabels([c[1] for c in self.columns])
+        self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.setMaximumHeight(170)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.settings_box)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        layout.addWidget(self.charts, 1)
+        layout.addWidget(self.explain)
+        layout.addWidget(self.table)
+        self.build()
+        self._shown: tuple | None = None
+        self.set_busy(False)
+
+    # --- hooks a lesson's view fills in ---------------------------------------------------------------------
+    def build(self) -> None:
+        """Add what this lesson's view needs beyond one chart (a second chart, a text, a slider)."""
+
+    def draw(self, record: ExperimentRecord) -> None:
+        """Draw the record's points on the chart(s)."""
+
+    def explanation(self, record: ExperimentRecord) -> str:
+        """A few sentences (rich text, escaped) on what the finished result shows."""
+        return ""
+
+    def cell(self, record: ExperimentRecord, point: Any, key: str) -> object:
+        """The value shown in the table for ``key`` of ``point`` (a lesson can name or convert it)."""
+        return point.values.get(key)
+
+    def style_charts(self, theme: th.Theme) -> None:
+        x, xu, y, yu = self.axes
+        self.chart.style(theme, x, xu, y, yu)
+
+    # --- the shell -----------------------------------------------------------------------------------------
+    def set_compact(self, compact: bool) -> None:
+        """A lecture scene shows the chart, the caption states what it means; settings, progress, the explanation
+        and the table stay behind (the numbers are in the caption and on the axes, the scene's footer shows
+        progress), and the charts drop their titles."""
+        for widget in (self.settings_box, self.progress, self.status, self.table, self.explain):
+            widget.setVisible(not compact)
+        for chart in self.findChildren(Chart):
+            chart.set_title_visible(not compact)
+
+    def set_busy(self, busy: bool, mine: bool = False) -> None:
+        self.run_button.setEnabled(not busy)
+        self.cancel_button.setEnabled(busy and mine)
+
+    def set_theme(self, theme: th.Theme) -> None:
+        self.theme = theme
+        self.style_charts(theme)
+        self._shown = None
+        self.refresh()
+
+    def latest(self) -> ExperimentRecord | None:
+        return self.store.latest_experiment(self.lesson.kind)
+
+    def refresh(self) -> None:
+        record = self.latest()
+        key = (record.exp_id, len(record.events)) if record else None
+        if key == self._shown:
+            return
+        self._shown = key
+        if record is None:
+            return
+        if record.progress is not None:
+            self.progress.setRange(0, max(record.progress.total, 1))
+            self.progress.setValue(record.progress.done)
+        self.status.setText(end_text(record) if record.finished else
+                            record.progress.message if record.progress is not None else "Starting…")
+        for chart in self.findChildren(Chart):
+            chart.clear_data()
+        self.draw(record)
+        words = self.explanation(record) if record.result is not None else ""
+        note = busy_note(record.result.lowest_cpu_share) if record.result is not None else ""
+        self.explain.setText(words + (f" <i>Note: {note}.</i>" if note else ""))
+        self._fill_table(record)
+
+    def _fill_table(self, record: ExperimentRecord) -> None:
+        points = [p for p in record.points if (p.series in self.table_series if self.table_series is not None
+                                               else p.series != "skipped")]
+        self.table.setRowCount(len(points))
+        for row, point in enumerate(points):
+            for col, (key, _title, fmt) in enumerate(self.columns):
+                value = self.cell(record, point, key)
+                self.table.setItem(row, col, QTableWidgetItem("" if value is None else fmt.format(value)))
+        self.table.resizeColumnsToContents()
+
+    def result(self) -> LessonResult | None:
+        record = self.latest()
+        return record.result if record is not None else None
+
+
+def end_text(record: ExperimentRecord) -> str:
+    """How it ended, and the settings it ran with (a replayed experiment's are not the form's)."""
+    end = record.end
+    if hasattr(end, "reason"):
+        text = "Finished." if end.reason == "done" else "Cancelled: the points measured so far are kept."
+    else:
+        text = f"Failed: {getattr(end, 'message', '')}"
+    shown = settings_words(record.started.settings)
+    return text + (f" Ran with {shown}." if shown else "")
+
+
+def settings_words(settings: LessonSettings) -> str:
+    out = []
+    for shape in shapes(type(settings)):
+        if shape.setting is None or shape.name == "prompt":
+            continue
+        value = getattr(settings, shape.name)
+        shown = "/".join(str(v) for v in value) if isinstance(value, tuple) else (
+            "the whole context" if value is None else f"{value:g}" if isinstance(value, float) else str(value))
+        unit = shape.setting.unit if shape.setting.unit not in shape.setting.label.split() else ""
+        out.append(f"{shape.setting.label.lower()} {shown}{' ' + unit if unit and value is not None else ''}")
+    return ", ".join(out)
+
+
+def token_note(result: object) -> str:
+    """The engine's reason why tokens differ (a 16-bit float's rounding), escaped, or nothing."""
+    note = getattr(result, "tokens_note", "")
+    return f" ({escape(note)})" if note else ""
+
+
+def busy_badge(result: LessonResult | None) -> str:
+    """What a scene caption adds when its numbers were measured on a busy machine."""
+    return " · measured on a busy machine" if result is not None and busy(result.lowest_cpu_share) else ""
+
+
+def add_labels(chart: Chart, theme: th.Theme, points: list[tuple[float, float, str]]) -> None:
+    """Short labels beside points (``B=4``), in the theme's font."""
+    for x, y, text in points:
+        label = pg.TextItem(text, color=theme.foreground, anchor=(0, 1))
+        label.setFont(theme.axis_font)
+        label.setPos(x, y)
+        chart.add(label)

@@ -1,0 +1,53 @@
+"""Batch size against throughput and per-token latency: one point per batch size, labelled, and the trade-off in
+words."""
+
+from __future__ import annotations
+
+import pyqtgraph as pg
+
+from app import theme as th
+from app.lesson_view import LessonView, Scene, add_labels
+from app.store import ExperimentRecord
+from engine.lessons import batch
+from engine.lessons.batch import BatchResult, latency_words
+
+
+class BatchView(LessonView):
+    lesson = batch.LESSON
+    axes = ("per-token latency of each request", "ms", "throughput of all requests", "tok/s")
+    columns = [("batch", "batch", "{:,.0f}"), ("ttft_ms", "TTFT ms", "{:,.1f}"),
+               ("per_token_ms", "per-token ms", "{:,.2f}"), ("decode_tok_s", "decode tok/s (all)", "{:,.1f}"),
+               ("request_latency_ms", "request latency ms", "{:,.0f}")]
+
+    def draw(self, record: ExperimentRecord) -> None:
+        x, y = record.series("batch", "per_token_ms"), record.series("batch", "decode_tok_s")
+        if not len(x):
+            return
+        self.chart.add(pg.PlotDataItem(x, y, pen=pg.mkPen(th.DECODE, width=self.theme.line_width * 1.5), symbol="o",
+                                       symbolBrush=th.DECODE), "batch sizes (measured)")
+        add_labels(self.chart, self.theme, [(xi, yi, f"B={int(b)}") for xi, yi, b in
+                                            zip(x, y, record.series("batch", "batch"))])
+
+    def explanation(self, record: ExperimentRecord) -> str:
+        r: BatchResult = record.result
+        if r.throughput_gain is None:
+            return ""
+        return (f"A batch of {r.largest_batch} decodes <b>{r.throughput_gain:.1f}x the tokens per second</b> of a "
+                f"single request, while each request's token comes <b>{latency_words(r.latency_growth)}</b> "
+                "(measured). Decode reads all the weights for every step whatever the batch, so more rows share "
+                "that cost: throughput rises, and latency per request rises too.")
+
+
+def caption(record: ExperimentRecord | None, context: object = None) -> str:
+    """The lecture scene's claim with its live number (plain text)."""
+    r = record.result if record is not None else None
+    if r is None or r.throughput_gain is None:
+        return ""
+    return (f"a batch of {r.largest_batch} decodes {r.throughput_gain:.1f}x the tokens/s, each token "
+            f"{latency_words(r.latency_growth)} (measured)")
+
+
+LESSON = batch.LESSON
+VIEW = BatchView
+SCENE = Scene("batch", "Latency vs throughput", order=5, action="batch sweep")
+JOINS = None

@@ -1,0 +1,100 @@
+"""Continuous vs static batching on the same arrivals: one lane per request (waiting, prefill, decode),
+continuous above static, and the batch size over time below, the time axes aligned."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+
+from app import theme as th
+from app.chart import Chart
+from app.lesson_view import Joins, LessonView, token_note
+from app.store import ExperimentRecord
+from engine.lessons import continuous
+from engine.lessons.continuous import ContinuousResult
+
+
+class ContinuousView(LessonView):
+    lesson = continuous.LESSON
+    axes = ("time since the first arrival", "ms", "requests", None)
+    columns = [("policy", "policy", "{}"), ("index", "request", "{:,.0f}"), ("prompt_tokens", "prompt", "{:,.0f}"),
+               ("new_tokens", "new", "{:,.0f}"), ("queue_ms", "waited ms", "{:,.1f}"), ("ttft_ms", "TTFT ms",
+               "{:,.1f}"), ("e2e_ms", "end-to-end ms", "{:,.1f}")]
+    table_series = ("request",)                          # the batch-size samples are charted, not tabled
+
+    def build(self) -> None:
+        self.sizes_chart = Chart("Batch size over time")
+        self.sizes_chart.setMinimumHeight(150)           # a chart at 720p keeps its axis and a few ticks
+        self.sizes_chart.plot.setXLink(self.plot)
+        self.charts_layout.addWidget(self.sizes_chart, 1)
+
+    def set_compact(self, compact: bool) -> None:
+        """In a scene (beside the batch sweep) the lanes carry the claim: the batch size over time stays in the
+        tab, where there is room for its axes."""
+        super().set_compact(compact)
+        self.sizes_chart.setVisible(not compact)
+
+    def style_charts(self, theme: th.Theme) -> None:
+        super().style_charts(theme)
+        self.sizes_chart.style(theme, "time since the first arrival", "ms", "batch size", "rows")
+        for plot in (self.plot, self.sizes_chart.plot):          # same left edge, so the time axes line up
+            plot.getAxis("left").setWidth(int(theme.base_pt * 11))
+
+    def cell(self, record: ExperimentRecord, point, key: str) -> object:
+        if key == "policy":
+            return "continuous" if point.values.get("policy") else "static"
+        return point.values.get(key)
+
+    def draw(self, record: ExperimentRecord) -> None:
+        requests = [p.values for p in record.points if p.series == "request"]
+        n = record.settings.requests or max((int(r["index"]) + 1 for r in requests), default=0)
+        ticks = []
+        for policy, offset in ((1.0, 0), (0.0, n + 1)):
+            rows = [r for r in requests if r["policy"] == policy]
+            for name, start, end, colour in (("waiting", "arrival_ms", "admitted_ms", th.WAITING),
+                                             ("prefill", "admitted_ms", "first_token_ms", th.PREFILL),
+                                             ("decode", "first_token_ms", "done_ms", th.DECODE)):
+                if rows:
+                    bars = pg.BarGraphItem(x0=[r[start] for r in rows],
+                                           width=[max(r[end] - r[start], 0.0) for r in rows],
+                                           y=[offset + r["index"] for r in rows], height=0.7, brush=colour, pen=None)
+                    self.chart.add(bars, name if policy == 1.0 else None)
+            label = "continuous" if policy else "static"
+            ticks.append((offset + (n - 1) / 2, label))
+            sizes = [p.values for p in record.points if p.series == "batch" and p.values["policy"] == policy]
+            if sizes:
+                t = np.array([0.0] + [p["t_ms"] for p in sizes])
+                b = np.array([sizes[0]["batch_size"]] + [p["batch_size"] for p in sizes])
+                self.sizes_chart.add(pg.PlotDataItem(np.repeat(t, 2)[1:], np.repeat(b, 2)[:-1],  # a step: the size
+                                                     pen=th.run_pen(th.DECODE if policy else th.CACHE_OFF,  # holds
+                                                                    self.theme.line_width, not policy)),  # until the
+                                     f"{label} (measured)")                                 # next decode step
+        self.plot.getAxis("left").setTicks([ticks, []])
+        self.plot.invertY(True)
+
+    def explanation(self, record: ExperimentRecord) -> str:
+        r: ContinuousResult = record.result
+        if r.continuous_tok_s is None:
+            return ""
+        solo = {True: "each request's tokens equal its solo run ✓", False: "tokens DIFFER from solo runs ✗"}
+        return (f"Same arrivals, two policies. Continuous: <b>{r.continuous_tok_s:,.0f} tok/s</b> in all, mean TTFT "
+                f"<b>{r.continuous_mean_ttft_ms:,.0f} ms</b>, mean end-to-end {r.continuous_mean_e2e_ms:,.0f} ms. "
+                f"Static: {r.static_tok_s:,.0f} tok/s, mean TTFT {r.static_mean_ttft_ms:,.0f} ms, end-to-end "
+                f"{r.static_mean_e2e_ms:,.0f} ms (all measured). Static batching makes a newcomer wait for the whole "
+                "batch (grey); continuous batching prefills it at the next step and lets finished rows leave. "
+                f"{solo.get(r.tokens_match_solo, '')}{token_note(r)}")
+
+
+def caption(record: ExperimentRecord | None, context: object = None) -> str:
+    """The lecture scene's claim with its live number (plain text)."""
+    r = record.result if record is not None else None
+    if r is None or r.continuous_mean_ttft_ms is None:
+        return ""
+    return (f"continuous batching: mean TTFT {r.continuous_mean_ttft_ms:,.0f} ms vs {r.static_mean_ttft_ms:,.0f} ms "
+            "static")
+
+
+LESSON = continuous.LESSON
+VIEW = ContinuousView
+SCENE = None
+JOINS = Joins("batch", "C", "continuous batching")

@@ -1,0 +1,135 @@
+"""Paged KV: one row per running request, one cell per block in its table (shared prefix blocks with how many
+requests point at them, the request's own blocks, the unwritten part of its last block), the pool below; a
+slider scrubs through the steps, opening on the step that held the most."""
+
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QSlider
+
+from app.lesson_view import LessonView, Scene, token_note
+from app.store import ExperimentRecord
+from engine.lessons import paged
+from engine.lessons.paged import PagedResult
+
+SHARED, PRIVATE, CACHED, FREE = "#CC79A7", "#0072B2", "#56B4E9", "#DDDDDD"
+
+
+class PagedView(LessonView):
+    lesson = paged.LESSON
+    axes = ("block in the request's table", None, "request", None)
+    columns = [("sharing", "block sharing", "{}"), ("index", "request", "{:,.0f}"),
+               ("prompt_tokens", "prompt", "{:,.0f}"), ("queue_ms", "waited ms", "{:,.1f}"),
+               ("ttft_ms", "TTFT ms", "{:,.1f}"), ("e2e_ms", "end-to-end ms", "{:,.1f}")]
+
+    def build(self) -> None:
+        self.chosen_step: int | None = None
+        self.step_slider = QSlider(Qt.Orientation.Horizontal)
+        self.step_slider.setToolTip("Which step's block table to show (it starts at the step that held most)")
+        self.step_slider.valueChanged.connect(self._step_chosen)
+        self.charts_layout.addWidget(self.step_slider)
+
+    def cell(self, record: ExperimentRecord, point, key: str) -> object:
+        return ("on" if point.values.get(key) else "off") if key == "sharing" else point.values.get(key)
+
+    def _step_chosen(self, index: int) -> None:
+        self.chosen_step = index
+        self._shown = None
+        self.refresh()
+
+    def draw(self, record: ExperimentRecord) -> None:
+        tables = record.tables
+        if not tables:
+            return
+        peak = max(range(len(tables)), key=lambda i: len({b for t in tables[i].tables for b in t}))
+        self.step_slider.blockSignals(True)
+        self.step_slider.setRange(0, len(tables) - 1)
+        index = peak if self.chosen_step is None or self.chosen_step >= len(tables) else self.chosen_step
+        self.step_slider.setValue(index)
+        self.step_slider.blockSignals(False)
+        table = tables[index]
+        refs = dict(zip(table.shared_blocks, table.shared_refs))
+        cells: dict[str, list[tuple[float, float, float]]] = {"shared": [], "own": [], "unwritten": []}
+        labels = []
+        for row, (blocks, held) in enumerate(zip(table.tables, table.positions)):
+            for slot, block in enumerate(blocks):
+                cells["shared" if block in refs else "own"].append((slot, row, 1.0))
+                if block in refs and slot == 0:
+                    labels.append((slot, row, f"×{refs[block]}"))
+            spare = len(blocks) * table.block_positions - held
+            if spare > 0 and blocks:
+                fraction = spare / table.block_positions
+                cells["unwritten"].append((len(blocks) - fraction, row, fraction))
+        pool_row = len(table.running) + 0.5
+        held = len({b for t in table.tables for b in t})
+        pool = (("held", 0.0, held, PRIVATE), ("cached", held, len(table.cached_blocks), CACHED),
+                ("free", held + len(table.cached_blocks), table.free_blocks, FREE))
+        for name, colour in (("shared", SHARED), ("own", PRIVATE), ("unwritten", FREE)):
+            if cells[name]:
+                self.chart.add(pg.BarGraphItem(x0=[c[0] for c in cells[name]], y=[c[1] for c in cells[name]],
+                                               width=[c[2] for c in cells[name]], height=0.8, brush=colour,
+                                               pen=pg.mkPen(self.theme.background)),
+                               {"shared": "shared prefix block", "own": "the request's own block",
+                                "unwritten": "allocated, not yet written"}[name])
+        for name, start, count, colour in pool:
+            if count:
+                self.chart.add(pg.BarGraphItem(x0=[start], y=[pool_row], width=[count], height=0.8, brush=colour,
+                                               pen=None), "pool: kept for reuse" if name == "cached" else None)
+        for x, y, text in labels:
+            label = pg.TextItem(text, color="#FFFFFF", anchor=(0, 0.5))
+            label.setFont(self.theme.axis_font)
+            label.setPos(x + 0.05, y)
+            self.chart.add(label)
+        ticks = [(row, f"#{request}") for row, request in enumerate(table.running)]
+        self.plot.getAxis("left").setTicks([ticks + [(pool_row, f"pool ({table.total_blocks})")], []])
+        self.plot.invertY(True)
+        self.step_words = step_words(table, index, len(tables), peak)
+
+    def explanation(self, record: ExperimentRecord) -> str:
+        r: PagedResult = record.result
+        words = getattr(self, "step_words", "")
+        if not r.peak_blocks_shared:
+            return words
+        mib = 2**20
+        same = "identical ✓" if r.same_tokens_as_ours else "different"
+        solo = "each request's tokens equal its solo run ✓" if r.tokens_match_solo else \
+            f"tokens DIFFER from solo runs ✗{token_note(r)}"
+        ours = (f" Same arrivals through KVScope's own scheduler: {r.ours_tok_s:,.0f} tok/s, mean TTFT "
+                f"{r.ours_mean_ttft_ms:,.0f} ms (measured); transformers' paged batching {r.transformers_tok_s:,.0f} "
+                f"tok/s, {r.transformers_mean_ttft_ms:,.0f} ms; tokens {same}." if r.ours_tok_s is not None else "")
+        return (f"{words} At the peak the paged cache held <b>{r.peak_bytes_shared / mib:,.1f} MiB</b> with sharing "
+                f"and {r.peak_bytes_unshared / mib:,.1f} MiB without (measured block counts × "
+                f"{r.bytes_per_block / 1024:,.0f} KiB per block, computed); a contiguous cache reserving prompt + "
+                f"{r.reserve} positions per request would hold {r.contiguous_bytes_at_peak / mib:,.1f} MiB (computed) "
+                f"for {r.used_bytes_at_peak / mib:,.1f} MiB of written positions. The shared system prompt is "
+                f"{r.shared_prefix_tokens} tokens ({r.shared_prefix_blocks} full blocks); {solo}.{ours}")
+
+
+def step_words(table, index: int, count: int, peak: int) -> str:
+    held = len({b for t in table.tables for b in t})
+    shared = f", {len(table.shared_blocks)} of them shared by up to {max(table.shared_refs)} requests" \
+        if table.shared_blocks else ""
+    waiting = f"; {len(table.waiting)} waiting" if table.waiting else ""
+    which = " (the most held)" if index == peak else ""
+    return (f"Step {table.step}{which}, {index + 1} of {count}: {len(table.running)} requests hold "
+            f"<b>{held} blocks</b> of {table.block_positions} positions{shared}{waiting}; "
+            f"{len(table.cached_blocks)} kept for reuse, {table.free_blocks} free.")
+
+
+def caption(record: ExperimentRecord | None, context: object = None) -> str:
+    """The lecture scene's claim with its live number (plain text)."""
+    r = record.result if record is not None else None
+    if r is None or not r.peak_blocks_shared:
+        return "press R: requests sharing a system prompt arrive and are served from one pool of blocks"
+    mib = 2**20
+    return (f"{r.shared_prefix_blocks} system-prompt blocks held once for every request: "
+            f"{r.peak_bytes_shared / mib:,.1f} MiB at the peak instead of {r.peak_bytes_unshared / mib:,.1f} MiB "
+            f"unshared (measured); a contiguous cache would reserve {r.contiguous_bytes_at_peak / mib:,.1f} MiB "
+            "(computed)")
+
+
+LESSON = paged.LESSON
+VIEW = PagedView
+SCENE = Scene("paged", "Paged KV and prefix sharing", order=11, action="serve the requests")
+JOINS = None

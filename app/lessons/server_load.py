@@ -1,0 +1,98 @@
+"""A load test on a serving engine: one lane per request (grey: sent, waiting for the first token; vermillion:
+tokens streaming, by this client's clock), and below what the server itself says on /metrics."""
+
+from __future__ import annotations
+
+from html import escape
+
+import pyqtgraph as pg
+
+from app import theme as th
+from app.chart import Chart
+from app.lesson_view import LessonView
+from app.store import ExperimentRecord
+from engine.lessons import server_load
+from engine.lessons.server_load import ServerLoadResult
+from engine.metrics import QUANTITIES
+
+
+class ServerLoadView(LessonView):
+    lesson = server_load.LESSON
+    axes = ("time since the first request", "ms", "request", None)
+    columns = [("index", "request", "{:,.0f}"), ("arrival_ms", "sent at ms", "{:,.0f}"),
+               ("ttft_ms", "TTFT ms (client)", "{:,.1f}"), ("server_prompt_ms", "prompt ms (server)", "{:,.1f}"),
+               ("generated", "tokens", "{:,.0f}"), ("decode_tok_s", "tok/s (client)", "{:,.1f}"),
+               ("e2e_ms", "end-to-end ms", "{:,.0f}")]
+    table_series = ("request",)                          # /metrics polls are charted, not tabled
+
+    def build(self) -> None:
+        self.metrics_chart = Chart("What the server reports on /metrics")
+        self.metrics_chart.setMinimumHeight(230)         # its legend, title and an axis with a few ticks
+        self.metrics_chart.plot.setXLink(self.plot)
+        self.charts_layout.addWidget(self.metrics_chart, 1)
+
+    def style_charts(self, theme: th.Theme) -> None:
+        super().style_charts(theme)
+        self.metrics_chart.style(theme, "time since the first request", "ms", "requests", None)
+        for plot in (self.plot, self.metrics_chart.plot):
+            plot.getAxis("left").setWidth(int(theme.base_pt * 11))
+
+    def draw(self, record: ExperimentRecord) -> None:
+        requests = sorted((p.values for p in record.points if p.series == "request"), key=lambda v: v["index"])
+        rows = [{**r, "ttft_end": r["arrival_ms"] + r["ttft_ms"], "done": r["arrival_ms"] + r["e2e_ms"]}
+                for r in requests]
+        for name, start, end, colour in (("waiting for the first token (client)", "arrival_ms", "ttft_end", th.WAITING),
+                                         ("streaming tokens (client)", "ttft_end", "done", th.DECODE)):
+            if rows:
+                self.chart.add(pg.BarGraphItem(x0=[r[start] for r in rows], width=[max(r[end] - r[start], 0.0)
+                                                                                   for r in rows],
+                                               y=[r["index"] for r in rows], height=0.7, brush=colour, pen=None), name)
+        every = max(1, -(-len(requests) // 6))          # at most ~6 labels: 64 lanes must not print 64 names
+        self.plot.getAxis("left").setTicks([[(r["index"], f"#{int(r['index'])}") for r in requests[::every]],
+                                            [(r["index"], "") for r in requests]])
+        self.plot.invertY(True)
+        samples = [p.values for p in record.points if p.series == "metrics"]
+        for quantity, colour in (("running", th.DECODE), ("waiting", th.WAITING)):
+            values = [(v["t_ms"], v[quantity]) for v in samples if quantity in v]
+            if values:
+                t, y = zip(*values)
+                self.metrics_chart.add(pg.PlotDataItem(t, y, pen=pg.mkPen(colour, width=self.theme.line_width * 1.5),
+                                                       symbol="o", symbolSize=5, symbolBrush=colour),
+                                       f"{QUANTITIES.get(quantity, quantity)} (/metrics)")
+        self.polled = bool(samples)
+
+    def explanation(self, record: ExperimentRecord) -> str:
+        r: ServerLoadResult = record.result
+        engine = escape(getattr(record.started.model, "engine", "the server"))
+        if r.mean_ttft_ms is None:
+            return f"No request completed ({r.failed} failed): see each run's message in the timing panel."
+        text = (f"{r.completed} of {r.requested} requests completed: mean TTFT <b>{r.mean_ttft_ms:,.0f} ms</b>, "
+                f"<b>{r.total_tok_s:,.1f} tok/s</b> in all, {r.mean_decode_tok_s:,.1f} tok/s per request (measured by "
+                "this client).")
+        if r.mean_server_prompt_ms is not None:
+            text += (f" {engine} itself reported a mean prompt time of {r.mean_server_prompt_ms:,.0f} ms: TTFT as a "
+                     f"user sees it is {r.mean_client_minus_server_ms:,.0f} ms longer (queueing, HTTP, the first "
+                     "step).")
+        peaks = [f"{QUANTITIES.get(q, q)} {getattr(r, 'peak_' + q):g}" for q in ("running", "waiting", "kv_usage")
+                 if getattr(r, "peak_" + q) is not None]
+        if peaks:
+            text += f" /metrics at its peak: {escape(', '.join(peaks))}."
+        elif not getattr(self, "polled", False):
+            text += f" {engine} has no /metrics here (llama-server needs --metrics)."
+        if r.metrics_error:
+            text += f" /metrics stopped: {escape(r.metrics_error)}"
+        return text + " The same idea inside KVScope, with every step visible: the Continuous batching tab."
+
+
+def caption(record: ExperimentRecord | None, context: object = None) -> str:
+    r = record.result if record is not None else None
+    if r is None or r.mean_ttft_ms is None:
+        return "requests fired at the server on a schedule, timed by this client"
+    return (f"{r.completed} of {r.requested} requests: mean TTFT {r.mean_ttft_ms:,.0f} ms, {r.total_tok_s:,.1f} tok/s "
+            "in all (measured by this client)")
+
+
+LESSON = server_load.LESSON
+VIEW = ServerLoadView
+SCENE = None
+JOINS = None

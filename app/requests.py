@@ -1,0 +1,58 @@
+"""What the window asks the engine's thread to do, one frozen dataclass per request: the worker dispatches on
+the type, so a request carries exactly what its work needs and nothing travels as a loose dict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.events import LessonSettings
+from engine.params import GenerationParams
+
+
+@dataclass(frozen=True)
+class Load:
+    """Load a model (a path, a hub id, ``embedded``) or attach to a server (an ``http(s)://`` address).
+    ``memory_budget``: at most this many bytes of weights in memory; the rest offloads to disk (0: no limit)."""
+
+    model: str
+    device: str = "auto"
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+    memory_budget: int = 0
+    deadline_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class Run:
+    prompt: str
+    params: GenerationParams
+
+
+@dataclass(frozen=True)
+class Chat:
+    messages: tuple[tuple[str, str], ...]           # (role, content), the whole conversation so far
+    params: GenerationParams
+    reuse: bool = True
+
+
+@dataclass(frozen=True)
+class Lesson:
+    """Run one lesson's experiment with these settings (``engine.experiment.run_lesson``)."""
+
+    kind: str
+    settings: LessonSettings
+
+
+@dataclass(frozen=True)
+class Replay:
+    paths: tuple[str, ...]
+    speed: float = 1.0
+
+
+@dataclass(frozen=True)
+class Remeasure:
+    """Measure this machine's peaks (and the fastest float) again."""
+
+
+Request = Load | Run | Chat | Lesson | Replay | Remeasure
+BUSY = {Load: "load", Run: "run", Chat: "run", Lesson: "experiment", Replay: "replay", Remeasure: "peaks"}

@@ -1,0 +1,41 @@
+"""The lessons, one module each, listed once: the CLI's ``sweep`` subcommands, the window's Experiments tabs
+and lecture scenes, the trace schema and Perfetto export iterate :data:`LESSONS` instead of naming kinds.
+
+A lesson module declares its settings (a frozen dataclass whose fields carry their bounds and, for the ones a
+user can change, a ``Setting`` with the CLI flag and the form label), its typed result, ``run(experiment,
+settings)`` and ``table(points, result)``, and ends with ``LESSON = Lesson(...)``. It imports no torch at
+module level (the window reads lessons with no model loaded) and no other lesson. Adding a lesson means its
+module here, its view in ``app/lessons/``, one line in each registry, its tests and README lines.
+"""
+
+from __future__ import annotations
+
+from engine.events import LessonResult, LessonSettings
+from engine.experiment import MODEL, SERVER, Lesson
+from engine.lessons import batch, cache, chat, continuous, formats, paged, prefill, server_load, speculative
+
+LESSONS: tuple[Lesson, ...] = (prefill.LESSON, cache.LESSON, batch.LESSON, continuous.LESSON, chat.LESSON,
+                               formats.LESSON, speculative.LESSON, paged.LESSON, server_load.LESSON)
+BY_KIND: dict[str, Lesson] = {lesson.kind: lesson for lesson in LESSONS}
+
+
+def lesson(kind: str) -> Lesson:
+    """The lesson called ``kind`` (as traces and the CLI name it)."""
+    try:
+        return BY_KIND[kind]
+    except KeyError:
+        raise KeyError(f"Unknown lesson {kind!r}: use one of {', '.join(BY_KIND)}") from None
+
+
+def types() -> dict[str, tuple[type[LessonSettings], type[LessonResult]]]:
+    """Each lesson's settings and result classes by kind: what the trace schema builds them from."""
+    return {lesson.kind: (lesson.settings, lesson.result) for lesson in LESSONS}
+
+
+def sweeps() -> tuple[Lesson, ...]:
+    """The lessons ``python -m engine sweep`` runs on a model loaded here."""
+    return tuple(lesson for lesson in LESSONS if lesson.target == MODEL)
+
+
+def server_lessons() -> tuple[Lesson, ...]:
+    return tuple(lesson for lesson in LESSONS if lesson.target == SERVER)

@@ -1,0 +1,137 @@
+"""Lesson: continuous against static batching, on the same arrivals. Requests arrive every few decode steps
+with different prompts and lengths; continuous batching admits each into the running batch at the next step,
+static batching makes it wait for the whole batch to finish. Per request: waiting, prefill, decode; per step:
+the batch size; every request's tokens equal its solo run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
+
+from engine import kvformula
+from engine.contention import busy_note
+from engine.errors import ParameterError
+from engine.events import ExperimentPoint, LessonResult, LessonSettings
+from engine.experiment import Counter, Experiment, Lesson, Span
+from engine.fields import Items, Number, PromptText, Range, Setting
+from engine.workloads import fitting, sample_texts
+
+POLICIES = ("continuous", "static")
+
+
+@dataclass(frozen=True)
+class ContinuousSettings(LessonSettings):
+    kind = "continuous"
+
+    requests: Annotated[int, Range(1, 256), Setting("--requests", "Requests", "how many requests arrive")] = 8
+    arrive_every: Annotated[int, Range(0, 10_000), Setting(
+        "--arrive-every", "A new request every", "decode steps between arrivals", "decode steps")] = 4
+    new_tokens: Annotated[tuple[Annotated[int, Range(1, 4096)], ...], Items(16)] = (16, 24, 32)
+    check_solo: bool = True
+    prompts: Annotated[tuple[PromptText, ...], Items(64)] = ()          # empty: the sample prompts
+
+
+@dataclass(frozen=True)
+class ContinuousResult(LessonResult):
+    kind = "continuous"
+    token_checks: ClassVar[tuple[str, ...]] = ("tokens_match_solo",)
+
+    continuous_tok_s: Number | None = None
+    continuous_mean_ttft_ms: Number | None = None
+    continuous_mean_e2e_ms: Number | None = None
+    static_tok_s: Number | None = None
+    static_mean_ttft_ms: Number | None = None
+    static_mean_e2e_ms: Number | None = None
+    same_tokens_both_policies: bool | None = None
+    tokens_match_solo: bool | None = None
+
+
+def check(target: Any, settings: ContinuousSettings) -> None:
+    refusal = kvformula.batching_refusal(target.facts)
+    if refusal is not None:
+        raise ParameterError(f"Continuous batching is not available for {target.facts.name}: {refusal}")
+
+
+def run(experiment: Experiment, settings: ContinuousSettings) -> ContinuousResult:
+    from engine.batch import generate_batch  # torch: only where a lesson runs, never where it is read
+    from engine.scheduler import Request, serve
+
+    session = experiment.session
+    usable = fitting(session, [session.encode(t) for t in settings.prompts or sample_texts()], max(settings.new_tokens))
+    encoded = [usable[i % len(usable)] for i in range(settings.requests)]
+    lengths = [settings.new_tokens[i % len(settings.new_tokens)] for i in range(settings.requests)]
+    steps = len(POLICIES) + int(settings.check_solo)
+    generate_batch(session.model, encoded[:1], 2, 0, session.device)             # warm-up
+    results = {}
+    for p, policy in enumerate(POLICIES):
+        experiment.progress(p, steps, f"{settings.requests} requests, {policy} batching")
+        batch = [Request(i, ids, n, i * settings.arrive_every) for i, (ids, n) in enumerate(zip(encoded, lengths))]
+
+        def step(t: float, size: int, pol: int = p) -> None:
+            experiment.point("batch", policy=float(pol == 0), t_ms=t, batch_size=size)
+
+        if not serve(session, batch, policy, on_step=step, cancel=experiment.cancel):
+            return ContinuousResult(incomplete=True)
+        for r in batch:
+            experiment.point("request", policy=float(p == 0), index=r.index, prompt_tokens=len(r.ids),
+                             new_tokens=r.new_tokens, arrival_ms=r.arrival_ms, admitted_ms=r.admitted_ms,
+                             first_token_ms=r.first_token_ms, done_ms=r.done_ms,
+                             ttft_ms=r.first_token_ms - r.arrival_ms, e2e_ms=r.done_ms - r.arrival_ms,
+                             queue_ms=r.admitted_ms - r.arrival_ms)
+        results[policy] = batch
+    figures: dict[str, float] = {}
+    for policy, batch in results.items():
+        span = max(r.done_ms for r in batch) - min(r.arrival_ms for r in batch)
+        figures[f"{policy}_tok_s"] = sum(r.new_tokens for r in batch) / (span / 1000.0) if span else 0.0
+        figures[f"{policy}_mean_ttft_ms"] = statistics.fmean(r.first_token_ms - r.arrival_ms for r in batch)
+        figures[f"{policy}_mean_e2e_ms"] = statistics.fmean(r.done_ms - r.arrival_ms for r in batch)
+    same = [r.tokens for r in results["continuous"]] == [r.tokens for r in results["static"]]
+    solo_match = None
+    if settings.check_solo:
+        experiment.progress(len(POLICIES), steps, "each request alone, for the token check")
+        solo = [generate_batch(session.model, [ids], n, 0, session.device).tokens[0]
+                for ids, n in zip(encoded, lengths)]
+        solo_match = solo == [r.tokens for r in results["continuous"]]
+    experiment.progress(steps, steps, "done")
+    return ContinuousResult(**figures, same_tokens_both_policies=same, tokens_match_solo=solo_match)
+
+
+def timeline(point: ExperimentPoint) -> list[Span | Counter]:
+    """A lane per request (waiting, prefill, decode) and the batch size as a counter, per policy."""
+    v = point.values
+    policy = "continuous" if v.get("policy") else "static"
+    if point.series == "request" and "admitted_ms" in v:
+        track = f"{policy}: request {int(v['index'])}"
+        spans = (("waiting", v["arrival_ms"], v["admitted_ms"]), ("prefill", v["admitted_ms"], v["first_token_ms"]),
+                 ("decode", v["first_token_ms"], v["done_ms"]))
+        return [Span(track, name, start, max(end - start, 0.0)) for name, start, end in spans]
+    if point.series == "batch" and "batch_size" in v:
+        return [Counter(f"batch size ({policy})", v["t_ms"], {"rows": v["batch_size"]})]
+    return []
+
+
+def table(points: Sequence[ExperimentPoint], result: ContinuousResult) -> str:
+    lines = ["policy     | request | prompt | new | arrived ms | waited ms | TTFT ms | end-to-end ms",
+             "-----------+---------+--------+-----+------------+-----------+---------+--------------"]
+    for p in (p for p in points if p.series == "request"):
+        v = p.values
+        lines.append(f"{'continuous' if v['policy'] else 'static':10} | {int(v['index']):7d} | "
+                     f"{int(v['prompt_tokens']):6d} | {int(v['new_tokens']):3d} | {v['arrival_ms']:10.1f} | "
+                     f"{v['queue_ms']:9.1f} | {v['ttft_ms']:7.1f} | {v['e2e_ms']:13.1f}")
+    if result.continuous_tok_s is not None:
+        for policy in POLICIES:
+            lines.append(f"{policy:10}: {getattr(result, policy + '_tok_s'):8.1f} tok/s in all, mean TTFT "
+                         f"{getattr(result, policy + '_mean_ttft_ms'):8.1f} ms, mean end-to-end "
+                         f"{getattr(result, policy + '_mean_e2e_ms'):8.1f} ms (measured)")
+        lines.insert(len(lines) - 2, "")
+        lines.append(f"each request's tokens equal its solo run: {'yes' if result.tokens_match_solo else 'NO'}")
+    if busy_note(result.lowest_cpu_share):
+        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
+    return "\n".join(lines)
+
+
+LESSON = Lesson(kind="continuous", title="Continuous batching", settings=ContinuousSettings,
+                result=ContinuousResult, run=run, table=table, check=check, timeline=timeline)

@@ -1,0 +1,176 @@
+"""Lesson: weight formats. Halve the bytes decode reads per token and decode nearly doubles, while prefill,
+which is arithmetic, does not. Per format (float32, bfloat16, int8, int4 weights), on the loaded model:
+
+- bytes read per token (the weights as stored plus the KV cache) and measured decode tok/s beside the ceiling
+  this machine's measured bandwidth allows for those bytes;
+- prefill tok/s on a longer prompt beside the ceiling the measured matmul peak allows;
+- TTFT, the first step where greedy tokens leave float32's, and the mean negative log-likelihood (and
+  perplexity) of a held paragraph, so what the smaller bytes cost in quality is on the same screen.
+
+Each format is a fresh load of the same model (then released); medians of a few repeats.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated
+
+from engine.contention import busy_note
+from engine.costmodel import Device, ModelCost
+from engine.errors import ModelSourceError, ParameterError
+from engine.events import ExperimentPoint, LessonResult, LessonSettings
+from engine.experiment import Experiment, Lesson
+from engine.fields import Items, Number, Range, Setting, Text
+from engine.params import GenerationParams
+from engine.workloads import filler_ids
+
+FORMATS = ("float32", "bfloat16", "int8", "int4")
+PROMPT = "Explain in three sentences why decoding one token at a time is limited by memory bandwidth."
+HELD_PARAGRAPH = ("The cache keeps the keys and values of every token the model has already read, so that each new "
+                  "token attends to them without computing them again. Its size grows with the length of the "
+                  "conversation, with the number of layers, and with the width of each key and value. When many "
+                  "users are served at once, the memory the caches take, not the arithmetic, decides how many of "
+                  "them fit on one machine.")
+
+
+@dataclass(frozen=True)
+class FormatsSettings(LessonSettings):
+    kind = "dtype"
+
+    formats: Annotated[tuple[Annotated[str, Text(16, FORMATS)], ...], Items(4), Setting(
+        "--formats", "Weight formats", "weight formats to compare, separated by commas")] = FORMATS
+    new_tokens: Annotated[int, Range(2, 1024), Setting(
+        "--tokens", "New tokens per run", "new tokens per run", "tokens")] = 48
+    repeats: Annotated[int, Range(1, 20), Setting("--repeats", "Repeats", "timed runs per format")] = 3
+    prefill_tokens: Annotated[int, Range(8, 8192)] = 256
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.formats:
+            raise ParameterError(f"formats must name some of {', '.join(FORMATS)}")
+
+
+@dataclass(frozen=True)
+class FormatFigures:
+    """One format, as measured (decode, prefill, TTFT, likelihood) and computed (bytes and ceilings)."""
+
+    name: Annotated[str, Text(16, FORMATS)]
+    bytes_per_token: Number
+    decode_tok_s: Number
+    decode_x: Number | None = None         # over float32's, when float32 was measured
+    bytes_x: Number | None = None
+
+
+@dataclass(frozen=True)
+class FormatsResult(LessonResult):
+    kind = "dtype"
+
+    measured: Annotated[tuple[FormatFigures, ...], Items(4)] = ()
+    skipped: Annotated[tuple[Annotated[str, Text(512)], ...], Items(4)] = ()
+
+
+def first_divergence(reference: list[int], tokens: list[int]) -> int | None:
+    """The first step where ``tokens`` leave ``reference`` (None if they never do, over the shorter)."""
+    return next((i for i, (a, b) in enumerate(zip(reference, tokens)) if a != b), None)
+
+
+def run(experiment: Experiment, settings: FormatsSettings) -> FormatsResult:
+    from engine.models import load  # torch: only where a lesson runs, never where it is read
+    from engine.session import Session
+
+    session, facts = experiment.session, experiment.session.facts
+    reference: list[int] | None = None
+    rows: list[tuple[str, dict]] = []
+    skipped: list[str] = []
+    shares: list[float] = []
+    formats = settings.formats
+    for i, fmt in enumerate(formats):
+        if experiment.cancelled:
+            break
+        experiment.progress(i, len(formats), f"{fmt}: loading {facts.name} and measuring")
+        try:
+            loaded = load(facts.source, str(session.device), fmt)
+        except ModelSourceError as exc:                     # e.g. no int4 kernel for this device
+            experiment.point("skipped", index=i)
+            skipped.append(f"{fmt}: {exc}"[:512])
+            experiment.progress(i, len(formats), f"{fmt}: skipped ({exc})")
+            continue
+        values, tokens, share = _measure(Session(loaded), settings)
+        if share is not None:
+            shares.append(share)
+        reference = tokens if fmt == "float32" or reference is None else reference
+        divergence = first_divergence(reference, tokens)
+        values["diverges_at"] = float(divergence) if divergence is not None else -1.0
+        values["index"] = float(i)
+        experiment.point("format", **values)
+        rows.append((fmt, values))
+        del loaded
+        gc.collect()
+    experiment.progress(len(formats), len(formats), "done")
+    base = next((v for fmt, v in rows if fmt == "float32"), None)
+    measured = tuple(FormatFigures(
+        fmt, v["bytes_per_token"], v["decode_tok_s"],
+        decode_x=v["decode_tok_s"] / base["decode_tok_s"] if base else None,
+        bytes_x=v["bytes_per_token"] / base["bytes_per_token"] if base else None) for fmt, v in rows)
+    return FormatsResult(measured=measured, skipped=tuple(skipped), incomplete=experiment.cancelled,
+                         lowest_cpu_share=min(shares) if shares else None)
+
+
+def _measure(session, settings: FormatsSettings) -> tuple[dict, list[int], float | None]:
+    from engine import hardware
+
+    facts = session.facts
+    peaks = hardware.peaks(session.device, session.model.dtype)
+    device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
+    cost = ModelCost(facts)
+    params = GenerationParams(max_new_tokens=settings.new_tokens)
+    session.run(PROMPT, GenerationParams(max_new_tokens=4))                       # warm-up
+    runs = [session.run(PROMPT, params).summary for _ in range(settings.repeats)]
+    ids = filler_ids(session, settings.prefill_tokens)
+    session.timed_prefill(ids)                                                   # warm-up at this length
+    prefill_ms = statistics.median(session.timed_prefill(ids)[0] for _ in range(settings.repeats))
+    step = cost.decode(runs[0].prompt_tokens + settings.new_tokens // 2)
+    nll = session.negative_log_likelihood(HELD_PARAGRAPH)
+    values = {"weight_bytes": float(facts.weight_bytes), "bytes_per_token": step.bytes,
+              "decode_tok_s": statistics.median(s.decode_tok_s for s in runs),
+              "decode_ceiling_tok_s": device.bytes_per_s / step.bytes,
+              "ttft_ms": statistics.median(s.ttft_ms for s in runs),
+              "prefill_tok_s": settings.prefill_tokens / (prefill_ms / 1000.0),
+              "prefill_ceiling_tok_s":
+                  settings.prefill_tokens / cost.prefill(settings.prefill_tokens).compute_s(device),
+              "nll": nll, "perplexity": math.exp(nll), "bandwidth_gb_s": peaks.bytes_per_s / 1e9,
+              "peak_gflop_s": peaks.flops_per_s / 1e9}
+    shares = [s.cpu_share for s in runs if s.cpu_share is not None]
+    return values, runs[0].token_ids, min(shares) if shares else None
+
+
+def table(points: Sequence[ExperimentPoint], result: FormatsResult) -> str:
+    lines = ["weights | bytes/token | decode tok/s | ceiling | prefill tok/s | ceiling | TTFT ms | diverges "
+             "| NLL (ppl)",
+             "--------+-------------+--------------+---------+---------------+---------+---------+----------"
+             "+----------"]
+    for p, figures in zip((p for p in points if p.series == "format"), result.measured):
+        v = p.values
+        diverges = "never" if v["diverges_at"] < 0 else f"step {int(v['diverges_at'])}"
+        lines.append(f"{figures.name:>7} | {v['bytes_per_token'] / 2**20:8.1f} MiB | "
+                     f"{v['decode_tok_s']:12.1f} | {v['decode_ceiling_tok_s']:7.0f} | {v['prefill_tok_s']:13.0f} | "
+                     f"{v['prefill_ceiling_tok_s']:7.0f} | {v['ttft_ms']:7.1f} | {diverges:>8} | "
+                     f"{v['nll']:.3f} ({v['perplexity']:.1f})")
+    compared = [f for f in result.measured if f.name != "float32" and f.bytes_x is not None]
+    if compared:
+        lines += ["", *(f"{f.name}: {f.bytes_x:.2f}x the bytes per token of float32, {f.decode_x:.2f}x its decode "
+                        "tok/s (measured)" for f in compared),
+                  "ceilings: this machine's measured bandwidth over the bytes read per token (decode) and its "
+                  "measured matmul peak over the FLOPs per token (prefill), computed"]
+    lines += [f"skipped {s}" for s in result.skipped]
+    if busy_note(result.lowest_cpu_share):
+        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
+    return "\n".join(lines)
+
+
+LESSON = Lesson(kind="dtype", title="Weight formats", settings=FormatsSettings, result=FormatsResult, run=run,
+                table=table)

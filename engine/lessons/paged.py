@@ -1,0 +1,209 @@
+"""Lesson: paged KV and prefix sharing, watched inside transformers' own continuous batching
+(``engine.paged``). Requests that share a system prompt arrive every few steps and are served from one pool of
+fixed-size blocks, block sharing on (every step's block table is emitted) and off; then the same arrivals go
+through KVScope's own scheduler. The result: blocks held at the peak with and without sharing (measured from
+the block tables) beside what a contiguous cache would reserve for the same requests (computed: prompt plus
+``reserve`` positions each, as a server reserves for a request's max_tokens), the prefix blocks shared, and
+both schedulers' timings and tokens.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
+
+from engine import kvformula
+from engine.contention import busy_note
+from engine.errors import ParameterError
+from engine.events import BlockTable, ExperimentPoint, LessonResult, LessonSettings
+from engine.experiment import Experiment, Lesson
+from engine.fields import Bytes, Count, Message, Number, Range, Setting
+
+SYSTEM = ("You are the support assistant of a library. Answer in one short sentence, politely, and never invent "
+          "opening hours: the library opens at nine and closes at six on weekdays, and is closed on Sundays.")
+QUESTIONS = ("When do you open on Monday?", "Are you open on Sunday?", "Can I return a book at seven?",
+             "What time do you close on Friday?", "Do you open before nine?", "Is the library open on Saturday?",
+             "Can I come at noon on Tuesday?", "When do you close on Wednesday?")
+
+
+@dataclass(frozen=True)
+class PagedSettings(LessonSettings):
+    kind = "paged"
+
+    requests: Annotated[int, Range(1, 64), Setting(
+        "--requests", "Requests (one system prompt)", "how many requests arrive")] = 6
+    arrive_every: Annotated[int, Range(0, 10_000), Setting(
+        "--arrive-every", "A new request every", "decode steps between arrivals", "steps")] = 3
+    new_tokens: Annotated[int, Range(1, 1024), Setting(
+        "--tokens", "New tokens per request", "new tokens per request", "tokens")] = 16
+    page_size: Annotated[int, Range(4, 1024), Setting(
+        "--page-size", "Block size", "positions per block", "positions")] = 16
+    reserve: Annotated[int, Range(1, 1 << 20)] = 256
+    compare: bool = True
+    system: Message = SYSTEM
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.reserve < self.new_tokens:
+            raise ParameterError(f"reserve ({self.reserve:,}) must be at least the new tokens ({self.new_tokens:,})")
+
+
+@dataclass(frozen=True)
+class PagedResult(LessonResult):
+    kind = "paged"
+    token_checks: ClassVar[tuple[str, ...]] = ("tokens_match_solo",)
+
+    bytes_per_position: Bytes = 0
+    bytes_per_block: Bytes = 0
+    peak_blocks_shared: Count = 0
+    peak_blocks_unshared: Count = 0
+    peak_bytes_shared: Bytes = 0
+    peak_bytes_unshared: Bytes = 0
+    contiguous_bytes_at_peak: Bytes = 0
+    used_bytes_at_peak: Bytes = 0
+    shared_prefix_tokens: Count = 0
+    shared_prefix_blocks: Count = 0
+    sharing_saves: Number | None = None
+    same_tokens_with_and_without_sharing: bool | None = None
+    tokens_match_solo: bool | None = None
+    reserve: Count = 0
+    transformers_tok_s: Number | None = None
+    transformers_mean_ttft_ms: Number | None = None
+    transformers_mean_e2e_ms: Number | None = None
+    ours_tok_s: Number | None = None
+    ours_mean_ttft_ms: Number | None = None
+    ours_mean_e2e_ms: Number | None = None
+    same_tokens_as_ours: bool | None = None
+    mean_ttft_spread: Number | None = None
+
+
+def _prompts(session: Any, settings: PagedSettings) -> list[list[int]]:
+    return [_encode(session, settings.system, QUESTIONS[i % len(QUESTIONS)]) for i in range(settings.requests)]
+
+
+def check(target: Any, settings: PagedSettings) -> None:
+    from engine.paged import check_transformers, paged_refusal  # transformers: only where a lesson runs
+
+    refusal = paged_refusal(target.facts)
+    if refusal:
+        raise ParameterError(f"The paged cache lesson is not available for {target.facts.name}: {refusal}")
+    check_transformers()
+    longest = max(len(p) for p in _prompts(target, settings)) + settings.new_tokens
+    if longest > target.facts.max_context:
+        raise ParameterError(f"A request of {longest:,} positions does not fit the context of "
+                             f"{target.facts.max_context:,}")
+
+
+def run(experiment: Experiment, settings: PagedSettings) -> PagedResult:
+    from engine.batch import generate_batch
+    from engine.paged import PagedRequest, Pool, Snapshot, serve_paged
+    from engine.scheduler import Request, serve
+
+    session, page = experiment.session, settings.page_size
+    prompts = _prompts(session, settings)
+    per_request = -(-(max(len(p) for p in prompts) + settings.new_tokens) // page)
+    num_blocks = settings.requests * per_request + 4                 # room for every request without sharing
+    total_steps = 3 if settings.compare else 2
+    peaks: dict[bool, dict] = {}
+    runs: dict[bool, list] = {}
+    for done, sharing in enumerate((True, False)):
+        experiment.progress(done, total_steps,
+                            f"transformers' continuous batching, block sharing {'on' if sharing else 'off'}")
+        batch = [PagedRequest(i, ids, settings.new_tokens, i * settings.arrive_every) for i, ids in enumerate(prompts)]
+        peak = {"blocks": 0, "reserved": 0, "used": 0}
+
+        def step(snap: Snapshot, sharing: bool = sharing, peak: dict = peak, batch: list = batch) -> None:
+            held = len({b for table in snap.tables for b in table})
+            if held > peak["blocks"]:
+                peak.update(blocks=held, used=sum(snap.positions),
+                            reserved=sum(len(batch[i].ids) + settings.reserve for i in snap.running))
+            if sharing:
+                shared = sorted(snap.shared)
+                experiment.emit(BlockTable(experiment.exp_id, experiment.ms(), snap.step, page, snap.total,
+                                           snap.running, snap.tables, snap.positions, snap.waiting, shared,
+                                           [snap.shared[b] for b in shared], snap.cached, snap.free))
+
+        if not serve_paged(session.model, batch, Pool(page, num_blocks, sharing), on_step=step,
+                           cancel=experiment.cancel):
+            return PagedResult(incomplete=True)
+        peaks[sharing], runs[sharing] = peak, batch
+        for r in batch:
+            experiment.point("request", sharing=float(sharing), index=r.index, prompt_tokens=len(r.ids),
+                             new_tokens=len(r.tokens), ttft_ms=r.first_token_ms - r.arrival_ms,
+                             e2e_ms=r.done_ms - r.arrival_ms, queue_ms=r.admitted_ms - r.arrival_ms)
+    figures = {**_block_figures(session, runs, peaks, page, prompts), "reserve": settings.reserve}
+    solo = [generate_batch(session.model, [ids], settings.new_tokens, 0, session.device).tokens[0] for ids in prompts]
+    figures["tokens_match_solo"] = solo == [r.tokens for r in runs[True]]
+    figures.update(_timings("transformers", runs[True]))
+    figures["mean_ttft_spread"] = statistics.pstdev(r.first_token_ms - r.arrival_ms for r in runs[True])
+    if settings.compare:
+        experiment.progress(2, total_steps, "the same arrivals through KVScope's own scheduler")
+        ours = [Request(i, ids, settings.new_tokens, i * settings.arrive_every) for i, ids in enumerate(prompts)]
+        if not serve(session, ours, "continuous", cancel=experiment.cancel):
+            return PagedResult(incomplete=True, **figures)
+        figures.update(_timings("ours", ours), same_tokens_as_ours=[r.tokens for r in ours] ==
+                       [r.tokens for r in runs[True]])
+    experiment.progress(total_steps, total_steps, "done")
+    return PagedResult(**figures)
+
+
+def _encode(session: Any, system: str, question: str) -> list[int]:
+    if session.has_chat_template:
+        return session.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": question}])
+    return session.encode(f"{system}\n{question}\n", chat_template=False)
+
+
+def _block_figures(session: Any, runs: dict, peaks: dict, page: int, prompts: list) -> dict:
+    per_position = kvformula.bytes_per_token(session.facts)
+    on, off = peaks[True], peaks[False]
+    shared_prefix = max((kvformula.common_prefix(a, b) for a, b in zip(prompts, prompts[1:])), default=0)
+    return {
+        "bytes_per_position": per_position, "bytes_per_block": per_position * page,
+        "peak_blocks_shared": on["blocks"], "peak_blocks_unshared": off["blocks"],
+        "peak_bytes_shared": on["blocks"] * page * per_position,
+        "peak_bytes_unshared": off["blocks"] * page * per_position,
+        "contiguous_bytes_at_peak": off["reserved"] * per_position, "used_bytes_at_peak": off["used"] * per_position,
+        "shared_prefix_tokens": shared_prefix, "shared_prefix_blocks": shared_prefix // page,
+        "sharing_saves": 1.0 - on["blocks"] / off["blocks"] if off["blocks"] else 0.0,
+        "same_tokens_with_and_without_sharing": [r.tokens for r in runs[True]] == [r.tokens for r in runs[False]]}
+
+
+def _timings(prefix: str, batch: list) -> dict:
+    span = max(r.done_ms for r in batch) - min(r.arrival_ms for r in batch)
+    return {f"{prefix}_tok_s": sum(len(r.tokens) for r in batch) / (span / 1000.0) if span else 0.0,
+            f"{prefix}_mean_ttft_ms": statistics.fmean(r.first_token_ms - r.arrival_ms for r in batch),
+            f"{prefix}_mean_e2e_ms": statistics.fmean(r.done_ms - r.arrival_ms for r in batch)}
+
+
+def table(points: Sequence[ExperimentPoint], result: PagedResult) -> str:
+    lines = ["sharing | request | prompt | waited ms | TTFT ms | end-to-end ms",
+             "--------+---------+--------+-----------+---------+--------------"]
+    for p in points:
+        v = p.values
+        lines.append(f"{'on' if v['sharing'] else 'off':>7} | {int(v['index']):7d} | {int(v['prompt_tokens']):6d} | "
+                     f"{v['queue_ms']:9.1f} | {v['ttft_ms']:7.1f} | {v['e2e_ms']:13.1f}")
+    if result.peak_blocks_shared:
+        mib = 2**20
+        r = result
+        lines += ["", f"blocks of {r.bytes_per_block:,} B (computed); at the peak: {r.peak_blocks_shared} blocks = "
+                  f"{r.peak_bytes_shared / mib:.2f} MiB with sharing, {r.peak_blocks_unshared} = "
+                  f"{r.peak_bytes_unshared / mib:.2f} MiB without (measured block counts)",
+                  f"a contiguous cache reserving prompt + {r.reserve} positions per request: "
+                  f"{r.contiguous_bytes_at_peak / mib:.2f} MiB (computed) for {r.used_bytes_at_peak / mib:.2f} MiB "
+                  "written",
+                  f"shared system prompt: {r.shared_prefix_tokens} tokens = {r.shared_prefix_blocks} full blocks; "
+                  f"tokens equal solo runs: {'yes' if r.tokens_match_solo else 'NO'}"]
+        if r.ours_tok_s is not None:
+            lines.append(f"same arrivals: transformers' paged batching {r.transformers_tok_s:.1f} tok/s, mean TTFT "
+                         f"{r.transformers_mean_ttft_ms:.0f} ms; KVScope's scheduler {r.ours_tok_s:.1f} tok/s, "
+                         f"{r.ours_mean_ttft_ms:.0f} ms (measured); tokens "
+                         f"{'identical' if r.same_tokens_as_ours else 'different'}")
+    if busy_note(result.lowest_cpu_share):
+        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
+    return "\n".join(lines)
+
+
+LESSON = Lesson(kind="paged", title="Paged KV", settings=PagedSettings, result=PagedResult, run=run, table=table,
+                check=check)

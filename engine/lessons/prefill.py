@@ -1,0 +1,159 @@
+"""Lesson: prefill cost against prompt length. Prompt lengths double from ``start`` to the context (or
+``max_length``); each is prefilled a few times after a warm-up, and the median time and TTFT are charted beside
+the cost model's prediction. The fitted exponent says how time scales: short prompts are dominated by reading
+the weights and fixed costs (below n), long ones by 2 x parameters FLOPs per token and then attention's n^2.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from engine import costmodel
+from engine.contention import busy_note
+from engine.errors import ParameterError
+from engine.events import ExperimentPoint, LessonResult, LessonSettings
+from engine.experiment import Experiment, Lesson
+from engine.fields import MAX_CONTEXT, Count, Number, Range, Setting
+from engine.report import quantity
+from engine.workloads import filler_ids
+
+NOISY_SPREAD = 1.25      # a length whose slowest repeat took this much longer than its fastest is a noisy point
+
+
+@dataclass(frozen=True)
+class PrefillSettings(LessonSettings):
+    kind = "prefill"
+
+    max_length: Annotated[int, Range(2, MAX_CONTEXT), Setting(
+        "--max-length", "Longest prompt", "longest prompt (default: the model's whole context)", "tokens")] | None \
+        = 1024
+    start: Annotated[int, Range(1, MAX_CONTEXT), Setting(
+        "--start", "Shortest prompt", "shortest prompt", "tokens")] = 16
+    repeats: Annotated[int, Range(1, 100), Setting(
+        "--repeats", "Timed repeats per length", "timed repeats per length, after one warm-up")] = 3
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_length is not None and self.max_length < self.start:
+            raise ParameterError(f"max_length ({self.max_length:,}) must be at least start ({self.start:,})")
+
+
+@dataclass(frozen=True)
+class PrefillResult(LessonResult):
+    kind = "prefill"
+
+    points: Count = 0
+    exponent: Number | None = None              # time ~ n^exponent, all points (measured fit)
+    exponent_short: Number | None = None        # the shorter half
+    exponent_long: Number | None = None         # the longer half
+    doubled_from: Count = 0                     # the last doubling: from this many tokens ...
+    doubled_to: Count = 0                       # ... to this many
+    last_doubling_x: Number | None = None       # how much longer it took (measured)
+    flops_doubling_x: Number | None = None      # how many more FLOPs it needs (computed)
+    predicted_exponent: Number | None = None    # the cost model's exponent over the same lengths
+    largest_spread: Number | None = None        # the widest slowest/fastest repeat ratio of any length
+    noisy: bool = False                         # some length's repeats spread more than NOISY_SPREAD
+
+
+def doubling_lengths(start: int, limit: int) -> list[int]:
+    lengths, n = [], start
+    while n <= limit:
+        lengths.append(n)
+        n *= 2
+    return lengths
+
+
+def fitted_exponent(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of log(y) against log(x): time ~ n^slope."""
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+    mx, my = statistics.fmean(lx), statistics.fmean(ly)
+    den = sum((a - mx) ** 2 for a in lx)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / den if den else float("nan")
+
+
+def _limit(target: Any, settings: PrefillSettings) -> int:
+    context = target.facts.max_context
+    return min(settings.max_length or context, context - 1)
+
+
+def check(target: Any, settings: PrefillSettings) -> None:
+    limit = _limit(target, settings)
+    if limit < settings.start:
+        raise ParameterError(f"The sweep needs 1 <= shortest prompt ({settings.start:,}) <= longest ({limit:,}, the "
+                             "model's context less one)")
+
+
+def run(experiment: Experiment, settings: PrefillSettings) -> PrefillResult:
+    session = experiment.session
+    lengths = doubling_lengths(settings.start, _limit(session, settings))
+    ids = filler_ids(session, lengths[-1])
+    measured: list[dict] = []
+    for i, n in enumerate(lengths):
+        experiment.progress(i, len(lengths), f"prefill of {n:,} tokens ({settings.repeats} repeats)")
+        forward, ttft = [], []
+        for r in range(1 + settings.repeats):               # one warm-up, then the timed repeats
+            if experiment.cancelled:
+                return summarize(measured)
+            forward_ms, ttft_ms = session.timed_prefill(ids[:n])
+            if r:
+                forward.append(forward_ms)
+                ttft.append(ttft_ms)
+        cost = experiment.cost.prefill(n)
+        values = {"tokens": n, "prefill_ms": statistics.median(forward), "ttft_ms": statistics.median(ttft),
+                  "prefill_ms_min": min(forward), "prefill_ms_max": max(forward), "flops": cost.flops,
+                  "attention_flops": costmodel.attention_flops(n, session.facts.hidden_size)}
+        predicted = experiment.predicted_ms(cost)
+        if predicted is not None:
+            values["predicted_ms"] = predicted
+        experiment.point("prefill", **values)
+        measured.append(values)
+    experiment.progress(len(lengths), len(lengths), "done")
+    return summarize(measured)
+
+
+def summarize(points: list[dict]) -> PrefillResult:
+    if not points:
+        return PrefillResult(incomplete=True)
+    spread = max(p["prefill_ms_max"] / p["prefill_ms_min"] for p in points if p["prefill_ms_min"] > 0)
+    if len(points) < 2:
+        return PrefillResult(points=len(points), largest_spread=spread, noisy=spread > NOISY_SPREAD)
+    n = [p["tokens"] for p in points]
+    t = [p["prefill_ms"] for p in points]
+    half = len(points) // 2
+    predicted = [p["predicted_ms"] for p in points if "predicted_ms" in p]
+    return PrefillResult(
+        points=len(points), exponent=fitted_exponent(n, t),
+        exponent_short=fitted_exponent(n[: half + 1], t[: half + 1]),
+        exponent_long=fitted_exponent(n[half:], t[half:]), doubled_from=n[-2], doubled_to=n[-1],
+        last_doubling_x=t[-1] / t[-2], flops_doubling_x=points[-1]["flops"] / points[-2]["flops"],
+        predicted_exponent=fitted_exponent(n, predicted) if len(predicted) == len(points) else None,
+        largest_spread=spread, noisy=spread > NOISY_SPREAD)
+
+
+def table(points: Sequence[ExperimentPoint], result: PrefillResult) -> str:
+    lines = ["prompt tokens | prefill ms (median) | TTFT ms | predicted ms (computed) | FLOPs (computed)",
+             "--------------+---------------------+---------+-------------------------+-----------------"]
+    for p in points:
+        v = p.values
+        pred = f"{v['predicted_ms']:.2f}" if "predicted_ms" in v else "n/a"
+        lines.append(f"{int(v['tokens']):13,d} | {v['prefill_ms']:19.2f} | {v['ttft_ms']:7.2f} | {pred:>23} | "
+                     f"{quantity(v['flops']):>15}")
+    if result.exponent is not None:
+        lines += ["", f"time ~ n^{result.exponent:.2f} overall (n^{result.exponent_short:.2f} for short prompts, "
+                  f"n^{result.exponent_long:.2f} for long ones), measured",
+                  f"Doubling {result.doubled_from:,}->{result.doubled_to:,}: {result.last_doubling_x:.1f}x measured, "
+                  f"{result.flops_doubling_x:.1f}x FLOPs (computed)"]
+    if result.noisy:
+        lines.append(f"note: the repeats of one length spread up to {result.largest_spread:.2f}x: the fitted "
+                     "exponents are rough (a busy or noisy machine); run again on a quiet one")
+    if busy_note(result.lowest_cpu_share):
+        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
+    return "\n".join(lines)
+
+
+LESSON = Lesson(kind="prefill", title="Prefill vs prompt length", settings=PrefillSettings, result=PrefillResult,
+                run=run, table=table, check=check)

@@ -1,0 +1,182 @@
+"""Lesson: speculative decoding, measured. Plain greedy decode and speculative decode of the same prompt,
+interleaved a few times and timed by the same loop (``engine.speculative``): medians of decode wall time,
+every verification pass of the last speculative repeat with its guesses, the acceptance rate, tokens per
+pass, and whether the two outputs are the same tokens (greedy: they must be).
+
+Drafters: ``prompt lookup`` (n-grams of the text so far: free, and right when the answer repeats the prompt),
+``self`` (this model with lighter weights, ``draft_dtype``) or a draft model sharing the tokenizer (a folder,
+``.gguf`` file or hub id).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
+
+from engine import kvformula
+from engine.contention import LoadMeter, busy_note
+from engine.errors import ModelSourceError, ParameterError
+from engine.events import DraftPass, ExperimentPoint, LessonResult, LessonSettings
+from engine.experiment import Experiment, Lesson
+from engine.fields import MAX_DRAFT, MAX_PROMPT, Count, Number, Range, Setting, Text, TokenText
+from engine.resources import SPECULATIVE_PROMPTS as PROMPTS
+
+PROMPT_LOOKUP, SELF = "prompt lookup", "self"
+DRAFT_FORMATS = ("int4", "int8", "bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class SpeculativeSettings(LessonSettings):
+    kind = "speculative"
+
+    prompt: Annotated[str, Text(MAX_PROMPT), Setting(
+        "--prompt", "Prompt", "the prompt (default: one whose answer repeats it)")] = PROMPTS["repeats itself"]
+    drafter: Annotated[str, Text(4096), Setting(
+        "--drafter", "Drafter", "'prompt lookup', 'self' (this model, weights as --draft-dtype), or a draft model "
+        "sharing the tokenizer: a folder, .gguf or hub id")] = PROMPT_LOOKUP
+    draft_dtype: Annotated[str, Text(16, DRAFT_FORMATS), Setting(
+        "--draft-dtype", "Draft weights", "the draft model's weights")] = "int4"
+    draft_tokens: Annotated[int, Range(1, MAX_DRAFT), Setting(
+        "--guesses", "Guesses per pass", "guesses per verification pass", "tokens")] = 8
+    new_tokens: Annotated[int, Range(2, 4096), Setting(
+        "--tokens", "New tokens", "new tokens to generate", "tokens")] = 64
+    repeats: Annotated[int, Range(1, 20), Setting(
+        "--repeats", "Repeats", "how many times plain and speculative decode alternate")] = 2
+
+
+@dataclass(frozen=True)
+class SpeculativeResult(LessonResult):
+    kind = "speculative"
+    token_checks: ClassVar[tuple[str, ...]] = ("tokens_match",)
+
+    drafter: Annotated[str, Text(4096)] = ""
+    draft_tokens: Count = 0
+    prompt_tokens: Count = 0
+    first_text: TokenText = ""
+    generated: Count = 0
+    plain_decode_ms: Number | None = None       # medians of the repeats (measured)
+    speculative_decode_ms: Number | None = None
+    speedup: Number | None = None
+    plain_passes: Count = 0
+    passes: Count = 0
+    drafted: Count = 0
+    accepted: Count = 0
+    acceptance: Number | None = None
+    tokens_per_pass: Number | None = None
+    draft_share: Number | None = None           # drafting's share of the speculative decode time
+    tokens_match: bool = False
+    first_difference: Count | None = None       # the first token where they part, if they do
+
+
+def check(target: Any, settings: SpeculativeSettings) -> None:
+    refusal = kvformula.speculative_refusal(target.facts)
+    if refusal:
+        raise ParameterError(f"Speculative decoding is not available for {target.facts.name}: {refusal}")
+    if not settings.prompt.strip():
+        raise ParameterError("The prompt is empty: pick a prompt or type one")
+    ids = target.encode(settings.prompt)
+    target.check_prompt(len(ids))
+    if len(ids) + settings.new_tokens > target.facts.max_context:
+        raise ParameterError(f"The prompt's {len(ids):,} tokens and {settings.new_tokens:,} new ones do not fit the "
+                             f"context of {target.facts.max_context:,}: ask for fewer new tokens")
+
+
+def _drafter(experiment: Experiment, settings: SpeculativeSettings):
+    from engine.models import load  # torch: only where a lesson runs, never where it is read
+    from engine.speculative import DraftModel, PromptLookup
+
+    session = experiment.session
+    if settings.drafter == PROMPT_LOOKUP:
+        return PromptLookup(session.eos_ids)
+    source = session.facts.source if settings.drafter == SELF else settings.drafter
+    experiment.progress(0, 2 * settings.repeats, f"loading the draft model ({source}, {settings.draft_dtype})")
+    try:
+        return DraftModel(load(source, str(session.device), settings.draft_dtype), session.tokenizer.get_vocab(),
+                          settings.draft_dtype)
+    except ModelSourceError as exc:
+        raise ParameterError(f"The draft model could not be loaded: {exc}") from None
+
+
+def run(experiment: Experiment, settings: SpeculativeSettings) -> SpeculativeResult:
+    from engine.speculative import decode
+
+    session = experiment.session
+    ids = session.encode(settings.prompt)
+    guesser = _drafter(experiment, settings)
+    decode(session, ids, 4, guesser, settings.draft_tokens)                     # warm-up, not measured
+    runs: dict[str, list] = {"plain": [], "speculative": []}
+    shares: list[float] = []
+    total = 2 * settings.repeats
+    for repeat in range(settings.repeats):
+        for name, who, k in (("plain", None, 0), ("speculative", guesser, settings.draft_tokens)):
+            if experiment.cancelled:
+                break
+            experiment.progress(len(runs["plain"]) + len(runs["speculative"]), total,
+                                f"repeat {repeat + 1} of {settings.repeats}: {name} decode")
+            meter = LoadMeter()
+            meter.start()
+            result = decode(session, ids, settings.new_tokens, who, k, experiment.cancel)
+            meter.stop()
+            if meter.share() is not None:
+                shares.append(meter.share())
+            runs[name].append(result)
+            generated = len(result.tokens)
+            experiment.point(name, repeat=repeat, decode_ms=result.decode_ms, prefill_ms=result.prefill_ms,
+                             generated=generated, passes=len(result.passes), drafted=result.drafted,
+                             accepted=result.accepted,
+                             decode_tok_s=(generated - 1) / (result.decode_ms / 1000.0) if result.decode_ms else 0.0)
+            if name == "speculative":
+                _emit_passes(experiment, repeat, result)
+    experiment.progress(total, total, "done")
+    share = min(shares) if shares else None
+    if not runs["plain"] or not runs["speculative"] or experiment.cancelled:
+        return SpeculativeResult(incomplete=True, lowest_cpu_share=share)
+    plain, spec = runs["plain"][-1], runs["speculative"][-1]
+    plain_ms = statistics.median(r.decode_ms for r in runs["plain"])
+    spec_ms = statistics.median(r.decode_ms for r in runs["speculative"])
+    difference = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b), None)
+    if difference is None and len(plain.tokens) != len(spec.tokens):
+        difference = min(len(plain.tokens), len(spec.tokens))
+    return SpeculativeResult(
+        drafter=guesser.name, draft_tokens=settings.draft_tokens, prompt_tokens=len(ids),
+        first_text=session.token_text(spec.tokens[0]), generated=len(spec.tokens), plain_decode_ms=plain_ms,
+        speculative_decode_ms=spec_ms, speedup=plain_ms / spec_ms if spec_ms else None,
+        plain_passes=len(plain.passes), passes=len(spec.passes), drafted=spec.drafted, accepted=spec.accepted,
+        acceptance=spec.accepted / spec.drafted if spec.drafted else 0.0,
+        tokens_per_pass=(len(spec.tokens) - 1) / len(spec.passes) if spec.passes else 0.0,
+        draft_share=sum(p.draft_ms for p in spec.passes) / spec.decode_ms if spec.decode_ms else 0.0,
+        tokens_match=difference is None, first_difference=difference, lowest_cpu_share=share)
+
+
+def _emit_passes(experiment: Experiment, repeat: int, result: Any) -> None:
+    text = experiment.session.token_text
+    for p in result.passes:
+        experiment.emit(DraftPass(experiment.exp_id, experiment.ms(), repeat, p.index, p.position, list(p.drafted),
+                                  [text(t) for t in p.drafted], p.accepted, p.token_id, text(p.token_id), p.draft_ms,
+                                  p.verify_ms))
+
+
+def table(points: Sequence[ExperimentPoint], result: SpeculativeResult) -> str:
+    lines = ["decode      | repeat | decode ms | tok/s  | forward passes | guessed | kept",
+             "------------+--------+-----------+--------+----------------+---------+-----"]
+    for p in points:
+        v = p.values
+        lines.append(f"{p.series:11} | {int(v['repeat']) + 1:6d} | {v['decode_ms']:9.0f} | "
+                     f"{v['decode_tok_s']:6.1f} | {int(v['passes']):14d} | "
+                     f"{int(v['drafted']):7d} | {int(v['accepted']):4d}")
+    if result.speedup is not None:
+        lines += ["", f"{result.drafter}: {result.accepted} of {result.drafted} guesses kept "
+                  f"({result.acceptance:.0%}), {result.tokens_per_pass:.2f} tokens per forward pass, decode "
+                  f"{result.speedup:.2f}x as fast (median of the repeats, measured; drafting "
+                  f"{result.draft_share:.0%} of the speculative time)",
+                  "same tokens as plain greedy decode: " + ("yes" if result.tokens_match else
+                                                            f"NO, from token {result.first_difference}")]
+    if busy_note(result.lowest_cpu_share):
+        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
+    return "\n".join(lines)
+
+
+LESSON = Lesson(kind="speculative", title="Speculative decoding", settings=SpeculativeSettings,
+                result=SpeculativeResult, run=run, table=table, check=check)
