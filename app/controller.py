@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Protocol
 
 from app import requests as rq
@@ -208,12 +207,11 @@ class Controller:
         if self._queue_after_load(lambda: self.start_lesson(kind), lesson.title) or self._refused(lesson.title):
             return False
         try:
-            settings = self.choices.for_run(kind, lesson.settings, self.run_settings.choices.prompt)
+            settings = self.choices.for_run(kind, lesson.settings, self.run_settings.choices.prompt,
+                                            tuple(self.conversation.user_turns()))
         except EngineError as exc:
             self.surface.show_error(str(exc))
             return False
-        if kind == "chat" and self.conversation.user_turns():
-            settings = replace(settings, turns=tuple(self.conversation.user_turns()))
         self.client.submit(rq.Lesson(kind, settings))
         self.surface.busy_changed(self.client.busy)
         self.surface.show_experiment(kind)

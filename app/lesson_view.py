@@ -162,7 +162,7 @@ class SettingsForm(QWidget):
             return
         self.choices.set(settings)
         follow = next((name for name, follows in self.follows.items() if follows()), None)
-        self.choices.follow(self.lesson.kind, follow)
+        self.choices.follow_prompt(self.lesson.kind, follow)
 
     def _optional(self, name: str) -> bool:
         return next(s.optional for s in shapes(self.lesson.settings) if s.name == name)

@@ -20,6 +20,7 @@ from PySide6.QtCore import QEvent, QTimer, qInstallMessageHandler
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
+from app import lessons as app_lessons
 from app.controller import Controller
 from app.menus import set_replay_speed
 from app.resources import icon_path
@@ -71,7 +72,7 @@ def build(args: argparse.Namespace) -> tuple[QApplication, MainWindow]:
     if icon.is_file():
         app.setWindowIcon(QIcon(str(icon)))
     store, state, conversation = RunStore(), ViewState(NAMES), Conversation()
-    run_settings, choices = RunSettings(), LessonChoices()
+    run_settings, choices = RunSettings(), LessonChoices(app_lessons.follows())
     client = EngineClient()
     window = MainWindow(store, state, conversation, client, run_settings, choices)
     controller = Controller(store, state, conversation, client, run_settings, choices, window.surface,

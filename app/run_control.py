@@ -17,6 +17,7 @@ class RunControl:
         self._paused = False
         self._credits = 0          # single steps granted while paused
         self.delay_s = 0.0         # slow motion: pause this long before each decode step
+        self.held = False          # the worker is waiting at a paused run's gate (no token can come meanwhile)
 
     # --- GUI thread ---------------------------------------------------------------------------------------
     def reset(self, paused: bool = False) -> None:
@@ -61,6 +62,8 @@ class RunControl:
                         break
                     self._cond.wait(left)
             while self._paused and self._credits == 0 and not self.cancel.is_set():
+                self.held = True
                 self._cond.wait()
+            self.held = False
             if self._paused and self._credits > 0:
                 self._credits -= 1

@@ -115,31 +115,36 @@ def _coerce(value: object, kind: type) -> object:
 
 class LessonChoices(Observable):
     """Each lesson's settings as its form last set them: the tab's Run button and the scene's action key start
-    the same experiment with the same settings. ``follow_prompt``: the settings field that takes the prompt in
-    Controls when the lesson starts (a form's "the prompt in Controls")."""
+    the same experiment with the same settings. ``follows``: by lesson, a settings field filled in when it starts,
+    and from what: ``"prompt"`` (a form's "the prompt in Controls") or ``"conversation"`` (the chat's turns)."""
 
-    def __init__(self) -> None:
+    def __init__(self, follows: dict[str, tuple[str, str]] | None = None) -> None:
         super().__init__()
         self.settings: dict[str, LessonSettings] = {}
-        self.follow_prompt: dict[str, str] = {}
+        self.follows: dict[str, tuple[str, str]] = dict(follows or {})
 
     def set(self, settings: LessonSettings) -> None:
         if self.settings.get(settings.kind) != settings:
             self.settings[settings.kind] = settings
             self.changed(settings.kind)
 
-    def follow(self, kind: str, field_name: str | None) -> None:
-        if field_name is None:
-            self.follow_prompt.pop(kind, None)
-        else:
-            self.follow_prompt[kind] = field_name
+    def follow_prompt(self, kind: str, field_name: str | None) -> None:
+        """A form's prompt field follows the prompt in Controls (``field_name``), or no longer does (None)."""
+        if field_name is not None:
+            self.follows[kind] = (field_name, "prompt")
+        elif self.follows.get(kind, ("", ""))[1] == "prompt":
+            del self.follows[kind]
 
-    def for_run(self, kind: str, default: type[LessonSettings], prompt: str) -> LessonSettings:
-        """The settings a start of ``kind`` uses now (the Controls prompt filled in where the form asks)."""
+    def for_run(self, kind: str, default: type[LessonSettings], prompt: str,
+                conversation: tuple[str, ...] = ()) -> LessonSettings:
+        """The settings a start of ``kind`` uses now: the form's, with the prompt in Controls or the chat's turns
+        filled in where the lesson follows them (an empty conversation leaves the lesson's own turns)."""
         settings = self.settings.get(kind) or default()
-        name = self.follow_prompt.get(kind)
-        if name is not None:
+        name, source = self.follows.get(kind, (None, None))
+        if source == "prompt":
             if not prompt.strip():
                 raise ParameterError("The prompt in Controls is empty: type one there or pick a prompt in the tab")
             settings = replace(settings, **{name: prompt})
+        elif source == "conversation" and conversation:
+            settings = replace(settings, **{name: conversation})
         return settings

@@ -65,6 +65,7 @@ class _Loan:
     def __init__(self, widget: QWidget) -> None:
         self.widget = widget
         self._restore: Callable[[], None] = lambda: None
+        self._show = True                 # a tab's page is shown by its tabs, never over the current one
         parent = widget.parentWidget()
         holder = parent.parentWidget() if parent is not None else None
         if isinstance(parent, QDockWidget):
@@ -78,6 +79,7 @@ class _Loan:
             current = tabs.currentIndex()
             tabs.removeTab(index)                     # taken out, so the tabs never draw a page they lent
             self._restore = lambda: (tabs.insertTab(index, widget, label), tabs.setCurrentIndex(current))
+            self._show = False
         elif isinstance(parent, QSplitter):
             index, sizes = parent.indexOf(widget), parent.sizes()
             self._restore = lambda: (parent.insertWidget(index, widget), parent.setSizes(sizes))
@@ -93,7 +95,8 @@ class _Loan:
 
     def give_back(self) -> None:
         self._restore()
-        self.widget.show()
+        if self._show:
+            self.widget.show()
 
 
 class SceneView(QWidget):

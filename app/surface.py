@@ -10,6 +10,7 @@ import logging
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDockWidget, QHBoxLayout, QLabel, QMainWindow, QPushButton, QWidget
 
+from app import lessons as app_lessons
 from app.controller import describe_loaded
 from app.dialogs import FirstRunDialog
 from app.panels.chat import ChatPanel
@@ -121,5 +122,5 @@ class WindowSurface:
         (a lecture scene shows its own charts instead)."""
         if self.lecture():
             return
-        self.docks["chat" if kind == "chat" else "experiments"].raise_()
+        self.docks[app_lessons.dock_of(kind)].raise_()
         self.experiments.show_lesson(kind)

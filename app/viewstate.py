@@ -67,10 +67,10 @@ class RunStyle:
     group: str            # MAIN, CHAT or EXPERIMENT: which views draw the run
 
 
-def group_of(kind: str, experiment: str) -> str:
+def group_of(run_kind: str, experiment: str) -> str:
     if experiment:
         return EXPERIMENT
-    return CHAT if kind == "chat" else MAIN
+    return CHAT if run_kind == "chat" else MAIN
 
 
 class ViewState(Observable):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 BUSY_BELOW = 0.7            # process CPU seconds per wall second per compute thread
 
@@ -27,20 +28,25 @@ def compute_threads() -> int:
 
 
 class LoadMeter:
-    """``start()`` / ``stop()`` around work; ``share()`` is CPU seconds per wall second per compute thread."""
+    """``start()`` / ``stop()`` around work; ``share()`` is CPU seconds per wall second per compute thread.
+    The clocks are this process's CPU time and the wall clock; a test passes its own to judge the arithmetic
+    without depending on how busy its machine is."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpu_clock: Callable[[], float] = time.process_time,
+                 wall_clock: Callable[[], float] = time.perf_counter) -> None:
+        self.cpu_clock, self.wall_clock = cpu_clock, wall_clock
         self._cpu = self._wall = 0.0
+        self._running = False
         self.cpu_s = self.wall_s = 0.0
 
     def start(self) -> None:
-        self._cpu, self._wall = time.process_time(), time.perf_counter()
+        self._cpu, self._wall, self._running = self.cpu_clock(), self.wall_clock(), True
 
     def stop(self) -> None:
-        if self._wall:
-            self.cpu_s += time.process_time() - self._cpu
-            self.wall_s += time.perf_counter() - self._wall
-            self._wall = 0.0
+        if self._running:
+            self.cpu_s += self.cpu_clock() - self._cpu
+            self.wall_s += self.wall_clock() - self._wall
+            self._running = False
 
     def share(self, idle_ms: float = 0.0) -> float | None:
         """The CPU share over the measured wall time minus ``idle_ms`` spent waiting on purpose (pauses).

@@ -10,6 +10,28 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
+PATIENCE_MS = 120_000
+
+
+def _patient_wait_until() -> None:
+    """A wait in a test is a hang detector, never a speed limit: a condition met in 50 ms on a quiet machine can
+    take seconds beside other programs, and the verdict must not change. Every ``qtbot.waitUntil`` waits at least
+    ``PATIENCE_MS`` before it calls the condition never met."""
+    try:
+        from pytestqt.qtbot import QtBot
+    except ImportError:             # a run without pytest-qt (an engine-only install) has no waits to widen
+        return
+    wait_until = QtBot.waitUntil
+
+    def patient(self, callback, *, timeout: int = PATIENCE_MS):
+        return wait_until(self, callback, timeout=max(timeout, PATIENCE_MS))
+
+    QtBot.waitUntil = patient
+    QtBot.wait_until = patient
+
+
+_patient_wait_until()
+
 
 @pytest.fixture(scope="session")
 def cache_root(tmp_path_factory: pytest.TempPathFactory):

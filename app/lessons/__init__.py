@@ -4,7 +4,8 @@
 
 A lesson's app module defines ``LESSON`` (the engine lesson), ``VIEW`` (its ``LessonView`` subclass, or None
 when another panel draws it), ``caption(record, context)``, ``SCENE`` (a ``Scene``, or None) and ``JOINS`` (a
-``Joins`` when it shares another lesson's scene, or None).
+``Joins`` when it shares another lesson's scene, or None); and, where they differ from the usual, ``DOCK`` (the
+panel that draws it) and ``FOLLOWS`` (a settings field it takes from the window: ``(field, "conversation")``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,18 @@ def views() -> dict[str, type[LessonView]]:
 def scenes() -> list[Scene]:
     """The lessons' scenes, each knowing the lesson R runs there."""
     return [replace(module.SCENE, lesson=kind) for kind, module in BY_KIND.items() if module.SCENE is not None]
+
+
+def dock_of(kind: str) -> str:
+    """The dock a lesson is drawn in: its tab in Experiments, or the panel it names (``DOCK``: the chat
+    comparison is drawn in the Chat panel)."""
+    return getattr(BY_KIND[kind], "DOCK", "experiments")
+
+
+def follows() -> dict[str, tuple[str, str]]:
+    """By lesson: the settings field it takes from the window when it starts, and from what (``FOLLOWS``: the
+    chat comparison takes the conversation's turns)."""
+    return {kind: module.FOLLOWS for kind, module in BY_KIND.items() if getattr(module, "FOLLOWS", None)}
 
 
 def joins() -> dict[str, tuple[str, Joins]]:

@@ -79,6 +79,8 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
 
 
 LESSON = chat.LESSON
-VIEW = None          # drawn by app.panels.chat
+VIEW = None
+DOCK = "chat"                            # drawn in the Chat panel, beside the user's own conversation
+FOLLOWS = ("turns", "conversation")      # the conversation's turns, when there is one
 SCENE = Scene("chat", "Conversations", order=7, action="compare reuse on vs off")
 JOINS = None

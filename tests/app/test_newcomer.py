@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from PySide6.QtCore import QSettings
@@ -27,14 +26,28 @@ def test_settings_are_written_soon_after_they_change_without_closing(qtbot, wind
                     == 0.65, timeout=3000)
 
 
+SHOWN = """
+import sys
+import app.main as m
+from PySide6.QtCore import QTimer
+build = m.build
+def patched(args):
+    app, w = build(args)
+    QTimer.singleShot(0, lambda: print("shown", flush=True))     # the event loop runs: the handler is in place
+    return app, w
+m.build = patched
+sys.exit(m.main(sys.argv[1:]))
+"""
+
+
 def test_sigterm_closes_the_window_and_keeps_the_settings(tmp_path):
     settings = tmp_path / "s.ini"
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "KVSCOPE_SETTINGS": str(settings)}
-    process = subprocess.Popen([sys.executable, "-m", "app", "--no-load"], env=env, stdout=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-c", SHOWN, "--no-load"], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
+    assert process.stdout.readline().strip() == "shown"
     process.send_signal(signal.SIGTERM)
-    _out, err = process.communicate(timeout=30)
+    _out, err = process.communicate(timeout=120)
     assert process.returncode == 0 and "Traceback" not in err
     assert QSettings(str(settings), QSettings.Format.IniFormat).value("window/geometry") is not None
 
@@ -48,10 +61,10 @@ def test_reset_layout_docks_floating_and_hidden_panels_again(qtbot, window):
 
 
 def test_refused_actions_say_why(qtbot, window):
-    load(window, "/no/such/model")                  # busy loading for a moment
+    load(window, "/no/such/model")                  # busy loading until the worker's answer is drained
+    assert window.client.busy == "load"
     window.controller.run()
-    assert "Run is not available while a model is loading" in window.status.currentMessage() \
-        or window.client.busy is None
+    assert "Run is not available while a model is loading" in window.status.currentMessage()
     wait_idle(qtbot, window)
     window.controls.max_tokens.setValue(200)
     window.controls.slow.setValue(50)

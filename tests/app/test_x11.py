@@ -56,7 +56,7 @@ def test_destroying_the_window_from_outside_ends_the_process(display, tmp_path):
     time.sleep(1)
     xdotool(display, "windowclose", window)
     try:
-        app.wait(timeout=10)                              # checked every 2 s; settings saved on the way out
+        app.wait(timeout=120)                             # checked every 2 s; settings saved on the way out
     finally:
         app.kill()
     assert app.returncode == 0

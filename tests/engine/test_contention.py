@@ -1,8 +1,6 @@
 """Noise you can see: figures measured while other programs took the cores say so, busy peaks are not cached,
 and peaks a run beats are measured again."""
 
-import time
-
 import pytest
 
 from engine import contention, hardware
@@ -18,36 +16,87 @@ def test_a_low_cpu_share_is_called_busy_and_a_high_one_is_not():
     assert not contention.busy(None) and contention.busy_note(None) == ""
 
 
-def test_the_meter_reads_a_sleeping_thread_as_busy_and_a_working_one_as_quiet():
-    sleeping = contention.LoadMeter()
-    sleeping.start()
-    time.sleep(0.2)                       # wall time passes, no CPU time: as if other programs had the cores
-    sleeping.stop()
-    assert sleeping.share() < 0.2
-    import torch
+class Clocks:
+    """A wall clock and a CPU clock the test moves by hand: every read of the wall clock takes 0.1 ms, a wait
+    moves the wall clock only, work moves both. The verdicts below then hold however busy the machine is."""
 
-    a = torch.randn(512, 512)
-    working = contention.LoadMeter()
+    def __init__(self) -> None:
+        self.wall_s = self.cpu_s = 0.0
+
+    def wall(self) -> float:
+        self.wall_s += 1e-4
+        return self.wall_s
+
+    def cpu(self) -> float:
+        return self.cpu_s
+
+    def wait(self, seconds: float) -> None:
+        self.wall_s += seconds
+
+    def work(self, seconds: float, threads: int) -> None:
+        self.wall_s += seconds
+        self.cpu_s += seconds * threads
+
+
+def test_the_meter_reads_waiting_as_busy_and_work_on_every_thread_as_quiet(monkeypatch):
+    monkeypatch.setattr(contention, "compute_threads", lambda: 2)
+    clocks = Clocks()
+    waiting = contention.LoadMeter(clocks.cpu, clocks.wall)
+    waiting.start()
+    clocks.wait(0.2)                      # wall time passes, no CPU time: as if other programs had the cores
+    waiting.stop()
+    assert waiting.share() < 0.01 and contention.busy(waiting.share())
+    working = contention.LoadMeter(clocks.cpu, clocks.wall)
     working.start()
-    deadline = time.perf_counter() + 0.3
-    while time.perf_counter() < deadline:        # torch's threads keep every core busy, as a forward pass does
-        a @ a
+    clocks.work(0.3, threads=2)           # both compute threads busy, as a forward pass keeps them
     working.stop()
-    assert working.share() > 0.5
+    assert working.share() == pytest.approx(1.0, rel=1e-2) and not contention.busy(working.share())
+    half = contention.LoadMeter(clocks.cpu, clocks.wall)
+    half.start()
+    clocks.work(0.3, threads=1)           # another program took one of the two cores
+    half.stop()
+    assert half.share() == pytest.approx(0.5, rel=1e-2) and contention.busy(half.share())
 
 
-def test_a_run_excludes_waits_from_decode_time_and_from_its_cpu_share(tiny):
+def test_the_meter_leaves_out_waits_it_is_told_of_and_gives_no_verdict_on_too_little_time(monkeypatch):
+    monkeypatch.setattr(contention, "compute_threads", lambda: 2)
+    clocks = Clocks()
+    meter = contention.LoadMeter(clocks.cpu, clocks.wall)
+    meter.start()
+    clocks.work(0.2, threads=2)
+    clocks.wait(1.0)                      # a pause the user asked for
+    meter.stop()
+    assert meter.share(idle_ms=1000.0) == pytest.approx(1.0, rel=1e-2)
+    assert meter.share() == pytest.approx(0.2 / 1.2, rel=1e-2)
+    short = contention.LoadMeter(clocks.cpu, clocks.wall)
+    short.start()
+    clocks.work(0.04, threads=2)
+    short.stop()
+    assert short.share() is None
+
+
+def test_a_run_excludes_waits_from_decode_time_and_from_its_cpu_share(tiny, monkeypatch):
+    """The session's clocks are the test's: each wait between steps is a second of wall time and no work."""
+    import types
+
+    from engine import clock, session
+
+    clocks = Clocks()
+    fake_time = types.SimpleNamespace(perf_counter=clocks.wall)
+    monkeypatch.setattr(session, "time", fake_time)
+    monkeypatch.setattr(clock, "time", fake_time)
+    monkeypatch.setattr(session, "LoadMeter", lambda: contention.LoadMeter(clocks.cpu, clocks.wall))
     events: list = []
     result = Session(tiny).run("hello", GenerationParams(max_new_tokens=5), events.append,
-                               before_step=lambda step: time.sleep(0.05))
+                               before_step=lambda step: clocks.wait(1.0))
     s = result.summary
     steps = [e for e in events if type(e).__name__ == "TokenStep"]
-    assert [st.waited_ms >= 50 for st in steps] == [False, True, True, True, True]
+    assert [round(st.waited_ms) for st in steps] == [0, 1000, 1000, 1000, 1000]
     assert s.waited_ms == pytest.approx(sum(st.waited_ms for st in steps))
     assert s.decode_ms == pytest.approx(sum(st.latency_ms for st in steps[1:]))
-    assert s.decode_ms < 0.5 * s.waited_ms                     # the tiny model's steps are far shorter than a wait
-    assert s.total_ms > s.waited_ms
-    assert s.cpu_share is None          # 200 ms of waits left too little measured time to judge the load
+    assert s.decode_ms < 10                       # the steps' own clock reads, none of the four seconds waited
+    assert s.total_ms > s.waited_ms + s.decode_ms
+    assert s.cpu_share is None          # 4 s of waits left too little measured time to judge the load
 
 
 def test_a_long_enough_run_reports_its_cpu_share(tiny):

