@@ -16,6 +16,10 @@ BENCH_DIR ?= build/bench
 LLAMA_CPP_PYTHON ?= llama-cpp-python==0.3.36
 LLAMA_SERVER := build/llama-server/bin/llama-server
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# Not -march=native on x86-64: some virtual machines advertise AMX tiles their kernel does not enable, and a
+# native build then dies on its first tile instruction. AVX2/FMA/F16C (x86-64-v3) runs on every CPU since 2015.
+LLAMA_CPU_FLAGS := $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
+  -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON,)
 
 .PHONY: setup run cli test test-fast test-integration llama-server bench bench-long package install-desktop \
 	uninstall-desktop clean
@@ -61,7 +65,7 @@ $(LLAMA_SERVER): | $(BIN)/python
 	tar xzf build/llama-src/llama_cpp_python-*.tar.gz -C build/llama-src
 	PATH="$(abspath $(BIN)):$$PATH" cmake -S build/llama-src/llama_cpp_python-*/vendor/llama.cpp -B build/llama-server \
 	  -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-	  -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF >/dev/null
+	  -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF $(LLAMA_CPU_FLAGS) >/dev/null
 	PATH="$(abspath $(BIN)):$$PATH" cmake --build build/llama-server --target llama-server -j$(JOBS) >/dev/null
 	rm -rf build/llama-src
 

@@ -156,22 +156,29 @@ class Lecture:
         return True
 
 
-def cover_screen(window: QMainWindow) -> None:
-    """Lecture mode fills the screen the window is on: set here too, where no window manager obliges."""
+def screen_area(window: QMainWindow, available: bool = False) -> QRect | None:
+    """The screen the window is on (``available``: less the panels and docks of the desktop), or None."""
     screen = window.screen()
     if screen is None:
+        return None
+    return screen.availableGeometry() if available else screen.geometry()
+
+
+def cover_screen(window: QMainWindow) -> None:
+    """Lecture mode fills the screen the window is on: set here too, where no window manager obliges."""
+    area = screen_area(window)
+    if area is None:
         return
-    window.setGeometry(screen.geometry())
+    window.setGeometry(area)
     if QApplication.platformName() not in ("offscreen", "minimal"):
         window.showFullScreen()
 
 
 def fit_to_screen(window: QMainWindow) -> None:
     """A window never extends past the screen it is on, whatever was remembered or a mode left behind."""
-    screen = window.screen()
-    if screen is None or window.isFullScreen():
+    area = screen_area(window, available=True)
+    if area is None or window.isFullScreen():
         return
-    area: QRect = screen.availableGeometry()
     frame = window.frameGeometry()
     width, height = min(frame.width(), area.width()), min(frame.height(), area.height())
     if (width, height) != (frame.width(), frame.height()):

@@ -48,6 +48,22 @@ from engine import kvformula
 from engine.contention import busy
 
 RUN_SCENES = ("prefill", "kv", "sampling", "memory", "attention")
+CAPTION_LINES = 2                     # a caption the back row reads at a glance; the rest goes below, smaller
+_STRONG = re.compile(r"(?<=[;.·])\s+")           # between clauses ("1.4x" is not a boundary: no space)
+_WEAK = re.compile(r"(?<=[;.·:,])\s+|\s+(?=\()")   # inside a long clause too
+
+
+def split_caption(title: str, claim: str, fits: Callable[[str], bool]) -> tuple[str, str]:
+    """The title and the longest head of ``claim`` that ``fits`` with it, cut between clauses (inside one only
+    if the first is too long on its own), and the rest: the headline and its detail. The title is never cut."""
+    for pattern in (_STRONG, _WEAK):
+        pieces = [p for p in pattern.split(claim.strip()) if p]
+        for n in range(len(pieces), 0, -1):
+            head = f"{title}{' '.join(pieces[:n])}".rstrip(" ;·,:")
+            if fits(head):
+                return head, " ".join(pieces[n:])
+    pieces = [p for p in _WEAK.split(claim.strip()) if p]
+    return f"{title}{pieces[0] if pieces else ''}".rstrip(" ;·,:"), " ".join(pieces[1:])
 
 
 @dataclass(frozen=True)
@@ -110,7 +126,11 @@ class SceneView(QWidget):
         self.arrangements, self.on_enter, self.on_leave = arrangements, on_enter, on_leave
         self.caption = QLabel()
         self.caption.setWordWrap(True)
-        self.caption.setTextFormat(Qt.TextFormat.RichText)
+        self.caption.setTextFormat(Qt.TextFormat.PlainText)
+        self.detail = QLabel()                         # what did not fit the caption's two lines
+        self.detail.setWordWrap(True)
+        self.detail.setTextFormat(Qt.TextFormat.PlainText)
+        self.detail.hide()
         self.body = QWidget()
         self.body.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)   # never widens the window
         self.body_layout = QHBoxLayout(self.body)
@@ -133,6 +153,7 @@ class SceneView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 8)
         layout.addWidget(self.caption)
+        layout.addWidget(self.detail)
         layout.addWidget(self.body, 1)
         layout.addWidget(self.progress_box)
         layout.addWidget(self.footer)
@@ -151,15 +172,16 @@ class SceneView(QWidget):
         if name is None:
             return
         self.on_enter(name)
-        inner = QHBoxLayout() if name in ("batch", "attention") else QVBoxLayout()
+        # The holder is in the scene before any panel moves into it: a panel is never without a parent on the
+        # way, which would make it a window of its own for a moment (and take the keyboard from the lecture).
+        holder = QWidget(self.body)
+        self.body_layout.addWidget(holder)
+        inner = QHBoxLayout(holder) if name in ("batch", "attention") else QVBoxLayout(holder)
+        inner.setContentsMargins(0, 0, 0, 0)
         for widget, stretch in self.arrangements[name]:
             self._loans.append(_Loan(widget))
             inner.addWidget(widget, stretch)
             widget.show()
-        holder = QWidget()
-        holder.setLayout(inner)
-        inner.setContentsMargins(0, 0, 0, 0)
-        self.body_layout.addWidget(holder)
         self.refresh()
         self.cover.setVisible(self.context.state.blank)
         self.cover.raise_()
@@ -186,6 +208,8 @@ class SceneView(QWidget):
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         self.cover.setGeometry(self.rect())
         super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            self.refresh()                            # the caption's two lines hold more or less now
 
     def set_theme(self, theme: th.Theme) -> None:
         font = QFont(self.font())
@@ -193,6 +217,10 @@ class SceneView(QWidget):
         font.setBold(True)
         self.caption.setFont(font)
         self.refresh()
+
+    def claim(self) -> str:
+        """The whole caption as shown: the headline and its detail."""
+        return " ".join(t for t in (self.caption.text(), self.detail.text()) if t)
 
     def say(self, notice: str) -> None:
         """A refused key's reason, in the footer where the speaker looks."""
@@ -205,9 +233,25 @@ class SceneView(QWidget):
             return
         scene = BY_NAME[self.shown]
         claim = scene_claim(self.shown, self.context)
-        self.caption.setText(f"{scene.key} · {escape(scene.title)}: {escape(claim)}")
+        self._set_caption(f"{scene.key} · {scene.title}: ", claim)
         self._progress()
         self.footer.setText(self._footer(scene))
+
+    def _set_caption(self, title: str, claim: str) -> None:
+        """The claim in at most ``CAPTION_LINES`` lines of large type at this width; what does not fit goes to
+        the detail line below in the body's size."""
+        margins = self.layout().contentsMargins()
+        width = max(self.width() - margins.left() - margins.right(), 200)
+        most = self.caption.fontMetrics().lineSpacing() * CAPTION_LINES + 2
+
+        def fits(head: str) -> bool:
+            self.caption.setText(head)
+            return self.caption.heightForWidth(width) <= most
+
+        head, detail = split_caption(title, claim, fits)
+        self.caption.setText(head)
+        self.detail.setText(detail)
+        self.detail.setVisible(bool(detail))
 
     def _progress(self) -> None:
         """What is running in this scene, how far, and how to stop it."""
@@ -255,7 +299,7 @@ def scene_lesson(name: str | None) -> str | None:
 
 
 def scene_claim(name: str, context: Context) -> str:
-    """The scene's claim with its live number (plain text: the view escapes it)."""
+    """The scene's claim with its live number (plain text, shown as text)."""
     kind = scene_lesson(name)
     if kind is not None:
         record = context.store.latest_experiment(kind)
@@ -346,5 +390,5 @@ def cutting_step(run: RunRecord) -> int | None:
 
 
 def _plain(rich: str) -> str:
-    """Rich text from a panel's caption, as plain words (the scene caption escapes again)."""
+    """Rich text from a panel's caption, as plain words for a scene caption."""
     return unescape(re.sub(r"<[^>]+>", "", rich))

@@ -95,6 +95,8 @@ def style_plot(plot: pg.PlotItem, theme: Theme, x: str, x_unit: str | None, y: s
     for side, label, unit in (("bottom", x, x_unit), ("left", y, y_unit)):
         axis = plot.getAxis(side)
         label_axis(axis, label, unit, theme)
+        if unit == "ms":
+            follow_time_range(plot, side, label, theme)
         axis.setTickFont(theme.axis_font)
         axis.setPen(theme.foreground)
         axis.setTextPen(theme.foreground)
@@ -109,6 +111,31 @@ def style_ticks(axis: pg.AxisItem, theme: Theme) -> None:
     axis.setTickDensity(LECTURE_TICK_DENSITY if theme.lecture else 1.0)
     axis.setStyle(maxTickLevel=0 if theme.lecture else 1, hideOverlappingLabels=True,
                   tickTextOffset=8 if theme.lecture else 5)
+
+
+SECONDS_ABOVE_MS = 10_000.0
+
+
+def follow_time_range(plot: pg.PlotItem, side: str, label: str, theme: Theme) -> None:
+    """A time axis in milliseconds reads in seconds once its range passes 10 s ("150" s, not "150000" ms):
+    the data stay in ms, the axis scales its labels and says which unit it shows."""
+    axis = plot.getAxis(side)
+    axis.time_label = (label, theme)                  # what the last styling asked for (theme changes restyle)
+    axis.in_seconds = False
+    axis.setScale(1.0)
+    if getattr(axis, "follows_time", False):
+        return
+    axis.follows_time = True
+    box = plot.getViewBox()
+
+    def changed(_box: object, span: tuple[float, float]) -> None:
+        seconds = max(abs(span[0]), abs(span[1])) > SECONDS_ABOVE_MS
+        if seconds != axis.in_seconds:
+            axis.in_seconds = seconds
+            axis.setScale(0.001 if seconds else 1.0)
+            label_axis(axis, axis.time_label[0], "s" if seconds else "ms", axis.time_label[1])
+
+    (box.sigXRangeChanged if side == "bottom" else box.sigYRangeChanged).connect(changed)
 
 
 def label_axis(axis: pg.AxisItem, label: str, unit: str | None, theme: Theme) -> None:

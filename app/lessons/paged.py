@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QSlider
 
 from app.lesson_view import LessonView, Scene, token_note
 from app.store import ExperimentRecord
+from engine import kvformula
 from engine.lessons import paged
 from engine.lessons.paged import PagedResult
 
@@ -122,11 +123,10 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
     r = record.result if record is not None else None
     if r is None or not r.peak_blocks_shared:
         return "press R: requests sharing a system prompt arrive and are served from one pool of blocks"
-    mib = 2**20
+    size = kvformula.format_bytes
     return (f"{r.shared_prefix_blocks} system-prompt blocks held once for every request: "
-            f"{r.peak_bytes_shared / mib:,.1f} MiB at the peak instead of {r.peak_bytes_unshared / mib:,.1f} MiB "
-            f"unshared (measured); a contiguous cache would reserve {r.contiguous_bytes_at_peak / mib:,.1f} MiB "
-            "(computed)")
+            f"{size(r.peak_bytes_shared)} at the peak instead of {size(r.peak_bytes_unshared)} unshared "
+            f"(measured); a contiguous cache would reserve {size(r.contiguous_bytes_at_peak)} (computed)")
 
 
 LESSON = paged.LESSON

@@ -11,6 +11,7 @@ The conversation itself lives in ``app.viewstate.Conversation``; this panel draw
 from __future__ import annotations
 
 import html
+import re
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
@@ -137,7 +138,14 @@ class ChatPanel(QWidget):
             parts.append(f"<p><b>Assistant:</b> {html.escape(message['content'])}{stats}</p>")
         if not parts:
             parts = self._comparison_transcript()
-        self.view.setHtml("".join(parts) or "<p><i>Start a conversation below.</i></p>")
+        record = self.store.latest_experiment(chat_lesson.LESSON.kind)
+        if not parts and record is not None and not record.finished:
+            parts = ["<p><i>The comparison is running: each turn is sent twice, with the cache kept and re-prefilled; "
+                     "its conversation shows here when it ends.</i></p>"]
+        text = "".join(parts) or "<p><i>Start a conversation below.</i></p>"
+        if self.theme.lecture:
+            text = re.sub(r"</?small>", "", text)        # a lecture's back row reads the per-turn figures too
+        self.view.setHtml(text)
         bar = self.view.verticalScrollBar()
         bar.setValue(bar.maximum())                      # the newest turn is the one being discussed
 

@@ -37,6 +37,9 @@ BAR_LABEL = {"memory": ("bytes per position", "B"), "k": ("mean L2 norm of keys"
              "v": ("mean L2 norm of values", None)}
 
 
+BARS_LABEL = "K solid, V hatched"
+
+
 def binary_scale(max_bytes: float) -> tuple[float, str]:
     for factor, unit in ((1024**3, "GiB"), (1024**2, "MiB"), (1024, "KiB")):
         if max_bytes >= factor:
@@ -110,15 +113,18 @@ class KVHeatmapPanel(QWidget):
         self.boundary.setVisible(False)
         self.strip_text = pg.TextItem(anchor=(0, 1))
         self.plot.addItem(self.strip_text)
-        self.colorbar = pg.ColorBarItem(colorMap=pg.colormap.get(th.HEATMAP), interactive=False, width=14)
-        self.colorbar.setImageItem(self.image)
-        self.graphics.addItem(self.colorbar, row=0, col=1)
-        self.bars_plot: pg.PlotItem = self.graphics.addPlot(row=0, col=2)
+        # The per-layer bars sit right beside the heatmap, each layer's bar level with its row (the plots share
+        # the y range and have no titles, so their data areas are the same height); the colour bar, which keys
+        # the heatmap's cells, stands at the far right.
+        self.bars_plot: pg.PlotItem = self.graphics.addPlot(row=0, col=1)
         self.bars_plot.setMenuEnabled(False)
         self.bars_plot.setYLink(self.plot)
         self.bars_plot.hideAxis("left")
-        self.graphics.ci.layout.setColumnStretchFactor(0, 5)
-        self.graphics.ci.layout.setColumnStretchFactor(2, 1)
+        self.colorbar = pg.ColorBarItem(colorMap=pg.colormap.get(th.HEATMAP), interactive=False, width=14)
+        self.colorbar.setImageItem(self.image)
+        self.graphics.addItem(self.colorbar, row=0, col=2)
+        self.graphics.ci.layout.setColumnStretchFactor(0, 4)
+        self.graphics.ci.layout.setColumnStretchFactor(1, 1)
         self.k_bars = pg.BarGraphItem(x0=[], y=[], height=0.4, width=[], brush=QBrush(QColor(th.KV_BARS)),
                                       pen=pg.mkPen(th.KV_BARS))
         self.v_bars = pg.BarGraphItem(x0=[], y=[], height=0.4, width=[],
@@ -158,8 +164,7 @@ class KVHeatmapPanel(QWidget):
         self.theme = theme
         self.graphics.setBackground(theme.background)
         th.style_plot(self.plot, theme, "position in the context window", "tokens", "layer", None)
-        th.style_plot(self.bars_plot, theme, "per layer", "B", "", None)
-        self.bars_plot.setTitle("K solid, V hatched", size=f"{theme.base_pt:.0f}pt", color=theme.foreground)
+        th.style_plot(self.bars_plot, theme, BARS_LABEL, "B", "", None)
         bar_axis = self.colorbar.getAxis("right")
         bar_axis.setWidth(None)                         # fits the tick labels at the theme's font size
         bar_axis.setTickFont(theme.axis_font)
@@ -263,7 +268,7 @@ class KVHeatmapPanel(QWidget):
         y = np.arange(len(kv)) + 0.5
         self.k_bars.setOpts(x0=np.zeros(len(kv)), y=y - 0.2, height=0.4, width=kv[:, 0] / factor)
         self.v_bars.setOpts(x0=np.zeros(len(kv)), y=y + 0.2, height=0.4, width=kv[:, 1] / factor)
-        th.label_axis(self.bars_plot.getAxis("bottom"), "per layer", unit, self.theme)
+        th.label_axis(self.bars_plot.getAxis("bottom"), BARS_LABEL, unit, self.theme)
 
     def _apply_range(self, force: bool = False) -> None:
         """Zoomed: the used positions plus a quarter more (the run grows into it); else the whole context."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from engine.contention import busy_note
 from engine.errors import ParameterError
@@ -64,6 +64,20 @@ class ChatResult(LessonResult):
     @property
     def turns(self) -> int:
         return len(self.per_turn)
+
+
+def check(target: Any, settings: ChatSettings) -> None:
+    """Refused before it starts when the whole conversation cannot fit: every turn, and up to ``new_tokens``
+    of reply after each, must fit the context at the last turn."""
+    messages: list[dict] = []
+    for turn in settings.turns:
+        messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": ""}]
+    needed = len(target.encode_chat(messages[:-1])) + len(settings.turns) * settings.new_tokens
+    context = target.facts.max_context
+    if needed > context:
+        raise ParameterError(f"The conversation's {len(settings.turns)} turns with up to {settings.new_tokens} new "
+                             f"tokens each need about {needed:,} positions by the last turn, but "
+                             f"{target.facts.name}'s context holds {context:,}: fewer turns or fewer new tokens")
 
 
 def run(experiment: Experiment, settings: ChatSettings) -> ChatResult:
@@ -134,4 +148,4 @@ def table(points: Sequence[ExperimentPoint], result: ChatResult) -> str:
 
 
 LESSON = Lesson(kind="chat", title="Chat: cache reuse", settings=ChatSettings, result=ChatResult, run=run,
-                table=table)
+                table=table, check=check)

@@ -62,3 +62,35 @@ def run_and_wait(qtbot, window, timeout: int = 60_000):
                     and window.client.busy is None, timeout=timeout)
     window.refresh(force=True)
     return window.store.current
+
+
+@pytest.fixture(scope="session")
+def lecture_trace(tiny, tmp_path_factory):
+    """One trace with what every scene draws: a run, and the cache, prefill, batch, continuous and chat
+    experiments (on the tiny model: the shapes of the real thing, in seconds)."""
+    from engine.params import GenerationParams
+    from engine.session import Session
+    from engine.trace import write_trace
+    from tests.lessons import collect
+
+    session = Session(tiny)
+    events: list = []
+    session.run("hello <b>world</b>", GenerationParams(max_new_tokens=24, temperature=0.8, top_k=20, seed=1,
+                                                       capture_attention=True), events.append)
+    for kind, settings in (("cache", {"new_tokens": 12}), ("prefill", {"max_length": 128, "repeats": 1}),
+                           ("batch", {"sizes": (1, 2, 4), "new_tokens": 6}),
+                           ("continuous", {"requests": 3, "arrive_every": 2, "new_tokens": (4, 6)}),
+                           ("chat", {"turns": ("hi", "and then?"), "new_tokens": 6, "repeats": 2}),
+                           ("speculative", {"new_tokens": 12, "repeats": 1}),
+                           ("paged", {"requests": 3, "new_tokens": 4})):
+        collect(kind, session, events=events, **settings)
+    return write_trace(tmp_path_factory.mktemp("lecture") / "lecture.kvscope.jsonl", events)
+
+
+def open_replayed(qtbot, trace, size):
+    w = make_window(qtbot)
+    w.resize(*size)
+    w.controller.replay_speed = 0.0
+    w.files.open_trace(str(trace))
+    wait_idle(qtbot, w)
+    return w

@@ -65,5 +65,5 @@ def test_r_in_the_attention_scene_records_attention_with_the_box_unticked(qtbot,
     window.refresh(force=True)
     run = window.store.current
     assert run.started.params.capture_attention and len(run.attention) == 3
-    assert "cached positions" in window.scene_view.caption.text()
+    assert "cached positions" in window.scene_view.claim()
     window.lecture.leave()

@@ -13,40 +13,9 @@ from PySide6.QtSvg import QSvgRenderer
 from app import lecture
 from app.export import export_widget
 from app.scene_list import NAMES as SCENES
-from engine.params import GenerationParams
-from engine.session import Session
-from engine.trace import write_trace
-from tests.app.conftest import close_and_dispose, make_window, run_and_wait, start_lesson, wait_idle
-from tests.lessons import collect
+from tests.app.conftest import close_and_dispose, open_replayed, run_and_wait, start_lesson, wait_idle
 
 MIN_PLOT = {(1920, 1080): (700, 300), (1280, 720): (420, 180)}     # plot area (px) of a scene's main chart
-
-
-@pytest.fixture(scope="module")
-def lecture_trace(tiny, tmp_path_factory):
-    """One trace with what every scene draws: a run, and the cache, prefill, batch, continuous and chat
-    experiments (on the tiny model: the shapes of the real thing, in seconds)."""
-    session = Session(tiny)
-    events: list = []
-    session.run("hello <b>world</b>", GenerationParams(max_new_tokens=24, temperature=0.8, top_k=20, seed=1,
-                                                       capture_attention=True), events.append)
-    for kind, settings in (("cache", {"new_tokens": 12}), ("prefill", {"max_length": 128, "repeats": 1}),
-                           ("batch", {"sizes": (1, 2, 4), "new_tokens": 6}),
-                           ("continuous", {"requests": 3, "arrive_every": 2, "new_tokens": (4, 6)}),
-                           ("chat", {"turns": ("hi", "and then?"), "new_tokens": 6, "repeats": 2}),
-                           ("speculative", {"new_tokens": 12, "repeats": 1}),
-                           ("paged", {"requests": 3, "new_tokens": 4})):
-        collect(kind, session, events=events, **settings)
-    return write_trace(tmp_path_factory.mktemp("lecture") / "lecture.kvscope.jsonl", events)
-
-
-def open_replayed(qtbot, trace, size):
-    w = make_window(qtbot)
-    w.resize(*size)
-    w.controller.replay_speed = 0.0
-    w.files.open_trace(str(trace))
-    wait_idle(qtbot, w)
-    return w
 
 
 def plot_size(chart) -> tuple[float, float]:
@@ -75,7 +44,7 @@ def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, 
             w.state.show_scene(scene)
             w.refresh(force=True)
             qtbot.wait(50)                                 # layouts settle on the next event-loop turn
-            caption = w.scene_view.caption.text()
+            caption = w.scene_view.claim()
             assert "press R" not in caption and "type a message" not in caption, (scene, caption)
             for chart in SCENE_CHARTS[scene](w):
                 width, height = plot_size(chart)

@@ -1,0 +1,163 @@
+"""Lecture mode in front of a room, at 1920x1080 and 1280x720: every scene's caption in two lines with the footer
+on screen and the window inside the screen (in the scenes and after Esc), B that always brings the scene back,
+parameter keys that re-run with the new value, captions that claim nothing before it is measured, per-layer
+bars level with their heatmap rows, and time axes in seconds once they pass 10 s."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QPoint, QPointF, QRect
+from PySide6.QtGui import QKeySequence
+
+from app import lecture, theme
+from app.chart import Chart
+from app.scene_list import NAMES
+from app.scenes import CAPTION_LINES, run_claim, split_caption
+from app.store import RunRecord
+from engine.events import RunStarted
+from tests.app.conftest import close_and_dispose, open_replayed, run_and_wait, wait_idle
+
+SIZES = [(1920, 1080), (1280, 720)]
+
+
+def press(qtbot, window, key: str) -> None:
+    sequence = QKeySequence(key)[0]
+    qtbot.keyClick(window, sequence.key(), sequence.keyboardModifiers())
+
+
+def lines(label) -> float:
+    return label.heightForWidth(label.width()) / label.fontMetrics().lineSpacing()
+
+
+def inside(window, area: QRect) -> bool:
+    return area.contains(window.frameGeometry())
+
+
+@pytest.fixture
+def screen(monkeypatch, request):
+    """The window's screen is ``request.param`` pixels (offscreen Qt has one fixed screen of its own)."""
+    area = QRect(0, 0, *request.param)
+    monkeypatch.setattr(lecture, "screen_area", lambda window, available=False: QRect(area))
+    return area
+
+
+@pytest.mark.parametrize("screen", SIZES, indirect=True, ids=["1080p", "720p"])
+def test_every_scene_fits_the_screen_with_a_two_line_caption_and_the_footer_in_view(qtbot, lecture_trace, screen):
+    w = open_replayed(qtbot, lecture_trace, (1600, 1000))
+    w.move(40, 40)                                    # a workbench laid out on a larger screen than the projector's
+    try:
+        for attempt in ("leave", "Esc"):
+            w.lecture.enter(NAMES[0])
+            for name in [*NAMES, "chat"]:                 # chat again last: it once widened the window on a revisit
+                w.state.show_scene(name)
+                w.refresh(force=True)
+                qtbot.wait(50)                              # layouts settle on the next event-loop turn
+                view = w.scene_view
+                assert w.width() <= screen.width() and w.height() <= screen.height(), (name, w.size())
+                assert lines(view.caption) <= CAPTION_LINES + 0.1, (name, view.caption.text())
+                assert not view.detail.isVisible() or lines(view.detail) <= 2.1, (name, view.detail.text())
+                bottom = view.footer.mapTo(w, QPoint(0, view.footer.height())).y()
+                assert view.footer.isVisible() and bottom <= w.height(), (name, bottom, w.height())
+                assert view.footer.heightForWidth(view.footer.width()) <= view.footer.height() + 1, name
+            if attempt == "leave":
+                w.lecture.leave()
+            else:
+                press(qtbot, w, "Esc")
+            qtbot.wait(50)
+            assert not w.lecture.active and inside(w, screen), (attempt, w.frameGeometry())
+            assert w.controls.run_button.isVisible()
+    finally:
+        close_and_dispose(w)
+
+
+def test_b_then_a_scene_change_then_b_shows_the_scene_again(qtbot, lecture_trace):
+    w = open_replayed(qtbot, lecture_trace, (1280, 720))
+    try:
+        w.lecture.enter("cache")
+        w.activateWindow()
+        press(qtbot, w, "B")
+        assert w.scene_view.cover.isVisible()
+        press(qtbot, w, "PgDown")
+        assert w.state.scene == NAMES[NAMES.index("cache") + 1] and w.scene_view.cover.isVisible()   # still dark
+        press(qtbot, w, "B")
+        assert not w.scene_view.cover.isVisible() and w.scene_view.shown == w.state.scene
+        press(qtbot, w, "B")
+        press(qtbot, w, "Esc")                               # leaving lights the screen; coming back shows it lit
+        press(qtbot, w, "F11")
+        assert w.lecture.active and not w.scene_view.cover.isVisible()
+    finally:
+        close_and_dispose(w)
+
+
+def test_a_parameter_key_changes_the_setting_shows_it_and_runs_again_with_it(qtbot, window):
+    window.controls.max_tokens.setValue(16)
+    first = run_and_wait(qtbot, window)
+    window.lecture.enter("prefill")
+    window.activateWindow()
+    press(qtbot, window, "T")
+    qtbot.waitUntil(lambda: window.store.current is not first and window.store.current.finished)
+    wait_idle(qtbot, window)
+    assert window.store.current.started.params.temperature == pytest.approx(first.started.params.temperature + 0.1)
+    assert "<b>T</b> 0.1" in window.scene_view.footer.text()
+    press(qtbot, window, "Shift+M")                            # Shift lowers: half the tokens
+    qtbot.waitUntil(lambda: window.client.busy is None and window.store.current.started.params.max_new_tokens == 8)
+    assert window.controls.max_tokens.value() == 8               # the workbench's control says the same
+    window.lecture.leave()
+
+
+def test_a_caption_claims_nothing_measured_before_the_prefill_ends(tiny):
+    from engine.params import GenerationParams
+    from engine.session import Session
+
+    events: list = []
+    Session(tiny).run("hello", GenerationParams(max_new_tokens=2), events.append)
+    started = next(e for e in events if isinstance(e, RunStarted))
+    run = RunRecord(started)
+    for name in ("prefill", "kv", "memory"):
+        claim = run_claim(name, run)
+        assert "prefill running" in claim and "measured" not in claim and " ms" not in claim, (name, claim)
+
+
+def test_a_long_claim_is_cut_between_clauses_into_a_headline_and_its_detail():
+    title, claim = "3 · Cache: ", "decode 1.4x slower (measured); the cost model counts 32x the FLOPs: weights dominate"
+    head, detail = split_caption(title, claim, lambda s: len(s) <= 60)
+    assert head == "3 · Cache: decode 1.4x slower (measured)"
+    assert detail == "the cost model counts 32x the FLOPs: weights dominate"
+    assert split_caption(title, claim, lambda s: True) == (title + claim, "")
+    head, detail = split_caption("9 · T: ", "a long first clause without any stop, then more", lambda s: len(s) <= 45)
+    assert head == "9 · T: a long first clause without any stop" and detail == "then more"
+    assert split_caption("9 · T: ", "a b, c", lambda s: False) == ("9 · T: a b", "c")     # the title stays whole
+
+
+def test_each_layers_bars_are_level_with_its_heatmap_row(qtbot, window):
+    window.controls.max_tokens.setValue(4)
+    run_and_wait(qtbot, window)
+    window.resize(1280, 720)
+    qtbot.wait(50)
+    heat, bars = window.kv.plot.getViewBox(), window.kv.bars_plot.getViewBox()
+    layers = window.store.current.model.num_layers
+    for layer in range(layers):
+        row = heat.mapViewToScene(QPointF(0, layer + 0.5)).y()
+        bar = bars.mapViewToScene(QPointF(0, layer + 0.5)).y()
+        assert abs(row - bar) <= 1.0, (layer, row, bar)
+    k_y = window.kv.k_bars.opts["y"]
+    assert list(k_y + 0.2) == pytest.approx([layer + 0.5 for layer in range(layers)])
+
+
+def test_a_time_axis_reads_in_seconds_past_ten_seconds_and_in_ms_below(qtbot):
+    chart = Chart("timeline")
+    qtbot.addWidget(chart)
+    chart.style(theme.current_theme(True), "time since run start", "ms", "run", None)
+    axis = chart.plot.getAxis("bottom")
+    chart.plot.setXRange(0, 150_000, padding=0)
+    assert axis.labelUnits == "s" and axis.tickStrings([0, 50_000, 150_000], axis.scale, 50_000) == ["0", "50", "150"]
+    chart.plot.setXRange(0, 5_000, padding=0)
+    assert axis.labelUnits == "ms" and axis.tickStrings([0, 1_000, 5_000], axis.scale, 1_000) == ["0", "1000", "5000"]
+    assert chart.plot.getAxis("left").labelUnits == ""                         # only time axes change
+
+
+def test_the_stop_key_in_a_scene_says_so_in_the_footer(qtbot, window):
+    window.lecture.enter("cache")
+    window.activateWindow()
+    press(qtbot, window, "Ctrl+.")
+    assert "Nothing to stop" in window.scene_view.footer.text() and window.lecture.active    # Esc would leave
