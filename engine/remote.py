@@ -145,8 +145,22 @@ def _connect(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]
     return cls(parts.hostname, parts.port, timeout=timeout), parts.path
 
 
-def request(where: Address, method: str, path: str, body: dict | None = None, timeout: float = 10.0
-            ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+@dataclass
+class Exchange:
+    """One request's connection, its answer, and the socket under both: a server that closes after its answer
+    (HTTP/1.0) hands the socket to the answer and the connection forgets it, so whoever must cut the answer
+    short (Stop, a deadline) holds the socket itself."""
+
+    connection: http.client.HTTPConnection
+    response: http.client.HTTPResponse
+    sock: socket.socket | None
+
+    def close(self) -> None:
+        self.response.close()
+        self.connection.close()
+
+
+def request(where: Address, method: str, path: str, body: dict | None = None, timeout: float = 10.0) -> Exchange:
     """Send one request; raise ``RemoteError`` (one line) for anything but a 2xx answer."""
     url = where.url
     connection, base = _connect(url, timeout)
@@ -154,6 +168,7 @@ def request(where: Address, method: str, path: str, body: dict | None = None, ti
     headers = _headers(where, {"Content-Type": "application/json"} if payload is not None else None)
     try:
         connection.request(method, base + path, body=payload, headers=headers)
+        sock = connection.sock
         response = connection.getresponse()
     except (ConnectionRefusedError, socket.gaierror, socket.timeout, TimeoutError, OSError,
             http.client.HTTPException, ValueError) as exc:
@@ -170,7 +185,7 @@ def request(where: Address, method: str, path: str, body: dict | None = None, ti
             raise RemoteError(f"The server at {url} has no {path} ({response.status}): is it an OpenAI-compatible "
                               f"server?{detail}")
         raise RemoteError(f"The server at {url} answered {response.status} {_short(response.reason)}{detail}")
-    return connection, response
+    return Exchange(connection, response, sock)
 
 
 def _reason(exc: BaseException) -> str:
@@ -220,13 +235,24 @@ _DECODER = json.JSONDecoder(parse_int=_bounded_int)
 def get_text(where: Address | str, path: str, timeout: float = 5.0, limit: int = metrics.MAX_PAGE + 1) -> str:
     """A GET's body as text, at most ``limit`` bytes (a page larger than that is not what was asked for)."""
     where = where if isinstance(where, Address) else address(where)
-    connection, response = request(where, "GET", path, timeout=timeout)
+    exchange = request(where, "GET", path, timeout=timeout)
+    deadline = time.monotonic() + timeout              # for the whole answer: a server may drip it a byte at a time
+    pieces: list[bytes] = []
+    size = 0
     try:
-        return response.read(limit).decode("utf-8", "replace")
+        while size < limit:
+            if time.monotonic() > deadline:
+                raise RemoteError(f"The server at {where.url} took more than {timeout:g} s to answer {path}")
+            piece = exchange.response.read1(min(1 << 16, limit - size))
+            if not piece:
+                break
+            pieces.append(piece)
+            size += len(piece)
     except (OSError, http.client.HTTPException) as exc:
         raise RemoteError(f"The server at {where.url} broke off its answer to {path}: {_reason(exc)}") from None
     finally:
-        connection.close()
+        exchange.close()
+    return b"".join(pieces).decode("utf-8", "replace")
 
 
 def get_json(where: Address, path: str, timeout: float = 5.0) -> Any:
@@ -331,8 +357,8 @@ class _Watchdog:
     """Ends a stream that must end (Stop pressed, or the deadline passed) even while a read is waiting for a
     server that sends nothing, or one byte a second: it shuts the socket, and the read fails at once."""
 
-    def __init__(self, connection: http.client.HTTPConnection, cancel: threading.Event, deadline_s: float) -> None:
-        self.connection, self.cancel = connection, cancel
+    def __init__(self, sock: socket.socket | None, cancel: threading.Event, deadline_s: float) -> None:
+        self.sock, self.cancel = sock, cancel
         self.reason = ""                              # "stopped" or "deadline" once it acted
         self._done = threading.Event()
         self._deadline = time.monotonic() + deadline_s
@@ -344,10 +370,9 @@ class _Watchdog:
             left = self._deadline - time.monotonic()
             if self.cancel.is_set() or left <= 0:
                 self.reason = "stopped" if self.cancel.is_set() else "deadline"
-                sock = getattr(self.connection, "sock", None)
-                if sock is not None:
+                if self.sock is not None:
                     try:
-                        sock.shutdown(socket.SHUT_RDWR)
+                        self.sock.shutdown(socket.SHUT_RDWR)
                     except OSError:
                         pass
                 return
@@ -445,15 +470,14 @@ class _Stream:
                              kind=self.kind))
         path = "/v1/chat/completions" if self.messages is not None else "/v1/completions"
         try:
-            connection, response = request(s.address, "POST", path,
-                                           s.body(self.messages, self.prompt, params, self.cache_prompt),
-                                           timeout=min(s.timeout, s.deadline_s))
+            exchange = request(s.address, "POST", path, s.body(self.messages, self.prompt, params, self.cache_prompt),
+                               timeout=min(s.timeout, s.deadline_s))
         except RemoteError as exc:
             return self._failed("unreachable", str(exc))
-        watchdog = _Watchdog(connection, self.cancel, max(s.deadline_s - self.since() / 1000.0, 0.0))
+        watchdog = _Watchdog(exchange.sock, self.cancel, max(s.deadline_s - self.since() / 1000.0, 0.0))
         try:
-            self._check_stream(response)
-            reason = self._read(response)
+            self._check_stream(exchange.response)
+            reason = self._read(exchange.response)
         except (RemoteError, OSError, http.client.HTTPException, ValueError) as exc:
             if watchdog.reason == "stopped":
                 reason = "stopped"
@@ -467,7 +491,7 @@ class _Stream:
                                                f"({self.tally.generated} tokens arrived; they are kept)")
         finally:
             watchdog.close()
-            connection.close()
+            exchange.close()
         return self._finished(reason)
 
     def _check_stream(self, response: http.client.HTTPResponse) -> None:

@@ -1,10 +1,15 @@
 """A local HTTP server for tests that plays back recorded answers of real serving engines (a stream, a
 /metrics page) and the failures KVScope must survive: 401, a stream cut off mid-way, a malformed line, a
-metrics page that is HTML. It replays bytes; it computes nothing."""
+metrics page that is HTML; and servers that misbehave on purpose (a stream that never ends, one that drips a
+byte at a time, nesting, endless lines, terminal escapes). It replays bytes; it computes nothing."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,6 +23,7 @@ class Route:
     body: bytes = b""
     content_type: str = "application/json"
     cut_after: int | None = None          # close the connection after this many bytes of the body
+    stream: Callable[[Callable[[bytes], None]], None] | None = None   # writes the body itself, for as long as it likes
 
 
 @dataclass
@@ -44,6 +50,19 @@ class ReplayServer:
                     return
                 self.send_response(route.status)
                 self.send_header("Content-Type", route.content_type)
+                if route.stream is not None:
+                    self.end_headers()
+
+                    def send(data: bytes) -> None:
+                        self.wfile.write(data)
+                        self.wfile.flush()
+
+                    try:
+                        route.stream(send)
+                    except (BrokenPipeError, ConnectionResetError, OSError):
+                        pass                                   # the client hung up: what a deadline does
+                    self.close_connection = True
+                    return
                 if route.cut_after is None:
                     self.send_header("Content-Length", str(len(route.body)))
                 self.end_headers()
@@ -78,3 +97,35 @@ def llamacpp_routes() -> dict[str, Route]:
             "GET /props": Route(body=fixture("llamacpp_props.json")),
             "GET /metrics": Route(body=fixture("llamacpp_metrics.txt"), content_type="text/plain"),
             "POST /v1/chat/completions": Route(body=fixture("llamacpp_stream.txt"), content_type="text/event-stream")}
+
+
+def chunk(text: str) -> bytes:
+    """One streamed token, as an OpenAI-compatible server sends it."""
+    return b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}).encode() + b"\n\n"
+
+
+def endless(send: Callable[[bytes], None]) -> None:
+    """A stream that never says it is done."""
+    while True:
+        send(chunk("more "))
+
+
+def drip(send: Callable[[bytes], None]) -> None:
+    """A stream that sends one byte every 20 ms, forever: a token now and then, never the end."""
+    for byte in itertools.cycle(chunk("slow ")):
+        send(bytes([byte]))
+        time.sleep(0.02)
+
+
+def endless_line(send: Callable[[bytes], None]) -> None:
+    """One SSE line that never ends."""
+    send(b"data: ")
+    while True:
+        send(b"a" * 65536)
+
+
+def streaming(*, routes: dict[str, Route] | None = None, stream: Route) -> dict[str, Route]:
+    """The recorded llama-server's routes with its chat stream replaced."""
+    out = {**llamacpp_routes(), **(routes or {})}
+    out["POST /v1/chat/completions"] = stream
+    return out

@@ -7,6 +7,8 @@ for step latency or probability. Hovering or clicking a token shows its details 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
@@ -27,6 +29,29 @@ def visible(text: str) -> str:
     if text == "":
         return "▫"
     return text.replace("\n", "↵\n").replace("\t", "→\t")
+
+
+BREAK_AFTER = 48               # characters without a space before a token boundary becomes a place to wrap
+BREAK = "\u200b"              # zero-width space: a line-break opportunity that shows nothing
+
+
+def breakable(piece: str, unbroken: int) -> tuple[str, int]:
+    """``piece`` as inserted after ``unbroken`` characters with no space, and the count after it. Text with no
+    spaces (base64, minified JSON, a URL, DNA) would leave Qt one paragraph with nowhere to wrap, and its layout
+    grows with the square of the length (20k tokens: 2 s); a zero-width break at a token boundary every
+    ``BREAK_AFTER`` characters keeps it linear, and the boundary is where a token ends anyway."""
+    spaced = max(piece.rfind(" "), piece.rfind("\n"), piece.rfind("\t"))
+    if spaced >= 0:
+        return piece, len(piece) - spaced - 1
+    if unbroken + len(piece) > BREAK_AFTER:
+        return BREAK + piece, len(piece)
+    return piece, unbroken + len(piece)
+
+
+def with_breaks(text: str) -> str:
+    """Long text with a zero-width break after every ``BREAK_AFTER`` characters without a space (a server's
+    prompt, shown whole: it has no token boundaries to break at)."""
+    return re.sub(r"\S{%d}" % BREAK_AFTER, lambda m: m.group() + BREAK, text)
 
 
 def escaped(text: str) -> str:
@@ -100,6 +125,7 @@ class TokensPanel(QWidget):
         self.text.clicked.connect(self._click)
         self._run_id: str | None = None
         self._rendered = 0            # generated tokens already in the document
+        self._unbroken = 0            # characters at the end of the document since the last space
         self._pinned: int | None = None
         self._latency_range: tuple[float, float] | None = None
         self._update_legend()
@@ -176,12 +202,14 @@ class TokensPanel(QWidget):
         self._run_id, self._rendered = run.run_id, 0
         cursor = QTextCursor(self.text.document())
         cursor.beginEditBlock()
+        self._unbroken = 0
         for i, piece in enumerate(run.started.prompt_pieces):
-            cursor.insertText(visible(piece), self._format(run, i, None))
+            shown, self._unbroken = breakable(visible(piece), self._unbroken)
+            cursor.insertText(shown, self._format(run, i, None))
         if run.remote:                      # the server tokenizes: the prompt is shown as the text that was sent
             prompt = QTextCharFormat()
             prompt.setBackground(shade(th.PREFILL, 0.30 if self.theme.dark else 0.86))
-            cursor.insertText(run.started.prompt + "\n", prompt)
+            cursor.insertText(with_breaks(run.started.prompt) + "\n", prompt)
         cursor.endEditBlock()
         self._append(run, 0, run.n_steps)
 
@@ -191,7 +219,8 @@ class TokensPanel(QWidget):
         cursor.beginEditBlock()
         for step in run.steps[start:end]:
             where = step.position if step.position is not None else step.step       # a server's run: by step
-            cursor.insertText(visible(step.text), self._format(run, where, step))
+            shown, self._unbroken = breakable(visible(step.text), self._unbroken)
+            cursor.insertText(shown, self._format(run, where, step))
         cursor.endEditBlock()
         self._rendered = end
         bar = self.text.verticalScrollBar()

@@ -1,5 +1,6 @@
 """Reading traces with validation on: MB/s for a full-context run of the embedded model and for a 200 MB file,
-and how long the window takes to open the full-context run (instant replay, until every panel has drawn).
+and how long the window takes to open the full-context run and a run with a 100k-token prompt, with no space in
+it and as words (instant replay, until every panel has drawn).
 
 The full-context run is built from a real run of the embedded model (its first 64 tokens, with the model's
 real facts, candidates and norms) extended step by step to the end of the context: positions, times and the
@@ -52,6 +53,47 @@ def full_context_events(session) -> list:
     return out
 
 
+def long_prompt_events(session, tokens: int, spaced: bool) -> list:
+    """A run whose prompt is ``tokens`` tokens of base64 (no space anywhere) or of words, built from a real run
+    of the embedded model: the prompt, its prefill and the cache bytes scaled to that length by the formula, the
+    model's context raised to hold it (a model of 128k context, as the window would meet one)."""
+    from engine import kvformula
+    from engine.events import KVNorms, PrefillDone, RunFinished, RunStarted, TokenStep
+    from engine.params import GenerationParams
+
+    events: list = []
+    session.run(PROMPT, GenerationParams(max_new_tokens=8), events.append)
+    started = events[0]
+    facts = dataclasses.replace(started.model, max_context=1 << 17)
+    pieces = ([" the", " cache", " keeps"] if spaced else ["QUJD", "REVG", "R0hJ"]) * (tokens // 3 + 1)
+    pieces = pieces[:tokens]
+    shift = tokens - len(started.prompt_ids)
+
+    def bytes_at(positions: int) -> list[list[int]]:
+        return [[b // 2, b // 2] for b in kvformula.predicted_kv_bytes_per_layer(facts, positions)]
+
+    out: list = []
+    for e in events:
+        if isinstance(e, RunStarted):
+            out.append(dataclasses.replace(e, model=facts, prompt="".join(pieces)[:1_000_000],
+                                           prompt_ids=[1] * tokens, prompt_pieces=pieces))
+        elif isinstance(e, PrefillDone):
+            out.append(dataclasses.replace(e, n_tokens=tokens, kv_bytes_per_layer=bytes_at(tokens),
+                                           kv_positions_per_layer=[tokens] * facts.num_layers))
+        elif isinstance(e, TokenStep):
+            held = e.kv_positions_per_layer[0] + shift
+            out.append(dataclasses.replace(e, position=e.position + shift, kv_bytes_per_layer=bytes_at(held),
+                                           kv_positions_per_layer=[held] * facts.num_layers))
+        elif isinstance(e, RunFinished):
+            s = e.summary
+            out.append(dataclasses.replace(e, summary=dataclasses.replace(
+                s, prompt_tokens=tokens, kv_tokens=s.kv_tokens + shift,
+                kv_bytes=sum(map(sum, bytes_at(s.kv_tokens + shift))))))
+        elif not isinstance(e, KVNorms):
+            out.append(e)
+    return out
+
+
 def renamed(events: list, suffix: str) -> list:
     return [dataclasses.replace(e, run_id=e.run_id + suffix) if hasattr(e, "run_id") else e for e in events]
 
@@ -94,6 +136,7 @@ def window_open_seconds(path: str) -> float:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--big-mb", type=int, default=200, help="size of the large trace to read (MB)")
+    p.add_argument("--long-prompt", type=int, default=100_000, help="tokens in the long-prompt run to open")
     args = p.parse_args(argv)
     os.environ.setdefault("KVSCOPE_SETTINGS", os.path.join(tempfile.mkdtemp(), "settings.ini"))
 
@@ -112,15 +155,23 @@ def main(argv: list[str] | None = None) -> dict:
     rate_one, seconds_one, n_one = read_rate(one)
     rate_big, seconds_big, n_big = read_rate(big, repeats=1)
     opened = window_open_seconds(one)
+    long_prompt = {}
+    for spaced in (False, True):
+        path = str(write_trace(os.path.join(folder, f"long-prompt-{'words' if spaced else 'base64'}.jsonl"),
+                               long_prompt_events(session, args.long_prompt, spaced)))
+        long_prompt["words" if spaced else "base64"] = window_open_seconds(path)
     result = {"machine": machine(), "full_context_trace_mb": one_mb, "full_context_events": n_one,
               "full_context_read_mb_s": rate_one, "big_trace_mb": os.path.getsize(big) / 1e6, "big_events": n_big,
-              "big_read_mb_s": rate_big, "big_read_s": seconds_big, "window_open_s": opened}
+              "big_read_mb_s": rate_big, "big_read_s": seconds_big, "window_open_s": opened,
+              "long_prompt_tokens": args.long_prompt, "long_prompt_open_s": long_prompt}
     print(f"machine: {result['machine']}")
     print(f"full-context run of the embedded model: {one_mb:,.1f} MB, {n_one:,} events, read with validation at "
           f"{rate_one:,.1f} MB/s ({seconds_one:.2f} s)")
     print(f"{result['big_trace_mb']:,.0f} MB trace ({copies} such runs, {n_big:,} events): read at {rate_big:,.1f} "
           f"MB/s ({seconds_big:.1f} s)")
     print(f"the window opens the full-context run (instant replay, every panel drawn) in {opened:.2f} s")
+    print(f"the window opens a run with a {args.long_prompt:,}-token prompt in {long_prompt['base64']:.2f} s with no "
+          f"space in it (base64), {long_prompt['words']:.2f} s as words")
     save("trace", result)
     return result
 
