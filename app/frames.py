@@ -1,6 +1,7 @@
 """The refresh timer: panels redraw from the store on a ~30 fps timer, never once per event.
 
-The token text and status strip follow the store at once. While a run streams, the charts refresh no more
+The token text and status strip follow the store at once (a long text in batches, one per tick, while
+``behind`` says there is more). While a run streams, the charts refresh no more
 often than their measured painting cost allows (``app.paint``), one chart per tick so no single tick paints
 them all; forced, or once the shown run has finished, all at once. Every refresh goes through ``guard`` so a
 panel that raises ends in a banner instead of stopping the timer.
@@ -30,9 +31,10 @@ Guard = Callable[[str, Callable[[], None]], bool]
 
 class FrameScheduler(QObject):
     def __init__(self, store: RunStore, state: ViewState, text: Sequence[tuple[str, Callable[[], None]]],
-                 charts: Sequence[tuple[str, Refreshable]], guard: Guard, parent: QObject | None = None) -> None:
+                 charts: Sequence[tuple[str, Refreshable]], guard: Guard, parent: QObject | None = None,
+                 behind: Callable[[], bool] = lambda: False, take_in: Callable[[], None] = lambda: None) -> None:
         super().__init__(parent)
-        self.store, self.state = store, state
+        self.store, self.state, self.behind, self.take_in = store, state, behind, take_in
         self.text, self.charts, self.guard = list(text), list(charts), guard
         self._text_version = self._chart_version = -1
         self._queue: list[tuple[str, Refreshable]] = []
@@ -42,16 +44,21 @@ class FrameScheduler(QObject):
         self._clock.start()
         self.timer = QTimer(self)
         self.timer.setInterval(REFRESH_MS)
-        self.timer.timeout.connect(self.refresh)
+        self.timer.timeout.connect(self.tick)
         self.timer.start()
 
     def stop(self) -> None:
         self.timer.stop()
 
+    def tick(self) -> None:
+        """Take in the next batch of events the worker sent, if it sent more than one batch; then redraw."""
+        self.guard("Taking in the engine's events", self.take_in)
+        self.refresh()
+
     def refresh(self, force: bool = False) -> None:
         version = (self.store.version, self.state.selected)
         run = self.store.find(self.state.selected) if self.state.selected else None
-        if force or version != self._text_version:
+        if force or version != self._text_version or self.behind():
             self._text_version = version
             self.frames += 1
             for what, draw in self.text:

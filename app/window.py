@@ -160,7 +160,7 @@ class MainWindow(QMainWindow):
             charts=[("Drawing the KV heatmap", self.kv), ("Drawing the timing charts", self.timing),
                     ("Drawing the sampling chart", self.sampling), ("Drawing the attention view", self.attention),
                     ("Drawing the experiment charts", self.experiments), ("Drawing the chat view", self.chat)],
-            guard=self.guarded, parent=self)
+            guard=self.guarded, parent=self, behind=lambda: self.tokens.behind, take_in=self.client.drain_backlog)
         notes = window_settings.restore(self.settings, self, self.state, self.run_settings, self.controls, self.store)
         controller.load_request = self.controls.model_request()
         if notes:

@@ -29,6 +29,7 @@ from engine.memory import device_memory_bytes, process_rss_bytes
 
 log = logging.getLogger(__name__)
 MEMORY_EVERY_S = 0.5
+DRAIN_BATCH = 2000           # events the GUI takes in per refresh tick at most (about 50 ms of work here)
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,14 @@ class EngineWorker(QObject):
             device = self.session.facts.device if self.session is not None else "cpu"
             self.outbox.append(Note("memory", (process_rss_bytes(), device_memory_bytes(device))))
 
-    def take_all(self) -> list[object]:
-        """GUI thread: everything queued so far, oldest first."""
-        self._signalled.clear()
+    def take(self, limit: int = 1 << 62) -> list[object]:
+        """GUI thread: up to ``limit`` of the items queued so far, oldest first. While items remain, no new
+        ``pending`` is signalled: the GUI takes the rest at its own pace (``EngineClient.drain_backlog``)."""
         items = []
-        while self.outbox:
+        while self.outbox and len(items) < limit:
             items.append(self.outbox.popleft())
+        if not self.outbox:
+            self._signalled.clear()
         return items
 
     # --- requests (worker thread) -------------------------------------------------------------------------
@@ -228,9 +231,16 @@ class EngineClient(QObject):
     def stop(self) -> None:
         self.control.stop()
 
+    def drain_backlog(self) -> None:
+        """Take the next batch if the worker sent more than one (the refresh timer calls this every tick)."""
+        if self.worker.outbox:
+            self._drain()
+
     @Slot()
     def _drain(self) -> None:
-        items = self.worker.take_all()
+        """A batch of what the worker sent; the rest waits for the next refresh tick, so a server that sends
+        20,000 tokens a second never holds the window still while it is taken in."""
+        items = self.worker.take(DRAIN_BATCH)
         for item in items:
             if isinstance(item, Note) and item.kind in ("busy", "idle"):
                 self.busy = item.payload if item.kind == "busy" else None
@@ -244,6 +254,6 @@ class EngineClient(QObject):
         self.control.stop()
         self.thread.quit()
         done = self.thread.wait(timeout_ms)
-        if done:
+        while done and self.worker.outbox:
             self._drain()
         return done

@@ -60,6 +60,7 @@ MAX_DIGITS = 40                       # digits of one whole number in a server's
 MAX_URL = 2048
 MAX_FIGURES = 64                      # a server's own figures kept per run
 DEADLINE_S = 600.0                    # a run that takes longer (a server that never stops, or drips) is ended
+UNSTATED_CONTEXT = 1 << 18            # tokens read from a server that states no context (memory stays bounded)
 Sink = Callable[[object], None]
 
 
@@ -454,6 +455,9 @@ class _Stream:
         self.tally = RunTally()
         self.figures = _Figures(self.tally)
         self.last = 0.0
+        # No answer is longer than the server's context: a stream that goes on past it (or past 262,144 tokens
+        # from a server that states none) is ended here, so memory stays bounded whatever the server does.
+        self.limit = min(params.max_new_tokens, session.facts.context or UNSTATED_CONTEXT)
 
     def since(self) -> float:
         return (time.perf_counter() - self.t0) * 1000.0
@@ -520,9 +524,9 @@ class _Stream:
                 raise RemoteError(f"the server reported an error mid-stream: {_short(message)}")
             self.figures.absorb(chunk)
             for text, token_id, prob, candidates, cut in _pieces(chunk):
-                if self.tally.generated >= self.params.max_new_tokens:     # more than asked for: ended here
-                    self.figures.note_cut_stream(self.params.max_new_tokens)
-                    return "max_tokens"
+                if self.tally.generated >= self.limit:                  # more than it can or was asked to send
+                    self.figures.note_cut_stream(self.limit, self._limit_words())
+                    return "max_tokens" if self.limit == self.params.max_new_tokens else "context_full"
                 self._token(text, token_id, prob, candidates, cut)
             finish = _finish_reason(chunk)
             if finish is not None:
@@ -531,6 +535,12 @@ class _Stream:
             raise StreamDropped("the server closed the stream before saying it was done "
                                 f"({self.tally.generated} tokens arrived; they are kept)")
         return reason
+
+    def _limit_words(self) -> str:
+        if self.limit == self.params.max_new_tokens:
+            return "max_new_tokens"
+        return "the server's context" if self.session.facts.context else \
+            "the most it reads from a server that states no context"
 
     def _token(self, text: str, token_id: int | None, prob: float | None, candidates: list[Candidate],
                cut: int) -> None:
@@ -574,8 +584,9 @@ class _Figures:
         if isinstance(chunk.get("timings"), dict):
             self.timings = chunk["timings"]
 
-    def note_cut_stream(self, limit: int) -> None:
-        self.tally.notes.append(f"the stream was ended by this client at max_new_tokens ({limit:,})")
+    def note_cut_stream(self, limit: int, why: str) -> None:
+        self.tally.notes.append(f"the stream was ended by this client at {why} ({limit:,} tokens): the server "
+                                "kept sending")
 
     def settle(self) -> None:
         """Move the server's figures into the tally: numbers within bounds, counts as counts, the rest noted."""

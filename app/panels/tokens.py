@@ -7,11 +7,13 @@ for step latency or probability. Hovering or clicking a token shows its details 
 
 from __future__ import annotations
 
+import bisect
+import functools
 import re
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QTextEdit, QVBoxLayout, QWidget
 
@@ -31,6 +33,10 @@ def visible(text: str) -> str:
     return text.replace("\n", "↵\n").replace("\t", "→\t")
 
 
+TOKENS_PER_REFRESH = 2000       # laid out per refresh (about 0.1-0.2 s here); the rest at the next ones
+BLOCK_CHARS = 16_000             # a paragraph longer than this ends at the next token boundary: Qt lays out a
+#                                 changed paragraph whole, so one paragraph of a 1M-character stream took seconds
+#                                 per batch of tokens added to it
 BREAK_AFTER = 48               # characters without a space before a token boundary becomes a place to wrap
 BREAK = "\u200b"              # zero-width space: a line-break opportunity that shows nothing
 
@@ -58,13 +64,19 @@ def escaped(text: str) -> str:
     return repr(text)[1:-1] if text else "(part of a multi-byte character, completed by the next token)"
 
 
+@functools.lru_cache(maxsize=64)
 def shade(colour: str, lightness: float) -> QColor:
+    """``colour`` at ``lightness`` (cached: a 100k-token prompt asks for the same two shades 100k times)."""
     c = QColor(colour)
     h, s, _l, _a = c.getHslF()
     return QColor.fromHslF(h, s * 0.9, lightness)
 
 
 class TokenText(QTextEdit):
+    """The token stream as one document. Which token is under the mouse is found from where each token starts
+    in the document (not from a per-token anchor), so tokens of the same colour share one format: 100k tokens
+    carry a handful of formats instead of 100k."""
+
     hovered = Signal(int)     # position, or -1
     clicked = Signal(int)
 
@@ -73,17 +85,39 @@ class TokenText(QTextEdit):
         self.setReadOnly(True)
         self.viewport().setMouseTracking(True)
         self.setUndoRedoEnabled(False)
+        self.starts: list[int] = []            # where each token's text starts in the document
+        self.keys: list[int] = []              # its position (or step), -1 for text that is not a token
+        self._block_start = 0                  # where the paragraph being filled starts
 
-    def _position_at(self, event) -> int:
-        href = self.anchorAt(event.position().toPoint())
-        return int(href[2:]) if href.startswith("t:") else -1
+    def reset(self) -> None:
+        self.clear()
+        self.starts, self.keys, self._block_start = [], [], 0
+
+    def add(self, cursor: QTextCursor, text: str, fmt: QTextCharFormat, key: int) -> None:
+        if "\n" in text:
+            self._block_start = cursor.position() + text.rindex("\n") + 1
+        elif cursor.position() - self._block_start > BLOCK_CHARS:
+            cursor.insertBlock()                # see BLOCK_CHARS
+            self._block_start = cursor.position()
+        self.starts.append(cursor.position())
+        self.keys.append(key)
+        cursor.insertText(text, fmt)
+
+    def token_at(self, point) -> int:
+        """The position of the token under ``point`` (viewport pixels), or -1 over no token."""
+        where = QPointF(point.x() + self.horizontalScrollBar().value(), point.y() + self.verticalScrollBar().value())
+        character = self.document().documentLayout().hitTest(where, Qt.HitTestAccuracy.ExactHit)
+        if character < 0 or not self.starts:
+            return -1
+        index = bisect.bisect_right(self.starts, character) - 1
+        return self.keys[index] if index >= 0 else -1
 
     def mouseMoveEvent(self, event) -> None:  # noqa: N802 (Qt override)
-        self.hovered.emit(self._position_at(event))
+        self.hovered.emit(self.token_at(event.position()))
         super().mouseMoveEvent(event)
 
     def mousePressEvent(self, event) -> None:  # noqa: N802
-        position = self._position_at(event)
+        position = self.token_at(event.position())
         if position >= 0:
             self.clicked.emit(position)
         super().mousePressEvent(event)
@@ -124,8 +158,10 @@ class TokensPanel(QWidget):
         self.text.hovered.connect(self._hover)
         self.text.clicked.connect(self._click)
         self._run_id: str | None = None
+        self._prompt_done = 0         # prompt tokens already in the document
         self._rendered = 0            # generated tokens already in the document
         self._unbroken = 0            # characters at the end of the document since the last space
+        self._formats: dict[tuple, QTextCharFormat] = {}     # one per look, for this rendering
         self._pinned: int | None = None
         self._latency_range: tuple[float, float] | None = None
         self._update_legend()
@@ -156,12 +192,13 @@ class TokensPanel(QWidget):
         run = self.selected()
         if run is None:
             if self._run_id is not None:
-                self.text.clear()
+                self.text.reset()
                 self._run_id = None
                 self._forget_detail()
             return
         if run.remote and not run.n_steps and not run.finished:
             if self._run_id != ("waiting", run.run_id):
+                self.text.reset()
                 self.text.setPlainText(f"Sent to {run.model.engine}: waiting for its first token…")
                 self._run_id, self._rendered = ("waiting", run.run_id), 0
             return
@@ -169,6 +206,7 @@ class TokensPanel(QWidget):
             # Laying out a long prompt takes the GIL (Qt calls keep it) from the prefill that is running now;
             # the prompt appears when its forward pass is done, a few hundred ms later, with the first token.
             if self._run_id != ("waiting", run.run_id):
+                self.text.reset()
                 self.text.setPlainText(f"Prefill: reading {run.prompt_tokens - run.reused_tokens:,} prompt tokens "
                                        "in one forward pass…")
                 self._run_id, self._rendered = ("waiting", run.run_id), 0
@@ -179,8 +217,15 @@ class TokensPanel(QWidget):
             if self._run_id is not None and self._run_id != ("waiting", run.run_id):
                 self._forget_detail()              # the line described a token of a run no longer shown
             self._render_all(run)
-        elif run.n_steps > self._rendered:
-            self._append(run, self._rendered, run.n_steps)
+        else:
+            self._catch_up(run)
+
+    @property
+    def behind(self) -> bool:
+        """Tokens of the shown run are still to be laid out (a batch per refresh: see ``TOKENS_PER_REFRESH``)."""
+        run = self.selected()
+        return run is not None and run.run_id == self._run_id and (
+            self._prompt_done < len(run.started.prompt_pieces) or self._rendered < run.n_steps)
 
     def set_controls_visible(self, visible: bool) -> None:
         """A lecture scene shows the stream and its colour legend; the mode box and hover line stay behind."""
@@ -194,60 +239,74 @@ class TokensPanel(QWidget):
     def rendered_tokens(self) -> int:
         """Prompt plus generated tokens now in the document (tests read this)."""
         run = self.selected()
-        return (run.prompt_tokens + self._rendered) if run is not None and self._run_id == run.run_id else 0
+        return (self._prompt_done + self._rendered) if run is not None and self._run_id == run.run_id else 0
 
     # --- rendering ----------------------------------------------------------------------------------------
     def _render_all(self, run: RunRecord) -> None:
-        self.text.clear()
-        self._run_id, self._rendered = run.run_id, 0
-        cursor = QTextCursor(self.text.document())
-        cursor.beginEditBlock()
-        self._unbroken = 0
-        for i, piece in enumerate(run.started.prompt_pieces):
-            shown, self._unbroken = breakable(visible(piece), self._unbroken)
-            cursor.insertText(shown, self._format(run, i, None))
+        self.text.reset()
+        self._formats = {}
+        self._run_id, self._prompt_done, self._rendered, self._unbroken = run.run_id, 0, 0, 0
         if run.remote:                      # the server tokenizes: the prompt is shown as the text that was sent
             prompt = QTextCharFormat()
             prompt.setBackground(shade(th.PREFILL, 0.30 if self.theme.dark else 0.86))
-            cursor.insertText(with_breaks(run.started.prompt) + "\n", prompt)
-        cursor.endEditBlock()
-        self._append(run, 0, run.n_steps)
+            self.text.add(QTextCursor(self.text.document()), with_breaks(run.started.prompt) + "\n", prompt, -1)
+        self._catch_up(run)
 
-    def _append(self, run: RunRecord, start: int, end: int) -> None:
+    def _catch_up(self, run: RunRecord) -> None:
+        """Lay out the next ``TOKENS_PER_REFRESH`` tokens not yet in the document: prompt first, then generated.
+        A 100k-token prompt, or a server streaming 20k tokens a second, fills in over a few refreshes while the
+        window keeps answering, instead of holding it for seconds."""
+        pieces = run.started.prompt_pieces
+        budget = TOKENS_PER_REFRESH
         cursor = QTextCursor(self.text.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
         cursor.beginEditBlock()
-        for step in run.steps[start:end]:
-            where = step.position if step.position is not None else step.step       # a server's run: by step
-            shown, self._unbroken = breakable(visible(step.text), self._unbroken)
-            cursor.insertText(shown, self._format(run, where, step))
+        if self._prompt_done < len(pieces):
+            end = min(len(pieces), self._prompt_done + budget)
+            for i in range(self._prompt_done, end):
+                shown, self._unbroken = breakable(visible(pieces[i]), self._unbroken)
+                self.text.add(cursor, shown, self._format(run, i, None), i)
+            budget -= end - self._prompt_done
+            self._prompt_done = end
+        if budget > 0 and self._prompt_done == len(pieces) and self._rendered < run.n_steps:
+            end = min(run.n_steps, self._rendered + budget)
+            for step in run.steps[self._rendered:end]:
+                where = step.position if step.position is not None else step.step       # a server's run: by step
+                shown, self._unbroken = breakable(visible(step.text), self._unbroken)
+                self.text.add(cursor, shown, self._format(run, where, step), where)
+            self._rendered = end
         cursor.endEditBlock()
-        self._rendered = end
         bar = self.text.verticalScrollBar()
         bar.setValue(bar.maximum())
 
     def _format(self, run: RunRecord, position: int, step) -> QTextCharFormat:
-        fmt = QTextCharFormat()
-        fmt.setAnchor(True)
-        fmt.setAnchorHref(f"t:{position}")
+        """The token's format, shared with every token of the same look (see ``TokenText``)."""
         odd = position % 2 == 1
         light = 0.30 if self.theme.dark else 0.86
         alt = 0.22 if self.theme.dark else 0.76
+        background: QColor | None = None
         if step is None:
             colour = th.REUSED if position < run.reused_tokens else th.PREFILL
-            fmt.setBackground(shade(colour, alt if odd else light))
+            background = shade(colour, alt if odd else light)
         elif self.mode == "phase":
-            fmt.setBackground(shade(th.DECODE, alt if odd else light))
+            background = shade(th.DECODE, alt if odd else light)
         elif self.mode == "probability":
             if step.prob is not None:                   # a server that sent no logprobs: no colour to give
-                fmt.setBackground(_ramp(step.prob, self.theme.dark))
+                background = _ramp(step.prob, self.theme.dark)
         else:
             low, high = self._latency_range or (0.0, 1.0)
             value = (np.log(step.latency_ms) - low) / (high - low) if high > low else 0.5
-            fmt.setBackground(_ramp(float(value), self.theme.dark))
-        if step is not None and step.special or (step is None and _is_special(run, position)):
-            fmt.setFontItalic(True)
-            fmt.setForeground(QColor(th.FORMULA))
+            background = _ramp(float(value), self.theme.dark)
+        special = step is not None and step.special or (step is None and _is_special(run, position))
+        key = (background.rgba() if background is not None else None, special)
+        fmt = self._formats.get(key)
+        if fmt is None:
+            fmt = self._formats[key] = QTextCharFormat()
+            if background is not None:
+                fmt.setBackground(background)
+            if special:
+                fmt.setFontItalic(True)
+                fmt.setForeground(QColor(th.FORMULA))
         return fmt
 
     def _latency_changed(self, run: RunRecord) -> bool:

@@ -2,7 +2,9 @@
 
 import numpy as np
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, QPoint, QPointF, Qt
+from PySide6.QtGui import QMouseEvent
+from PySide6.QtWidgets import QApplication
 
 from app.lecture import fit_to_screen
 from engine.params import GenerationParams
@@ -279,3 +281,23 @@ def test_the_window_fits_its_screen_in_every_mode(qtbot, window):
         assert window.geometry() == window.screen().geometry()
     window.lecture.leave()
     assert area.contains(window.frameGeometry())
+
+
+def test_the_mouse_over_a_token_names_that_token_and_a_click_pins_it(qtbot, window):
+    window.controls.max_tokens.setValue(6)
+    run = run_and_wait(qtbot, window)
+    text = window.tokens.text
+    for position in (1, run.prompt_tokens + 2):              # a prompt token, a generated one
+        index = text.keys.index(position)
+        cursor = text.textCursor()
+        cursor.setPosition(text.starts[index])
+        point = text.cursorRect(cursor).center()
+        point.setX(point.x() + 3)                             # inside the token's first character
+        move = QMouseEvent(QEvent.Type.MouseMove, QPointF(point), text.viewport().mapToGlobal(QPointF(point)),
+                           Qt.MouseButton.NoButton, Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier)
+        QApplication.sendEvent(text.viewport(), move)                 # the pointer moves over it, no button
+        assert text.token_at(point) == position
+        assert f"position {position:,}" in window.tokens.detail.text(), window.tokens.detail.text()
+    qtbot.mouseClick(text.viewport(), Qt.MouseButton.LeftButton, pos=point)
+    assert window.tokens._pinned == run.prompt_tokens + 2
+    assert text.token_at(QPoint(text.viewport().width() - 3, text.viewport().height() - 3)) == -1   # empty space

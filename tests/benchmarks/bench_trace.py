@@ -126,6 +126,10 @@ def window_open_seconds(path: str) -> float:
         QTimer.singleShot(5, loop.quit)
         loop.exec()
     window.refresh(force=True)
+    while window.tokens.behind:                           # a long text fills in over a few refreshes
+        loop = QEventLoop()
+        QTimer.singleShot(5, loop.quit)
+        loop.exec()
     app.processEvents()
     seconds = time.perf_counter() - started
     window.close()

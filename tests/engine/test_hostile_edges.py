@@ -6,6 +6,7 @@ holding numbers no event has. Each ends in one clear line with what was received
 from __future__ import annotations
 
 import base64
+import dataclasses
 import errno
 import json
 import os
@@ -111,13 +112,30 @@ def test_a_server_that_never_stops_is_cut_at_max_new_tokens_by_the_client(tmp_pa
     assert read_trace(write_trace(tmp_path / "endless.jsonl", events)) == events
 
 
+def test_a_server_that_never_stops_is_cut_at_its_own_context_and_memory_stays_bounded(monkeypatch):
+    """No answer is longer than the server's context (1,024 positions per slot in the recorded llama-server); a
+    server that states none is read for at most ``UNSTATED_CONTEXT`` tokens."""
+    from engine import remote
+
+    with ReplayServer(streaming(stream=stream_route(endless))) as server:
+        facts = probe(server.url)
+        result = RemoteSession(facts).run("hi", GenerationParams(max_new_tokens=1 << 24))
+        assert result.reason == "context_full" and result.summary.generated_tokens == facts.context == 1024
+        assert "ended by this client at the server's context (1,024 tokens)" in result.summary.notes[0]
+        monkeypatch.setattr(remote, "UNSTATED_CONTEXT", 300)
+        unstated = dataclasses.replace(facts, context=None)
+        result = RemoteSession(unstated).run("hi", GenerationParams(max_new_tokens=1000))
+    assert result.reason == "context_full" and result.summary.generated_tokens == 300
+    assert "the most it reads from a server that states no context" in result.summary.notes[0]
+
+
 @pytest.mark.parametrize("stream", [endless, drip], ids=["endless", "drip"])
 def test_a_server_past_the_deadline_is_ended_and_what_arrived_is_kept(tmp_path, stream):
     with ReplayServer(streaming(stream=stream_route(stream))) as server:
         events: list = []
         tracemalloc.start()
-        result = RemoteSession(probe(server.url), deadline_s=1.5).run("hi", GenerationParams(max_new_tokens=1 << 24),
-                                                                       events.append)
+        facts = dataclasses.replace(probe(server.url), context=None)        # no context to stop it at
+        result = RemoteSession(facts, deadline_s=1.5).run("hi", GenerationParams(max_new_tokens=1 << 24), events.append)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     assert isinstance(result, RunFailed) and result.error == "deadline"
