@@ -109,6 +109,10 @@ def attach(model: Any, num_layers: int) -> Capture:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+    if any("indexer" in type(m).__name__.lower() for m in model.modules()):
+        raise ValueError(f"attention cannot be recorded for {type(model).__name__}: its indexer picks which cached "
+                         "positions each query reads (sparse attention), and the recording would show every "
+                         "position as read")
     modules = [m for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int)
                and "attention" in type(m).__name__.lower()]
     layers = sorted({m.layer_idx for m in modules})

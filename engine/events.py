@@ -274,7 +274,9 @@ class RunSummary:
     prefill), exactly as llama.cpp's ``eval time ... runs`` does. ``decode_ms`` sums the steps' forward and
     sampling time, never the ``waited_ms`` spent paused; ``cpu_share`` (CPU runs) says whether other programs
     competed for the cores while it was measured (``engine.contention``). ``notes``: what the producer had to
-    cut or drop to keep every field within its bounds (a server's oversized chunk, impossible usage figures)."""
+    cut or drop to keep every field within its bounds (a server's oversized chunk, impossible usage figures).
+    ``kv_bytes`` is what the cache's tensors expose (what attention reads); ``kv_allocated_bytes`` is what their
+    storages hold where that is more (a sliding layer's view into a larger buffer), else None."""
 
     prompt_tokens: Count | None = 0   # evaluated by the prefill (the reused ones are not)
     generated_tokens: Count = 0
@@ -295,6 +297,7 @@ class RunSummary:
     server_timings: ServerFigures = field(default_factory=dict)    # a server's own figures, under its names
     notes: Notes = ()
     compiled_from_step: Count = 0   # the first step decoded by the compiled path (0: none was)
+    kv_allocated_bytes: Bytes | None = None   # what the cache's tensors have allocated, where not kv_bytes
 
     @property
     def prefill_tok_s(self) -> float | None:

@@ -64,7 +64,8 @@ class Lesson:
     """A lesson as the registry lists it. ``run(experiment, settings)`` measures and returns the typed
     result; ``check(target, settings)`` refuses settings the loaded model cannot run, before anything starts;
     ``table(points, result)`` is what the CLI prints; ``timeline(point)`` what a point adds to a Perfetto trace
-    (lanes of requests, counters), if anything."""
+    (lanes of requests, counters), if anything; ``timed`` is False for a lesson whose figures are bytes, which
+    no busy machine changes (no busy note)."""
 
     kind: str
     title: str
@@ -75,6 +76,7 @@ class Lesson:
     target: str = MODEL
     check: Callable[[Any, Any], None] | None = None
     timeline: Callable[[ExperimentPoint], list[Span | Counter]] | None = None
+    timed: bool = True          # False: it measures bytes, not time, so a busy machine changes nothing
 
 
 class Experiment:
@@ -153,7 +155,7 @@ def run_lesson(lesson: Lesson, target: Any, settings: LessonSettings, emit: Sink
         raise
     finally:
         experiment.meter.stop()
-    if result.lowest_cpu_share is None and on_cpu:
+    if result.lowest_cpu_share is None and on_cpu and lesson.timed:
         result = dataclasses.replace(result, lowest_cpu_share=experiment.meter.share())
     note = rounding_note(target.facts, result)
     if note and not result.tokens_note:

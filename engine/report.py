@@ -31,21 +31,23 @@ def _line(label: str, ms: float, count: int, unit: str) -> str:
             f"{rate:8.2f} tokens per second)")
 
 
-def kv_line(model: ModelFacts, positions: int, bytes_held: int) -> str:
-    """Formula per token, what the cache tensors held (measured) beside the formula for those positions, and
-    the formula at full context."""
+def kv_line(model: ModelFacts, positions: int, bytes_held: int, allocated: int | None = None) -> str:
+    """Formula per token, what the cache tensors held (measured) beside the formula for those positions, what
+    their storages have allocated where that is more, and the formula at full context."""
     full = kvformula.full_context_kv_bytes(model)
     predicted = kvformula.predicted_kv_bytes(model, positions)
     check = "= the formula" if predicted == bytes_held else f"but the formula says {kvformula.format_bytes(predicted)}"
+    storage = (f"; their storages have {kvformula.format_bytes(allocated)} allocated (measured: a sliding layer's "
+               "keys and values are views into a larger buffer)" if allocated else "")
     return (f"KV cache: {kvformula.formula_text(model)}; after {positions:,} positions the tensors hold "
-            f"{kvformula.format_bytes(bytes_held)} (measured, {check}); at full context "
+            f"{kvformula.format_bytes(bytes_held)} (measured, {check}){storage}; at full context "
             f"({kvformula.full_context_positions(model):,} positions) = {kvformula.format_bytes(full)} (computed)")
 
 
 def report(model: ModelFacts, s: RunSummary, kv_on: bool = True) -> str:
     lines = timing_lines(s)
     lines.append(f"TTFT = {s.ttft_ms:.2f} ms (tokenize {s.tokenize_ms:.2f} ms + prefill + first sample)")
-    lines.append(kv_line(model, s.kv_tokens, s.kv_bytes) if kv_on else
+    lines.append(kv_line(model, s.kv_tokens, s.kv_bytes, s.kv_allocated_bytes) if kv_on else
                  f"KV cache: off (every step recomputed all {s.prompt_tokens + s.decode_runs:,} positions); "
                  f"{kvformula.formula_text(model)} if it were on")
     if s.compile_ms:

@@ -26,6 +26,7 @@ class RunTally:
         self.compiled_from_step = 0        # the step compiling happened on (timed apart); 0: none
         self.kv_tokens = 0
         self.kv_bytes = 0
+        self.kv_allocated: int | None = None
         self.generated = 0
         self.token_ids: list[int] = []
         self.texts: list[str] = []
@@ -42,7 +43,7 @@ class RunTally:
         elif isinstance(event, PrefillDone):
             self.prompt_tokens, self.reused_tokens = event.n_tokens, event.reused_tokens
             self.tokenize_ms, self.prefill_ms, self.ttft_ms = event.tokenize_ms, event.forward_ms, event.t_ms
-            self._kv(event.kv_bytes_per_layer, event.reused_tokens + event.n_tokens)
+            self._kv(event.kv_bytes_per_layer, event.reused_tokens + event.n_tokens, event.kv_storage_per_layer)
         elif isinstance(event, RunStarted):
             self.remote = isinstance(event.model, ServerFacts)
             self.prompt_tokens = len(event.prompt_ids)
@@ -63,11 +64,12 @@ class RunTally:
         else:
             self.decode_ms += step.latency_ms
         if step.position is not None:
-            self._kv(step.kv_bytes_per_layer, step.position)
+            self._kv(step.kv_bytes_per_layer, step.position, step.kv_storage_per_layer)
 
-    def _kv(self, per_layer: list[list[int]], positions: int) -> None:
+    def _kv(self, per_layer: list[list[int]], positions: int, storage: list[int]) -> None:
         held = sum(k + v for k, v in per_layer)
         self.kv_bytes, self.kv_tokens = held, positions if held else 0
+        self.kv_allocated = sum(storage) if storage and sum(storage) != held else None
 
     def summary(self, total_ms: float | None = None, text: str | None = None, with_text: bool = True) -> RunSummary:
         """The figures so far (``total_ms`` defaults to the last event's time); ``text`` replaces the joined
@@ -88,4 +90,5 @@ class RunTally:
             decode_ms=self.decode_ms, total_ms=total, kv_tokens=self.kv_tokens, kv_bytes=self.kv_bytes,
             text=joined, token_ids=list(self.token_ids) if with_text else [], reused_tokens=self.reused_tokens,
             waited_ms=self.waited_ms, cpu_share=self.cpu_share, compile_ms=self.compile_ms,
-            notes=tuple(self.notes), compiled_from_step=self.compiled_from_step if self.compile_ms else 0)
+            notes=tuple(self.notes), compiled_from_step=self.compiled_from_step if self.compile_ms else 0,
+            kv_allocated_bytes=self.kv_allocated)

@@ -14,9 +14,21 @@ from dataclasses import replace
 from types import ModuleType
 
 from app.lesson_view import Joins, LessonView, Scene
-from app.lessons import batch, cache, chat, continuous, formats, paged, prefill, server_load, speculative
+from app.lessons import (
+    architectures,
+    batch,
+    cache,
+    chat,
+    continuous,
+    formats,
+    paged,
+    prefill,
+    server_load,
+    speculative,
+)
 
-LESSONS: tuple[ModuleType, ...] = (prefill, cache, batch, continuous, chat, formats, speculative, paged, server_load)
+LESSONS: tuple[ModuleType, ...] = (prefill, cache, batch, continuous, chat, formats, speculative, paged, server_load,
+                                   architectures)
 BY_KIND: dict[str, ModuleType] = {module.LESSON.kind: module for module in LESSONS}
 
 

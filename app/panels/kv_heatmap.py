@@ -40,6 +40,12 @@ BAR_LABEL = {"memory": ("bytes per position", "B"), "k": ("mean L2 norm of keys"
 BARS_LABEL = "K solid, V hatched"
 
 
+def bars_label(model, state: bool, allocated: bool) -> str:
+    """What the side bars' styles mean for this model, as the axis label."""
+    words = "latent solid, rope key hatched" if kvformula.latent_layers(model) else BARS_LABEL
+    return words + (", state dotted" if state else "") + (", allocated dashed" if allocated else "")
+
+
 def binary_scale(max_bytes: float) -> tuple[float, str]:
     for factor, unit in ((1024**3, "GiB"), (1024**2, "MiB"), (1024, "KiB")):
         if max_bytes >= factor:
@@ -130,8 +136,13 @@ class KVHeatmapPanel(QWidget):
         self.v_bars = pg.BarGraphItem(x0=[], y=[], height=0.4, width=[],
                                       brush=QBrush(QColor(th.KV_BARS), Qt.BrushStyle.BDiagPattern),
                                       pen=pg.mkPen(th.KV_BARS))
-        self.bars_plot.addItem(self.k_bars)
-        self.bars_plot.addItem(self.v_bars)
+        self.state_bars = pg.BarGraphItem(x0=[], y=[], height=0.27, width=[],
+                                          brush=QBrush(QColor(th.KV_BARS), Qt.BrushStyle.Dense5Pattern),
+                                          pen=pg.mkPen(th.KV_BARS))
+        self.allocated_bars = pg.BarGraphItem(x0=[], y=[], height=0.9, width=[], brush=QBrush(Qt.BrushStyle.NoBrush),
+                                              pen=pg.mkPen(th.CACHE_OFF, width=2, style=Qt.PenStyle.DashLine))
+        for item in (self.k_bars, self.v_bars, self.state_bars, self.allocated_bars):
+            self.bars_plot.addItem(item)
         self.info = QLabel("Load a model and run a prompt to see the cache fill.")
         self.info.setWordWrap(True)
         self.info.setTextFormat(Qt.TextFormat.RichText)
@@ -263,12 +274,33 @@ class KVHeatmapPanel(QWidget):
         self.info.setText(self._info_html(run))
 
     def _draw_bars(self, run: RunRecord) -> None:
+        """Per layer: keys (or a latent layer's compressed vector, with any indexer keys) solid, values (or its
+        rope key) hatched, a state-space state dotted where the layer keeps one, and what the tensors'
+        storages have allocated as a dashed outline where that is more than they expose."""
         kv = np.asarray(run.kv_bytes_per_layer, dtype=float).reshape(-1, 2)
-        factor, unit = binary_scale(float(kv.sum(axis=1).max()) if len(kv) else 0.0)
+        layers = run.model.kv_layers if len(run.model.kv_layers) == len(kv) else []
+        state = np.array([layer.state_bytes for layer in layers], dtype=float) if layers else np.zeros(len(kv))
+        storage = np.asarray(run.kv_storage_per_layer, dtype=float) if len(run.kv_storage_per_layer) == len(kv) \
+            else np.zeros(0)
+        largest = max(float(kv.sum(axis=1).max()) if len(kv) else 0.0, float(state.max()) if len(state) else 0.0,
+                      float(storage.max()) if len(storage) else 0.0)
+        factor, unit = binary_scale(largest)
         y = np.arange(len(kv)) + 0.5
-        self.k_bars.setOpts(x0=np.zeros(len(kv)), y=y - 0.2, height=0.4, width=kv[:, 0] / factor)
-        self.v_bars.setOpts(x0=np.zeros(len(kv)), y=y + 0.2, height=0.4, width=kv[:, 1] / factor)
-        th.label_axis(self.bars_plot.getAxis("bottom"), BARS_LABEL, unit, self.theme)
+        zero = np.zeros(len(kv))
+        if state.any():                                   # three bars per layer
+            self.k_bars.setOpts(x0=zero, y=y - 0.27, height=0.27, width=kv[:, 0] / factor)
+            self.v_bars.setOpts(x0=zero, y=y, height=0.27, width=kv[:, 1] / factor)
+            self.state_bars.setOpts(x0=zero, y=y + 0.27, height=0.27, width=state / factor)
+        else:
+            self.k_bars.setOpts(x0=zero, y=y - 0.2, height=0.4, width=kv[:, 0] / factor)
+            self.v_bars.setOpts(x0=zero, y=y + 0.2, height=0.4, width=kv[:, 1] / factor)
+            self.state_bars.setOpts(x0=[], y=[], width=[])
+        if len(storage):
+            self.allocated_bars.setOpts(x0=zero, y=y, height=0.9, width=storage / factor)
+        else:
+            self.allocated_bars.setOpts(x0=[], y=[], width=[])
+        th.label_axis(self.bars_plot.getAxis("bottom"), bars_label(run.model, bool(state.any()), bool(len(storage))),
+                      unit, self.theme)
 
     def _apply_range(self, force: bool = False) -> None:
         """Zoomed: the used positions plus a quarter more (the run grows into it); else the whole context."""
@@ -301,8 +333,13 @@ class KVHeatmapPanel(QWidget):
                      f"✗ the formula says {fmt(predicted)} for these positions")
             static = (f" — a static cache: all {run.kv_allocated:,} positions allocated up front, "
                       f"{seen:,} in use" if run.kv_allocated else "")
+            storage = run.kv_storage_bytes()
+            allocated = (f"<br><b>Allocated</b> (the tensors' storages, measured): {fmt(storage)} — more than they "
+                         "expose: a sliding layer's keys and values are views into a larger buffer"
+                         if storage and storage != held else "")
+            parts = ("latent", "rope key") if kvformula.latent_layers(m) else ("K", "V")
             measured = (f"<b>Measured</b> (read from the cache tensors): {fmt(held)} after {seen:,} positions "
-                        f"(K {fmt(k_total)} + V {fmt(v_total)}) {agree}{static}")
+                        f"({parts[0]} {fmt(k_total)} + {parts[1]} {fmt(v_total)}) {agree}{static}{allocated}")
         notes = "".join(f"<br>{escape(note)}" for note in kvformula.layer_notes(m))
         notes += f"<br>{escape(concurrency_text(m))}"
         return (f"{measured}<br><b>Formula</b> (computed): {escape(kvformula.formula_text(m))}; for "

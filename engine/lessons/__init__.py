@@ -12,10 +12,22 @@ from __future__ import annotations
 
 from engine.events import LessonResult, LessonSettings
 from engine.experiment import MODEL, SERVER, Lesson
-from engine.lessons import batch, cache, chat, continuous, formats, paged, prefill, server_load, speculative
+from engine.lessons import (
+    architectures,
+    batch,
+    cache,
+    chat,
+    continuous,
+    formats,
+    paged,
+    prefill,
+    server_load,
+    speculative,
+)
 
 LESSONS: tuple[Lesson, ...] = (prefill.LESSON, cache.LESSON, batch.LESSON, continuous.LESSON, chat.LESSON,
-                               formats.LESSON, speculative.LESSON, paged.LESSON, server_load.LESSON)
+                               formats.LESSON, speculative.LESSON, paged.LESSON, server_load.LESSON,
+                               architectures.LESSON)
 BY_KIND: dict[str, Lesson] = {lesson.kind: lesson for lesson in LESSONS}
 
 

@@ -82,7 +82,9 @@ def lecture_trace(tiny, tmp_path_factory):
                            ("continuous", {"requests": 3, "arrive_every": 2, "new_tokens": (4, 6)}),
                            ("chat", {"turns": ("hi", "and then?"), "new_tokens": 6, "repeats": 2}),
                            ("speculative", {"new_tokens": 12, "repeats": 1}),
-                           ("paged", {"requests": 3, "new_tokens": 4})):
+                           ("paged", {"requests": 3, "new_tokens": 4}),
+                           ("architectures", {"designs": ("Falcon-7B", "gpt-oss-20b", "Qwen3-Next-80B-A3B"),
+                                              "prompt_tokens": 16, "decode_steps": 1})):
         collect(kind, session, events=events, **settings)
     return write_trace(tmp_path_factory.mktemp("lecture") / "lecture.kvscope.jsonl", events)
 

@@ -21,7 +21,8 @@ PROMPT = "The cache keeps what attention has already read."
 TAB = {"server load": {"requests": 20, "every_s": 2.0},       # a load test is paced by its own clock
        "continuous": {"requests": 5},                           # not the default 8: the tab's value is used
        "speculative": {"prompt": CONTROLS_PROMPT},              # the default prompt is longer than 256 positions
-       "chat": {"new_tokens": 8}}                               # the whole conversation fits 256 positions
+       "chat": {"new_tokens": 8},                               # the whole conversation fits 256 positions
+       "architectures": {"designs": ("gpt-oss-20b", "Qwen3-Next-80B-A3B")}}   # the quickest two to build
 
 
 @pytest.fixture

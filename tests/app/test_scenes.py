@@ -31,7 +31,9 @@ SCENE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv]
                 "memory": lambda w: [w.kv],
                 "attention": lambda w: [SimpleNamespace(plot=w.attention.layers_plot)],
                 "speculative": lambda w: [w.experiments.views["speculative"].chart],
-                "paged": lambda w: [w.experiments.views["paged"].chart]}
+                "paged": lambda w: [w.experiments.views["paged"].chart],
+                "architectures": lambda w: [w.experiments.views["architectures"].chart,
+                                            w.experiments.views["architectures"].contexts_chart]}
 
 
 @pytest.mark.parametrize("size", list(MIN_PLOT))
@@ -49,7 +51,7 @@ def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, 
             for chart in SCENE_CHARTS[scene](w):
                 width, height = plot_size(chart)
                 low_w, low_h = MIN_PLOT[size]
-                min_w = low_w / 2 if scene == "batch" else low_w          # two charts side by side
+                min_w = low_w / 2 if scene in ("batch", "architectures") else low_w   # two charts side by side
                 assert width >= min_w and height >= low_h, (scene, size, width, height)
             assert w.scene_view.caption.font().pointSizeF() >= 15       # 20 px at 96 dpi, and larger
         w.lecture.leave()

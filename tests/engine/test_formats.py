@@ -3,6 +3,8 @@ the weights as stored, ``auto`` picking the fastest float by measurement, and th
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -125,3 +127,13 @@ def test_int8_weights_generate_on_the_embedded_model(smol):
     result = Session(loaded).run("hey, what is continuous batching?", GenerationParams(max_new_tokens=12))
     assert result.summary.generated_tokens == 12 and result.summary.text.strip()
     assert loaded.facts.weight_bytes < smol.facts.weight_bytes / 3
+
+
+def test_the_json_names_the_weight_format_beside_the_activation_dtype(tiny_model_dir, capsys):
+    from engine import cli
+
+    code = cli.main(["--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "int8", "--prompt", "hi",
+                     "--max-new-tokens", "2", "--json"])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0 and payload["weights"] == "int8" and payload["dtype"] in ("float32", "bfloat16")   # activations
+    assert payload["weights_described"].startswith("int8 weights")
