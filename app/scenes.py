@@ -151,7 +151,8 @@ class SceneView(QWidget):
         self.footer.setWordWrap(True)
         self.notice = ""                               # a refused key's reason, until the next scene
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(12, 8, 12, 8)
+        layout.setContentsMargins(12, 6, 12, 6)
+        layout.setSpacing(2)                         # at 720p every pixel row goes to the chart
         layout.addWidget(self.caption)
         layout.addWidget(self.detail)
         layout.addWidget(self.body, 1)

@@ -16,7 +16,7 @@ def cli(*args, cache):
 
 def test_generate_prints_text_and_report(tiny_model_dir, cache_root, tmp_path):
     trace = tmp_path / "run.jsonl"
-    r = cli("--model", str(tiny_model_dir), "--prompt", "hello world", "--max-new-tokens", "8",
+    r = cli("--model", str(tiny_model_dir), "--dtype", "float32", "--prompt", "hello world", "--max-new-tokens", "8",
             "--trace", str(trace), cache=cache_root)
     assert r.returncode == 0, r.stderr
     assert "prompt eval time =" in r.stdout and "eval time =" in r.stdout and "/     7 runs" in r.stdout
