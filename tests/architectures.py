@@ -12,10 +12,10 @@ CONTEXT = 64                # max positions: short, so a full-context forward is
 
 # Multi-head latent attention (DeepSeek-V2/V3): a compressed KV latent of kv_lora_rank and one rope key of
 # qk_rope_head_dim per position, shared by all heads; a dense first layer and a small MoE after it.
-MLA = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-           num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
-           kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_group=1,
-           topk_group=1)
+MLA = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+           num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+           first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16,
+           v_head_dim=16, n_group=1, topk_group=1)
 # name -> (config class, model class, config keywords, what the cache must hold per layer)
 SHAPES: dict[str, tuple[str, str, dict]] = {
     "llama-gqa": ("LlamaConfig", "LlamaForCausalLM", dict(
@@ -40,8 +40,8 @@ SHAPES: dict[str, tuple[str, str, dict]] = {
         mamba_d_state=8, mamba_expand=2)),
     "mamba": ("MambaConfig", "MambaForCausalLM", dict(hidden_size=64, num_hidden_layers=2, state_size=8)),
     "deepseek-v3-mla": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(MLA)),
-    "deepseek-v32-indexer": ("DeepseekV32Config", "DeepseekV32ForCausalLM", dict(MLA, index_head_dim=32, index_n_heads=2,
-                                                                                 index_topk=8)),
+    "deepseek-v32-indexer": ("DeepseekV32Config", "DeepseekV32ForCausalLM",
+                             dict(MLA, index_head_dim=32, index_n_heads=2, index_topk=8)),
     "falcon-h1-combined": ("FalconH1Config", "FalconH1ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, mamba_d_state=8, mamba_n_heads=4, mamba_d_head=16, mamba_d_ssm=64, mamba_n_groups=1,
