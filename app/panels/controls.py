@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import requests as rq
+from app.glossary import tip
 from app.resources import sample_prompts
 from app.run_settings import SEED_MAX, SLOW_MAX_MS, RunSettings
 from engine.params import DEVICES, DTYPES
@@ -61,6 +62,8 @@ class ControlsPanel(QWidget):
         self.device_box.addItems(list(DEVICES))
         self.dtype_box = QComboBox()
         self.dtype_box.addItems(list(DTYPES))
+        self.dtype_box.setToolTip("auto measures which float is fastest here (once); int8 and int4 quantize the "
+                                  "weights\n" + tip("quantization", "GGUF"))
         self.budget = QDoubleSpinBox()
         self.budget.setRange(0.0, 4096.0)
         self.budget.setDecimals(2)

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme as th
+from app.glossary import tip
 from app.paint import TimedGraphics
 from app.store import RunRecord, RunStore
 from app.viewstate import ViewState
@@ -144,6 +145,7 @@ class KVHeatmapPanel(QWidget):
         for item in (self.k_bars, self.v_bars, self.state_bars, self.allocated_bars):
             self.bars_plot.addItem(item)
         self.info = QLabel("Load a model and run a prompt to see the cache fill.")
+        self.info.setToolTip(tip("KV cache", "GQA", "MQA", "MLA", "sliding window"))
         self.info.setWordWrap(True)
         self.info.setTextFormat(Qt.TextFormat.RichText)
         self.info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)

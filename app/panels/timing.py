@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QCheckBox, QGridLayout, QHBoxLayout, QLabel, QSpin
 
 from app import theme as th
 from app.chart import Chart
+from app.glossary import tip
 from app.store import RunRecord, RunStore
 from app.viewstate import MAIN, ViewState
 from engine import contention
@@ -103,6 +104,7 @@ class TimingPanel(QWidget):
         self.overlay.toggled.connect(lambda _v: self._invalidate())
         self.overlay_count.valueChanged.connect(lambda _v: self._invalidate())
         self.summary = QLabel()
+        self.summary.setToolTip(tip("TTFT", "prefill", "decode", "bandwidth ceiling", "roofline"))
         self.summary.setTextFormat(Qt.TextFormat.RichText)
         self.summary.setWordWrap(True)
         top = QHBoxLayout()

@@ -8,8 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QFileSystemModel
 
@@ -169,8 +171,17 @@ sys.exit(m.main([{str(path)!r}, "--speed", "0"]))
     assert "runs 1 4" in r.stdout
 
 
-def test_the_desktop_install_writes_what_it_says_and_removes_it(tmp_path):
+def tree(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("before", ["nothing", "another app's entry"])
+def test_the_desktop_install_writes_what_it_says_and_removal_leaves_what_was_there(tmp_path, before):
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
+    if before != "nothing":
+        (tmp_path / "applications").mkdir()
+        (tmp_path / "applications" / "other.desktop").write_text("[Desktop Entry]\nName=Other\n")
+    was = tree(tmp_path)
     script = ROOT / "packaging" / "install-desktop.sh"
     r = subprocess.run([str(script), "/opt/kvscope/bin/kvscope"], capture_output=True, text=True, env=env,
                        timeout=60)
@@ -185,4 +196,39 @@ def test_the_desktop_install_writes_what_it_says_and_removes_it(tmp_path):
     assert "make uninstall-desktop" in r.stdout
     r = subprocess.run([str(script), "--remove"], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0 and not any(Path(p).exists() for p in installed)
-    assert r.stdout.count("removed ") == 11
+    assert r.stdout.count("removed ") >= 11
+    assert tree(tmp_path) == was, sorted(tree(tmp_path) - was)          # no empty folder, no database left
+
+
+def test_make_install_desktop_points_the_entry_at_the_environment_make_used():
+    r = subprocess.run(["make", "-n", "install-desktop", "VENV=/opt/elsewhere"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert "packaging/install-desktop.sh \"/opt/elsewhere/bin/kvscope\"" in r.stdout
+
+
+def test_run_pressed_during_the_first_launch_measurement_starts_after_it(qtbot, tiny_model_dir, tmp_path, monkeypatch):
+    """A first launch measures the machine once after the model loads; a run asked for meanwhile waits for it
+    (queued, said in the status bar) instead of competing with it for the cores."""
+    from engine import hardware
+    from engine.costmodel import Device
+
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path / "cache"))            # nothing measured yet
+    monkeypatch.setenv("KVSCOPE_SETTINGS", str(tmp_path / "settings.ini"))
+    monkeypatch.setattr(hardware, "measure", lambda device, dtype: (time.sleep(1.5), (Device("cpu", 1e11, 1e10),
+                                                                                      0.9))[1])
+    window = make_window(qtbot)
+    order: list[str] = []
+    add = window.store.add
+    window.store.add = lambda event: (order.append(type(event).__name__), add(event))[1]
+    try:
+        load(window, str(tiny_model_dir), "cpu", "float32")
+        qtbot.waitUntil(lambda: window.client.model is not None)
+        assert window.client.busy == "load"                                  # measuring, the model loaded
+        window.controls.max_tokens.setValue(3)
+        window.controller.run()
+        assert "Run queued: it starts as soon as this machine's one-time measurement ends" in \
+            window.status.currentMessage()
+        qtbot.waitUntil(lambda: window.store.current is not None and window.store.current.finished)
+        assert order.index("HardwarePeaks") < order.index("RunStarted")
+    finally:
+        close_and_dispose(window)

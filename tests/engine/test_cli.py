@@ -48,7 +48,8 @@ NOWHERE = ["--model", "/no/such/model"]          # every case below is refused b
     ([*NOWHERE, "--prompt", "hi", "--temperature", "1e-300"], "temperature must be 0 (greedy) or between 0.01"),
     ([*NOWHERE, "--prompt", "hi", "--temperature", "-1"], "temperature must be 0 (greedy) or between 0.01 and 100"),
     ([*NOWHERE, "--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens: 0 is out of range: use 1 to"),
-    ([*NOWHERE, "--prompt", "hi", "--trace", "/tmp"], "/tmp is a folder: give a file name for the trace"),
+    ([*NOWHERE, "--prompt", "hi", "--trace", "/tmp"], "/tmp is a folder: give a file name for the trace, e.g. "
+                                                      "/tmp/run.kvscope.jsonl"),
     ([*NOWHERE, "--prompt", "hi", "--trace", "/missing/dir/t.jsonl"], "the folder /missing/dir does not exist"),
     (["sweep", "prefill", *NOWHERE, "--start", "0"], "--start: 0 is out of range: use 1 to"),
     (["sweep", "prefill", *NOWHERE, "--start", "-5"], "--start: -5 is out of range"),

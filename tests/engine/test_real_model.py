@@ -74,3 +74,15 @@ def test_streamed_text_equals_decode_with_emoji_and_cjk(smol):
     prompt_pieces = events[0].prompt_pieces
     assert "".join(prompt_pieces) == smol.tokenizer.decode(events[0].prompt_ids)
     assert "日本語" in "".join(prompt_pieces) and all("\ufffd" not in p for p in prompt_pieces)
+
+
+def test_the_seed_examples_note_gives_this_models_computed_crossover(smol, capsys):
+    """The worked example's note names where SmolLM2's n^2 attention term overtakes its linear weight FLOPs; the
+    number it prints must be what the cost model computes for the real model."""
+    from engine import cli
+    from engine.costmodel import ModelCost, quadratic_from
+
+    assert cli.main(["costmodel", "--seed-example"]) == 0
+    note = capsys.readouterr().out.split("Why a real model's prefill time grows slower than this:")[1]
+    crossover = quadratic_from(ModelCost(smol.facts))
+    assert f"at about {round(crossover, -2):,.0f} tokens, computed" in note
