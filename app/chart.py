@@ -54,6 +54,8 @@ class Chart(TimedGraphics):
 
     def set_title_visible(self, visible: bool) -> None:
         """A lecture scene states the claim in its caption; its charts drop their titles for the room it takes."""
+        if not (visible and self.title):
+            self.plot.titleLabel.setText("")       # a hidden title still holds the layout as wide as its text
         self.plot.setTitle(self.title if visible and self.title else None)
         if visible and self.title:
             self.plot.setTitle(self.title, size=f"{self.theme.base_pt + 1:.0f}pt", color=self.theme.foreground)

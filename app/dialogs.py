@@ -6,7 +6,6 @@ from __future__ import annotations
 import platform
 from html import escape
 from importlib import metadata
-from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QProgressBar, QPushButton, QVBoxLayout
@@ -14,7 +13,7 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QProgressBar, Q
 from engine import __version__
 from engine.events import HardwarePeaks, ModelLoaded, ServerFacts
 from engine.kvformula import format_bytes
-from engine.paths import cache_dir, converted_models_dir
+from engine.paths import cache_dir, converted_models_dir, folder_bytes, offloaded_models_dir
 
 PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "PySide6", "pyqtgraph", "numpy")
 
@@ -28,10 +27,6 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[name] = "not installed"
     return out
-
-
-def folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
 
 
 class AboutDialog(QDialog):
@@ -54,19 +49,21 @@ class AboutDialog(QDialog):
         device_text = escape(f"{peaks.device}: {peaks.flops_per_s / 1e9:,.0f} GFLOP/s, "
                              f"{peaks.bytes_per_s / 1e9:,.1f} GB/s (measured)" if peaks is not None
                              else "not measured yet")
-        converted = converted_models_dir()
+        converted, offloaded = converted_models_dir(), offloaded_models_dir()
         self.label = QLabel(
             f"<h3>KVScope {__version__}</h3><p>See LLM inference live: tokens, the KV cache, prefill and decode.</p>"
             f"<p><b>Model:</b> {model_text}<br><b>Device:</b> {device_text}</p>"
             f"<p><b>Versions:</b> {versions}</p>"
             f"<p><b>Files:</b><br>cache: {escape(str(cache_dir()))}<br>converted models: {escape(str(converted))} "
-            f"({format_bytes(folder_bytes(converted))})<br>settings: {escape(settings_file)}</p>")
+            f"({format_bytes(folder_bytes(converted))})<br>offloaded layers: {escape(str(offloaded))} "
+            f"({format_bytes(folder_bytes(offloaded))})<br>settings: {escape(settings_file)}</p>")
         self.label.setTextFormat(Qt.TextFormat.RichText)
         self.label.setWordWrap(True)
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.clear_button = QPushButton("Clear converted models")
-        self.clear_button.setToolTip("Delete the converted copies; the built-in model converts again on next load")
-        self.clear_button.setEnabled(not busy and converted.exists())
+        self.clear_button.setToolTip("Delete the converted copies and offloaded layers; the built-in model converts "
+                                     "again on next load")
+        self.clear_button.setEnabled(not busy and (converted.exists() or offloaded.exists()))
         self.clear_button.clicked.connect(self._clear)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)

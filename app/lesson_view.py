@@ -176,6 +176,12 @@ def _parse_text(text: str, shape: FieldShape) -> object:
         if not all(p.isdigit() for p in parts):
             raise ValueError(f"{shape.setting.label} must be whole numbers separated by commas (e.g. 1, 2, 4)")
         return tuple(int(p) for p in parts)
+    if shape.element is float:
+        try:
+            return tuple(float(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"{shape.setting.label} must be numbers separated by commas (e.g. 0, 0.25, 0.5)") \
+                from None
     return tuple(parts)
 
 

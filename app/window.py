@@ -52,6 +52,7 @@ from app.viewstate import Conversation, ViewState
 from app.worker import EngineClient
 from engine.gguf import remove_all_conversions
 from engine.kvformula import format_bytes
+from engine.paths import offloaded_models_dir, remove_tree
 
 log = logging.getLogger(__name__)
 SAVE_DELAY_MS = 800        # settings are written this long after the last change (and at exit)
@@ -298,8 +299,13 @@ class MainWindow(QMainWindow):
             self.surface.show_status("Clearing the cache is not available while work is in progress.", 5000)
             return
         freed = remove_all_conversions()
+        model = self.client.model
+        kept = model is not None and "disk" in model.model.layer_devices
+        if not kept:
+            freed += remove_tree(offloaded_models_dir())
         self.surface.show_status(f"Cleared converted models ({format_bytes(freed)}); the built-in model converts "
-                                 "again on its next load", 8000)
+                                 "again on its next load" + ("; offloaded layers kept: the loaded model reads them"
+                                                             if kept else ""), 8000)
 
     def show_shortcuts(self) -> None:
         QMessageBox.information(self, "Keyboard shortcuts", SHORTCUTS)

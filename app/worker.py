@@ -110,11 +110,12 @@ class EngineWorker(QObject):
         if is_server(request.model):
             self._attach_server(request)
             return
-        from engine.models import load
+        from engine.models import Offload, load
         from engine.session import Session
 
         loaded = load(request.model, request.device, request.dtype, trust_remote_code=request.trust_remote_code,
-                      progress=self.push, cancelled=self.control.cancel.is_set, memory_budget=request.memory_budget)
+                      progress=self.push, cancelled=self.control.cancel.is_set,
+                      offload=Offload(memory_budget=request.memory_budget))
         self.session = Session(loaded)  # the previous model stays until this one has loaded
         _freeze_heap()
         self.push(loaded.loaded_event())

@@ -79,12 +79,33 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow this model's own Python code to run (off by default)")
+    p.add_argument("--memory-budget", type=byte_size, default=0, metavar="SIZE",
+                   help="at most this much of the weights in memory (per tier: the GPU, the CPU), e.g. 300MiB or "
+                        "1.5GiB; the rest is offloaded to disk and read back at every step (default: no limit)")
+    p.add_argument("--offload-folder", default=None, metavar="FOLDER",
+                   help="where offloaded weights are written (default: KVScope's cache folder)")
+
+
+UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4, "kb": 1000,
+         "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4}
+
+
+def byte_size(text: str) -> int:
+    """``300MiB``, ``1.5GiB``, ``2GB`` or a number of bytes; 0 means no limit."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: write e.g. 300MiB, 1.5GiB or 2GB")
+    size = float(match.group(1)) * UNITS[unit]
+    if size > 1024 ** 5:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range: at most 1 PiB")
+    return int(size)
 
 
 def load_with_progress(args: argparse.Namespace) -> Any:
     """The model the arguments name, loaded with one progress line on stderr (updated in place on a
     terminal, one line per stage in a log)."""
-    from engine.models import load
+    from engine.models import Offload, load
 
     tty = sys.stderr.isatty()
     last_stage = [""]
@@ -99,7 +120,8 @@ def load_with_progress(args: argparse.Namespace) -> Any:
         last_stage[0] = p.stage
 
     loaded = load(args.model, args.device, args.dtype, trust_remote_code=args.trust_remote_code,
-                  progress=progress)
+                  progress=progress, offload=Offload(memory_budget=getattr(args, "memory_budget", 0),
+                                                     folder=getattr(args, "offload_folder", None)))
     for warning in loaded.warnings:
         print(f"warning: {safe_line(warning)}", file=sys.stderr)
     return loaded

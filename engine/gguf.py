@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from engine.errors import ModelSourceError
 from engine.events import LoadProgress
-from engine.paths import converted_models_dir
+from engine.paths import converted_models_dir, remove_tree
 
 MARKER = "kvscope-converted.json"
 FORMAT = 1
@@ -171,7 +170,4 @@ def _first_line(exc: BaseException) -> str:
 
 def remove_all_conversions() -> int:
     """Delete every converted model (Help > Clear cache); returns the bytes freed."""
-    root = converted_models_dir()
-    freed = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
-    shutil.rmtree(root, ignore_errors=True)
-    return freed
+    return remove_tree(converted_models_dir())

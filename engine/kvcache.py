@@ -42,14 +42,16 @@ def forward(model: Any, ids: torch.Tensor, cache: Any = None, *, positions: torc
     return model(**kwargs)
 
 
-def new_cache(model: Any, static_positions: int = 0) -> Any:
+def new_cache(model: Any, static_positions: int = 0, offloading: bool = False) -> Any:
     """The cache a forward pass fills: transformers' ``DynamicCache`` laid out from the model's config, or with
-    ``static_positions`` a ``StaticCache`` that allocates them all up front (what ``torch.compile`` needs)."""
+    ``static_positions`` a ``StaticCache`` that allocates them all up front (what ``torch.compile`` needs).
+    ``offloading``: each layer's keys and values go to the CPU between uses and come back just before (a GPU's
+    memory then holds one layer's cache at a time; transformers does it with CUDA streams, so a GPU only)."""
     from transformers import DynamicCache, StaticCache
 
     if static_positions:
-        return StaticCache(config=model.config, max_cache_len=static_positions)
-    return DynamicCache(config=model.config)
+        return StaticCache(config=model.config, max_cache_len=static_positions, offloading=offloading)
+    return DynamicCache(config=model.config, offloading=offloading)
 
 
 # --- facts from the cache the model builds ---------------------------------------------------------------------

@@ -7,8 +7,10 @@ the fix. Remote code stays off unless the caller opts in for this load.
 from __future__ import annotations
 
 import hashlib
+import logging as std_logging
 import os
 import re
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -20,7 +22,7 @@ from engine import embedded, gguf, kvcache, kvformula
 from engine.errors import ModelSourceError
 from engine.events import LoadProgress, ModelFacts, ModelLoaded
 from engine.params import DEVICES, DTYPES, FLOATS
-from engine.paths import cache_dir
+from engine.paths import offloaded_models_dir
 
 DECODER_LAYER = re.compile(r"(.*\.)?(layers|h|blocks)\.\d+")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -73,6 +75,7 @@ class LoadedModel:
     converted: bool = False
     warnings: list[str] = field(default_factory=list)
     dtype_reason: str = ""
+    offload_folder: Path | None = None     # where accelerate wrote the layers that fit nowhere (None: none)
 
     def loaded_event(self) -> ModelLoaded:
         return ModelLoaded(model=self.facts, load_ms=self.load_ms, converted=self.converted,
@@ -124,12 +127,26 @@ def pick_dtype(requested: str, device: Any, config: Any = None, recalibrate: boo
     return getattr(torch, calibration.best), fmt, calibration.reason()
 
 
+@dataclass(frozen=True)
+class Offload:
+    """Where weights go when they need not all be in memory. ``memory_budget`` (bytes, 0: none): at most that much
+    of the weights on each memory tier (the CPU; on a GPU machine the GPU and the CPU), the rest offloaded to disk
+    by accelerate and read back at every forward pass. ``disk_layers``: exactly the last that many decoder layers
+    on disk, everything else on the device (what the offloading lesson compares). ``folder``: where offloaded
+    weights are written (a folder of KVScope's own inside it; default: KVScope's cache)."""
+
+    memory_budget: int = 0
+    disk_layers: int = 0
+    folder: str | None = None
+
+
+NO_OFFLOAD = Offload()
+
+
 def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *,
          trust_remote_code: bool = False, progress: Progress | None = None,
-         cancelled: Callable[[], bool] | None = None, memory_budget: int = 0) -> LoadedModel:
-    """``spec`` loaded on ``device`` as ``dtype``. ``memory_budget`` (bytes, 0: none): at most that much of the
-    weights on each memory tier (the CPU; on a GPU machine the GPU and the CPU), the rest offloaded to disk by
-    accelerate and read back at every forward pass."""
+         cancelled: Callable[[], bool] | None = None, offload: Offload = NO_OFFLOAD) -> LoadedModel:
+    """``spec`` loaded on ``device`` as ``dtype``; with ``offload``, part of it on disk (see ``Offload``)."""
     report = progress or (lambda _p: None)
     started = time.perf_counter()
     source = resolve_source(spec)
@@ -153,7 +170,7 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
     config = _read_config(folder, trust_remote_code)
     torch_dtype, weights, reason = pick_dtype(dtype, torch_device, config, measuring=lambda: report(LoadProgress(
         "calibrate", "Measuring which float dtype is fastest on this machine (once)", None)))
-    if weights is not None and memory_budget:
+    if weights is not None and (offload.memory_budget or offload.disk_layers):
         raise ModelSourceError(f"{weights} weights and a memory budget cannot go together: the offloaded layers are "
                                "stored as they load. Pick a float dtype to offload, or no budget")
     if weights is not None:
@@ -165,8 +182,13 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
     report(LoadProgress("load", f"Loading weights to {torch_device} as {str(torch_dtype).removeprefix('torch.')}",
                         None))
     warnings = pickle_warnings(Path(folder))
-    placement = _placement(torch_device, memory_budget, folder)
+    placement = _placement(torch_device, offload.memory_budget, folder, offload.folder)
+    if offload.disk_layers:
+        placement = {"device_map": disk_layer_map(config, offload.disk_layers, torch_device, trust_remote_code),
+                     "offload_folder": str(_offload_folder(folder, offload.folder, fresh=True)),
+                     "offload_state_dict": True}
     model, tokenizer = _load_folder(folder, config, torch_device, torch_dtype, trust_remote_code, placement)
+    _check_placement(model, offload.memory_budget)
     weights_text = str(torch_dtype).removeprefix("torch.")
     if weights is not None:
         from engine.quantize import quantize
@@ -180,7 +202,8 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
     load_ms = (time.perf_counter() - started) * 1000.0
     report(LoadProgress("done", f"Loaded {name} on {facts.device} in {load_ms / 1000:.1f} s", 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, device=input_device, facts=facts, load_ms=load_ms,
-                       converted=converted, warnings=warnings, dtype_reason=reason)
+                       converted=converted, warnings=warnings, dtype_reason=reason,
+                       offload_folder=Path(placement["offload_folder"]) if "offload_folder" in placement else None)
 
 
 def pickle_warnings(folder: Path) -> list[str]:
@@ -211,12 +234,66 @@ def _read_config(folder: str, trust_remote_code: bool) -> Any:
     return config
 
 
-def _placement(device: Any, budget: int, folder: str) -> dict[str, Any]:
+def _offload_folder(folder: str, root: str | None = None, fresh: bool = False) -> Path:
+    """The model's offload folder; ``fresh``: emptied first (another split's files must not be read back). Under a
+    user's ``root`` it is a folder of KVScope's own, so emptying it never touches the user's files."""
+    offload = offload_dir(folder, root)
+    if fresh and offload.is_dir():
+        shutil.rmtree(offload)
+    try:
+        offload.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelSourceError(f"Cannot use {offload} for offloaded weights: {exc.strerror or exc}") from None
+    return offload
+
+
+def remove_offloaded(loaded: LoadedModel) -> None:
+    """Delete a model's offloaded weights once nothing reads them (a lesson's split after its run)."""
+    if loaded.offload_folder is not None:
+        shutil.rmtree(loaded.offload_folder, ignore_errors=True)
+
+
+def disk_layer_map(config: Any, disk_layers: int, device: Any, trust_remote_code: bool = False) -> dict[str, str]:
+    """A device map with the last ``disk_layers`` decoder layers on disk and every other module on ``device``,
+    read from the model's structure built without weights."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights():
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    layers = [n for n, _ in skeleton.named_modules() if DECODER_LAYER.fullmatch(n)]
+    if not 0 <= disk_layers <= len(layers):
+        raise ModelSourceError(f"{disk_layers} layers on disk: the model has {len(layers)} decoder layers")
+    on_disk = set(layers[len(layers) - disk_layers:])
+    here = device.index if device.type == "cuda" else str(device)
+    mapping: dict[str, Any] = {}
+    for name, _ in [*skeleton.named_parameters(), *skeleton.named_buffers()]:
+        key = next((layer for layer in layers if name.startswith(layer + ".")), name.rpartition(".")[0] or name)
+        mapping[key] = "disk" if key in on_disk else here
+    return mapping
+
+
+def _check_placement(model: Any, budget: int) -> None:
+    """A budget smaller than the embeddings (and the layer accelerate keeps room for) leaves nothing to run on:
+    refused with the size it needs instead of a crash at the first forward pass."""
+    placed = getattr(model, "hf_device_map", None) or {}
+    embeddings = next((name for name, module in model.named_modules()
+                       if module is model.get_input_embeddings()), "")
+    where = next((placed[k] for k in sorted(placed, key=len, reverse=True)
+                  if k == "" or embeddings == k or embeddings.startswith(k + ".")), None)
+    if where in ("disk", "meta"):
+        weights = model.get_input_embeddings().weight
+        need = weights.numel() * weights.element_size()
+        raise ModelSourceError(f"A memory budget of {kvformula.format_bytes(budget)} is smaller than the model's "
+                               f"embeddings ({kvformula.format_bytes(need)}) and one layer beside them: nothing "
+                               "could run. Raise it, or set no budget")
+
+
+def _placement(device: Any, budget: int, folder: str, root: str | None = None) -> dict[str, Any]:
     """accelerate's arguments for where the weights go: with a budget, at most that much per memory tier and an
     offload folder for the rest (in KVScope's cache, one per model); on CUDA without one, the whole GPU first."""
     if budget > 0:
-        offload = offload_dir(folder)
-        offload.mkdir(parents=True, exist_ok=True)
+        offload = _offload_folder(folder, root)
         tiers = {"cpu": budget} if device.type != "cuda" else {device.index or 0: budget, "cpu": budget}
         return {"device_map": "auto", "max_memory": tiers, "offload_folder": str(offload), "offload_state_dict": True}
     if device.type == "cuda":
@@ -225,16 +302,24 @@ def _placement(device: Any, budget: int, folder: str) -> dict[str, Any]:
     return {}
 
 
-def offload_dir(folder: str) -> Path:
-    """Where the layers that fit nowhere are kept for a model (a folder per model path, in KVScope's cache)."""
-    return cache_dir() / "offload" / hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:16]
+def offload_dir(folder: str, root: str | None = None) -> Path:
+    """Where the layers that fit nowhere are kept for a model (a folder per model path, in KVScope's cache or
+    in ``root``)."""
+    key = hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:16]
+    return Path(root).expanduser() / f"kvscope-offload-{key}" if root else offloaded_models_dir() / key
 
 
 def _load_folder(folder: str, config: Any, device: Any, dtype: Any, trust_remote_code: bool,
                  placement: dict[str, Any]) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
 
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code, **placement}
+    level, big_modeling = logging.get_verbosity(), std_logging.getLogger("accelerate.big_modeling")
+    big_level = big_modeling.level
+    if "offload_folder" in placement:      # "some parameters are on the meta device": the split says so itself
+        logging.set_verbosity_error()
+        big_modeling.setLevel(std_logging.ERROR)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(folder, config=config, **kwargs)
@@ -244,6 +329,9 @@ def _load_folder(folder: str, config: Any, device: Any, dtype: Any, trust_remote
     except Exception as exc:  # noqa: BLE001  (a broken folder fails in many libraries' ways; say which file)
         raise ModelSourceError(f"Cannot load the model in {folder}: {type(exc).__name__}: {_first_line(exc)}") \
             from None
+    finally:
+        logging.set_verbosity(level)
+        big_modeling.setLevel(big_level)
     if "device_map" not in kwargs:
         model.to(device)
     model.eval()

@@ -4,6 +4,7 @@ temporary folder so a user's real cache is never touched)."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 APP_NAME = "kvscope"
@@ -20,3 +21,19 @@ def cache_dir() -> Path:
 
 def converted_models_dir() -> Path:
     return cache_dir() / "converted"
+
+
+def offloaded_models_dir() -> Path:
+    """Layers that fit in no memory tier, written by accelerate for a model loaded with a memory budget."""
+    return cache_dir() / "offload"
+
+
+def folder_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+
+
+def remove_tree(root: Path) -> int:
+    """Delete a cache folder; returns the bytes freed."""
+    freed = folder_bytes(root)
+    shutil.rmtree(root, ignore_errors=True)
+    return freed

@@ -31,12 +31,14 @@ from engine.events import (
     AttentionStep,
     Candidate,
     KVNorms,
+    LayerTimes,
     PrefillDone,
     RunFailed,
     RunFinished,
     RunStarted,
     TokenStep,
 )
+from engine.layer_clock import LayerClock
 from engine.models import LoadedModel
 from engine.params import GenerationParams
 from engine.sampling import Choice, choose, make_generator
@@ -95,8 +97,12 @@ class Session:
         self.device = loaded.device
         self.facts = loaded.facts
         self.record_kv_norms = record_kv_norms
+        self.offload_kv = False             # keys and values to the CPU between uses (a GPU only)
         self.fault_hook = fault_hook if fault_hook is not None else faults.from_env()
         self.clock = StepClock(self.device)
+        # A model split across devices or disk times each layer at every step (LayerTimes): where it lives shows.
+        split = len(set(self.facts.layer_devices)) > 1 or "disk" in self.facts.layer_devices
+        self.layer_clock = LayerClock(self.model, self.device) if split else None
         self.special_ids = set(self.tokenizer.all_special_ids)
         self.eos_ids = eos_ids(self.model, self.tokenizer)
         self._token_text: dict[int, str] = {}
@@ -148,7 +154,7 @@ class Session:
         Given a ``cache`` that already holds the first positions (an earlier turn), only the new ids are passed;
         their positions continue from the cache."""
         if use_cache and cache is None:
-            cache = kvcache.new_cache(self.model, static_positions)
+            cache = kvcache.new_cache(self.model, static_positions, offloading=self.offload_kv)
         out = kvcache.forward(self.model, input_ids, cache if use_cache else None, extra=self._capture_kwargs())
         self._collect(out)
         return out.logits[0, -1], cache
@@ -416,6 +422,9 @@ class _Observer:
                                       step.storage))
                 self._norms()
             self.emit(self._token_step(step))
+            if s.layer_clock is not None:
+                self.emit(LayerTimes(self.run_id, self.since(), step.index, s.layer_clock.take(),
+                                     list(s.facts.layer_devices)))
             if r.params.capture_attention:
                 self.emit(self._attention_step(step))
             if step.index % NORMS_EVERY == 0 and step.index:

@@ -39,9 +39,17 @@ def cache_root(tmp_path_factory: pytest.TempPathFactory):
     return tmp_path_factory.mktemp("kvscope-cache")
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(cache_root, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(cache_root))
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(cache_root):
+    """Set for the whole session, not per test: a module- or session-scoped fixture (a lesson run once for a
+    file's tests) runs before any per-test setting and would otherwise write into the user's real cache."""
+    before = os.environ.get("KVSCOPE_CACHE_DIR")
+    os.environ["KVSCOPE_CACHE_DIR"] = str(cache_root)
+    yield
+    if before is None:
+        os.environ.pop("KVSCOPE_CACHE_DIR", None)
+    else:
+        os.environ["KVSCOPE_CACHE_DIR"] = before
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +70,6 @@ def tiny(tiny_model_dir):
 @pytest.fixture(scope="session")
 def smol(cache_root):
     """The real embedded SmolLM2-135M-Instruct, converted into this run's cache."""
-    os.environ["KVSCOPE_CACHE_DIR"] = str(cache_root)
     from engine.models import load
 
     return load("embedded", device="cpu", dtype="float32")

@@ -21,6 +21,7 @@ from app.lessons import (
     chat,
     continuous,
     formats,
+    offload,
     paged,
     prefill,
     server_load,
@@ -28,7 +29,7 @@ from app.lessons import (
 )
 
 LESSONS: tuple[ModuleType, ...] = (prefill, cache, batch, continuous, chat, formats, speculative, paged, server_load,
-                                   architectures)
+                                   architectures, offload)
 BY_KIND: dict[str, ModuleType] = {module.LESSON.kind: module for module in LESSONS}
 
 

@@ -19,6 +19,7 @@ from engine.lessons import (
     chat,
     continuous,
     formats,
+    offload,
     paged,
     prefill,
     server_load,
@@ -27,7 +28,7 @@ from engine.lessons import (
 
 LESSONS: tuple[Lesson, ...] = (prefill.LESSON, cache.LESSON, batch.LESSON, continuous.LESSON, chat.LESSON,
                                formats.LESSON, speculative.LESSON, paged.LESSON, server_load.LESSON,
-                               architectures.LESSON)
+                               architectures.LESSON, offload.LESSON)
 BY_KIND: dict[str, Lesson] = {lesson.kind: lesson for lesson in LESSONS}
 
 

@@ -84,7 +84,8 @@ def lecture_trace(tiny, tmp_path_factory):
                            ("speculative", {"new_tokens": 12, "repeats": 1}),
                            ("paged", {"requests": 3, "new_tokens": 4}),
                            ("architectures", {"designs": ("Falcon-7B", "gpt-oss-20b", "Qwen3-Next-80B-A3B"),
-                                              "prompt_tokens": 16, "decode_steps": 1})):
+                                              "prompt_tokens": 16, "decode_steps": 1}),
+                           ("offload", {"disk_shares": (0.0, 0.5), "new_tokens": 4})):
         collect(kind, session, events=events, **settings)
     return write_trace(tmp_path_factory.mktemp("lecture") / "lecture.kvscope.jsonl", events)
 

@@ -22,7 +22,8 @@ TAB = {"server load": {"requests": 20, "every_s": 2.0},       # a load test is p
        "continuous": {"requests": 5},                           # not the default 8: the tab's value is used
        "speculative": {"prompt": CONTROLS_PROMPT},              # the default prompt is longer than 256 positions
        "chat": {"new_tokens": 8},                               # the whole conversation fits 256 positions
-       "architectures": {"designs": ("gpt-oss-20b", "Qwen3-Next-80B-A3B")}}   # the quickest two to build
+       "architectures": {"designs": ("gpt-oss-20b", "Qwen3-Next-80B-A3B")},   # the quickest two to build
+       "offload": {"disk_shares": (0.0, 0.5)}}                  # not the default three splits
 
 
 @pytest.fixture

@@ -33,7 +33,9 @@ SCENE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv]
                 "speculative": lambda w: [w.experiments.views["speculative"].chart],
                 "paged": lambda w: [w.experiments.views["paged"].chart],
                 "architectures": lambda w: [w.experiments.views["architectures"].chart,
-                                            w.experiments.views["architectures"].contexts_chart]}
+                                            w.experiments.views["architectures"].contexts_chart],
+                "offload": lambda w: [w.experiments.views["offload"].chart,
+                                      w.experiments.views["offload"].layers_chart]}
 
 
 @pytest.mark.parametrize("size", list(MIN_PLOT))
@@ -51,8 +53,11 @@ def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, 
             for chart in SCENE_CHARTS[scene](w):
                 width, height = plot_size(chart)
                 low_w, low_h = MIN_PLOT[size]
-                min_w = low_w / 2 if scene in ("batch", "architectures") else low_w   # two charts side by side
+                side_by_side = scene in ("batch", "architectures", "offload")            # two charts in a row
+                min_w = low_w / 2 if side_by_side else low_w
                 assert width >= min_w and height >= low_h, (scene, size, width, height)
+                layout = getattr(chart, "ci", None)                     # a chart's items fit inside its widget
+                assert layout is None or layout.geometry().width() <= chart.width() + 1, (scene, size)
             assert w.scene_view.caption.font().pointSizeF() >= 15       # 20 px at 96 dpi, and larger
         w.lecture.leave()
         assert w.docks["kv"].widget().widget() is w.kv and w.tokens.isVisible()     # every panel given back
