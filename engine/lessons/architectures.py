@@ -257,7 +257,7 @@ def table(points: Sequence[ExperimentPoint], result: ArchitecturesResult) -> str
              "---------------------+--------------------------------------------+-------------------+-----------+"
              "-----------+-----------+-----------+-----------+------"]
     for d in result.designs:
-        at = [fmt(b) for b in d.at_contexts]
+        at = [fmt(b) + ("*" if n > d.context else "") for b, n in zip(d.at_contexts, CONTEXTS)]
         lines.append(f"{d.name:20s} | {d.design[:42]:42s} | {fmt(d.kv_bytes_per_token_measured):>17s} | "
                      f"{fmt(d.kv_bytes_per_token_formula):>9s} | {fmt(d.state_bytes):>9s} | {at[0]:>9s} | "
                      f"{at[1]:>9s} | {at[2]:>9s} | {'=' if d.every_step_matches else 'NO':>5s}")

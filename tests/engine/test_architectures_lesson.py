@@ -67,3 +67,11 @@ def test_the_cli_json_names_each_design_with_its_measured_and_formula_bytes(tiny
     (falcon,) = payload["result"]["designs"]
     assert falcon["name"] == "Falcon-7B" and falcon["source"] == BY_NAME["Falcon-7B"].source
     assert falcon["kv_bytes_per_token_measured"] == falcon["kv_bytes_per_token_formula"] == 32 * 2 * 1 * 64 * 2
+
+
+def test_the_cli_table_marks_each_figure_past_the_models_own_context(tiny_model_dir, capsys):
+    code = cli.main(["sweep", "architectures", "--model", str(tiny_model_dir), "--device", "cpu", "--designs",
+                     "Falcon-7B", "--tokens", "8", "--steps", "1"])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Falcon-7B "))
+    assert code == 0
+    assert row.split("|")[5:8] == [" 32.0 MiB* ", "  256 MiB* ", " 1.00 GiB* "]     # 2,048 positions its own

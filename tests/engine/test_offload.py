@@ -164,3 +164,12 @@ def test_a_split_model_keeps_its_offloaded_layers_in_kvscopes_cache(tiny_model_d
     split = load(str(tiny_model_dir), "cpu", "float32", offload=Offload(disk_layers=1))
     assert split.offload_folder == offload_dir(str(tiny_model_dir))
     assert split.offload_folder.parent == offloaded_models_dir()
+
+
+def test_an_offload_folder_that_cannot_be_made_is_refused_in_one_line(tiny_model_dir, tmp_path):
+    afile = tmp_path / "notes.txt"
+    afile.write_text("a file, not a folder")
+    with pytest.raises(ModelSourceError, match=r"Cannot use .*notes.txt/kvscope-offload-\w+ for offloaded weights: "
+                                               r"Not a directory"):
+        load(str(tiny_model_dir), "cpu", "float32", offload=Offload(disk_layers=1, folder=str(afile)))
+    assert afile.read_text() == "a file, not a folder"
