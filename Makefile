@@ -21,7 +21,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 LLAMA_CPU_FLAGS := $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
   -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON,)
 
-.PHONY: setup run cli test test-fast test-integration llama-server bench bench-long package install-desktop \
+.PHONY: setup run cli test test-fast test-integration llama-server bench bench-long record-lecture package install-desktop \
 	uninstall-desktop clean
 
 $(BIN)/python:
@@ -81,6 +81,16 @@ bench: setup
 
 bench-long: setup
 	KVSCOPE_BENCH_DIR=$(BENCH_DIR) QT_QPA_PLATFORM=offscreen $(BIN)/python -m tests.benchmarks.bench_long
+
+# The lecture from the scenes alone on a real X display (Xvfb) at both projector sizes: PNGs and lecture.json.
+record-lecture: setup
+	@command -v Xvfb >/dev/null || { echo "record-lecture needs Xvfb: sudo apt install xvfb"; exit 2; }
+	for size in 1280x720 1920x1080; do \
+	  Xvfb :97 -screen 0 $${size}x24 -nolisten tcp & xvfb=$$!; sleep 2; \
+	  DISPLAY=:97 QT_QPA_PLATFORM=xcb $(BIN)/python -m tests.benchmarks.record_lecture \
+	    --out $(BENCH_DIR)/lecture-$$size; rc=$$?; kill $$xvfb; wait $$xvfb 2>/dev/null; \
+	  test $$rc = 0 || exit $$rc; \
+	done
 
 package: setup
 	$(BIN)/python -m pip install -q "pyinstaller>=6.10"

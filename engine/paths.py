@@ -23,6 +23,12 @@ def converted_models_dir() -> Path:
     return cache_dir() / "converted"
 
 
+def compiled_graphs_dir() -> Path:
+    """torch.compile's caches (inductor's FX graph and kernel caches): kept here, not in a temporary folder, so a
+    later launch on this machine reuses them and removing KVScope's cache removes them."""
+    return cache_dir() / "torch-compile"
+
+
 def offloaded_models_dir() -> Path:
     """Layers that fit in no memory tier, written by accelerate for a model loaded with a memory budget."""
     return cache_dir() / "offload"

@@ -1,5 +1,6 @@
-"""Weight formats side by side: KVScope's float32 / bfloat16 / int8 / int4 against llama.cpp (llama-cpp-python,
-bench-only) at the nearest bit widths, on the same weights, prompt and thread count.
+"""Weight formats side by side: KVScope's float32 / bfloat16 / int8 / int4, eager and compiled (torch.compile over
+the static cache, inductor freezing), against llama.cpp (llama-cpp-python, bench-only) at the nearest bit widths,
+on the same weights, prompt and thread count; and what compiling costs on a machine's first launch and later ones.
 
 Every GGUF is made from the embedded SmolLM2 Q4_1 GGUF with llama.cpp's own ``llama_model_quantize``
 (requantizing): F32, BF16, Q8_0 and Q4_0 hold the same dequantized values KVScope converts to float32, so
@@ -12,8 +13,11 @@ peak for prefill). Run: ``python -m tests.benchmarks.bench_formats`` (``make ben
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -55,17 +59,43 @@ def llama_cpp_run(llm, prompt: str, tokens: int) -> dict:
             "tokens": len(stamps)}
 
 
-def kvscope_run(session, prompt: str, tokens: int) -> dict:
+COMPILED = {"static_cache": True, "compiled": True}
+
+
+def kvscope_run(session, prompt: str, tokens: int, compiled: bool = False) -> dict:
+    """Consumer-side token times; on the compiled path the first decode step of a session compiles and is left
+    out (``compile_ms`` says how long it took), as the report does."""
     from engine.events import TokenStep
     from engine.params import GenerationParams
 
     stamps: list[float] = []
     started = time.perf_counter()
-    result = session.run(prompt, GenerationParams(max_new_tokens=tokens, chat_template=False),
+    result = session.run(prompt, GenerationParams(max_new_tokens=tokens, chat_template=False,
+                                                  **(COMPILED if compiled else {})),
                          lambda e: stamps.append(time.perf_counter()) if isinstance(e, TokenStep) else None)
+    s = result.summary
+    decode = stamps[2:] if s.compile_ms else stamps
     return {"ttft_ms": (stamps[0] - started) * 1000.0,
-            "decode_tok_s": (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0,
-            "tokens": len(stamps), "cpu_share": result.summary.cpu_share}
+            "decode_tok_s": (len(decode) - 1) / (decode[-1] - decode[0]) if len(decode) > 1 else 0.0,
+            "tokens": len(stamps), "cpu_share": s.cpu_share, "compile_ms": s.compile_ms, "token_ids": s.token_ids}
+
+
+def compile_launches(dtype: str, launches: int = 2) -> list[dict]:
+    """Compile time of a fresh process, ``launches`` times over one empty graph cache: the first launch on a
+    machine compiles from nothing, later ones find torch's cached graphs."""
+    cache = tempfile.mkdtemp(prefix="kvscope-compile-")
+    out = []
+    for _ in range(launches):
+        started = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "engine", "--prompt", PROMPT, "--dtype", dtype, "--compile",
+                            "--max-new-tokens", "16", "--json"], capture_output=True, text=True, timeout=900,
+                           env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
+        if r.returncode != 0:
+            raise RuntimeError(f"compiled run failed: {r.stderr.strip().splitlines()[-1:]}")
+        summary = json.loads(r.stdout)
+        out.append({"compile_ms": summary["compile_ms"], "decode_tok_s": summary["decode_tok_s"],
+                    "process_s": time.perf_counter() - started})
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -73,6 +103,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-launches", dest="launches", action="store_false",
+                   help="skip the first- and second-launch compile times (two fresh processes per dtype)")
     args = p.parse_args(argv)
     try:
         import llama_cpp  # noqa: F401
@@ -106,39 +138,56 @@ def main(argv: list[str] | None = None) -> dict:
 
             llm = Llama(model_path=str(ggufs[name]), n_threads=args.threads, n_ctx=1024, verbose=False,
                         logits_all=False)
-        kvscope_run(session, prompt, 4)                                # warm-up both
+        compiled_session = Session(load("embedded", "cpu", fmt))       # freezing folds weights: a model of its own
+        kvscope_run(session, prompt, 4)                                # warm-up all three
+        first = kvscope_run(compiled_session, prompt, 4, compiled=True)
         if llm is not None:
             llama_cpp_run(llm, prompt, 4)
-        ours, theirs = [], []
+        ours, compiled, theirs = [], [], []
         for _ in range(args.rounds):
             ours.append(kvscope_run(session, prompt, args.tokens))
+            compiled.append(kvscope_run(compiled_session, prompt, args.tokens, compiled=True))
             if llm is not None:
                 theirs.append(llama_cpp_run(llm, prompt, args.tokens))
         row = {"kvscope": fmt, "weights_mib": loaded.facts.weight_bytes / 2**20,
                "kvscope_decode_tok_s": statistics.median(r["decode_tok_s"] for r in ours),
                "kvscope_ttft_ms": statistics.median(r["ttft_ms"] for r in ours),
+               "compiled_decode_tok_s": statistics.median(r["decode_tok_s"] for r in compiled),
+               "compiled_ttft_ms": statistics.median(r["ttft_ms"] for r in compiled),
+               "compile_ms_in_process": first["compile_ms"],
+               "compiled_same_tokens": all(r["token_ids"] == o["token_ids"] for r, o in zip(compiled, ours)),
                "decode_ceiling_tok_s": peaks.bytes_per_s / step.bytes, "bandwidth_gb_s": peaks.bytes_per_s / 1e9,
-               "lowest_cpu_share": min((r["cpu_share"] for r in ours if r["cpu_share"]), default=None)}
+               "lowest_cpu_share": min((r["cpu_share"] for r in ours + compiled if r["cpu_share"]), default=None)}
         if theirs:
             row.update({"llama_cpp": name, "gguf_mib": ggufs[name].stat().st_size / 2**20,
                         "llama_cpp_decode_tok_s": statistics.median(r["decode_tok_s"] for r in theirs),
                         "llama_cpp_ttft_ms": statistics.median(r["ttft_ms"] for r in theirs)})
         rows.append(row)
-        del session, loaded, llm
+        del session, compiled_session, loaded, llm
+    launches = {dtype: compile_launches(dtype) for dtype in ("float32", "bfloat16")} if args.launches else {}
     result = {"machine": machine(), "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
-              "rows": rows}
+              "rows": rows, "compile_launches": launches}
     print(f"machine: {result['machine']}; {args.threads} threads both; {args.tokens} new tokens, greedy, "
           f"{args.rounds} interleaved rounds (medians); decode tok/s from consumer-side token times, both tools")
-    print("| KVScope weights | MiB | decode tok/s | of ceiling | TTFT ms | llama.cpp | GGUF MiB | decode tok/s | "
-          "TTFT ms | KVScope / llama.cpp |")
-    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    print("| KVScope weights | MiB | eager tok/s | compiled tok/s | of ceiling (best) | TTFT ms eager / compiled | "
+          "llama.cpp | GGUF MiB | decode tok/s | TTFT ms | eager / llama.cpp | compiled / llama.cpp |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        ours = f"| {r['kvscope']} | {r['weights_mib']:.0f} | {r['kvscope_decode_tok_s']:.1f} | " \
-               f"{r['kvscope_decode_tok_s'] / r['decode_ceiling_tok_s']:.0%} | {r['kvscope_ttft_ms']:.0f} |"
+        best = max(r["kvscope_decode_tok_s"], r["compiled_decode_tok_s"])
+        same = "" if r["compiled_same_tokens"] else " (tokens differ)"
+        line = (f"| {r['kvscope']} | {r['weights_mib']:.0f} | {r['kvscope_decode_tok_s']:.1f} | "
+                f"{r['compiled_decode_tok_s']:.1f}{same} | {best / r['decode_ceiling_tok_s']:.0%} | "
+                f"{r['kvscope_ttft_ms']:.0f} / {r['compiled_ttft_ms']:.0f} |")
         if "llama_cpp" in r:
-            ours += (f" {r['llama_cpp']} | {r['gguf_mib']:.0f} | {r['llama_cpp_decode_tok_s']:.1f} | "
-                     f"{r['llama_cpp_ttft_ms']:.0f} | {r['kvscope_decode_tok_s'] / r['llama_cpp_decode_tok_s']:.2f} |")
-        print(ours)
+            theirs = r["llama_cpp_decode_tok_s"]
+            line += (f" {r['llama_cpp']} | {r['gguf_mib']:.0f} | {theirs:.1f} | {r['llama_cpp_ttft_ms']:.0f} | "
+                     f"{r['kvscope_decode_tok_s'] / theirs:.2f} | {r['compiled_decode_tok_s'] / theirs:.2f} |")
+        print(line)
+    for r in rows:
+        print(f"compile, in this process ({r['kvscope']}): {r['compile_ms_in_process'] / 1000:,.1f} s")
+    for dtype, runs in launches.items():
+        print(f"compile, fresh processes over one graph cache ({dtype}): " +
+              ", then ".join(f"{x['compile_ms'] / 1000:,.1f} s" for x in runs) + " (first launch, then later)")
     print("ceiling: the measured copy bandwidth over the bytes one decode step reads (weights + KV), computed")
     save("formats", result)
     return result

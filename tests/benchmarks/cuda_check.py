@@ -8,25 +8,27 @@ CI has no GPU). Prints everything and writes JSON into ``$OUT`` (or ``bench-resu
 5. decode three ways, dynamic cache, static cache, compiled over the static cache (CUDA graphs): tok/s,
    the compile time apart, and whether the tokens stay the same;
 6. the engine benchmark (session vs generate) in bf16 and fp32;
-7. the three experiments, the prefill sweep up to the full context.
+7. the lessons that show most on a GPU: the prefill sweep up to the full context, the cache on/off, batch sizes
+   to 64, and offloading (layers on disk, and the KV cache offloaded to the CPU: measured only on a GPU).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
 from pathlib import Path
 
 import torch
-from engine.experiments import run_experiment
 
-from engine import kvcache, kvformula
+from engine import kvcache, kvformula, lessons
 from engine.hardware import peaks_event
 from engine.models import load
 from engine.params import GenerationParams
 from engine.session import Session
 from tests.benchmarks import bench_engine
+from tests.lessons import collect
 
 OUT = Path(os.environ.get("OUT", "bench-results"))
 PROMPT = "hey, what is continuous batching?"
@@ -146,20 +148,19 @@ def main() -> None:
     for dtype in ("bfloat16", "float32") if only is None else ():
         bench_engine.main(["--device", "cuda", "--dtype", dtype, "--runs", "5"])
     session = Session(auto)
-    peaks = peaks_event(auto)
     experiments = {}
     for kind, settings in (("prefill", {"max_length": 8192, "repeats": 5}), ("cache", {"new_tokens": 128}),
-                           ("batch", {"sizes": (1, 2, 4, 8, 16, 32, 64), "new_tokens": 64})):
+                           ("batch", {"sizes": (1, 2, 4, 8, 16, 32, 64), "new_tokens": 64}),
+                           ("offload", {"disk_shares": (0.0, 0.25, 0.5), "new_tokens": 64})):
         if only is not None and kind not in only:
             continue
-        events = []
-        finished = run_experiment(kind, session, events.append, peaks=peaks, **settings)
-        from engine.commands import experiment_table
         from engine.events import ExperimentPoint
 
+        events, finished = collect(kind, session, **settings)
         points = [e for e in events if isinstance(e, ExperimentPoint)]
-        print(f"\n== {kind} on {report['gpu']} (bf16) ==\n{experiment_table(kind, points, finished)}", flush=True)
-        experiments[kind] = {"points": [p.values for p in points], "summary": finished.summary}
+        table = lessons.lesson(kind).table(points, finished.result)
+        print(f"\n== {kind} on {report['gpu']} (bf16) ==\n{table}", flush=True)
+        experiments[kind] = {"points": [p.values for p in points], "result": dataclasses.asdict(finished.result)}
     (OUT / ("cuda-experiments.json" if only is None else "cuda-recheck-experiments.json")).write_text(
         json.dumps(experiments, indent=1))
 
