@@ -25,7 +25,7 @@ from app import lessons as app_lessons
 from app.scene_list import SCENES
 
 TABS = {"cache": {"new_tokens": 24}, "prefill": {"max_length": 512, "repeats": 1},
-        "batch": {"sizes": (1, 2, 4, 8), "new_tokens": 16}, "continuous": {"requests": 4, "new_tokens": (8, 16)},
+        "batch": {"sizes": (1, 2, 4, 8), "new_tokens": 16}, "continuous": {"requests": 4},
         "chat": {"new_tokens": 16, "repeats": 1}, "speculative": {"new_tokens": 32, "repeats": 1},
         "paged": {"requests": 4, "new_tokens": 8}, "offload": {"new_tokens": 12},
         "architectures": {"designs": ("Llama-2-7B", "Falcon-7B", "DeepSeek-V3", "gpt-oss-20b")}}
