@@ -56,8 +56,7 @@ def generate_once(loaded, ids: list[int], n: int) -> dict:
 
 def window_sink():
     """The sink the window uses: the worker's push (no thread, no GUI: the GUI's own cost is bench_gui's)."""
-    from app.control import RunControl
-
+    from app.run_control import RunControl
     from app.worker import EngineWorker
 
     worker = EngineWorker(RunControl())
@@ -107,7 +106,6 @@ def instrument_costs(session, reps: int = 300) -> dict[str, float]:
     from engine import kvcache
     from engine.events import to_dict
     from engine.params import GenerationParams
-    from engine.session import kv_norms
     from engine.textstream import TextStream
 
     ids = torch.tensor([session.encode(PROMPT)], device=session.device)
@@ -117,7 +115,7 @@ def instrument_costs(session, reps: int = 300) -> dict[str, float]:
     step = next(e for e in events if type(e).__name__ == "TokenStep")
     _worker, push = window_sink()
     with torch.inference_mode():
-        session.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        kvcache.forward(session.model, ids, cache)
 
         def per_call(fn) -> float:
             fn()
@@ -132,7 +130,7 @@ def instrument_costs(session, reps: int = 300) -> dict[str, float]:
         return {
             "kv_bytes_and_positions_per_layer_us": per_call(lambda: kvcache.held_per_layer(cache, layers)),
             "clock_marks_us": per_call(lambda: clock.elapsed_ms(clock.mark(), clock.mark())),
-            "kv_norms_batch_of_8_us": per_call(lambda: kv_norms(cache, ids.shape[1] - 8, ids.shape[1])),
+            "kv_norms_batch_of_8_us": per_call(lambda: kvcache.norms(cache, ids.shape[1] - 8, ids.shape[1])),
             "text_piece_us": per_call(lambda: stream.step(1234)),
             "window_sink_push_us": per_call(lambda: push(step)),
             "trace_event_to_json_us": per_call(lambda: to_dict(step)),

@@ -27,8 +27,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-length", type=int, default=SETTINGS["prefill"]["max_length"])
     args = p.parse_args(argv)
     os.environ.setdefault("KVSCOPE_SETTINGS", str(Path(tempfile.mkdtemp()) / "bench.ini"))
+    import dataclasses
+
     from app.export import export_widget
-    from engine.commands import experiment_table
+    from engine import lessons
     from engine.trace import write_trace
 
     window = open_window(args.model)
@@ -38,23 +40,29 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"machine": machine(), "model": window.client.model.model.name}
     SETTINGS["prefill"]["max_length"] = args.max_length
     for kind, settings in SETTINGS.items():
-        window.start_experiment(kind, dict(settings))
+        lesson = lessons.lesson(kind)
+        view = window.experiments.views.get(kind)
+        if view is None:                                   # drawn in another panel (chat): no form of its own
+            window.controller.choices.set(lesson.settings(**settings))
+        for name, value in settings.items() if view is not None else ():
+            view.form.set_value(name, value)               # chosen in the lesson's tab, as a user would
+        window.controller.start_lesson(kind)
         _wait(lambda: window.client.busy is None, timeout_s=3600)
         record = window.store.latest_experiment(kind)
+        if record is None:                                 # refused before it started (said in the window)
+            print(f"\n== {kind}: not run: {window.banner.label.text() or window.status.currentMessage()}", flush=True)
+            continue
         window.refresh(force=True)
-        if kind == "chat":
-            view = window.chat
-        else:
-            view = window.experiments.views[kind]
+        shown = window.chat if view is None else view
+        if view is not None:
             window.experiments.setCurrentWidget(view)
         window.docks[DOCK.get(kind, "experiments")].raise_()
         _pause(300)
-        table = experiment_table(kind, record.points, record.end)
-        print(f"\n== {kind} ({machine()}) ==\n{table}", flush=True)
+        print(f"\n== {kind} ({machine()}) ==\n{lesson.table(record.points, record.result)}", flush=True)
         Path(args.charts).mkdir(parents=True, exist_ok=True)
-        export_widget(view, Path(args.charts) / f"experiment-{kind}.png")
+        export_widget(shown, Path(args.charts) / f"experiment-{kind}.png")
         write_trace(RESULTS / f"experiment-{kind}.jsonl", record.events)
-        results[kind] = {"points": [p.values for p in record.points], "summary": record.end.summary}
+        results[kind] = {"points": [p.values for p in record.points], "result": dataclasses.asdict(record.result)}
     window.close()
     save("experiments", results)
     return results

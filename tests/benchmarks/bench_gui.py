@@ -158,7 +158,7 @@ def chat_path(model: str, rounds: int, tokens: int) -> dict:
             if path == "window":
                 window.conversation.clear()
                 for text in TURNS:
-                    window.send_chat(text, True)
+                    window.controller.send_chat(text, True)
                     _wait(lambda: window.client.busy is None)
                     turns.append(window.store.find(window.conversation.turn_runs[-1]).summary().ttft_ms)
                     _pause(1000)

@@ -146,7 +146,7 @@ def main() -> None:
     del fp32
     torch.cuda.empty_cache()
     for dtype in ("bfloat16", "float32") if only is None else ():
-        bench_engine.main(["--device", "cuda", "--dtype", dtype, "--runs", "5"])
+        bench_engine.main(["--device", "cuda", "--dtype", dtype, "--rounds", "5"])
     session = Session(auto)
     experiments = {}
     for kind, settings in (("prefill", {"max_length": 8192, "repeats": 5}), ("cache", {"new_tokens": 128}),
