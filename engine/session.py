@@ -167,7 +167,7 @@ class Session:
         cached keys and values (through ``torch.compile`` when ``compiled``). Without: recompute the whole
         ``sequence`` (``[1, position + 1]``)."""
         if cache is not None:
-            forward = self._compiled_forward() if compiled else self.model
+            forward = self.compiled_forward() if compiled else self.model
             out = kvcache.forward(forward, token.view(1, 1), cache, positions=torch.tensor([[position]],
                                   device=self.device), logits_to_keep=0, extra=self._capture_kwargs())
         else:
@@ -211,7 +211,7 @@ class Session:
                 raise ParameterError(str(exc)) from exc
         return self._attention
 
-    def _compiled_forward(self):
+    def compiled_forward(self) -> Any:
         """The model's forward compiled once per session. On a GPU, CUDA graphs replay a decode step as one
         launch; on a CPU, inductor's freezing folds the weights into the graph as constants (packed for oneDNN),
         which measured faster than plain compilation. The graphs are cached in KVScope's cache folder."""

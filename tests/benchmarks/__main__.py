@@ -6,16 +6,17 @@ import time
 from tests.benchmarks import bench_engine, bench_experiments, bench_formats, bench_gui, bench_trace
 
 PARTS = (
-    ("engine: the instrumented session vs model.generate, whole runs by the wall clock", bench_engine),
-    ("traces: reading with validation, and the window opening a full-context run", bench_trace),
-    ("window: responsiveness while streaming, what drawing costs the engine, the chat path", bench_gui),
-    ("weight formats: KVScope float32 / bfloat16 / int8 / int4 beside llama.cpp", bench_formats),
-    ("experiments on the real model, through the window", bench_experiments),
+    ("engine: the instrumented session vs model.generate, whole runs by the wall clock", bench_engine, []),
+    ("engine, compiled: the session's sinks vs the compiled forward alone", bench_engine, ["--compiled"]),
+    ("traces: reading with validation, and the window opening a full-context run", bench_trace, []),
+    ("window: responsiveness while streaming, what drawing costs the engine, the chat path", bench_gui, []),
+    ("weight formats: KVScope eager and compiled beside llama.cpp, and compile times", bench_formats, []),
+    ("experiments on the real model, through the window", bench_experiments, []),
 )
 
 if __name__ == "__main__":
-    for title, module in PARTS:
+    for title, module, args in PARTS:
         started = time.perf_counter()
         print(f"\n== {title} ==", flush=True)
-        module.main([])
+        module.main(args)
         print(f"(this part took {time.perf_counter() - started:,.0f} s)", flush=True)

@@ -54,6 +54,32 @@ def generate_once(loaded, ids: list[int], n: int) -> dict:
     return {"wall_s": wall, "decode_tok_s": _rate(stamps.times), "tokens": out[0, len(ids):].tolist()}
 
 
+def bare_compiled_once(session, ids: list[int], n: int) -> dict:
+    """The compiled path with nothing around it: the session's own compiled forward (same graph, same static cache
+    size, so nothing recompiles), an eager prefill as the session makes it, greedy argmax, no events, no reads."""
+    import torch
+
+    from engine import kvcache
+
+    forward = session.compiled_forward()
+    device = session.device
+    stamps: list[float] = []
+    tokens: list[int] = []
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        cache = kvcache.new_cache(session.model, min(len(ids) + n, session.facts.max_context))
+        out = kvcache.forward(session.model, torch.tensor([ids], device=device), cache)
+        for i in range(n):
+            token = int(out.logits[0, -1].argmax())
+            tokens.append(token)
+            stamps.append(time.perf_counter())
+            if i == n - 1 or token in session.eos_ids:
+                break
+            out = kvcache.forward(forward, torch.tensor([[token]], device=device), cache,
+                                  positions=torch.tensor([[len(ids) + i]], device=device), logits_to_keep=0)
+    return {"wall_s": time.perf_counter() - t0, "decode_tok_s": _rate(stamps), "tokens": tokens}
+
+
 def window_sink():
     """The sink the window uses: the worker's push (no thread, no GUI: the GUI's own cost is bench_gui's)."""
     from app.run_control import RunControl
@@ -63,7 +89,7 @@ def window_sink():
     return worker, worker.push
 
 
-def session_once(session, n: int, sink_name: str) -> dict:
+def session_once(session, n: int, sink_name: str, compiled: bool = False) -> dict:
     from engine.events import TokenStep
     from engine.params import GenerationParams
     from engine.trace import TraceWriter
@@ -91,7 +117,8 @@ def session_once(session, n: int, sink_name: str) -> dict:
                 stamps.append(time.perf_counter())
 
     t0 = time.perf_counter()
-    result = session.run(PROMPT, GenerationParams(max_new_tokens=n), sink)
+    flags = {"static_cache": True, "compiled": True} if compiled else {}
+    result = session.run(PROMPT, GenerationParams(max_new_tokens=n, **flags), sink)
     if writer is not None:
         writer.close()
     wall = time.perf_counter() - t0
@@ -147,6 +174,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--tokens", type=int, default=96)
+    p.add_argument("--compiled", action="store_true",
+                   help="the compiled path: the session compiled with each sink against the bare compiled loop")
     args = p.parse_args(argv)
 
     from engine.contention import busy_note
@@ -156,14 +185,19 @@ def main(argv: list[str] | None = None) -> dict:
     loaded = load(args.model, args.device, args.dtype)
     session = Session(loaded)
     ids = session.encode(PROMPT)
-    session_once(session, 8, "none")             # warm-up, not measured
-    generate_once(loaded, ids, 8)
+    compiled = args.compiled
+
+    def reference() -> dict:
+        return bare_compiled_once(session, ids, args.tokens) if compiled else generate_once(loaded, ids, args.tokens)
+
+    session_once(session, args.tokens if compiled else 8, "none", compiled)    # warm-up (compiles), not measured
+    reference() if compiled else generate_once(loaded, ids, 8)
     rows: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
         order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
         for variant in order:
-            rows[variant].append(generate_once(loaded, ids, args.tokens) if variant == "generate"
-                                 else session_once(session, args.tokens, variant))
+            rows[variant].append(reference() if variant == "generate"
+                                 else session_once(session, args.tokens, variant, compiled))
     reference = rows["generate"][0]["tokens"]
     same = all(row["tokens"] == reference for variant in VARIANTS for row in rows[variant])
     med = {v: {"wall_s": median([r["wall_s"] for r in rows[v]]),
@@ -179,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "machine": machine(), "model": loaded.facts.name, "device": loaded.facts.device,
         "dtype": loaded.facts.dtype, "prompt_tokens": len(ids), "new_tokens": args.tokens, "rounds": args.rounds,
-        "same_tokens": same, "medians": med, "throughput_ratio_vs_generate": ratios,
+        "compiled": compiled, "same_tokens": same, "medians": med, "throughput_ratio_vs_reference": ratios,
         "lowest_cpu_share": min(shares) if shares else None, "instrument_us": costs,
         "raw": {v: [{k: r[k] for k in ("wall_s", "decode_tok_s")} for r in rows[v]] for v in VARIANTS},
     }
@@ -187,12 +221,13 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"model: {result['model']} on {result['device']} ({result['dtype']}), prompt {len(ids)} tokens, "
           f"{args.tokens} new tokens, greedy, {args.rounds} interleaved rounds (medians); whole runs by the wall "
           "clock, call to return")
-    print("| variant | whole run (s) | min-max (s) | throughput vs generate() (median of rounds) | "
+    print("| variant | whole run (s) | min-max (s) | throughput vs the reference (median of rounds) | "
           "decode tok/s (consumer side) |")
     print("|---|---:|---:|---:|---:|")
     for v in VARIANTS:
         ratio = "1 (reference)" if v == "generate" else f"{ratios[v]:.3f}"
-        name = "model.generate()" if v == "generate" else f"session, sink: {v}"
+        reference_name = "compiled forward alone (no instruments)" if compiled else "model.generate()"
+        name = reference_name if v == "generate" else f"session{', compiled' if compiled else ''}, sink: {v}"
         print(f"| {name} | {med[v]['wall_s']:.3f} | {med[v]['wall_s_min']:.3f}-{med[v]['wall_s_max']:.3f} | "
               f"{ratio} | {med[v]['decode_tok_s']:.2f} |")
     print(f"same greedy tokens in every run: {'yes' if same else 'NO'}")
@@ -200,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
     if note:
         print(f"note: at least one run was {note}")
     print("instrument cost per call: " + ", ".join(f"{k} {v:.1f} us" for k, v in costs.items()))
-    save(f"engine-{loaded.facts.device.split(':')[0]}-{loaded.facts.dtype}", result)
+    save(f"engine-{loaded.facts.device.split(':')[0]}-{loaded.facts.dtype}{'-compiled' if compiled else ''}", result)
     return result
 
 
