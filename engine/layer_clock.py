@@ -1,25 +1,25 @@
 """Each decoder layer's wall time in a forward pass, for a model split across devices or disk: the offloaded
 layers are the slow ones, and this shows by how much.
 
-A forward pre-hook and a forward hook on every decoder layer mark its start and end (the clock on a CPU, CUDA
-events on a GPU, resolved once per step). accelerate's own hook that reads an offloaded layer's weights back runs
+A forward pre-hook and a forward hook on every decoder layer mark its start and end (``StepClock``: the clock on a CPU,
+CUDA events on a GPU, resolved once per step). accelerate's own hook that reads an offloaded layer's weights back runs
 inside the layer's forward, so the reading is in that layer's time, as it is in the step's.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
+from engine.clock import StepClock
 from engine.models import DECODER_LAYER
 
 
 class LayerClock:
     def __init__(self, model: Any, device: torch.device) -> None:
         self.layers = [module for name, module in model.named_modules() if DECODER_LAYER.fullmatch(name)]
-        self.cuda = device.type == "cuda"
+        self.clock = StepClock(device)
         self._marks: list[list[tuple[Any, Any]]] = [[] for _ in self.layers]
         self._open: list[Any] = [None] * len(self.layers)
         self._handles = []
@@ -27,31 +27,18 @@ class LayerClock:
             self._handles.append(layer.register_forward_pre_hook(lambda _m, _a, i=i: self._start(i)))
             self._handles.append(layer.register_forward_hook(lambda _m, _a, _o, i=i: self._end(i)))
 
-    def _mark(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
     def _start(self, i: int) -> None:
-        self._open[i] = self._mark()
+        self._open[i] = self.clock.mark()
 
     def _end(self, i: int) -> None:
         if self._open[i] is not None:
-            self._marks[i].append((self._open[i], self._mark()))
+            self._marks[i].append((self._open[i], self.clock.mark()))
             self._open[i] = None
 
     def take(self) -> list[float]:
         """Each layer's milliseconds since the last ``take`` (one forward pass per step), and start afresh."""
-        out = []
+        out = [sum(self.clock.elapsed_ms(a, b) for a, b in marks) for marks in self._marks]
         for marks in self._marks:
-            if self.cuda:
-                if marks:
-                    marks[-1][1].synchronize()
-                out.append(sum(float(a.elapsed_time(b)) for a, b in marks))
-            else:
-                out.append(sum((b - a) * 1000.0 for a, b in marks))
             marks.clear()
         return out
 

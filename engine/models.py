@@ -182,11 +182,7 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
     report(LoadProgress("load", f"Loading weights to {torch_device} as {str(torch_dtype).removeprefix('torch.')}",
                         None))
     warnings = pickle_warnings(Path(folder))
-    placement = _placement(torch_device, offload.memory_budget, folder, offload.folder)
-    if offload.disk_layers:
-        placement = {"device_map": disk_layer_map(config, offload.disk_layers, torch_device, trust_remote_code),
-                     "offload_folder": str(_offload_folder(folder, offload.folder, fresh=True)),
-                     "offload_state_dict": True}
+    placement = _placement(torch_device, offload, folder, config, trust_remote_code)
     model, tokenizer = _load_folder(folder, config, torch_device, torch_dtype, trust_remote_code, placement)
     _check_placement(model, offload.memory_budget)
     weights_text = str(torch_dtype).removeprefix("torch.")
@@ -265,7 +261,7 @@ def disk_layer_map(config: Any, disk_layers: int, device: Any, trust_remote_code
     if not 0 <= disk_layers <= len(layers):
         raise ModelSourceError(f"{disk_layers} layers on disk: the model has {len(layers)} decoder layers")
     on_disk = set(layers[len(layers) - disk_layers:])
-    here = device.index if device.type == "cuda" else str(device)
+    here = (device.index or 0) if device.type == "cuda" else str(device)
     mapping: dict[str, Any] = {}
     for name, _ in [*skeleton.named_parameters(), *skeleton.named_buffers()]:
         key = next((layer for layer in layers if name.startswith(layer + ".")), name.rpartition(".")[0] or name)
@@ -289,13 +285,18 @@ def _check_placement(model: Any, budget: int) -> None:
                                "could run. Raise it, or set no budget")
 
 
-def _placement(device: Any, budget: int, folder: str, root: str | None = None) -> dict[str, Any]:
-    """accelerate's arguments for where the weights go: with a budget, at most that much per memory tier and an
-    offload folder for the rest (in KVScope's cache, one per model); on CUDA without one, the whole GPU first."""
+def _placement(device: Any, offload: Offload, folder: str, config: Any, trust_remote_code: bool) -> dict[str, Any]:
+    """accelerate's arguments for where the weights go: exactly the last layers on disk; or with a budget, at most
+    that much per memory tier and an offload folder for the rest (in KVScope's cache, one per model); on CUDA
+    without either, the whole GPU first."""
+    if offload.disk_layers:
+        return {"device_map": disk_layer_map(config, offload.disk_layers, device, trust_remote_code),
+                "offload_folder": str(_offload_folder(folder, offload.folder, fresh=True)), "offload_state_dict": True}
+    budget = offload.memory_budget
     if budget > 0:
-        offload = _offload_folder(folder, root)
+        where = _offload_folder(folder, offload.folder)
         tiers = {"cpu": budget} if device.type != "cuda" else {device.index or 0: budget, "cpu": budget}
-        return {"device_map": "auto", "max_memory": tiers, "offload_folder": str(offload), "offload_state_dict": True}
+        return {"device_map": "auto", "max_memory": tiers, "offload_folder": str(where), "offload_state_dict": True}
     if device.type == "cuda":
         # accelerate spreads a model larger than the GPU over GPU, CPU and disk; a small one stays whole.
         return {"device_map": "auto" if device.index is None else {"": str(device)}}

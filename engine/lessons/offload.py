@@ -108,6 +108,7 @@ def read_rate(model: Any) -> tuple[int, float | None]:
 
 
 def run(experiment: Experiment, settings: OffloadSettings) -> OffloadResult:
+    from engine.layer_clock import LayerClock
     from engine.models import Offload, load, remove_offloaded
     from engine.session import Session
 
@@ -138,16 +139,16 @@ def run(experiment: Experiment, settings: OffloadSettings) -> OffloadResult:
                 times.append(event)
             experiment.emit(event)
 
-        runner = session if count == 0 else Session(loaded)
-        if count == 0 and runner.layer_clock is None:
-            from engine.layer_clock import LayerClock
-
-            runner.layer_clock = LayerClock(runner.model, runner.device)   # time the layers of the baseline too
+        runner = Session(loaded) if count else session       # a split model's session times its layers itself
+        if not count:
+            runner.layer_clock = LayerClock(runner.model, runner.device)   # the baseline's layers, for comparison
         try:
             result = runner.run(prompt, GenerationParams(max_new_tokens=settings.new_tokens), sink,
                                 experiment.cancel)
         finally:
-            if count == 0 and runner is session and len(set(facts.layer_devices)) == 1:
+            if count:
+                remove_offloaded(loaded)
+            else:
                 runner.layer_clock.close()
                 runner.layer_clock = None
         if not isinstance(result, RunFinished) or result.reason == "stopped":
@@ -176,10 +177,7 @@ def run(experiment: Experiment, settings: OffloadSettings) -> OffloadResult:
                          predicted_decode_tok_s=predicted, disk_bytes_per_token=float(disk_bytes),
                          read_bytes_per_s=rate, memory_layer_ms=figures.memory_layer_ms,
                          disk_layer_ms=figures.disk_layer_ms)
-        if count:
-            del runner
-            remove_offloaded(loaded)
-        del loaded
+        del runner, loaded
     kv = _offloaded_cache_run(experiment, session, prompt, settings, baseline_ids) \
         if session.device.type == "cuda" and splits and not experiment.cancelled else None
     experiment.progress(len(splits), len(counts), "done")
