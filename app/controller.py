@@ -37,6 +37,8 @@ from engine.trace import ReplayGap, ReplayIncomplete
 log = logging.getLogger(__name__)
 BUSY = {"load": "a model is loading", "run": "a run is in progress", "experiment": "an experiment is running",
         "replay": "a trace is replaying", "peaks": "this machine's peaks are being measured"}
+STOPPING = {"load": "the loading", "run": "the run", "experiment": "the experiment", "replay": "the replay",
+            "peaks": "measuring this machine's peaks"}
 
 
 class Surface(Protocol):
@@ -154,8 +156,8 @@ class Controller:
             return
         self._queued = None
         self.client.stop()
-        self.surface.show_status(f"Stopping: {BUSY.get(self.client.busy, self.client.busy)} ends at its next step.",
-                                 4000)
+        self.surface.show_status(f"Stopping: {STOPPING.get(self.client.busy, self.client.busy)} ends at its next "
+                                 "step.", 4000)
 
     def step(self) -> None:
         """Running: let exactly one more token through. Idle: start a run that pauses after the prefill."""

@@ -161,3 +161,12 @@ def test_the_stop_key_in_a_scene_says_so_in_the_footer(qtbot, window):
     window.activateWindow()
     press(qtbot, window, "Ctrl+.")
     assert "Nothing to stop" in window.scene_view.footer.text() and window.lecture.active    # Esc would leave
+
+
+def test_the_stop_key_during_a_run_names_what_stops(qtbot, window):
+    window.controls.max_tokens.setValue(200)
+    window.controller.run()
+    qtbot.waitUntil(lambda: window.client.busy == "run")
+    window.controller.stop()
+    assert window.status.currentMessage() == "Stopping: the run ends at its next step."
+    wait_idle(qtbot, window)
