@@ -75,6 +75,10 @@ class StatusStrip(QStatusBar):
             self.progress.setRange(0, 1000)
             self.progress.setValue(int(fraction * 1000))
         self.showMessage(message)
+        self._progress_message = message
 
     def hide_progress(self) -> None:
+        """The work ended: its bar goes, and so does its message unless something newer replaced it."""
         self.progress.setVisible(False)
+        if self.currentMessage() == getattr(self, "_progress_message", None):
+            self.clearMessage()

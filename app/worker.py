@@ -164,10 +164,10 @@ class EngineWorker(QObject):
         from engine.hardware import peaks_event
 
         session = self._session()
-        self.push(LoadProgress("peaks", "Measuring this machine's peak FLOP/s and memory bandwidth (once; a run "
-                                        "waits for it)", None))
         try:
-            self.peaks = peaks_event(session.loaded, remeasure=remeasure)
+            self.peaks = peaks_event(session.loaded, remeasure=remeasure, measuring=lambda: self.push(LoadProgress(
+                "peaks", "Measuring this machine's peak FLOP/s and memory bandwidth (once; a run waits for it)",
+                None)))
             self.push(self.peaks)
         except Exception as exc:  # noqa: BLE001  (bounds are a bonus; a failed measurement must not block runs)
             log.warning("could not measure the hardware peaks: %s", exc)

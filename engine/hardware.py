@@ -78,11 +78,13 @@ def measure(device: torch.device, dtype: torch.dtype) -> tuple[Device, float | N
     return found, None if gpu else meter.share()
 
 
-def peaks(device: torch.device, dtype: torch.dtype, remeasure: bool = False) -> HardwarePeaks:
+def peaks(device: torch.device, dtype: torch.dtype, remeasure: bool = False,
+          measuring: Callable[[], None] | None = None) -> HardwarePeaks:
     """The ceilings for ``device``/``dtype``: from the machine cache unless ``remeasure``. A measurement is kept
     whatever the machine was doing, with the CPU share it got: a machine that is always busy is measured once,
     not at every launch, and every figure from it says it was measured busy (``cpu_share``); a run that achieves
-    more than a ceiling, or the user, asks for a new measurement."""
+    more than a ceiling, or the user, asks for a new measurement. ``measuring`` is called only when it measures
+    (a cached figure needs no word)."""
     key = _key(device, dtype)
     dtype_name = str(dtype).removeprefix("torch.")
     entry = None if remeasure else machine_cache.entry(CACHE, key)
@@ -93,6 +95,8 @@ def peaks(device: torch.device, dtype: torch.dtype, remeasure: bool = False) -> 
                                  measured=str(entry.get("measured", "")))
         except (KeyError, TypeError, ValueError):
             pass                                    # a damaged entry is measured again
+    if measuring is not None:
+        measuring()
     found, share = measure(device, dtype)
     today = time.strftime("%Y-%m-%d")
     machine_cache.remember(CACHE, key, {"name": found.name, "flops_per_s": found.flops_per_s,
@@ -101,9 +105,9 @@ def peaks(device: torch.device, dtype: torch.dtype, remeasure: bool = False) -> 
                          cpu_share=share, measured=today)
 
 
-def peaks_event(loaded, remeasure: bool = False) -> HardwarePeaks:
+def peaks_event(loaded, remeasure: bool = False, measuring: Callable[[], None] | None = None) -> HardwarePeaks:
     """The ``HardwarePeaks`` event for a loaded model's device and dtype (measured once, then cached)."""
-    return peaks(loaded.device, loaded.model.dtype, remeasure)
+    return peaks(loaded.device, loaded.model.dtype, remeasure, measuring)
 
 
 def implausible(peaks: HardwarePeaks, achieved_flops_per_s: float, achieved_bytes_per_s: float = 0.0) -> bool:

@@ -232,3 +232,29 @@ def test_run_pressed_during_the_first_launch_measurement_starts_after_it(qtbot, 
         assert order.index("HardwarePeaks") < order.index("RunStarted")
     finally:
         close_and_dispose(window)
+
+
+def test_the_peaks_message_shows_only_while_measuring_and_goes_when_it_ends(qtbot, tiny_model_dir, tmp_path,
+                                                                             monkeypatch):
+    """A first launch says it is measuring the machine and the words go when it ends; a later launch reads the
+    cached peaks and says nothing about measuring (it did not measure)."""
+    from engine import hardware
+    from engine.costmodel import Device
+
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KVSCOPE_SETTINGS", str(tmp_path / "settings.ini"))
+    monkeypatch.setattr(hardware, "measure", lambda device, dtype: (Device("cpu", 1e11, 1e10), 0.9))
+    said: list[list[str]] = []
+    for _launch in range(2):
+        window = make_window(qtbot)
+        messages: list[str] = []
+        show = window.status.show_progress
+        window.status.show_progress = lambda message, fraction: (messages.append(message), show(message, fraction))
+        try:
+            load(window, str(tiny_model_dir), "cpu", "float32")
+            qtbot.waitUntil(lambda: window.store.peaks is not None and window.client.busy is None)
+            assert "peak FLOP/s" not in window.status.currentMessage()
+        finally:
+            close_and_dispose(window)
+        said.append([m for m in messages if "peak FLOP/s" in m])
+    assert len(said[0]) == 1 and said[1] == []
