@@ -117,7 +117,7 @@ def test_the_prediction_is_the_all_in_memory_step_plus_the_bytes_over_the_read_r
     assert half.disk_layer_ms is not None and base.disk_layer_ms is None and base.memory_layer_ms is not None
 
 
-def test_the_lesson_removes_the_offloaded_layers_it_wrote(lesson, tiny):
+def test_the_lesson_removes_the_offload_folders_it_made(lesson, tiny):
     assert not offload_dir(tiny.facts.source).exists()
 
 
@@ -160,7 +160,7 @@ def test_on_a_gpu_the_offloaded_kv_cache_decodes_the_same_tokens(tiny_model_dir)
     assert result.kv_offload_measured and result.kv_offload_tokens_match and result.kv_offload_decode_tok_s > 0
 
 
-def test_a_split_model_keeps_its_offloaded_layers_in_kvscopes_cache(tiny_model_dir):
+def test_a_split_models_offload_folder_is_in_kvscopes_cache(tiny_model_dir):
     split = load(str(tiny_model_dir), "cpu", "float32", offload=Offload(disk_layers=1))
     assert split.offload_folder == offload_dir(str(tiny_model_dir))
     assert split.offload_folder.parent == offloaded_models_dir()
