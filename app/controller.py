@@ -57,6 +57,11 @@ class Surface(Protocol):
     def show_experiment(self, kind: str) -> None: ...
 
 
+COMPILED_STATUS = ("Compiled decode: a new cache length's graph is built beside the run (a minute or more the "
+                   "first time on a machine; the run decodes eagerly, and slowly, meanwhile) and decode switches "
+                   "to it at the next step; the timing charts mark where")
+
+
 def describe_loaded(loaded: ModelLoaded) -> str:
     m = loaded.model
     if isinstance(m, ServerFacts):
@@ -148,6 +153,8 @@ class Controller:
         self.client.control.delay_s = self.run_settings.choices.slow_ms / 1000.0
         self.client.submit(rq.Run(prompt, params), paused=paused)
         self.surface.busy_changed(self.client.busy)
+        if params.compiled:
+            self.surface.show_status(COMPILED_STATUS, 15000)
 
     def stop(self) -> None:
         """Stop whatever runs: a run, a chat turn, any lesson's experiment, a replay."""

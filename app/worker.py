@@ -117,6 +117,7 @@ class EngineWorker(QObject):
                       progress=self.push, cancelled=self.control.cancel.is_set,
                       offload=Offload(memory_budget=request.memory_budget))
         self.session = Session(loaded)  # the previous model stays until this one has loaded
+        self.session.compile_in_background = True       # a run never waits for a graph: it switches to it
         _freeze_heap()
         self.push(loaded.loaded_event())
         self._measure_peaks()

@@ -242,6 +242,7 @@ class TokenStep:
     kept: Annotated[int, Range(1, 1 << 24)] = 1     # tokens the filters left with a probability above 0
     candidates_cut: Count = 0
     kv_storage_per_layer: Annotated[list[Bytes], Items(MAX_LAYERS)] = field(default_factory=list)
+    compiled: bool = False          # decoded through the compiled graph (the timeline marks the first)
 
 
 @dataclass(frozen=True)
@@ -293,7 +294,7 @@ class RunSummary:
     reused_tokens: Count | None = 0
     waited_ms: Ms = 0.0
     cpu_share: Share | None = None
-    compile_ms: Ms = 0.0            # compiled decode: compiling (first compiled step), never in decode_ms
+    compile_ms: Ms = 0.0            # compiled decode: building its graph (beside or before decode), never in decode_ms
     server_timings: ServerFigures = field(default_factory=dict)    # a server's own figures, under its names
     notes: Notes = ()
     compiled_from_step: Count = 0   # the first step decoded by the compiled path (0: none was)

@@ -51,12 +51,16 @@ def report(model: ModelFacts, s: RunSummary, kv_on: bool = True) -> str:
                  f"KV cache: off (every step recomputed all {s.prompt_tokens + s.decode_runs:,} positions); "
                  f"{kvformula.formula_text(model)} if it were on")
     if s.compile_ms:
-        lines.append(f"compile: the first compiled decode step took {s.compile_ms:,.0f} ms, compiling included "
+        where = ("beside the eager steps before it" if s.compiled_from_step > 1 else "before the first decode step")
+        lines.append(f"compile: building the compiled decode graph took {s.compile_ms:,.0f} ms, {where} "
                      "(not in eval time)")
+    if s.compiled_from_step:
+        lines.append(f"decode compiled from step {s.compiled_from_step:,}")
     if s.waited_ms:
         lines.append(f"waited {s.waited_ms:,.0f} ms paused, stepping or in slow motion "
                      "(in total time, not in eval time)")
     note = busy_note(s.cpu_share)
     if note:
         lines.append(f"note: {note}")
+    lines += [f"note: {note}" for note in s.notes]
     return "\n".join(lines)

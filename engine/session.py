@@ -12,7 +12,6 @@ call goes through ``kvcache.forward``, as every other caller's does (speculative
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import threading
 import time
@@ -26,6 +25,7 @@ import torch
 
 from engine import attention, faults, kvcache, kvformula
 from engine.clock import StepClock
+from engine.compiled import CompiledDecode, Graph, cache_length
 from engine.contention import LoadMeter
 from engine.errors import ParameterError, PromptError
 from engine.events import (
@@ -42,7 +42,6 @@ from engine.events import (
 from engine.layer_clock import LayerClock
 from engine.models import LoadedModel
 from engine.params import GenerationParams
-from engine.paths import compiled_graphs_dir
 from engine.sampling import Choice, choose, make_generator
 from engine.tally import RunTally
 from engine.textstream import TextStream, clean_text, pieces
@@ -72,6 +71,9 @@ class _Request:
     cache_note: str = ""
     allocated: int = 0
     tokenize_ms: float = 0.0
+    graph_started: bool = False     # this run started building its compiled graph
+    graph_noted: bool = False       # the run has said why it decodes eagerly
+    switched: bool = False          # decode has gone through the compiled graph
 
 
 @dataclass
@@ -86,6 +88,7 @@ class Step:
     kv: list[list[int]]
     held: list[int]
     storage: list[int] = field(default_factory=list)
+    compiled: bool = False         # decoded through the compiled graph
 
 
 class Session:
@@ -111,7 +114,10 @@ class Session:
         self._kept_cache: Any = None        # the cache a chat keeps between turns
         self._kept_ids: list[int] = []      # ...and the ids it holds
         self._dropped = "this is the first turn"     # why there is no kept cache, for the next turn to say
-        self._compiled = None
+        self.compiled = CompiledDecode(self.model, self.device)
+        # The window decodes eagerly while a compiled graph is built (on a CPU) and switches when it is ready;
+        # the CLI and the benchmarks wait for the graph before the first decode step.
+        self.compile_in_background = False
         self._attention: attention.Capture | None = None     # made on the first run that captures
 
     # --- prompt -------------------------------------------------------------------------------------------
@@ -164,10 +170,10 @@ class Session:
     def decode_step(self, token: torch.Tensor, position: int, cache: Any,
                     sequence: torch.Tensor | None, compiled: bool = False) -> torch.Tensor:
         """One new token. With the cache: feed one token at ``position`` (``[1, 1]``) and attend to the
-        cached keys and values (through ``torch.compile`` when ``compiled``). Without: recompute the whole
+        cached keys and values (through the compiled graph when ``compiled``). Without: recompute the whole
         ``sequence`` (``[1, position + 1]``)."""
         if cache is not None:
-            forward = self.compiled_forward() if compiled else self.model
+            forward = self.compiled.forward() if compiled else self.model
             out = kvcache.forward(forward, token.view(1, 1), cache, positions=torch.tensor([[position]],
                                   device=self.device), logits_to_keep=0, extra=self._capture_kwargs())
         else:
@@ -210,18 +216,6 @@ class Session:
             except ValueError as exc:
                 raise ParameterError(str(exc)) from exc
         return self._attention
-
-    def compiled_forward(self) -> Any:
-        """The model's forward compiled once per session. On a GPU, CUDA graphs replay a decode step as one
-        launch; on a CPU, inductor's freezing folds the weights into the graph as constants (24% faster than plain
-        compilation on one 2-core machine, as fast on another). The graphs are cached in KVScope's cache folder."""
-        if self._compiled is None:
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compiled_graphs_dir()))
-            if self.device.type == "cuda":
-                self._compiled = torch.compile(self.model.forward, mode="reduce-overhead", dynamic=False)
-            else:
-                self._compiled = torch.compile(self.model.forward, dynamic=False, options={"freezing": True})
-        return self._compiled
 
     # --- the run ------------------------------------------------------------------------------------------
     def run(self, prompt: str, params: GenerationParams, sink: Sink | None = None,
@@ -340,8 +334,10 @@ class Session:
         generator = make_generator(self.device, params.seed)
         sequence = torch.tensor([ids], device=self.device)                 # [1, n]
         self._fault("prefill", 0)
-        request.allocated = min(len(ids) + params.max_new_tokens, self.facts.max_context) \
-            if params.static_cache and params.kv_cache and request.cache is None else 0
+        needed = min(len(ids) + params.max_new_tokens, self.facts.max_context)
+        if params.compiled:
+            needed = cache_length(needed, self.facts.max_context)    # runs share a graph per length
+        request.allocated = needed if params.static_cache and params.kv_cache and request.cache is None else 0
         if self.device.type == "cpu":
             observer.meter.start()
         start = clock.mark()
@@ -352,6 +348,7 @@ class Session:
         position = len(ids)
         yield Step(0, position, choice, clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end),
                    *self._read_cache(request.cache))
+        graph = self._compiled_graph(request, tally) if params.compiled else None
         index = 0
         while True:
             token = torch.tensor([choice.token_id], device=self.device)
@@ -359,18 +356,48 @@ class Session:
                 sequence = torch.cat([sequence, token.view(1, 1)], dim=1)     # [1, position + 1]
             index += 1
             self._fault("decode", index)
-            compiles = _compiles() if params.compiled else 0
+            compiled_now = graph is not None and self._decode_compiled(graph, index, request, tally)
             start = clock.mark()
-            logits = self.decode_step(token, position, request.cache, sequence, params.compiled)
+            logits = self.decode_step(token, position, request.cache, sequence, compiled_now)
             forward_end = clock.mark()
             choice = choose(logits, params, generator)
             end = clock.mark()
-            latency = clock.elapsed_ms(start, end)
-            if params.compiled and _compiles() > compiles and not tally.compile_ms:
-                tally.compile_ms, tally.compiled_from_step = latency, index    # this step compiled: timed apart
             position += 1
-            yield Step(index, position, choice, clock.elapsed_ms(start, forward_end), latency,
-                       *self._read_cache(request.cache))
+            yield Step(index, position, choice, clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end),
+                       *self._read_cache(request.cache), compiled=compiled_now)
+
+    def _compiled_graph(self, request: _Request, tally: RunTally) -> Graph:
+        """The compiled graph for this run's cache length: built already, built now or waited for (compile
+        time, outside every step), or being built beside the decode (``compile_in_background``), which stays
+        eager until it is ready."""
+        started = time.perf_counter()
+        graph, request.graph_started = self.compiled.graph(request.allocated, self.compile_in_background)
+        waited = not self.compile_in_background and not graph.ready.is_set()
+        if waited:
+            graph.ready.wait()
+        if graph.ready.is_set() and (request.graph_started or waited):
+            tally.compile_ms = (time.perf_counter() - started) * 1000.0
+        return graph
+
+    @staticmethod
+    def _decode_compiled(graph: Graph, index: int, request: _Request, tally: RunTally) -> bool:
+        """Whether decode step ``index`` goes through the compiled graph: from the first step boundary after
+        it is built. Says once why a run decoded eagerly (a failed build) or partly eagerly."""
+        if not graph.ready.is_set():
+            return False
+        if graph.error is not None:
+            if not request.graph_noted:
+                request.graph_noted = True
+                tally.notes.append(f"the compiled graph could not be built ({graph.error}): decoded eagerly")
+            return False
+        if not request.switched and index > 1:
+            tally.notes.append(
+                f"steps 1-{index - 1:,} decoded eagerly while the compiled graph was built beside them, on the "
+                f"same cores (slower than a quiet eager run); compiled from step {index:,}")
+            if request.graph_started:
+                tally.compile_ms = graph.compile_ms
+        request.switched = True
+        return True
 
     def _read_cache(self, cache: Any) -> tuple[list[list[int]], list[int], list[int]]:
         kv, held = kvcache.held_per_layer(cache, self.facts.num_layers)
@@ -460,7 +487,8 @@ class _Observer:
                          phase="prefill" if step.index == 0 else "decode", latency_ms=step.latency_ms,
                          forward_ms=step.forward_ms, prob=choice.prob, raw_prob=choice.raw_prob,
                          candidates=candidates, kv_bytes_per_layer=step.kv, kv_positions_per_layer=step.held,
-                         waited_ms=self.waited_ms, kept=choice.kept, kv_storage_per_layer=step.storage)
+                         waited_ms=self.waited_ms, kept=choice.kept, kv_storage_per_layer=step.storage,
+                         compiled=step.compiled)
 
     def _attention_step(self, step: Step) -> AttentionStep:
         capture = self.session.attention_capture()
@@ -524,11 +552,3 @@ def _release_device_memory(device: torch.device) -> None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
-
-
-def _compiles() -> int:
-    """Frames torch.compile has compiled in this process: a step that raised it compiled (the first compiled step,
-    or a new cache length after a run of another length), and its time is compile time, not decode."""
-    from torch._dynamo.utils import counters
-
-    return counters["frames"]["total"]

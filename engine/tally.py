@@ -23,7 +23,7 @@ class RunTally:
         self.decode_ms = 0.0
         self.waited_ms = 0.0
         self.compile_ms = 0.0
-        self.compiled_from_step = 0        # the step compiling happened on (timed apart); 0: none
+        self.compiled_from_step = 0        # the first step decoded through the compiled graph; 0: none
         self.kv_tokens = 0
         self.kv_bytes = 0
         self.kv_allocated: int | None = None
@@ -59,10 +59,10 @@ class RunTally:
         if step.step == 0:
             if self.remote:
                 self.ttft_ms = step.t_ms                     # the client saw the first token arrive
-        elif step.step == self.compiled_from_step and self.compile_ms:
-            pass                                             # the step that compiled: timed apart
         else:
             self.decode_ms += step.latency_ms
+            if step.compiled and not self.compiled_from_step:
+                self.compiled_from_step = step.step
         if step.position is not None:
             self._kv(step.kv_bytes_per_layer, step.position, step.kv_storage_per_layer)
 
@@ -76,7 +76,7 @@ class RunTally:
         pieces (the session decodes all ids once at the end, so a character cut in half still shows);
         ``with_text=False`` leaves out the text and the ids (O(tokens) to copy)."""
         total = self.last_t_ms if total_ms is None else total_ms
-        decode_runs = max(self.generated - 1 - (1 if self.compile_ms and self.generated > 1 else 0), 0)
+        decode_runs = max(self.generated - 1, 0)
         joined = ("".join(self.texts) if text is None else text) if with_text else ""
         if self.remote:
             return RunSummary(
@@ -90,5 +90,5 @@ class RunTally:
             decode_ms=self.decode_ms, total_ms=total, kv_tokens=self.kv_tokens, kv_bytes=self.kv_bytes,
             text=joined, token_ids=list(self.token_ids) if with_text else [], reused_tokens=self.reused_tokens,
             waited_ms=self.waited_ms, cpu_share=self.cpu_share, compile_ms=self.compile_ms,
-            notes=tuple(self.notes), compiled_from_step=self.compiled_from_step if self.compile_ms else 0,
+            notes=tuple(self.notes), compiled_from_step=self.compiled_from_step,
             kv_allocated_bytes=self.kv_allocated)

@@ -156,8 +156,10 @@ class ControlsPanel(QWidget):
                                    "token, as compiled decoding needs: the heatmap outlines what is allocated but "
                                    "unused")
         self.compile_box = QCheckBox("compiled decode")
-        self.compile_box.setToolTip("Decode through torch.compile with CUDA graphs (on a GPU); the first step "
-                                    "compiles and is timed apart. On a CPU it compiles slowly and rarely helps")
+        self.compile_box.setToolTip("Decode through torch.compile (CUDA graphs on a GPU, frozen weights on a "
+                                    "CPU). On a CPU decoding starts at once, eagerly, while the graph is built "
+                                    "beside it (20-60 s the first time), and switches to it at the next step: "
+                                    "the timing charts mark where. Later runs of similar length reuse the graph")
         self.compile_box.setEnabled(False)
         self.attention_box = QCheckBox("record attention")
         self.attention_box.setToolTip("Keep each step's attention weights over the cached positions for the "

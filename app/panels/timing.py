@@ -122,6 +122,15 @@ class TimingPanel(QWidget):
                                          label="TTFT", labelOpts={"position": 0.92, "color": th.CHOSEN})
         self.timeline.add(self.ttft_line)
         self.ttft_line.setVisible(False)                 # a marker at 0 ms with no run would be a false claim
+        # Where decode became compiled (the graph was built beside the eager steps before it).
+        compiled_pen = pg.mkPen(th.CHOSEN, width=2, style=Qt.PenStyle.DotLine)
+        self.compiled_lines = (
+            pg.InfiniteLine(angle=90, pen=compiled_pen, label="compiled", labelOpts={"position": 0.75,
+                                                                                      "color": th.CHOSEN}),
+            pg.InfiniteLine(angle=90, pen=compiled_pen, label="compiled", labelOpts={"position": 0.9,
+                                                                                      "color": th.CHOSEN}))
+        self.timeline.add(self.compiled_lines[0])
+        self.latency.add(self.compiled_lines[1])
         self.charts = QWidget()
         grid = QGridLayout(self.charts)
         grid.setContentsMargins(0, 0, 0, 0)
@@ -143,6 +152,8 @@ class TimingPanel(QWidget):
         self.theme = theme
         self.timeline.style(theme, "time since run start", "ms", "run", None)
         self.ttft_line.label.setFont(theme.axis_font)
+        for line in self.compiled_lines:
+            line.label.setFont(theme.axis_font)
         self.latency.style(theme, "decode step", None, "latency", "ms")
         self.rate.style(theme, "decode step", None, "throughput", "tok/s")
         self.cumulative.style(theme, "time since run start", "s", "tokens generated", "tokens")
@@ -191,10 +202,22 @@ class TimingPanel(QWidget):
         self.legend.setText(legend_html(runs, self.state, selected))
         self.timeline.plot.setYRange(-0.6, max(len(runs), 1) - 0.4, padding=0.02)
         self.ttft_line.setVisible(selected is not None and bool(selected.n_steps))
+        self._mark_compiled(selected)
         if selected is not None:
             self._update_summary(selected, [r for r in runs if r is not selected])
         else:
             self.summary.setText("")
+
+    def _mark_compiled(self, run: RunRecord | None) -> None:
+        """The step where decode became compiled: at its start on the timeline, at its number on the latency
+        chart. Hidden when the selected run has none."""
+        first = run.summary(with_text=False).compiled_from_step if run is not None else 0
+        step = run.steps[first] if 0 < first < run.n_steps else None
+        for line in self.compiled_lines:
+            line.setVisible(step is not None)
+        if step is not None:
+            self.compiled_lines[0].setValue(step.t_ms - step.latency_ms)
+            self.compiled_lines[1].setValue(first)
 
     def _update_summary(self, run: RunRecord, others: list[RunRecord]) -> None:
         s = run.summary(with_text=False)
@@ -207,6 +230,9 @@ class TimingPanel(QWidget):
         text = (f"<b>#{run.number}</b> {escape(run.label)} · TTFT <b>{s.ttft_ms:,.1f} ms</b> · prefill "
                 f"{s.prompt_tokens} tokens in {s.prefill_ms:,.1f} ms ({s.prefill_tok_s:,.0f} tok/s) · decode "
                 f"{s.decode_runs} steps, <b>{s.decode_tok_s:,.1f} tok/s</b> (measured){incomplete}")
+        if s.compiled_from_step:
+            built = (f", its graph built in {s.compile_ms / 1000:,.1f} s (not decode time)" if s.compile_ms else "")
+            text += f" · compiled from step {s.compiled_from_step:,}{built}"
         if s.waited_ms:
             text += (f" · {s.waited_ms / 1000:,.1f} s waiting (grey in the timeline) not counted; a step after a wait "
                      "starts cold and is slower")

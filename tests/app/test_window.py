@@ -301,3 +301,33 @@ def test_the_mouse_over_a_token_names_that_token_and_a_click_pins_it(qtbot, wind
     qtbot.mouseClick(text.viewport(), Qt.MouseButton.LeftButton, pos=point)
     assert window.tokens._pinned == run.prompt_tokens + 2
     assert text.token_at(QPoint(text.viewport().width() - 3, text.viewport().height() - 3)) == -1   # empty space
+
+
+def test_a_compiled_run_starts_at_once_and_the_charts_mark_the_step_where_decode_became_compiled(qtbot, window):
+    """On a CPU the run does not wait for the compiled graph: it decodes eagerly while the graph is built beside
+    it (held back here until steps 1 and 2 have run, stepping) and switches at the next step boundary; the
+    timeline and the latency chart mark that step, the summary names it."""
+    compiled = window.client.worker.session.compiled
+    window.controls.max_tokens.setValue(8)
+    window.controls.static_box.setChecked(True)
+    window.controls.compile_box.setChecked(True)
+    compiled.build_lock.acquire()
+    window.controller.step()                                     # starts paused after the prefill
+    assert window.statusBar().currentMessage().startswith("Compiled decode: a new cache length's graph is built")
+    for steps in (1, 2, 3):
+        qtbot.waitUntil(lambda: (r := window.store.current) is not None and r.n_steps == steps, timeout=60_000)
+        if steps < 3:
+            window.controller.step()
+    compiled.build_lock.release()
+    qtbot.waitUntil(lambda: all(g.ready.is_set() for g in compiled.graphs()), timeout=300_000)
+    window.controller.set_paused(False)
+    run = run_and_wait(qtbot, window)
+    assert [s.compiled for s in run.steps[1:]] == [False, False] + [True] * (run.n_steps - 3)
+    timeline_line, latency_line = window.timing.compiled_lines
+    assert timeline_line.isVisible() and latency_line.value() == 3
+    third = run.steps[3]
+    assert timeline_line.value() == pytest.approx(third.t_ms - third.latency_ms)
+    assert "compiled from step 3, its graph built in" in window.timing.summary.text()
+    window.controls.compile_box.setChecked(False)
+    run_and_wait(qtbot, window)
+    assert not timeline_line.isVisible() and not latency_line.isVisible()

@@ -60,14 +60,16 @@ def bare_compiled_once(session, ids: list[int], n: int) -> dict:
     import torch
 
     from engine import kvcache
+    from engine.compiled import cache_length
 
-    forward = session.compiled_forward()
+    forward = session.compiled.forward()
     device = session.device
     stamps: list[float] = []
     tokens: list[int] = []
     t0 = time.perf_counter()
     with torch.inference_mode():
-        cache = kvcache.new_cache(session.model, min(len(ids) + n, session.facts.max_context))
+        cache = kvcache.new_cache(session.model, cache_length(min(len(ids) + n, session.facts.max_context),
+                                                              session.facts.max_context))
         out = kvcache.forward(session.model, torch.tensor([ids], device=device), cache)
         for i in range(n):
             token = int(out.logits[0, -1].argmax())

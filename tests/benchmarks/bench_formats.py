@@ -60,24 +60,54 @@ def llama_cpp_run(llm, prompt: str, tokens: int) -> dict:
 
 
 COMPILED = {"static_cache": True, "compiled": True}
+STATIC = {"static_cache": True}
+PREFILL_LENGTHS = (32, 128, 512)
+PREFILL_TEXT = " ".join([PROMPT, "The weights are read once per step whatever the batch; the keys and values grow "
+                         "with every token, and the arithmetic per byte decides which limit binds."] * 24)
 
 
-def kvscope_run(session, prompt: str, tokens: int, compiled: bool = False) -> dict:
-    """Consumer-side token times; on the compiled path the first decode step of a session compiles and is left
-    out (``compile_ms`` says how long it took), as the report does."""
+def kvscope_run(session, prompt: str, tokens: int, compiled: bool = False, static: bool = False) -> dict:
+    """Consumer-side token times. The session waits for its compiled graph before the first decode step, so
+    the gap before step 1 is compile time when the run built a graph (``compile_ms``) and is left out."""
     from engine.events import TokenStep
     from engine.params import GenerationParams
 
     stamps: list[float] = []
     started = time.perf_counter()
-    result = session.run(prompt, GenerationParams(max_new_tokens=tokens, chat_template=False,
-                                                  **(COMPILED if compiled else {})),
+    flags = COMPILED if compiled else STATIC if static else {}
+    result = session.run(prompt, GenerationParams(max_new_tokens=tokens, chat_template=False, **flags),
                          lambda e: stamps.append(time.perf_counter()) if isinstance(e, TokenStep) else None)
     s = result.summary
-    decode = stamps[2:] if s.compile_ms else stamps
+    decode = stamps[1:] if s.compile_ms else stamps
     return {"ttft_ms": (stamps[0] - started) * 1000.0,
             "decode_tok_s": (len(decode) - 1) / (decode[-1] - decode[0]) if len(decode) > 1 else 0.0,
             "tokens": len(stamps), "cpu_share": s.cpu_share, "compile_ms": s.compile_ms, "token_ids": s.token_ids}
+
+
+def prefill_times(session, llm, lengths: tuple[int, ...], rounds: int) -> list[dict]:
+    """One forward pass over the first ``n`` tokens of the same text, fresh cache each time: KVScope's prefill
+    (``Session.timed_prefill``, the forward alone) beside llama.cpp's prompt processing (``Llama.eval`` after a
+    reset, which computes the last position's logits), interleaved, medians of ``rounds``."""
+    ours_ids = session.encode(PREFILL_TEXT, chat_template=False)
+    theirs_ids = llm.tokenize(PREFILL_TEXT.encode(), add_bos=True) if llm is not None else []
+    out = []
+    for n in lengths:
+        if n > len(ours_ids):
+            continue
+        ours, theirs = [], []
+        session.timed_prefill(ours_ids[:n])                      # warm-up at this length
+        for _ in range(rounds):
+            ours.append(session.timed_prefill(ours_ids[:n])[0])
+            if llm is not None and n <= len(theirs_ids):
+                llm.reset()
+                started = time.perf_counter()
+                llm.eval(theirs_ids[:n])
+                theirs.append((time.perf_counter() - started) * 1000.0)
+        row = {"tokens": n, "kvscope_ms": statistics.median(ours)}
+        if theirs:
+            row["llama_cpp_ms"] = statistics.median(theirs)
+        out.append(row)
+    return out
 
 
 def compile_launches(dtype: str, launches: int = 2) -> list[dict]:
@@ -139,14 +169,23 @@ def main(argv: list[str] | None = None) -> dict:
             llm = Llama(model_path=str(ggufs[name]), n_threads=args.threads, n_ctx=1024, verbose=False,
                         logits_all=False)
         compiled_session = Session(load("embedded", "cpu", fmt))       # freezing folds weights: a model of its own
-        kvscope_run(session, prompt, 4)                                # warm-up all three
+        # bfloat16 also without freezing, and eager over the static cache, to show what each part gives
+        plain_session = None
+        if fmt == "bfloat16":
+            plain_session = Session(load("embedded", "cpu", fmt))
+            plain_session.compiled.freezing = False
+        kvscope_run(session, prompt, 4)                                # warm-up all of them
         first = kvscope_run(compiled_session, prompt, 4, compiled=True)
+        plain_first = kvscope_run(plain_session, prompt, 4, compiled=True) if plain_session else None
         if llm is not None:
             llama_cpp_run(llm, prompt, 4)
-        ours, compiled, theirs = [], [], []
+        ours, compiled, theirs, static, plain = [], [], [], [], []
         for _ in range(args.rounds):
             ours.append(kvscope_run(session, prompt, args.tokens))
             compiled.append(kvscope_run(compiled_session, prompt, args.tokens, compiled=True))
+            if plain_session is not None:
+                static.append(kvscope_run(session, prompt, args.tokens, static=True))
+                plain.append(kvscope_run(plain_session, prompt, args.tokens, compiled=True))
             if llm is not None:
                 theirs.append(llama_cpp_run(llm, prompt, args.tokens))
         row = {"kvscope": fmt, "weights_mib": loaded.facts.weight_bytes / 2**20,
@@ -157,13 +196,18 @@ def main(argv: list[str] | None = None) -> dict:
                "compile_ms_in_process": first["compile_ms"],
                "compiled_same_tokens": all(r["token_ids"] == o["token_ids"] for r, o in zip(compiled, ours)),
                "decode_ceiling_tok_s": peaks.bytes_per_s / step.bytes, "bandwidth_gb_s": peaks.bytes_per_s / 1e9,
-               "lowest_cpu_share": min((r["cpu_share"] for r in ours + compiled if r["cpu_share"]), default=None)}
+               "lowest_cpu_share": min((r["cpu_share"] for r in ours + compiled if r["cpu_share"]), default=None),
+               "prefill": prefill_times(session, llm, PREFILL_LENGTHS, args.rounds)}
+        if plain_session is not None:
+            row.update({"static_decode_tok_s": statistics.median(r["decode_tok_s"] for r in static),
+                        "unfrozen_decode_tok_s": statistics.median(r["decode_tok_s"] for r in plain),
+                        "unfrozen_compile_ms": plain_first["compile_ms"]})
         if theirs:
             row.update({"llama_cpp": name, "gguf_mib": ggufs[name].stat().st_size / 2**20,
                         "llama_cpp_decode_tok_s": statistics.median(r["decode_tok_s"] for r in theirs),
                         "llama_cpp_ttft_ms": statistics.median(r["ttft_ms"] for r in theirs)})
         rows.append(row)
-        del session, compiled_session, loaded, llm
+        del session, compiled_session, plain_session, loaded, llm
     launches = {dtype: compile_launches(dtype) for dtype in ("float32", "bfloat16")} if args.launches else {}
     result = {"machine": machine(), "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
               "rows": rows, "compile_launches": launches}
@@ -184,7 +228,30 @@ def main(argv: list[str] | None = None) -> dict:
                      f"{r['kvscope_decode_tok_s'] / theirs:.2f} | {r['compiled_decode_tok_s'] / theirs:.2f} |")
         print(line)
     for r in rows:
-        print(f"compile, in this process ({r['kvscope']}): {r['compile_ms_in_process'] / 1000:,.1f} s")
+        if "static_decode_tok_s" in r:
+            theirs = r.get("llama_cpp_decode_tok_s")
+            for name, key in (("eager over the static cache", "static_decode_tok_s"),
+                              ("compiled without freezing", "unfrozen_decode_tok_s")):
+                ratio = f", {r[key] / theirs:.2f} of llama.cpp" if theirs else ""
+                print(f"{r['kvscope']}, {name}: {r[key]:.1f} tok/s{ratio}")
+    print("prefill, one forward pass over the same text's first N tokens (KVScope forward / llama.cpp eval), "
+          "tok/s and KVScope / llama.cpp:")
+    print("| KVScope weights | llama.cpp | " + " | ".join(f"{n} tokens" for n in PREFILL_LENGTHS) + " |")
+    print("|---|---|" + "---:|" * len(PREFILL_LENGTHS))
+    for r in rows:
+        cells = []
+        for p in r["prefill"]:
+            ours = p["tokens"] / p["kvscope_ms"] * 1000.0
+            if "llama_cpp_ms" in p:
+                theirs = p["tokens"] / p["llama_cpp_ms"] * 1000.0
+                cells.append(f"{ours:,.0f} / {theirs:,.0f} ({ours / theirs:.2f})")
+            else:
+                cells.append(f"{ours:,.0f}")
+        print(f"| {r['kvscope']} | {r.get('llama_cpp', '-')} | " + " | ".join(cells) + " |")
+    for r in rows:
+        print(f"compile, in this process ({r['kvscope']}): {r['compile_ms_in_process'] / 1000:,.1f} s"
+              + (f"; without freezing {r['unfrozen_compile_ms'] / 1000:,.1f} s" if "unfrozen_compile_ms" in r
+                 else ""))
     for dtype, runs in launches.items():
         print(f"compile, fresh processes over one graph cache ({dtype}): " +
               ", then ".join(f"{x['compile_ms'] / 1000:,.1f} s" for x in runs) + " (first launch, then later)")

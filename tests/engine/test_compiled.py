@@ -1,0 +1,114 @@
+"""Compiled decode: the same arithmetic as eager (float32 greedy tokens equal), a graph per cache length shared
+by runs, built before the first decode step or beside an eager decode that switches when it is ready."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.compiled import SHORTEST, cache_length
+from engine.events import RunFinished, TokenStep
+from engine.params import GenerationParams
+from engine.session import Session
+
+PARAMS = dict(max_new_tokens=8, temperature=0.0, static_cache=True)
+
+
+def _frames_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["total"]
+
+
+@pytest.fixture
+def model(tiny_model_dir):
+    """A model of its own: freezing folds its weights into graphs other tests must not find."""
+    from engine.models import load
+
+    return load(str(tiny_model_dir), "cpu", "float32")
+
+
+def _run(session: Session, prompt: str, before_step=None, **params) -> tuple[RunFinished, list[TokenStep]]:
+    events: list = []
+    result = session.run(prompt, GenerationParams(**{**PARAMS, **params}), events.append, before_step=before_step)
+    assert isinstance(result, RunFinished), result
+    return result, [e for e in events if isinstance(e, TokenStep) and e.step > 0]
+
+
+def test_cache_length_rounds_up_to_a_power_of_two_within_the_context():
+    assert cache_length(1, 8192) == SHORTEST == 256
+    assert cache_length(256, 8192) == 256
+    assert cache_length(257, 8192) == 512
+    assert cache_length(5000, 8192) == 8192
+    assert cache_length(5000, 6000) == 6000             # never past the model's context
+    assert cache_length(100, 200) == 200
+    assert cache_length(200, 200) == 200
+
+
+def test_waiting_for_the_graph_compiles_every_decode_step_with_eagers_float32_tokens_and_the_build_apart(
+        model, monkeypatch):
+    """The CLI's way: the graph is built before the first decode step (timed as compile, in no step), every
+    decode step is compiled and its greedy tokens are eager's; the graphs land in KVScope's cache folder."""
+    from engine.paths import compiled_graphs_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    eager, _ = _run(Session(model), "hello world")
+    session = Session(model)
+    result, steps = _run(session, "hello world", compiled=True)
+    s = result.summary
+    assert s.token_ids == eager.summary.token_ids
+    assert s.compiled_from_step == 1 and s.compile_ms > 0
+    assert all(step.compiled for step in steps) and s.decode_runs == eager.summary.decode_runs
+    assert max(step.latency_ms for step in steps) < s.compile_ms      # the build is in no step
+    assert any(compiled_graphs_dir().iterdir())
+
+
+def test_runs_whose_caches_round_to_one_length_share_one_graph(model):
+    """Prompts of different lengths allocate the same rounded cache, so the second run compiles nothing."""
+    session = Session(model)
+    first, _ = _run(session, "hello world", compiled=True)
+    frames = _frames_compiled()
+    second, steps = _run(session, "a rather longer prompt than the first one was", compiled=True, max_new_tokens=20)
+    assert first.summary.compile_ms > 0 and second.summary.compile_ms == 0
+    assert _frames_compiled() == frames
+    assert second.summary.compiled_from_step == 1 and all(step.compiled for step in steps)
+
+
+def test_built_in_the_background_decode_starts_eager_and_switches_at_the_boundary_after_the_graph_is_ready(model):
+    """The window's way: decode does not wait. The build is held back until step 3 is about to run, so steps 1
+    and 2 are eager and step 3 is the first compiled one; tokens stay eager's, and the run says which steps
+    ran beside the build."""
+    eager, _ = _run(Session(model), "hello world")
+    session = Session(model)
+    session.compile_in_background = True
+
+    def before_step(step: int) -> None:
+        if step == 3:
+            session.compiled.build_lock.release()
+            [graph] = session.compiled.graphs()
+            assert graph.ready.wait(300)
+
+    session.compiled.build_lock.acquire()
+    result, steps = _run(session, "hello world", before_step=before_step, compiled=True)
+    s = result.summary
+    assert [step.compiled for step in steps] == [False, False] + [True] * (len(steps) - 2)
+    assert s.compiled_from_step == 3 and s.compile_ms > 0
+    assert s.token_ids == eager.summary.token_ids
+    assert any("steps 1-2 decoded eagerly while the compiled graph was built" in n for n in s.notes)
+
+
+def test_a_graph_that_cannot_be_built_leaves_decode_eager_and_the_run_says_why(model, monkeypatch):
+    from engine.compiled import CompiledDecode
+
+    def broken(self):
+        def forward(**_kwargs):
+            raise RuntimeError("no C++ compiler on this machine")
+        return forward
+
+    monkeypatch.setattr(CompiledDecode, "forward", broken)
+    eager, _ = _run(Session(model), "hello world")
+    result, steps = _run(Session(model), "hello world", compiled=True)
+    s = result.summary
+    assert s.token_ids == eager.summary.token_ids and s.compiled_from_step == 0
+    assert not any(step.compiled for step in steps)
+    assert any("could not be built (RuntimeError: no C++ compiler on this machine): decoded eagerly" in n
+               for n in s.notes)
