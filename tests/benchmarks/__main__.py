@@ -3,14 +3,17 @@ The full-context run (about 18 minutes on 2 cores) is ``make bench-long``."""
 
 import time
 
-from tests.benchmarks import bench_engine, bench_experiments, bench_formats, bench_gui, bench_trace
+from tests.benchmarks import bench_engine, bench_experiments, bench_formats, bench_gui, bench_profile, bench_trace
 
 PARTS = (
     ("engine: the instrumented session vs model.generate, whole runs by the wall clock", bench_engine, []),
     ("engine, compiled: the session's sinks vs the compiled forward alone", bench_engine, ["--compiled"]),
     ("traces: reading with validation, and the window opening a full-context run", bench_trace, []),
-    ("window: responsiveness while streaming, what drawing costs the engine, the chat path", bench_gui, []),
-    ("weight formats: KVScope eager and compiled beside llama.cpp, and compile times", bench_formats, []),
+    ("window: responsiveness while streaming, what drawing costs the engine, the chat path, a compiled run",
+     bench_gui, []),
+    ("weight formats: KVScope eager and compiled beside llama.cpp, decode and prefill, and compile times",
+     bench_formats, []),
+    ("where a decode step's time goes, eager and compiled (bfloat16)", bench_profile, []),
     ("experiments on the real model, through the window", bench_experiments, []),
 )
 

@@ -4,6 +4,9 @@
    (the GUI event loop's latency), and we count text and chart refreshes per second and the store's memory.
 2. The embedded model decodes with the window shown and hidden, with torch's default thread count and with
    one thread, so the thread count can be set from a measurement rather than a guess.
+3. A compiled run in the window on a fresh graph cache: the run decodes eagerly while its graph is built beside
+   it (Python's lock is shared with the build), then switches; how long the build took, how fast each part
+   decoded, and how late the same timer fired meanwhile.
 """
 
 from __future__ import annotations
@@ -59,12 +62,12 @@ def _wait(cond, timeout_s: float = 600) -> None:
         raise TimeoutError("benchmark step did not finish in time")
 
 
-def open_window(model: str):
+def open_window(model: str, dtype: str = "float32"):
     from app.main import build, parse_args
 
     _app, window = build(parse_args(["--no-load"]))
     window.show()
-    load(window, model, "cpu", "float32")
+    load(window, model, "cpu", dtype)
     _wait(lambda: window.client.model is not None and window.client.busy is None)
     return window
 
@@ -77,38 +80,75 @@ def run_once(window, tokens: int):
     return window.store.current
 
 
-def responsiveness(tokens: int) -> dict:
-    from PySide6.QtCore import QElapsedTimer, Qt, QTimer
+class Lateness:
+    """How late a 10 ms timer fires in the GUI's event loop (its latency), from ``start`` to ``stop``."""
 
+    def __init__(self) -> None:
+        from PySide6.QtCore import QElapsedTimer, Qt, QTimer
+
+        self.values: list[float] = []
+        self.clock = QElapsedTimer()
+        self.timer = QTimer()
+        self.timer.setTimerType(Qt.TimerType.PreciseTimer)
+        self.timer.setInterval(10)
+        self.timer.timeout.connect(self._tick)
+
+    def _tick(self) -> None:
+        self.values.append(max(self.clock.nsecsElapsed() / 1e6 - 10.0, 0.0))
+        self.clock.restart()
+
+    def start(self) -> None:
+        self.clock.start()
+        self.timer.start()
+
+    def stop(self) -> dict:
+        self.timer.stop()
+        return {"timer_lateness_ms_p50": float(np.percentile(self.values, 50)),
+                "timer_lateness_ms_p99": float(np.percentile(self.values, 99)),
+                "timer_lateness_ms_max": float(np.max(self.values)), "timer_ticks": len(self.values)}
+
+
+def compiled_in_window(model: str, dtype: str, tokens: int) -> dict:
+    """One compiled run in the window, its graph built from an empty graph cache (a machine's first launch)."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvscope-bench-compile-")
+    window = open_window(model, dtype)
+    window.controls.static_box.setChecked(True)
+    window.controls.compile_box.setChecked(True)
+    lateness = Lateness()
+    lateness.start()
+    run = run_once(window, tokens)
+    result = lateness.stop()
+    s = run.summary()
+    steps = run.steps[1:]
+    switch = s.compiled_from_step or len(run.steps)
+
+    def rate(part: list) -> float:
+        seconds = sum(step.latency_ms for step in part) / 1000.0
+        return len(part) / seconds if seconds else 0.0
+
+    result.update({"dtype": dtype, "tokens": run.n_steps, "compile_ms": s.compile_ms,
+                   "compiled_from_step": s.compiled_from_step,
+                   "eager_beside_build_tok_s": rate(steps[:switch - 1]), "compiled_tok_s": rate(steps[switch - 1:]),
+                   "reason": run.reason})
+    window.close()
+    return result
+
+
+def responsiveness(tokens: int) -> dict:
     from tests.tiny_model import build_tiny_model
 
     folder = build_tiny_model(Path(tempfile.mkdtemp(prefix="kvscope-bench-")), max_positions=tokens + 512)
     window = open_window(str(folder))
     window.controls.prompt.setPlainText("hello world")
     run_once(window, 8)                                   # warm-up
-    lateness: list[float] = []
-    clock = QElapsedTimer()
-    timer = QTimer()
-    timer.setTimerType(Qt.TimerType.PreciseTimer)
-    timer.setInterval(10)
-
-    def tick() -> None:
-        lateness.append(max(clock.nsecsElapsed() / 1e6 - 10.0, 0.0))
-        clock.restart()
-
-    timer.timeout.connect(tick)
+    lateness = Lateness()
     frames0, charts0 = window.frames.frames, window.frames.chart_frames
-    clock.start()
-    timer.start()
+    lateness.start()
     started = time.perf_counter()
     run = run_once(window, tokens)
     seconds = time.perf_counter() - started
-    timer.stop()
     result = {
-        "tokens": run.n_steps, "seconds": seconds, "decode_tok_s": run.summary().decode_tok_s,
-        "timer_lateness_ms_p50": float(np.percentile(lateness, 50)),
-        "timer_lateness_ms_p99": float(np.percentile(lateness, 99)),
-        "timer_lateness_ms_max": float(np.max(lateness)), "timer_ticks": len(lateness),
+        "tokens": run.n_steps, "seconds": seconds, "decode_tok_s": run.summary().decode_tok_s, **lateness.stop(),
         "text_refresh_per_s": (window.frames.frames - frames0) / seconds,
         "chart_refresh_per_s": (window.frames.chart_frames - charts0) / seconds,
         "store_run_bytes": deep_size(run), "events": len(run.events),
@@ -183,9 +223,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", default="embedded")
     p.add_argument("--model-tokens", type=int, default=48)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--compiled-tokens", type=int, default=1000)
+    p.add_argument("--only-compiled", action="store_true", help="part 3 alone")
     args = p.parse_args(argv)
     os.environ.setdefault("KVSCOPE_SETTINGS", str(Path(tempfile.mkdtemp()) / "bench.ini"))
 
+    if args.only_compiled:
+        comp = compiled_in_window(args.model, "bfloat16", args.compiled_tokens)
+        print(comp)
+        return comp
     resp = responsiveness(args.tokens)
     print(f"machine: {machine()}  (Qt platform: {os.environ['QT_QPA_PLATFORM']})")
     print(f"tiny model, {resp['tokens']} tokens in {resp['seconds']:.1f} s ({resp['decode_tok_s']:,.0f} tok/s decode)")
@@ -204,7 +250,14 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"chat with reuse, TTFT per turn (ms, median of {args.runs}): through the window "
           + ", ".join(f"{t:,.0f}" for t in chat["window"]) + "; bare session "
           + ", ".join(f"{t:,.0f}" for t in chat["bare"]))
-    result = {"machine": machine(), "responsiveness": resp, "shown_vs_hidden": rows, "chat_path": chat}
+    comp = compiled_in_window(args.model, "bfloat16", args.compiled_tokens)
+    print(f"{args.model}, bfloat16, a compiled run of {comp['tokens']} tokens in the window, empty graph cache: "
+          f"graph built in {comp['compile_ms'] / 1000:,.1f} s beside {comp['compiled_from_step'] - 1} eager steps "
+          f"({comp['eager_beside_build_tok_s']:.1f} tok/s), then compiled at {comp['compiled_tok_s']:.1f} tok/s; "
+          f"10 ms timer late by p50 {comp['timer_lateness_ms_p50']:.1f} ms, p99 {comp['timer_lateness_ms_p99']:.0f} "
+          f"ms, max {comp['timer_lateness_ms_max']:,.0f} ms over the run")
+    result = {"machine": machine(), "responsiveness": resp, "shown_vs_hidden": rows, "chat_path": chat,
+              "compiled_in_window": comp}
     save("gui", result)
     return result
 

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = {}
     weights = 0
     for path in ("eager", "compiled"):
-        loaded = load("embedded", "cpu", args.dtype)                  # freezing folds weights: a model each
+        loaded = load("embedded", "cpu", args.dtype)                  # a model each (graphs are per model)
         weights = loaded.facts.weight_bytes
         rows[path] = profile_steps(Session(loaded), path == "compiled", args.steps)
         del loaded
