@@ -64,8 +64,9 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--static-cache", action="store_true",
                    help="allocate the KV cache for prompt + new tokens up front (what compiled decode needs)")
     p.add_argument("--compile", action="store_true",
-                   help="decode through torch.compile over the static cache (CUDA graphs on a GPU; implies "
-                        "--static-cache; compiling is reported apart)")
+                   help="decode through torch.compile over the static cache, rounded up to a power of two "
+                        "(CUDA graphs on a GPU; implies --static-cache); the graph is built before the first "
+                        "decode step and its time reported apart")
     p.add_argument("--attention", action="store_true",
                    help="record each step's newest-token attention over the cache (into --trace; the cost per "
                         "pass is reported)")

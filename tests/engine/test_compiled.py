@@ -8,6 +8,7 @@ import pytest
 from engine.compiled import SHORTEST, cache_length
 from engine.events import RunFinished, TokenStep
 from engine.params import GenerationParams
+from engine.report import report
 from engine.session import Session
 
 PARAMS = dict(max_new_tokens=8, temperature=0.0, static_cache=True)
@@ -60,6 +61,9 @@ def test_waiting_for_the_graph_compiles_every_decode_step_with_eagers_float32_to
     assert all(step.compiled for step in steps) and s.decode_runs == eager.summary.decode_runs
     assert max(step.latency_ms for step in steps) < s.compile_ms      # the build is in no step
     assert any(compiled_graphs_dir().iterdir())
+    text = report(session.facts, s)
+    assert f"building the compiled decode graph took {s.compile_ms:,.0f} ms, before the first decode step" in text
+    assert "decode compiled from step 1" in text.splitlines()
 
 
 def test_runs_whose_caches_round_to_one_length_share_one_graph(model):
