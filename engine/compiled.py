@@ -1,16 +1,17 @@
 """Compiled decode graphs: one per static-cache length, built on a twin cache so decode never waits for one.
 
-``torch.compile`` specialises a graph on the static cache's length, and building one takes 20-60 s on a 2-core
-CPU. Two choices follow from that. Lengths are rounded up to a power of two (at least 256), so runs with
-different prompts share a graph instead of each compiling its own. And a graph is built by one call of the
+``torch.compile`` specialises a graph on the static cache's length, and building one took 30-90 s on a 2-core
+CPU the first time (11 s on a later launch, from torch's caches). Two choices follow from that. Lengths are
+rounded up to a power of two (at least 256), so runs with different prompts share a graph instead of each
+compiling its own. And a graph is built by one call of the
 compiled forward on a *twin* cache of the same length, not on the run's cache: the run can decode eagerly
 while the graph is built beside it (the window does this on a CPU) and switch at the first step boundary after
 it is ready, or wait for it before its first decode step (the CLI and benchmarks do, so every decode step of
 theirs is compiled). The build's wall time is the compile time; it is never inside a decode step.
 
 Freezing (inductor folding the weights into the graph as constants) is off: on one 2-core machine it decoded
-6% faster (23.0 vs 21.6 tok/s, bfloat16), on another 24%, but it keeps inductor's caches from holding the
-graph, so every later launch built for 28 s instead of 11 s; ``freezing`` turns it on (the benchmarks compare
+2-6% faster in bfloat16 (two runs), on another 24%, but it keeps inductor's caches from holding the graph, so
+every later launch built for 28 s instead of 11 s; ``freezing`` turns it on (the benchmarks compare
 both). On a GPU the graph is built in the calling thread (CUDA graphs are recorded per thread), with CUDA graphs
 replaying a decode step as one launch. The graphs are cached in KVScope's cache folder.
 """
