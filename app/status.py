@@ -17,6 +17,7 @@ TIPS = {"ttft": tip("TTFT"), "prefill": tip("prefill", "tok/s"), "decode": tip("
 class StatusStrip(QStatusBar):
     def __init__(self) -> None:
         super().__init__()
+        self._progress_message: str | None = None     # what the work in progress said, cleared with its bar
         self.labels = {name: QLabel() for name in FIELDS}
         for name in FIELDS:
             self.labels[name].setContentsMargins(6, 0, 6, 0)
@@ -80,5 +81,5 @@ class StatusStrip(QStatusBar):
     def hide_progress(self) -> None:
         """The work ended: its bar goes, and so does its message unless something newer replaced it."""
         self.progress.setVisible(False)
-        if self.currentMessage() == getattr(self, "_progress_message", None):
+        if self.currentMessage() == self._progress_message:
             self.clearMessage()

@@ -55,10 +55,6 @@ class Graph:
     compile_ms: float = 0.0
     error: str | None = None        # why the build failed (decode then stays eager), first line
 
-    @property
-    def usable(self) -> bool:
-        return self.ready.is_set() and self.error is None
-
 
 class CompiledDecode:
     """The model's forward compiled once, and the graphs built for it, by cache length."""
@@ -70,11 +66,6 @@ class CompiledDecode:
         self._graphs: dict[int, Graph] = {}
         self._lock = threading.Lock()           # guards _graphs
         self.build_lock = threading.Lock()      # one build at a time (held while a graph is built)
-
-    @property
-    def in_background(self) -> bool:
-        """Whether graphs may be built beside decode: on a CPU only (CUDA graphs are recorded per thread)."""
-        return self.device.type == "cpu"
 
     def forward(self) -> Any:
         if self._forward is None:
@@ -89,13 +80,13 @@ class CompiledDecode:
 
     def graph(self, length: int, background: bool) -> tuple[Graph, bool]:
         """The graph for ``length``, and whether this call started its build. A new one is built now, or
-        beside the caller when ``background`` (and the device allows it)."""
+        beside the caller when ``background`` on a CPU (CUDA graphs are recorded per thread)."""
         with self._lock:
             graph = self._graphs.get(length)
             if graph is not None:
                 return graph, False
             graph = self._graphs[length] = Graph(length)
-        if background and self.in_background:
+        if background and self.device.type == "cpu":
             threading.Thread(target=self._build, args=(graph,), name=f"kvscope-compile-{length}",
                              daemon=True).start()
         else:

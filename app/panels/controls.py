@@ -156,9 +156,9 @@ class ControlsPanel(QWidget):
                                    "token, as compiled decoding needs: the heatmap outlines what is allocated but "
                                    "unused")
         self.compile_box = QCheckBox("compiled decode")
-        self.compile_box.setToolTip("Decode through torch.compile (CUDA graphs on a GPU, frozen weights on a "
-                                    "CPU). On a CPU decoding starts at once, eagerly, while the graph is built "
-                                    "beside it (20-60 s the first time), and switches to it at the next step: "
+        self.compile_box.setToolTip("Decode through torch.compile (CUDA graphs on a GPU). On a CPU decoding "
+                                    "starts at once, eagerly, while the graph is built beside it (a minute or "
+                                    "more the first time on a machine), and switches to it at the next step: "
                                     "the timing charts mark where. Later runs of similar length reuse the graph")
         self.compile_box.setEnabled(False)
         self.attention_box = QCheckBox("record attention")

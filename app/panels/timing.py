@@ -21,6 +21,7 @@ from app.store import RunRecord, RunStore
 from app.viewstate import MAIN, ViewState
 from engine import contention
 from engine.costmodel import Device, ModelCost
+from engine.events import RunSummary
 
 WAIT_GAP_MS = 1.0           # waits shorter than this are not drawn apart
 
@@ -202,25 +203,24 @@ class TimingPanel(QWidget):
         self.legend.setText(legend_html(runs, self.state, selected))
         self.timeline.plot.setYRange(-0.6, max(len(runs), 1) - 0.4, padding=0.02)
         self.ttft_line.setVisible(selected is not None and bool(selected.n_steps))
-        self._mark_compiled(selected)
+        summary = selected.summary(with_text=False) if selected is not None else None
+        self._mark_compiled(selected, summary.compiled_from_step if summary is not None else 0)
         if selected is not None:
-            self._update_summary(selected, [r for r in runs if r is not selected])
+            self._update_summary(selected, summary, [r for r in runs if r is not selected])
         else:
             self.summary.setText("")
 
-    def _mark_compiled(self, run: RunRecord | None) -> None:
-        """The step where decode became compiled: at its start on the timeline, at its number on the latency
-        chart. Hidden when the selected run has none."""
-        first = run.summary(with_text=False).compiled_from_step if run is not None else 0
-        step = run.steps[first] if 0 < first < run.n_steps else None
+    def _mark_compiled(self, run: RunRecord | None, first: int) -> None:
+        """The step where decode became compiled (``first``): at its start on the timeline, at its number on the
+        latency chart. Hidden when the selected run has none."""
+        step = run.steps[first] if run is not None and 0 < first < run.n_steps else None
         for line in self.compiled_lines:
             line.setVisible(step is not None)
         if step is not None:
             self.compiled_lines[0].setValue(step.t_ms - step.latency_ms)
             self.compiled_lines[1].setValue(first)
 
-    def _update_summary(self, run: RunRecord, others: list[RunRecord]) -> None:
-        s = run.summary(with_text=False)
+    def _update_summary(self, run: RunRecord, s: RunSummary, others: list[RunRecord]) -> None:
         if run.n_steps:
             self.ttft_line.setValue(run.steps[0].t_ms)
         incomplete = " · <b>incomplete</b> (the trace ends before the run did)" if run.incomplete else ""
