@@ -161,6 +161,10 @@ def run_lesson(lesson: Lesson, target: Any, settings: LessonSettings, emit: Sink
     if note and not result.tokens_note:
         result = dataclasses.replace(result, tokens_note=note)
     reason = "stopped" if experiment.cancelled else "done"
+    if experiment.cancelled and not result.incomplete:
+        # A lesson hands back what it measured when stopped, and may not know that was short of its plan
+        # (prefill stopped after its first length summarised one point as a whole sweep).
+        result = dataclasses.replace(result, incomplete=True)
     finished = ExperimentFinished(experiment.exp_id, experiment.ms(), reason, result)
     emit(finished)
     return finished

@@ -136,6 +136,22 @@ def test_cancel_stops_an_experiment(tiny):
     assert isinstance(finished, ExperimentFinished) and finished.reason == "stopped" and finished.result.incomplete
 
 
+def test_an_experiment_stopped_after_its_first_point_is_marked_incomplete(tiny):
+    """Stopped once a point is in (not before anything ran): what it measured is kept, and it says it is short."""
+    cancel = threading.Event()
+
+    class StopAtFirstPoint(list):
+        def append(self, event) -> None:
+            super().append(event)
+            if isinstance(event, ExperimentPoint):
+                cancel.set()
+
+    events = StopAtFirstPoint()
+    _events, finished = collect("prefill", tiny, cancel, events, max_length=64)
+    assert sum(isinstance(e, ExperimentPoint) for e in events) == 1
+    assert finished.reason == "stopped" and finished.result.points == 1 and finished.result.incomplete
+
+
 def test_prompts_that_do_not_fit_the_context_are_refused(tiny):
     with pytest.raises(ParameterError, match="No prompt fits the context of 256"):
         collect("batch", tiny, sizes=(1,), new_tokens=4, prompts=["hello world " * 200])
