@@ -24,19 +24,21 @@ from engine.command_line import (
     Parser,
     add_model_arguments,
     add_server_arguments,
-    bounded,
+    add_settings_flags,
     close_writer,
     keep_partial,
     load_with_progress,
+    program,
     prompt_text,
     safe,
     safe_line,
+    settings_from,
     trace_writer,
 )
 from engine.contention import busy
 from engine.errors import EngineError, ParameterError
 from engine.events import AttentionStep, RunFailed, RunStarted, TokenStep, plain
-from engine.params import MAX_SEED, GenerationParams
+from engine.params import GenerationParams
 from engine.remote import RemoteSession, probe, remote_report
 from engine.report import report
 
@@ -49,28 +51,13 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
 
 
 def generate_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="python -m engine", description=(
+    p = Parser(prog=program(), description=(
         "Run a prompt through a real model, streaming the text, then print prefill/decode timing and KV-cache "
         "memory. Subcommands: " + ", ".join(SUBCOMMANDS) + "."))
     p.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     add_model_arguments(p)
     add_server_arguments(p)
-    p.add_argument("--max-new-tokens", type=bounded(1, 1 << 24), default=GenerationParams.max_new_tokens)
-    p.add_argument("--temperature", type=float, default=GenerationParams.temperature, help="0 = greedy")
-    p.add_argument("--top-k", type=bounded(0, 1 << 24), default=GenerationParams.top_k, help="0 = off")
-    p.add_argument("--top-p", type=float, default=GenerationParams.top_p, help="1 = off")
-    p.add_argument("--seed", type=bounded(0, MAX_SEED), default=None, help="default: a random seed, reported")
-    p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole sequence every step")
-    p.add_argument("--static-cache", action="store_true",
-                   help="allocate the KV cache for prompt + new tokens up front (what compiled decode needs)")
-    p.add_argument("--compile", action="store_true",
-                   help="decode through torch.compile over the static cache, rounded up to a power of two "
-                        "(CUDA graphs on a GPU; implies --static-cache); the graph is built before the first "
-                        "decode step and its time reported apart")
-    p.add_argument("--attention", action="store_true",
-                   help="record each step's newest-token attention over the cache (into --trace; the cost per "
-                        "pass is reported)")
-    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    add_settings_flags(p, GenerationParams)            # the run settings, declared once in engine.params
     p.add_argument("--trace", metavar="FILE", help="save the run's events as JSON lines")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary instead of text")
     return p
@@ -80,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
         return guarded(lambda: SUBCOMMANDS[argv[0]](argv[1:]))
-    args = generate_parser().parse_args(argv)
-    return guarded(lambda: run_generate(args))
+    parser = generate_parser()
+    args = parser.parse_args(argv)
+    params = settings_from(GenerationParams, args, parser, **({"static_cache": True} if args.compiled else {}))
+    return guarded(lambda: run_generate(args, params))
 
 
 def guarded(action: Callable[[], int]) -> int:
@@ -127,13 +116,8 @@ def parse_only(argv: list[str]) -> argparse.Namespace:
     return generate_parser().parse_args(argv)
 
 
-def run_generate(args: argparse.Namespace) -> int:
+def run_generate(args: argparse.Namespace, params: GenerationParams) -> int:
     """Everything the user typed is checked before the model loads (seconds on a slow disk)."""
-    params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                              top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                              kv_cache=not args.no_kv_cache, chat_template=not args.raw,
-                              static_cache=args.static_cache or args.compile, compiled=args.compile,
-                              capture_attention=args.attention)
     prompt = prompt_text(args.prompt)
     if not prompt.strip():
         raise EngineError("The prompt is empty: pass some text with --prompt")
@@ -167,6 +151,7 @@ def run_generate(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         cancel.set()
         keep_partial(writer)
+        _end_line(out, started)
         raise
     summary = result.summary
     facts = loaded.facts
@@ -222,6 +207,7 @@ def run_remote(args: argparse.Namespace, params: GenerationParams, prompt: str, 
     except KeyboardInterrupt:
         cancel.set()
         keep_partial(writer)
+        _end_line(sys.stdout, not args.json)
         raise
     s = result.summary
     if args.json:
@@ -239,10 +225,17 @@ def run_remote(args: argparse.Namespace, params: GenerationParams, prompt: str, 
     return 0
 
 
+def _end_line(out, streamed: object) -> None:
+    """An interrupted run ends its streamed text's line, so "interrupted" is not glued to the last token."""
+    if streamed:
+        out.write("\n")
+        out.flush()
+
+
 def _spread(values: list[float]) -> str:
     """A per-pass cost as its mean with the range of the passes: one pass is not a cost."""
     mean = sum(values) / len(values)
     return f"{mean:.2f} ms (mean; {min(values):.2f}-{max(values):.2f} ms over the passes)"
 
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_RUN_FAILED", "Parser", "bounded", "main", "parse_only", "run_generate"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_RUN_FAILED", "Parser", "main", "parse_only", "run_generate"]

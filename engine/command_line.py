@@ -12,13 +12,14 @@ terminal, which would obey them (clear the screen, retitle the window, reorder t
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from engine.errors import ParameterError
-from engine.events import LessonSettings, LoadProgress
+from engine.events import LoadProgress
 from engine.params import DEVICES, DTYPES
 from engine.textstream import clean_text
 from engine.validation import MISSING, shapes
@@ -39,6 +40,14 @@ def safe(text: object) -> str:
 def safe_line(text: object) -> str:
     """As :func:`safe`, and on one line: newlines and tabs escaped too (messages, names, paths)."""
     return safe(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
+def program(command: str = "") -> str:
+    """How the user started the CLI, for usage lines: ``kvscope-cli`` (the installed script) or ``python -m
+    engine``, with the subcommand after it."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    base = "kvscope-cli" if name.startswith("kvscope-cli") else "python -m engine"
+    return f"{base} {command}".strip()
 
 
 class Parser(argparse.ArgumentParser):
@@ -75,8 +84,11 @@ def prompt_text(text: str) -> str:
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="embedded",
                    help="'embedded' (SmolLM2-135M-Instruct), a Hugging Face folder, a .gguf file or a hub id")
-    p.add_argument("--device", default="auto", choices=DEVICES)
-    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--device", default="auto", choices=DEVICES,
+                   help="where the model runs: auto takes a GPU when there is one, else the CPU (default auto)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="the weights' format: auto measures which float is fastest here (once, then cached); "
+                        "int8 and int4 quantize the weights (default auto)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow this model's own Python code to run (off by default)")
     p.add_argument("--memory-budget", type=byte_size, default=0, metavar="SIZE",
@@ -172,29 +184,50 @@ def close_writer(writer: Any) -> bool:
     return True
 
 
-# --- lesson settings as flags ------------------------------------------------------------------------------------
-def add_settings_flags(p: argparse.ArgumentParser, cls: type[LessonSettings]) -> None:
-    """One flag per field with a ``Setting``: its range and choices from the field, its default from the class."""
+# --- settings as flags ----------------------------------------------------------------------------------------
+class _NoneWord:
+    """What a flag's parser returns for the word a field uses for None (``--seed random``)."""
+
+
+NONE = _NoneWord()
+
+
+def add_settings_flags(p: argparse.ArgumentParser, cls: type) -> None:
+    """One flag per field with a ``Setting`` (a lesson's settings, ``GenerationParams``): its range and choices
+    from the field, its default from the class, its help from the declaration. A true/false field's flag turns
+    it away from its default (``--no-kv-cache``)."""
     for shape in shapes(cls):
         if shape.setting is None:
             continue
+        setting = shape.setting
         default = None if shape.default is MISSING else shape.default
-        help_text = shape.setting.help + (f" (default {_shown(default)})" if default not in (None, "") else "")
-        p.add_argument(shape.setting.flag, dest=shape.name, default=None, metavar=_metavar(shape),
+        if shape.base is bool:
+            way = ("off", "on") if default else ("on", "off")
+            p.add_argument(setting.flag, dest=shape.name, action="store_const", const=not default, default=None,
+                           help=f"{setting.help} (this flag turns it {way[0]}; {way[1]} by default)"
+                           .replace("%", "%%"))
+            continue
+        shown = setting.none if default is None and setting.none else _shown(default)
+        help_text = setting.help + (f" (default {shown})" if default not in (None, "") or
+                                    (default is None and setting.none) else "")
+        p.add_argument(setting.flag, dest=shape.name, default=None, metavar=_metavar(shape),
                        help=help_text.replace("%", "%%"), type=_parser_for(shape))
 
 
-def settings_from(cls: type[LessonSettings], args: argparse.Namespace, p: argparse.ArgumentParser) -> LessonSettings:
-    """The settings the flags ask for (defaults for the rest), checked by the class; a refusal is one line."""
+def settings_from(cls: type, args: argparse.Namespace, p: argparse.ArgumentParser, **fixed: object) -> Any:
+    """The settings the flags ask for (defaults for the rest, ``fixed`` on top), checked by the class; a refusal
+    is one line naming the flag."""
     given = {name: value for name, value in vars(args).items() if value is not None and name in
              {s.name for s in shapes(cls) if s.setting is not None}}
     for name, value in given.items():
-        if isinstance(value, str):
+        if value is NONE:
+            given[name] = None
+        elif isinstance(value, str):
             given[name] = prompt_text(value)
             if not given[name].strip():
                 p.error(f"{_flag(cls, name)} is empty")
     try:
-        return cls(**given)
+        return cls(**{**given, **fixed})
     except ParameterError as exc:
         p.error(_as_flags(cls, str(exc)))
 
@@ -208,6 +241,14 @@ def _as_flags(cls: type, message: str) -> str:
 
 
 def _parser_for(shape: Any) -> Callable[[str], object]:
+    none_word = shape.setting.none if shape.setting is not None else ""
+    if none_word:
+        inner = _scalar_parser(shape.base, shape.span, shape.text)
+
+        def parse_or_none(text: str) -> object:
+            return NONE if text.strip().lower() == none_word else inner(text)
+        parse_or_none.__name__ = inner.__name__
+        return parse_or_none
     if shape.base is tuple:
         item = _scalar_parser(shape.element, shape.span, shape.text)
 
@@ -257,4 +298,6 @@ def _shown(value: object) -> str:
         return ",".join(str(v) for v in value)
     if isinstance(value, str):
         return "a built-in one" if len(value) > 40 else repr(value)
+    if isinstance(value, float):
+        return f"{value:g}"
     return f"{value}"

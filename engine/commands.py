@@ -24,6 +24,7 @@ from engine.command_line import (
     close_writer,
     keep_partial,
     load_with_progress,
+    program,
     safe,
     safe_line,
     settings_from,
@@ -39,7 +40,7 @@ from engine.trace import check_writable, read_traces
 
 # --- costmodel ------------------------------------------------------------------------------------------------------
 def costmodel_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="python -m engine costmodel", description=(
+    p = Parser(prog=program("costmodel"), description=(
         "FLOPs and bytes of prefill and decode. --seed-example prints the course module's worked example; "
         "otherwise the whole-model estimate for --model on this machine's measured ceilings."))
     p.add_argument("--seed-example", action="store_true", help="the attention-only example, exactly as the seed")
@@ -98,7 +99,7 @@ def whole_model_table(m: ModelFacts, device: costmodel.Device) -> str:
 
 # --- sweep <lesson> and load: the lessons --------------------------------------------------------------------------
 def sweep_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="python -m engine sweep", description=(
+    p = Parser(prog=program("sweep"), description=(
         "Run a lesson's experiment on a model loaded here and print its table (python -m engine sweep KIND --help "
         "lists a lesson's settings)."))
     kinds = p.add_subparsers(dest="kind", required=True, metavar="KIND", parser_class=Parser)
@@ -113,7 +114,7 @@ def sweep_parser() -> argparse.ArgumentParser:
 
 def load_parser() -> argparse.ArgumentParser:
     lesson = lessons.lesson("server load")
-    p = Parser(prog="python -m engine load", description=(
+    p = Parser(prog=program("load"), description=(
         "Fire N streamed requests at a serving engine (one every --every seconds), time each from this client, and "
         "poll its /metrics. Bounded: at most 64 requests, and it stops by itself after --limit seconds."))
     add_server_arguments(p, required=True)
@@ -197,7 +198,7 @@ def experiment_json(lesson: Lesson, target: Any, points: list[ExperimentPoint], 
 
 # --- perfetto -----------------------------------------------------------------------------------------------------
 def perfetto_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="python -m engine perfetto", description=(
+    p = Parser(prog=program("perfetto"), description=(
         "Convert KVScope traces to one Chrome/Perfetto trace (open it in ui.perfetto.dev or chrome://tracing)."))
     p.add_argument("traces", nargs="+", metavar="TRACE", help="KVScope traces (.jsonl)")
     p.add_argument("--out", required=True, metavar="FILE", help="the Perfetto trace to write (.json)")

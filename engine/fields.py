@@ -59,19 +59,42 @@ class Items:
 
 @dataclass(frozen=True)
 class Setting:
-    """A lesson setting the user can change: its CLI flag (``--tokens``), the label of its form field, a help
-    text and a unit shown after the value. A settings field without it keeps its default everywhere."""
+    """A setting the user can change (a run's or a lesson's): its CLI flag (``--tokens``; for a true/false
+    field, the flag that turns it away from its default, ``--no-kv-cache``), the label of its form field or
+    control, a help text and a unit shown after the value; ``special``: what the lowest value means, shown in
+    its place (``"off"`` for top-k 0); ``none``: the word for None where None is allowed (``"random"`` for the
+    seed); ``step``: one notch of the control (and of a lecture key that changes it). A settings field without
+    it keeps its default everywhere."""
 
     flag: str
     label: str
     help: str = ""
     unit: str = ""
+    special: str = ""
+    none: str = ""
+    step: float = 0.0
+
+
+@dataclass(frozen=True)
+class Key:
+    """The lecture key that changes a setting a notch (``T``; Shift lowers it): by the setting's ``step``, by
+    ``factor`` (doubling), or along ``ladder`` (top-k's 0, 1, 5, 10 ...). Declared on the field, so a scene's
+    key, the control and the CLI share one range."""
+
+    letter: str
+    factor: float = 0.0
+    ladder: tuple[float, ...] = ()
+    short: str = ""            # the word a lecture footer puts before the value ("top-k"); none: the value says it
 
 
 def bounds(*metadata: object) -> tuple[Range | None, Text | None, Items | None, Setting | None]:
     """The markers among a field's ``Annotated`` metadata."""
     found: dict[type, object] = {type(m): m for m in metadata}
     return found.get(Range), found.get(Text), found.get(Items), found.get(Setting)
+
+
+def key_of(*metadata: object) -> Key | None:
+    return next((m for m in metadata if isinstance(m, Key)), None)
 
 
 Ms = Annotated[float, Range(0.0, MAX_MS)]

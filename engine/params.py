@@ -8,48 +8,77 @@ from dataclasses import dataclass, fields, replace
 from typing import Annotated
 
 from engine.errors import ParameterError
-from engine.fields import MAX_CONTEXT, MAX_VOCAB, Range
+from engine.fields import MAX_CONTEXT, MAX_VOCAB, Key, Range, Setting
+from engine.validation import shapes
 
-MAX_SEED = 2**63 - 1
+MAX_SEED = 2**31 - 1        # what every control holds, and the range a random seed is drawn from
+DEFAULT_SEED = 42           # the window's and the CLI's: the same settings give the same text everywhere
 DEVICES = ("auto", "cpu", "cuda", "mps")                             # where a model may load
 DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "int4")  # how: a float, or int8 / int4 weights
 FLOATS = ("float32", "bfloat16", "float16")
 MAX_TEMPERATURE = 100.0
 MIN_TEMPERATURE = 0.01      # below it logits / T overflows toward inf (NaN probabilities); 0 means greedy
 MIN_TOP_P = 0.01            # below it the filter is argmax in all but name, and tiny values underflow
+TOP_K_LADDER = (0, 1, 5, 10, 20, 40, 100, 1000)
 
 
 @dataclass(frozen=True)
 class GenerationParams:
     """What one run does. ``temperature == 0`` means greedy; ``top_k == 0`` and ``top_p == 1`` mean "off";
-    ``seed is None`` lets the session pick one and report it, so every run can be repeated."""
+    ``seed is None`` lets the session pick one and report it, so every run can be repeated.
 
-    max_new_tokens: Annotated[int, Range(1, MAX_CONTEXT)] = 128
-    temperature: Annotated[float, Range(0.0, MAX_TEMPERATURE)] = 0.0
-    top_k: Annotated[int, Range(0, MAX_VOCAB)] = 0
-    top_p: Annotated[float, Range(MIN_TOP_P, 1.0)] = 1.0
-    seed: Annotated[int, Range(0, MAX_SEED)] | None = None
-    kv_cache: bool = True
-    chat_template: bool = True
-    static_cache: bool = False      # preallocate the cache for prompt + max_new_tokens (what compiling needs)
-    compiled: bool = False          # decode through torch.compile (needs the static cache; for GPUs)
-    capture_attention: bool = False  # record each pass's newest-token attention weights (costs time and space)
+    Each field declares, once, what every surface shows of it: its range (``Range``; the limits that depend on
+    the model, the vocabulary for top-k and the context for max tokens, come from the loaded model), its CLI
+    flag, label, help and unit (``Setting``), and the lecture key that changes it (``Key``). The CLI's flags,
+    the window's controls, the settings file's checks and the lecture keys are built from these declarations."""
+
+    max_new_tokens: Annotated[int, Range(1, MAX_CONTEXT), Setting(
+        "--max-new-tokens", "Max new tokens", "how many tokens to generate at most (the model's context caps it)",
+        "tokens"), Key("M", factor=2.0)] = 128
+    temperature: Annotated[float, Range(0.0, MAX_TEMPERATURE), Setting(
+        "--temperature", "Temperature", f"divides the logits before sampling; 0 = greedy (the likeliest token), "
+        f"otherwise {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}", special="0 (greedy)", step=0.1), Key("T")] = 0.0
+    top_k: Annotated[int, Range(0, MAX_VOCAB), Setting(
+        "--top-k", "Top-k", "sample only among the k likeliest tokens; 0 = off", special="off", step=1),
+        Key("K", ladder=TOP_K_LADDER, short="top-k")] = 0
+    top_p: Annotated[float, Range(MIN_TOP_P, 1.0), Setting(
+        "--top-p", "Top-p", "sample only among the likeliest tokens whose probabilities add up to p; 1 = off",
+        step=0.05), Key("P", short="top-p")] = 1.0
+    seed: Annotated[int, Range(0, MAX_SEED), Setting(
+        "--seed", "Seed", "the sampler's random seed, so a sampled run can be repeated; 'random' draws a new one "
+        "each run (reported)", none="random")] | None = DEFAULT_SEED
+    kv_cache: Annotated[bool, Setting(
+        "--no-kv-cache", "KV cache", "keep each layer's keys and values between steps; without the cache every "
+        "decode step recomputes the whole sequence (watch the latency grow)")] = True
+    chat_template: Annotated[bool, Setting(
+        "--raw", "Chat template", "wrap the prompt as a user message with the model's chat template (without "
+        "it the prompt is raw text)")] = True
+    static_cache: Annotated[bool, Setting(
+        "--static-cache", "static", "allocate the KV cache for prompt + new tokens up front (what compiled "
+        "decode needs)")] = False
+    compiled: Annotated[bool, Setting(
+        "--compile", "compiled decode", "decode through torch.compile over the static cache, rounded up to a "
+        "power of two (CUDA graphs on a GPU; implies --static-cache); the graph's build time is reported apart "
+        "from decode")] = False
+    capture_attention: Annotated[bool, Setting(
+        "--attention", "record attention", "record each step's newest-token attention over the cache (its cost "
+        "per pass is reported)")] = False
 
     def __post_init__(self) -> None:
-        _check_int("max_new_tokens", self.max_new_tokens, low=1, high=MAX_CONTEXT)
-        _check_float("temperature", self.temperature)
+        for shape in shapes(GenerationParams):          # the declared ranges, checked with words a user acts on
+            value = getattr(self, shape.name)
+            if shape.base is bool:
+                if not isinstance(value, bool):
+                    raise ParameterError(f"{shape.name} must be true or false, got {value!r}")
+            elif shape.base is int and not (value is None and shape.optional):
+                _check_int(shape.name, value, low=int(shape.span.low), high=int(shape.span.high))
+            elif shape.base is float:
+                _check_float(shape.name, value)
         if self.temperature != 0.0 and not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
             raise ParameterError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and "
                                  f"{MAX_TEMPERATURE:g}, got {self.temperature:g}")
-        _check_int("top_k", self.top_k, low=0, high=MAX_VOCAB)
-        _check_float("top_p", self.top_p)
         if not MIN_TOP_P <= self.top_p <= 1.0:
             raise ParameterError(f"top_p must be between {MIN_TOP_P:g} and 1 (1 = off), got {self.top_p:g}")
-        if self.seed is not None:
-            _check_int("seed", self.seed, low=0, high=MAX_SEED)
-        for name in ("kv_cache", "chat_template", "static_cache", "compiled", "capture_attention"):
-            if not isinstance(getattr(self, name), bool):
-                raise ParameterError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.compiled and not (self.static_cache and self.kv_cache):
             raise ParameterError("compiled decode needs the static KV cache (static_cache=True, kv_cache=True)")
         if self.compiled and self.capture_attention:

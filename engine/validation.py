@@ -21,7 +21,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from engine.fields import MAX_ITEMS, MAX_NUMBER, MAX_STRING, Items, Range, Text, bounds
+from engine.fields import MAX_ITEMS, MAX_NUMBER, MAX_STRING, Items, Range, Text, bounds, key_of
 
 Check = Callable[[object, str], object]        # (value, field name) -> the value as the field holds it
 
@@ -285,10 +285,11 @@ class FieldShape:
     items: Items | None
     setting: Any
     default: object
+    key: Any = None            # the lecture key that changes it (``engine.fields.Key``), if any
 
 
-def shapes(cls: type) -> list[FieldShape]:
-    """The fields of a settings class, in order, with what ``Setting`` each carries (None: not exposed)."""
+@cache
+def _shapes(cls: type) -> tuple[FieldShape, ...]:
     hints = typing.get_type_hints(cls, include_extras=True)
     out = []
     for f in dataclasses.fields(cls):
@@ -313,5 +314,16 @@ def shapes(cls: type) -> list[FieldShape]:
         span, text, items, setting = bounds(*metadata)
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else MISSING)
-        out.append(FieldShape(f.name, tp, optional, element, span, text, items, setting, default))
-    return out
+        out.append(FieldShape(f.name, tp, optional, element, span, text, items, setting, default,
+                              key_of(*metadata)))
+    return tuple(out)
+
+
+def shapes(cls: type) -> list[FieldShape]:
+    """The fields of a settings class, in order, with what ``Setting`` each carries (None: not exposed)."""
+    return list(_shapes(cls))
+
+
+def shape_of(cls: type, name: str) -> FieldShape:
+    """One field's shape (``shapes`` of the class, by name)."""
+    return next(s for s in shapes(cls) if s.name == name)

@@ -14,7 +14,7 @@ from engine.contention import busy_note
 from engine.errors import ParameterError
 from engine.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.experiment import Experiment, Lesson
-from engine.fields import Count, Items, Number, PromptText, Range, Setting
+from engine.fields import Count, Items, Key, Number, PromptText, Range, Setting
 from engine.workloads import fitting, sample_texts
 
 
@@ -25,7 +25,7 @@ class BatchSettings(LessonSettings):
     sizes: Annotated[tuple[Annotated[int, Range(1, 1024)], ...], Items(32), Setting(
         "--sizes", "Batch sizes", "batch sizes, separated by commas")] = (1, 2, 4, 8, 16)
     new_tokens: Annotated[int, Range(2, 4096), Setting(
-        "--tokens", "New tokens per request", "new tokens per request", "tokens")] = 32
+        "--tokens", "New tokens per request", "new tokens per request", "tokens"), Key("M", factor=2.0)] = 32
     prompts: Annotated[tuple[PromptText, ...], Items(64)] = ()          # empty: the sample prompts
 
     def __post_init__(self) -> None:

@@ -14,7 +14,7 @@ from engine.contention import busy_note
 from engine.errors import ParameterError
 from engine.events import ExperimentPoint, LessonResult, LessonSettings, RunFinished
 from engine.experiment import Experiment, Lesson
-from engine.fields import MAX_PROMPT, Count, Number, Range, Setting, Text
+from engine.fields import MAX_PROMPT, Count, Key, Number, Range, Setting, Text
 from engine.params import GenerationParams
 from engine.workloads import sample_texts
 
@@ -24,7 +24,7 @@ class CacheSettings(LessonSettings):
     kind = "cache"
 
     new_tokens: Annotated[int, Range(2, 4096), Setting(
-        "--tokens", "New tokens (both runs)", "new tokens in each run", "tokens")] = 48
+        "--tokens", "New tokens (both runs)", "new tokens in each run", "tokens"), Key("M", factor=2.0)] = 48
     prompt: Annotated[str, Text(MAX_PROMPT), Setting(
         "--prompt", "Prompt", "the prompt (default: the first sample prompt)")] | None = None
 

@@ -16,7 +16,7 @@ from engine.contention import busy_note
 from engine.errors import ParameterError
 from engine.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.experiment import Experiment, Lesson
-from engine.fields import Count, Items, Positive, PromptText, Range, Setting
+from engine.fields import Count, Items, Key, Positive, PromptText, Range, Setting
 from engine.params import GenerationParams
 from engine.workloads import CONVERSATION
 
@@ -29,7 +29,7 @@ class ChatSettings(LessonSettings):
 
     turns: Annotated[tuple[PromptText, ...], Items(MAX_TURNS)] = CONVERSATION
     new_tokens: Annotated[int, Range(1, 4096), Setting(
-        "--tokens", "New tokens per turn", "new tokens per reply", "tokens")] = 48
+        "--tokens", "New tokens per turn", "new tokens per reply", "tokens"), Key("M", factor=2.0)] = 48
     repeats: Annotated[int, Range(1, 20), Setting(
         "--repeats", "Repeats", "how many times the comparison runs, order alternating")] = 3
 

@@ -24,7 +24,7 @@ from engine.costmodel import Device, ModelCost
 from engine.errors import ModelSourceError, ParameterError
 from engine.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.experiment import Experiment, Lesson
-from engine.fields import Items, Number, Range, Setting, Text
+from engine.fields import Items, Key, Number, Range, Setting, Text
 from engine.params import GenerationParams
 from engine.workloads import filler_ids
 
@@ -44,7 +44,7 @@ class FormatsSettings(LessonSettings):
     formats: Annotated[tuple[Annotated[str, Text(16, FORMATS)], ...], Items(4), Setting(
         "--formats", "Weight formats", "weight formats to compare, separated by commas")] = FORMATS
     new_tokens: Annotated[int, Range(2, 1024), Setting(
-        "--tokens", "New tokens per run", "new tokens per run", "tokens")] = 48
+        "--tokens", "New tokens per run", "new tokens per run", "tokens"), Key("M", factor=2.0)] = 48
     repeats: Annotated[int, Range(1, 20), Setting("--repeats", "Repeats", "timed runs per format")] = 3
     prefill_tokens: Annotated[int, Range(8, 8192)] = 256
 

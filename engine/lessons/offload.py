@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 from engine import kvformula
@@ -23,7 +23,7 @@ from engine.contention import busy_note
 from engine.errors import ParameterError
 from engine.events import ExperimentPoint, LayerTimes, LessonResult, LessonSettings, RunFinished
 from engine.experiment import Experiment, Lesson
-from engine.fields import MAX_LAYERS, MAX_PROMPT, Bytes, Count, Items, Number, Range, Setting, Text
+from engine.fields import MAX_LAYERS, MAX_PROMPT, Bytes, Count, Items, Key, Number, Range, Setting, Text
 from engine.params import GenerationParams
 from engine.workloads import sample_texts
 
@@ -38,7 +38,7 @@ class OffloadSettings(LessonSettings):
         "--disk-shares", "Layers on disk", "shares of the decoder layers offloaded to disk, comma-separated "
         "(0 = all in memory)")] = (0.0, 0.25, 0.5)
     new_tokens: Annotated[int, Range(2, 1024), Setting(
-        "--tokens", "New tokens", "tokens decoded at each split", "tokens")] = 24
+        "--tokens", "New tokens", "tokens decoded at each split", "tokens"), Key("M", factor=2.0)] = 24
     prompt: Annotated[str, Text(MAX_PROMPT), Setting(
         "--prompt", "Prompt", "the prompt (default: the first sample prompt)")] | None = None
 
@@ -108,7 +108,6 @@ def read_rate(model: Any) -> tuple[int, float | None]:
 
 
 def run(experiment: Experiment, settings: OffloadSettings) -> OffloadResult:
-    from engine.layer_clock import LayerClock
     from engine.models import Offload, load, remove_offloaded
     from engine.session import Session
 
@@ -140,17 +139,12 @@ def run(experiment: Experiment, settings: OffloadSettings) -> OffloadResult:
             experiment.emit(event)
 
         runner = Session(loaded) if count else session       # a split model's session times its layers itself
-        if not count:
-            runner.layer_clock = LayerClock(runner.model, runner.device)   # the baseline's layers, for comparison
-        try:
+        try:                                                  # the baseline's layers too, for comparison
             result = runner.run(prompt, GenerationParams(max_new_tokens=settings.new_tokens), sink,
-                                experiment.cancel)
+                                experiment.cancel, options=replace(runner.options, time_layers=True))
         finally:
             if count:
                 remove_offloaded(loaded)
-            else:
-                runner.layer_clock.close()
-                runner.layer_clock = None
         if not isinstance(result, RunFinished) or result.reason == "stopped":
             break
         s = result.summary
@@ -192,12 +186,8 @@ def run(experiment: Experiment, settings: OffloadSettings) -> OffloadResult:
 def _offloaded_cache_run(experiment: Experiment, session: Any, prompt: str, settings: OffloadSettings,
                          baseline_ids: list[int]) -> tuple[float, bool] | None:
     """On a GPU: the same decode with each layer's KV cache moved to the CPU between uses (measured)."""
-    session.offload_kv = True
-    try:
-        result = session.run(prompt, GenerationParams(max_new_tokens=settings.new_tokens), experiment.emit,
-                             experiment.cancel)
-    finally:
-        session.offload_kv = False
+    result = session.run(prompt, GenerationParams(max_new_tokens=settings.new_tokens), experiment.emit,
+                         experiment.cancel, options=replace(session.options, offload_kv=True))
     if not isinstance(result, RunFinished) or result.reason == "stopped":
         return None
     return result.summary.decode_tok_s, result.summary.token_ids == baseline_ids

@@ -19,7 +19,7 @@ from engine.contention import busy_note
 from engine.errors import ParameterError
 from engine.events import BlockTable, ExperimentPoint, LessonResult, LessonSettings
 from engine.experiment import Experiment, Lesson
-from engine.fields import Bytes, Count, Message, Number, Range, Setting
+from engine.fields import Bytes, Count, Key, Message, Number, Range, Setting
 
 SYSTEM = ("You are the support assistant of a library. Answer in one short sentence, politely, and never invent "
           "opening hours: the library opens at nine and closes at six on weekdays, and is closed on Sundays.")
@@ -37,7 +37,7 @@ class PagedSettings(LessonSettings):
     arrive_every: Annotated[int, Range(0, 10_000), Setting(
         "--arrive-every", "A new request every", "decode steps between arrivals", "steps")] = 3
     new_tokens: Annotated[int, Range(1, 1024), Setting(
-        "--tokens", "New tokens per request", "new tokens per request", "tokens")] = 16
+        "--tokens", "New tokens per request", "new tokens per request", "tokens"), Key("M", factor=2.0)] = 16
     page_size: Annotated[int, Range(4, 1024), Setting(
         "--page-size", "Block size", "positions per block", "positions")] = 16
     reserve: Annotated[int, Range(1, 1 << 20)] = 256

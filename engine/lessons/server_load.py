@@ -19,7 +19,7 @@ from typing import Annotated
 from engine import metrics
 from engine.events import ExperimentPoint, LessonResult, LessonSettings, RunFinished
 from engine.experiment import SERVER, Counter, Experiment, Lesson, Span
-from engine.fields import Count, Number, Range, Setting, Text
+from engine.fields import Count, Key, Number, Range, Setting, Text
 from engine.params import GenerationParams
 from engine.remote import RemoteError, get_text
 
@@ -38,7 +38,7 @@ class ServerLoadSettings(LessonSettings):
     every_s: Annotated[float, Range(0.0, 60.0), Setting(
         "--every", "One starts every", "seconds between requests", "s")] = 0.5
     new_tokens: Annotated[int, Range(1, 4096), Setting(
-        "--tokens", "New tokens per request", "new tokens per request", "tokens")] = 48
+        "--tokens", "New tokens per request", "new tokens per request", "tokens"), Key("M", factor=2.0)] = 48
     poll_s: Annotated[float, Range(0.1, 10.0), Setting(
         "--poll", "Poll /metrics every", "seconds between /metrics polls", "s")] = 0.5
     limit_s: Annotated[float, Range(1.0, 600.0), Setting(

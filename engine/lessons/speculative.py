@@ -20,7 +20,7 @@ from engine.contention import LoadMeter, busy_note
 from engine.errors import ModelSourceError, ParameterError
 from engine.events import DraftPass, ExperimentPoint, LessonResult, LessonSettings
 from engine.experiment import Experiment, Lesson
-from engine.fields import MAX_DRAFT, MAX_PROMPT, Count, Number, Range, Setting, Text, TokenText
+from engine.fields import MAX_DRAFT, MAX_PROMPT, Count, Key, Number, Range, Setting, Text, TokenText
 from engine.resources import SPECULATIVE_PROMPTS as PROMPTS
 
 PROMPT_LOOKUP, SELF = "prompt lookup", "self"
@@ -41,7 +41,7 @@ class SpeculativeSettings(LessonSettings):
     draft_tokens: Annotated[int, Range(1, MAX_DRAFT), Setting(
         "--guesses", "Guesses per pass", "guesses per verification pass", "tokens")] = 8
     new_tokens: Annotated[int, Range(2, 4096), Setting(
-        "--tokens", "New tokens", "new tokens to generate", "tokens")] = 64
+        "--tokens", "New tokens", "new tokens to generate", "tokens"), Key("M", factor=2.0)] = 64
     repeats: Annotated[int, Range(1, 20), Setting(
         "--repeats", "Repeats", "how many times plain and speculative decode alternate")] = 2
 

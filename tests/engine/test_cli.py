@@ -43,10 +43,12 @@ NOWHERE = ["--model", "/no/such/model"]          # every case below is refused b
 @pytest.mark.parametrize("args, fragment", [
     (["--model", "/no/such/model", "--prompt", "hi"], "No such file or folder: /no/such/model"),
     ([*NOWHERE, "--prompt", "   "], "prompt is empty"),
-    ([*NOWHERE, "--prompt", "hi", "--top-p", "0"], "top_p must be between 0.01 and 1"),
-    ([*NOWHERE, "--prompt", "hi", "--top-p", "1e-300"], "top_p must be between 0.01 and 1 (1 = off), got 1e-300"),
+    ([*NOWHERE, "--prompt", "hi", "--top-p", "0"], "--top-p: 0 is out of range: use 0.01 to 1"),
+    ([*NOWHERE, "--prompt", "hi", "--top-p", "1e-300"], "--top-p: 1e-300 is out of range: use 0.01 to 1"),
+    ([*NOWHERE, "--prompt", "hi", "--seed", "-1"], "--seed: -1 is out of range: use 0 to 2,147,483,647"),
+    ([*NOWHERE, "--prompt", "hi", "--seed", "lucky"], "--seed: 'lucky' is not a whole number"),
     ([*NOWHERE, "--prompt", "hi", "--temperature", "1e-300"], "temperature must be 0 (greedy) or between 0.01"),
-    ([*NOWHERE, "--prompt", "hi", "--temperature", "-1"], "temperature must be 0 (greedy) or between 0.01 and 100"),
+    ([*NOWHERE, "--prompt", "hi", "--temperature", "-1"], "--temperature: -1 is out of range: use 0 to 100"),
     ([*NOWHERE, "--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens: 0 is out of range: use 1 to"),
     ([*NOWHERE, "--prompt", "hi", "--trace", "/tmp"], "/tmp is a folder: give a file name for the trace, e.g. "
                                                       "/tmp/run.kvscope.jsonl"),
@@ -106,3 +108,34 @@ def test_json_reports_the_seed_a_sampled_run_really_used(tiny_model_dir, capsys)
     again = engine_cli.main(["--model", str(tiny_model_dir), "--prompt", "hello", "--max-new-tokens", "3", "--json",
                              "--temperature", "0.8", "--seed", str(data["params"]["seed"])])
     assert again == 0 and json.loads(capsys.readouterr().out)["token_ids"] == data["token_ids"]
+
+
+def _parsers():
+    """Every parser the CLI has: the plain form, each subcommand, each sweep's lesson."""
+    import argparse
+
+    from engine.cli import PARSERS, generate_parser
+
+    found = [("python -m engine", generate_parser())]
+    for name, make in PARSERS.items():
+        found.append((name, make()))
+    for _name, parser in list(found):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                found += [(f"sweep {kind}", sub) for kind, sub in action.choices.items()]
+    return found
+
+
+def test_every_flag_of_every_command_has_help_text():
+    missing = [(name, action.option_strings) for name, parser in _parsers() for action in parser._actions
+               if action.option_strings and action.help in (None, "") and "-h" not in action.option_strings]
+    assert missing == []
+
+
+def test_the_installed_script_names_itself_in_its_usage(monkeypatch):
+    from engine.cli import generate_parser
+
+    monkeypatch.setattr("sys.argv", ["/usr/bin/kvscope-cli"])
+    assert generate_parser().format_usage().startswith("usage: kvscope-cli ")
+    monkeypatch.setattr("sys.argv", ["/x/engine/__main__.py"])
+    assert generate_parser().format_usage().startswith("usage: python -m engine ")

@@ -319,3 +319,12 @@ def test_a_line_of_empty_lists_is_refused_before_it_is_parsed_with_memory_bounde
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 3 * MAX_LINE_BYTES, peak                         # the line itself, read once; never parsed
+
+
+def test_an_interrupted_run_ends_its_streamed_line_so_interrupted_stands_on_its_own(tiny_model_dir, cache_root):
+    process = started_subprocess(["--model", str(tiny_model_dir), "--device", "cpu", "--prompt", "hi",
+                                  "--max-new-tokens", "50"],
+                                 {"KVSCOPE_FAULTS": "decode:3:sleep=600", "KVSCOPE_CACHE_DIR": str(cache_root)})
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130 and out.endswith(b"\n") and err.decode().splitlines()[-1] == "interrupted"

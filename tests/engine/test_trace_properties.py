@@ -32,7 +32,7 @@ from engine.events import (
     to_dict,
 )
 from engine.fields import Items, Range, Text
-from engine.params import GenerationParams
+from engine.params import MAX_SEED, GenerationParams
 from engine.trace import read_trace, write_checked
 from engine.validation import FieldError, plan
 
@@ -138,7 +138,7 @@ def runs(draw) -> list[object]:
                        ["cpu"] * layers, kv)
     prompt = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=10))
     pieces = [draw(TEXT) for _ in prompt]
-    params = GenerationParams(max_new_tokens=draw(st.integers(1, 8)), seed=draw(st.integers(0, 2**63 - 1)))
+    params = GenerationParams(max_new_tokens=draw(st.integers(1, 8)), seed=draw(st.integers(0, MAX_SEED)))
     per = 2 * heads * dim * 4
     events: list[object] = [RunStarted("r1", draw(TEXT), facts, params, draw(TEXT), prompt, pieces, "now")]
     t = draw(st.floats(0, 10))
