@@ -55,8 +55,8 @@ class Calibration:
         base, best = self.timing("float32"), self.timing(self.best)
         native = {True: "native bf16 on this CPU", False: "bf16 emulated on this CPU", None: ""}[self.native_bf16]
         if self.by_rule:
-            return (f"{self.best}: by rule ({native or 'the device'}), because the machine was busy when it was "
-                    "measured (kept; Run > Measure this machine again measures anew)")
+            return (f"{self.best} by rule, {native or 'for this device'}: the machine was busy when the floats "
+                    "were timed, so the timing did not decide")
         native = f" ({native})" if native else ""
         if base is None or best is None or best.dtype == "float32":
             others = [t for t in self.timings if t.dtype != "float32"]

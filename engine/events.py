@@ -15,6 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar
 
+from engine.contention import busy
 from engine.errors import ParameterError
 from engine.fields import (
     MAX_BLOCKS,
@@ -347,6 +348,12 @@ class HardwarePeaks:
     measured: Annotated[str, Text(32)] = ""          # the date they were measured
     disk_bytes_per_s: Annotated[float, Range(0.0, 1e18)] = 0.0
     host_to_device_bytes_per_s: Annotated[float, Range(0.0, 1e18)] = 0.0
+
+    @property
+    def quiet(self) -> bool:
+        """Measured on a quiet machine: only such peaks give a ceiling (a busy machine's peak is too low, and a
+        ceiling below a measured rate is a false claim)."""
+        return not busy(self.cpu_share)
 
 
 # --- lessons: the experiments that prove a claim --------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 Measured once per device, dtype, torch version and thread count, and cached (a few seconds the first time),
 so every later launch shows the bounds at once; a measurement taken on a busy machine is kept too, marked
-busy, and measured again on request or when a run achieves more than the cached ceiling allows. On CUDA both
-are measured on the GPU with CUDA events.
+busy, never replaces a quiet one and gives no ceiling; it is measured again only when the user asks. On CUDA
+both are measured on the GPU with CUDA events.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from engine import machine_cache
-from engine.contention import LoadMeter
+from engine.contention import LoadMeter, busy
 from engine.costmodel import Device
 from engine.events import HardwarePeaks
 
@@ -79,35 +79,47 @@ def measure(device: torch.device, dtype: torch.dtype) -> tuple[Device, float | N
 
 
 def peaks(device: torch.device, dtype: torch.dtype, remeasure: bool = False,
-          measuring: Callable[[], None] | None = None) -> HardwarePeaks:
-    """The ceilings for ``device``/``dtype``: from the machine cache unless ``remeasure``. A measurement is kept
-    whatever the machine was doing, with the CPU share it got: a machine that is always busy is measured once,
-    not at every launch, and every figure from it says it was measured busy (``cpu_share``); a run that achieves
-    more than a ceiling, or the user, asks for a new measurement. ``measuring`` is called only when it measures
-    (a cached figure needs no word)."""
+          measuring: Callable[[], None] | None = None, may_measure: bool = True) -> HardwarePeaks | None:
+    """The ceilings for ``device``/``dtype``: from the machine cache unless ``remeasure``. A measurement taken
+    on a busy machine never replaces a quiet one (the quiet one is returned); with no quiet one it is kept,
+    marked with the CPU share it got, so an always-busy machine is not measured at every launch, and no ceiling
+    is computed from it (``HardwarePeaks.quiet``). ``measuring`` is called only when it measures (a cached
+    figure needs no word); ``may_measure=False``: the cached figure or None, never a measurement (a lecture must
+    not wait a minute for one)."""
     key = _key(device, dtype)
-    dtype_name = str(dtype).removeprefix("torch.")
-    entry = None if remeasure else machine_cache.entry(CACHE, key)
-    if entry is not None:
-        try:
-            return HardwarePeaks(str(entry["name"]), dtype_name, float(entry["flops_per_s"]),
-                                 float(entry["bytes_per_s"]), cached=True, cpu_share=entry.get("cpu_share"),
-                                 measured=str(entry.get("measured", "")))
-        except (KeyError, TypeError, ValueError):
-            pass                                    # a damaged entry is measured again
+    cached = _cached(key, dtype)
+    if cached is not None and not remeasure:
+        return cached
+    if not may_measure:
+        return None
     if measuring is not None:
         measuring()
     found, share = measure(device, dtype)
+    if busy(share) and cached is not None and cached.quiet:
+        return cached
     today = time.strftime("%Y-%m-%d")
     machine_cache.remember(CACHE, key, {"name": found.name, "flops_per_s": found.flops_per_s,
                                         "bytes_per_s": found.bytes_per_s, "measured": today, "cpu_share": share})
-    return HardwarePeaks(found.name, dtype_name, found.flops_per_s, found.bytes_per_s, cached=False,
-                         cpu_share=share, measured=today)
+    return HardwarePeaks(found.name, str(dtype).removeprefix("torch."), found.flops_per_s, found.bytes_per_s,
+                         cached=False, cpu_share=share, measured=today)
 
 
-def peaks_event(loaded, remeasure: bool = False, measuring: Callable[[], None] | None = None) -> HardwarePeaks:
+def _cached(key: str, dtype: torch.dtype) -> HardwarePeaks | None:
+    entry = machine_cache.entry(CACHE, key)
+    if entry is None:
+        return None
+    try:
+        return HardwarePeaks(str(entry["name"]), str(dtype).removeprefix("torch."), float(entry["flops_per_s"]),
+                             float(entry["bytes_per_s"]), cached=True, cpu_share=entry.get("cpu_share"),
+                             measured=str(entry.get("measured", "")))
+    except (KeyError, TypeError, ValueError):
+        return None                                 # a damaged entry is measured again
+
+
+def peaks_event(loaded, remeasure: bool = False, measuring: Callable[[], None] | None = None,
+                may_measure: bool = True) -> HardwarePeaks | None:
     """The ``HardwarePeaks`` event for a loaded model's device and dtype (measured once, then cached)."""
-    return peaks(loaded.device, loaded.model.dtype, remeasure, measuring)
+    return peaks(loaded.device, loaded.model.dtype, remeasure, measuring, may_measure)
 
 
 def implausible(peaks: HardwarePeaks, achieved_flops_per_s: float, achieved_bytes_per_s: float = 0.0) -> bool:

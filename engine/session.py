@@ -41,7 +41,7 @@ from engine.events import (
 )
 from engine.layer_clock import LayerClock
 from engine.models import LoadedModel
-from engine.params import GenerationParams
+from engine.params import MAX_SEED, GenerationParams
 from engine.sampling import Choice, choose, make_generator
 from engine.tally import RunTally
 from engine.textstream import TextStream, clean_text, pieces
@@ -51,6 +51,22 @@ Sink = Callable[[object], None]
 FaultHook = Callable[[str, int], None]
 Waiter = Callable[[int], None]
 NORMS_EVERY = 8      # decode steps between KVNorms events: one batched read instead of eight small ones
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How runs are carried out, beside what they do (``GenerationParams``): one value, given when the session is
+    made (its default for every run) or to one run, never set on a session from outside.
+    ``compile_in_background``: a compiled run decodes eagerly while its graph is built beside it and switches at
+    a step boundary (the window) instead of waiting for the graph before its first decode step (the CLI, the
+    benchmarks); ``offload_kv``: keys and values go to the CPU between uses (a GPU only); ``time_layers``: time
+    every decoder layer at every step even when the model is not split (a split model always is);
+    ``record_kv_norms``: the cached vectors' norms for the heatmap."""
+
+    compile_in_background: bool = False
+    offload_kv: bool = False
+    time_layers: bool = False
+    record_kv_norms: bool = True
 
 
 @dataclass
@@ -66,6 +82,8 @@ class _Request:
     cancelled: Callable[[], bool]
     before_step: Waiter | None
     t0: float
+    options: RunOptions = RunOptions()
+    layer_clock: LayerClock | None = None
     reused: int = 0
     cache: Any = None
     cache_note: str = ""
@@ -94,20 +112,20 @@ class Step:
 class Session:
     """A loaded model ready to run prompts, one at a time, from one thread."""
 
-    def __init__(self, loaded: LoadedModel, *, record_kv_norms: bool = True,
+    def __init__(self, loaded: LoadedModel, options: RunOptions = RunOptions(), *,
                  fault_hook: FaultHook | None = None) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device
         self.facts = loaded.facts
-        self.record_kv_norms = record_kv_norms
-        self.offload_kv = False             # keys and values to the CPU between uses (a GPU only)
+        self.options = options
         self.fault_hook = fault_hook if fault_hook is not None else faults.from_env()
         self.clock = StepClock(self.device)
         # A model split across devices or disk times each layer at every step (LayerTimes): where it lives shows.
         split = len(set(self.facts.layer_devices)) > 1 or "disk" in self.facts.layer_devices
-        self.layer_clock = LayerClock(self.model, self.device) if split else None
+        self._split = split
+        self._split_clock = LayerClock(self.model, self.device) if split else None
         self.special_ids = set(self.tokenizer.all_special_ids)
         self.eos_ids = eos_ids(self.model, self.tokenizer)
         self._token_text: dict[int, str] = {}
@@ -115,9 +133,6 @@ class Session:
         self._kept_ids: list[int] = []      # ...and the ids it holds
         self._dropped = "this is the first turn"     # why there is no kept cache, for the next turn to say
         self.compiled = CompiledDecode(self.model, self.device)
-        # The window decodes eagerly while a compiled graph is built (on a CPU) and switches when it is ready;
-        # the CLI and the benchmarks wait for the graph before the first decode step.
-        self.compile_in_background = False
         self._attention: attention.Capture | None = None     # made on the first run that captures
 
     # --- prompt -------------------------------------------------------------------------------------------
@@ -156,13 +171,13 @@ class Session:
 
     # --- the two phases -----------------------------------------------------------------------------------
     def prefill(self, input_ids: torch.Tensor, use_cache: bool, cache: Any = None,
-                static_positions: int = 0) -> tuple[torch.Tensor, Any]:
+                static_positions: int = 0, offload_kv: bool = False) -> tuple[torch.Tensor, Any]:
         """One forward pass over the prompt. ``input_ids``: ``[1, n]``; returns last logits ``[V]`` and the
         filled cache (None with the cache off; with ``static_positions``, allocated for that many up front).
         Given a ``cache`` that already holds the first positions (an earlier turn), only the new ids are passed;
         their positions continue from the cache."""
         if use_cache and cache is None:
-            cache = kvcache.new_cache(self.model, static_positions, offloading=self.offload_kv)
+            cache = kvcache.new_cache(self.model, static_positions, offloading=offload_kv)
         out = kvcache.forward(self.model, input_ids, cache if use_cache else None, extra=self._capture_kwargs())
         self._collect(out)
         return out.logits[0, -1], cache
@@ -219,7 +234,8 @@ class Session:
 
     # --- the run ------------------------------------------------------------------------------------------
     def run(self, prompt: str, params: GenerationParams, sink: Sink | None = None,
-            cancel: threading.Event | None = None, before_step: Waiter | None = None) -> RunFinished | RunFailed:
+            cancel: threading.Event | None = None, before_step: Waiter | None = None,
+            options: RunOptions | None = None) -> RunFinished | RunFailed:
         """Generate for ``prompt``, emitting ``RunStarted``, ``PrefillDone``, one ``TokenStep`` per token and
         ``RunFinished`` (or ``RunFailed``). Bad input raises before any compute. ``cancel`` is checked
         before every forward pass; ``before_step(step)`` may block (pause, single-step, slow motion)."""
@@ -231,11 +247,11 @@ class Session:
         if self._kept_cache is not None:
             self.forget("a plain run since the last turn replaced the conversation's cache")
         return self._run(_Request(ids, prompt, "generate", params, sink or _ignore, _cancelled(cancel), before_step,
-                                  t0))
+                                  t0, options or self.options))
 
     def chat(self, messages: list[dict], params: GenerationParams, sink: Sink | None = None,
              cancel: threading.Event | None = None, before_step: Waiter | None = None,
-             reuse: bool = True) -> RunFinished | RunFailed:
+             reuse: bool = True, options: RunOptions | None = None) -> RunFinished | RunFailed:
         """One turn of a conversation: ``messages`` is the whole conversation so far, ending with the new
         user message. With ``reuse``, the cache kept from the last turn gives back the longest prefix it
         shares with the newly rendered conversation (cropped where they diverge) and only the rest is
@@ -250,7 +266,7 @@ class Session:
                         "a static cache is allocated for one run at a time")
             reuse = False
         request = _Request(ids, messages[-1]["content"], "chat", params, sink or _ignore, _cancelled(cancel),
-                           before_step, t0)
+                           before_step, t0, options or self.options)
         if reuse:
             request.cache, request.reused, request.cache_note = self._reusable_cache(ids)
         return self._run(request)
@@ -270,8 +286,10 @@ class Session:
             raise ParameterError(f"top_k must be at most the vocabulary size ({self.facts.vocab_size:,}), "
                                  f"got {params.top_k:,} (0 = off)")
         if params.seed is None:
-            request.params = params = params.with_(seed=secrets.randbelow(2**31))
+            request.params = params = params.with_(seed=secrets.randbelow(MAX_SEED + 1))
         capture = self.attention_capture() if params.capture_attention else None
+        own_clock = request.options.time_layers and not self._split     # a split model is always timed
+        request.layer_clock = LayerClock(self.model, self.device) if own_clock else self._split_clock
         request.tokenize_ms = (time.perf_counter() - request.t0) * 1000.0
         tally = RunTally()
         observer = _Observer(self, request, tally)
@@ -292,6 +310,8 @@ class Session:
             failure = (type(exc).__name__, _first_line(exc))
         finally:
             observer.meter.stop()
+            if own_clock:
+                request.layer_clock.close()
             if capture is not None:
                 capture.active = False
                 capture.rows.clear()
@@ -341,7 +361,8 @@ class Session:
         if self.device.type == "cpu":
             observer.meter.start()
         start = clock.mark()
-        logits, request.cache = self.prefill(sequence[:, reused:], params.kv_cache, request.cache, request.allocated)
+        logits, request.cache = self.prefill(sequence[:, reused:], params.kv_cache, request.cache, request.allocated,
+                                             request.options.offload_kv)
         forward_end = clock.mark()
         choice = choose(logits, params, generator)
         end = clock.mark()
@@ -368,11 +389,12 @@ class Session:
 
     def _compiled_graph(self, request: _Request, tally: RunTally) -> Graph:
         """The compiled graph for this run's cache length: built already, built now or waited for (compile
-        time, outside every step), or being built beside the decode (``compile_in_background``), which stays
+        time, outside every step), or being built beside the decode (``RunOptions.compile_in_background``), which stays
         eager until it is ready."""
         started = time.perf_counter()
-        graph, request.graph_started = self.compiled.graph(request.allocated, self.compile_in_background)
-        waited = not self.compile_in_background and not graph.ready.is_set()
+        background = request.options.compile_in_background
+        graph, request.graph_started = self.compiled.graph(request.allocated, background)
+        waited = not background and not graph.ready.is_set()
         if waited:
             graph.ready.wait()
         if graph.ready.is_set() and (request.graph_started or waited):
@@ -456,8 +478,8 @@ class _Observer:
                                       step.storage))
                 self._norms()
             self.emit(self._token_step(step))
-            if s.layer_clock is not None:
-                self.emit(LayerTimes(self.run_id, self.since(), step.index, s.layer_clock.take(),
+            if r.layer_clock is not None:
+                self.emit(LayerTimes(self.run_id, self.since(), step.index, r.layer_clock.take(),
                                      list(s.facts.layer_devices)))
             if r.params.capture_attention:
                 self.emit(self._attention_step(step))
@@ -500,7 +522,7 @@ class _Observer:
     def _norms(self) -> None:
         """``KVNorms`` for the positions cached since the last ones."""
         cache = self.request.cache
-        if cache is None or not self.session.record_kv_norms:
+        if cache is None or not self.request.options.record_kv_norms:
             return
         held = kvcache.positions_seen(cache)
         if held <= self.norms_from:

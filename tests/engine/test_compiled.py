@@ -9,7 +9,7 @@ from engine.compiled import SHORTEST, cache_length
 from engine.events import RunFinished, TokenStep
 from engine.params import GenerationParams
 from engine.report import report
-from engine.session import Session
+from engine.session import RunOptions, Session
 
 PARAMS = dict(max_new_tokens=8, temperature=0.0, static_cache=True)
 
@@ -82,8 +82,7 @@ def test_built_in_the_background_decode_starts_eager_and_switches_at_the_boundar
     and 2 are eager and step 3 is the first compiled one; tokens stay eager's, and the run says which steps
     ran beside the build."""
     eager, _ = _run(Session(model), "hello world")
-    session = Session(model)
-    session.compile_in_background = True
+    session = Session(model, RunOptions(compile_in_background=True))
 
     def before_step(step: int) -> None:
         if step == 3:

@@ -6,6 +6,8 @@ import pytest
 from engine import contention, hardware
 from engine.costmodel import Device
 from engine.events import HardwarePeaks
+from engine.experiment import Experiment
+from engine.lessons import lesson
 from engine.params import GenerationParams
 from engine.session import Session
 
@@ -127,3 +129,27 @@ def test_peaks_a_run_beats_are_implausible():
     assert hardware.implausible(peaks, achieved_flops_per_s=150e9)
     assert hardware.implausible(peaks, achieved_flops_per_s=1e9, achieved_bytes_per_s=30e9)
     assert not hardware.implausible(peaks, achieved_flops_per_s=90e9, achieved_bytes_per_s=15e9)
+
+
+def test_a_busy_measurement_never_replaces_a_quiet_one_and_gives_no_ceiling(tiny, monkeypatch, tmp_path):
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
+    shares = iter([0.95, 0.2])                                # quiet first, then measured again while busy
+
+    def fake_measure(device, dtype):
+        return Device("cpu", 1e11, 1e10), next(shares)
+
+    monkeypatch.setattr(hardware, "measure", fake_measure)
+    quiet = hardware.peaks_event(tiny)
+    assert quiet.quiet and quiet.bytes_per_s == 1e10
+    again = hardware.peaks_event(tiny, remeasure=True)          # the busy figure is not kept over the quiet one
+    assert again.quiet and again.cpu_share == quiet.cpu_share and again.cached
+    busy = HardwarePeaks("cpu", "float32", flops_per_s=1e9, bytes_per_s=1e9, cpu_share=0.2)
+    assert not busy.quiet
+    assert Experiment(lesson("cache"), Session(tiny), lambda e: None, None, busy).device is None
+    assert Experiment(lesson("cache"), Session(tiny), lambda e: None, None, quiet).device is not None
+
+
+def test_without_leave_to_measure_only_a_cached_figure_is_given(tiny, monkeypatch, tmp_path):
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(hardware, "measure", lambda device, dtype: pytest.fail("measured in a lecture"))
+    assert hardware.peaks_event(tiny, may_measure=False) is None

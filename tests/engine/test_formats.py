@@ -88,7 +88,7 @@ def test_a_busy_measurement_is_not_used_and_the_rule_decides_at_every_launch(mon
     rule = calibrate.rule(torch.device("cpu"))
     assert first.best == again.best == rule and first.by_rule and again.by_rule and again.cached
     assert said == ["measuring"]
-    assert first.reason().startswith(f"{rule}: by rule") and "busy" in first.reason()
+    assert first.reason().startswith(f"{rule} by rule") and "busy" in first.reason()
 
 
 def test_the_rule_follows_the_cpu_flags(monkeypatch):
