@@ -3,7 +3,6 @@ ends in a banner with the window still working, and text from a model or a file 
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
@@ -15,6 +14,7 @@ from engine.session import Session
 from engine.trace import ReplayGap, ReplayIncomplete, read_trace, replay, write_trace
 from tests.app.conftest import run_and_wait, wait_idle
 from tests.engine.test_trace_schema import mutate
+from tests.traces import rows_of
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +22,7 @@ def valid_rows(tiny, tmp_path_factory) -> list[dict]:
     events: list = []
     Session(tiny).run("hello <b>world</b> & more", GenerationParams(max_new_tokens=10, temperature=0.9, seed=5),
                       events.append)
-    path = write_trace(tmp_path_factory.mktemp("rows") / "run.jsonl", events)
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return rows_of(events, tmp_path_factory.mktemp("rows") / "run.jsonl")
 
 
 def test_every_fuzzed_trace_the_reader_accepts_draws_without_an_exception(qtbot, window, valid_rows, tmp_path):

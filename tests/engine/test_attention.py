@@ -3,8 +3,6 @@ reported per pass, saved and replayed through the schema, and hostile attention 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from engine.errors import ParameterError, TraceError
@@ -12,6 +10,7 @@ from engine.events import AttentionStep, TokenStep
 from engine.params import GenerationParams
 from engine.session import Session
 from engine.trace import read_trace, write_trace
+from tests.traces import first_row, rows_of, write_rows
 
 PROMPT = "The KV cache holds keys and values"
 PARAMS = GenerationParams(max_new_tokens=8, capture_attention=True)
@@ -73,20 +72,18 @@ def test_a_trace_with_attention_reads_back_equal(recorded, tmp_path):
 
 
 def _rows(recorded, tmp_path) -> list[dict]:
-    path = write_trace(tmp_path / "valid.jsonl", recorded)
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return rows_of(recorded, tmp_path / "valid.jsonl")
 
 
 def _refused(tmp_path, rows: list[dict], fragment: str) -> None:
-    path = tmp_path / "bad.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    path = write_rows(tmp_path / "bad.jsonl", rows)
     with pytest.raises(TraceError, match=fragment) as info:
         read_trace(path)
     assert "bad.jsonl line" in str(info.value) and "\n" not in str(info.value)
 
 
 def _first_attention(rows: list[dict]) -> int:
-    return next(i for i, r in enumerate(rows) if r.get("type") == "AttentionStep")
+    return first_row(rows, "AttentionStep")
 
 
 @pytest.mark.parametrize("change, fragment", [

@@ -4,13 +4,11 @@ end), tokens equal solo greedy runs, the model's attention is given back, and th
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from engine import paged
 from engine.batch import generate_batch
-from engine.errors import ParameterError, TraceError
+from engine.errors import ParameterError
 from engine.events import BlockTable, ExperimentFinished
 from engine.lessons import paged as paged_lesson
 from engine.models import load
@@ -18,6 +16,7 @@ from engine.session import Session
 from engine.trace import read_trace, write_trace
 from tests.architectures import build
 from tests.lessons import collect
+from tests.traces import first_row, refused_with, rows_of
 
 PAGE = 16
 
@@ -114,17 +113,13 @@ def test_the_experiment_replays_and_a_hostile_block_table_is_refused(experiment,
     path = write_trace(tmp_path / "p.jsonl", experiment)
     assert [e for e in read_trace(path) if isinstance(e, BlockTable)] == \
         [e for e in experiment if isinstance(e, BlockTable)]
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    index = next(i for i, r in enumerate(rows) if r.get("type") == "BlockTable" and r["shared_blocks"])
+    rows = rows_of(experiment, tmp_path / "valid.jsonl")
+    index = first_row(rows, "BlockTable", lambda r: r["shared_blocks"])
     for field, value, fragment in (("positions", [10**6] * len(rows[index]["running"]), "positions must fit"),
                                    ("shared_blocks", [10**6] * len(rows[index]["shared_blocks"]),
                                     "shared_blocks must be blocks"),
                                    ("running", [0, 0], "distinct request numbers")):
-        bad = json.loads(json.dumps(rows))
-        bad[index][field] = value
-        path.write_text("\n".join(json.dumps(r) for r in bad) + "\n")
-        with pytest.raises(TraceError, match=fragment):
-            read_trace(path)
+        refused_with(path, rows, index, {field: value}, fragment)
 
 
 def test_perfetto_counts_blocks_held_shared_and_free_at_every_step(experiment):

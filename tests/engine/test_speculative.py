@@ -4,12 +4,10 @@ refused where the cache cannot roll back, and its experiment saves and replays t
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from engine import speculative as sp
-from engine.errors import ParameterError, TraceError
+from engine.errors import ParameterError
 from engine.events import DraftPass, ExperimentFinished
 from engine.models import load
 from engine.params import GenerationParams
@@ -17,6 +15,7 @@ from engine.session import Session
 from engine.trace import read_trace, write_trace
 from tests.architectures import build
 from tests.lessons import collect
+from tests.traces import first_row, refused_with, rows_of
 
 PROMPT = "hello world hello world hello world"
 NEW = 24
@@ -117,16 +116,12 @@ def test_the_experiment_saves_and_replays_and_hostile_passes_are_refused(experim
     path = write_trace(tmp_path / "s.jsonl", experiment)
     assert [e for e in read_trace(path) if isinstance(e, DraftPass)] == \
         [e for e in experiment if isinstance(e, DraftPass)]
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    index = next(i for i, r in enumerate(rows) if r.get("type") == "DraftPass")
+    rows = rows_of(experiment, tmp_path / "valid.jsonl")
+    index = first_row(rows, "DraftPass")
     for field, value, fragment in (("accepted", 99, "accepted must be between"),
                                    ("token_id", 10**9, "token_id must be between"),
                                    ("drafted", list(range(40)), "drafted has 40 entries")):
-        bad = json.loads(json.dumps(rows))
-        bad[index][field] = value
-        path.write_text("\n".join(json.dumps(r) for r in bad) + "\n")
-        with pytest.raises(TraceError, match=fragment):
-            read_trace(path)
+        refused_with(path, rows, index, {field: value}, fragment)
 
 
 def test_perfetto_shows_each_pass_drafting_then_verifying_per_repeat(experiment):

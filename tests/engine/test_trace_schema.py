@@ -12,7 +12,8 @@ from engine.errors import TraceError
 from engine.events import RunFinished, TokenStep
 from engine.params import GenerationParams
 from engine.session import Session
-from engine.trace import VERSION, ReplayGap, ReplayIncomplete, read_trace, replay, write_trace
+from engine.trace import VERSION, ReplayGap, ReplayIncomplete, read_trace, replay
+from tests.traces import first_row, rows_of, write_rows
 
 
 @pytest.fixture(scope="module")
@@ -21,18 +22,15 @@ def lines(tiny, tmp_path_factory) -> list[dict]:
     events: list = []
     Session(tiny).run("The KV cache <b>holds</b> & keys", GenerationParams(max_new_tokens=12, temperature=0.9, seed=3),
                       events.append)
-    path = write_trace(tmp_path_factory.mktemp("valid") / "run.jsonl", events)
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return rows_of(events, tmp_path_factory.mktemp("valid") / "run.jsonl")
 
 
 def write(tmp_path, rows: list, raw_tail: str = "") -> object:
-    path = tmp_path / "t.jsonl"
-    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n" + raw_tail)
-    return path
+    return write_rows(tmp_path / "t.jsonl", rows, raw_tail)
 
 
 def first(rows: list[dict], kind: str) -> int:
-    return next(i for i, r in enumerate(rows) if r.get("type") == kind)
+    return first_row(rows, kind)
 
 
 def refused(tmp_path, rows, *fragments: str) -> str:
