@@ -4,6 +4,8 @@ the screen while the workbench keeps the others."""
 
 from __future__ import annotations
 
+from html import escape
+
 import pyqtgraph as pg
 
 from app import theme as th
@@ -22,6 +24,8 @@ class Chart(TimedGraphics):
         self.plot.setMenuEnabled(False)
         self.ci.layout.setRowStretchFactor(1, 10)
         self.theme = th.current_theme(False)
+        self.empty_text = pg.TextItem(anchor=(0.5, 0.5))
+        self.empty_message: str | None = None
 
     def style(self, theme: th.Theme, x: str, x_unit: str | None, y: str, y_unit: str | None) -> None:
         self.theme = theme
@@ -51,6 +55,48 @@ class Chart(TimedGraphics):
         self.plot.clear()
         if self.legend is not None:
             self.legend.clear()
+        if self.empty_message is not None:               # plot.clear() took the words off too
+            self.plot.addItem(self.empty_text, ignoreBounds=True)
+
+    def set_empty(self, message: str | None) -> None:
+        """Nothing to draw yet: the axes keep their names and units but show no numbers (an axis running 0…1 with
+        no data reads as a measurement), and ``message`` says what will appear. None: data again."""
+        if message == self.empty_message:
+            return
+        was_empty, self.empty_message = self.empty_message is not None, message
+        for side in ("bottom", "left"):
+            self.plot.getAxis(side).setStyle(showValues=message is None)
+        if message is None:
+            self.plot.removeItem(self.empty_text)
+            self.plot.enableAutoRange()
+            return
+        self.empty_text.setHtml(f"<div style='text-align:center; color:{self.theme.foreground}'>"
+                                f"{escape(message)}</div>")
+        self.empty_text.setFont(self.theme.axis_font)
+        if not was_empty:
+            self.plot.addItem(self.empty_text, ignoreBounds=True)
+        self._place_empty_text()
+
+    def _place_empty_text(self) -> None:
+        """The words in the middle of the plot, wrapped to its width (the text ignores the view's scale)."""
+        if getattr(self, "empty_message", None) is None:        # (also called while the widget is made)
+            return
+        box = self.plot.getViewBox()
+        self.empty_text.setTextWidth(max(box.width() * 0.9, 80))
+        x, y = box.viewRange()
+        self.empty_text.setPos((x[0] + x[1]) / 2, (y[0] + y[1]) / 2)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self._place_empty_text()
+
+    def prune_legend(self) -> None:
+        """Take out of the legend every series that has no data: "(measured)" never labels an empty line."""
+        if self.legend is None:
+            return
+        for sample, _label in list(self.legend.items):
+            if not has_data(sample.item):
+                self.legend.removeItem(sample.item)
 
     def set_title_visible(self, visible: bool) -> None:
         """A lecture scene states the claim in its caption; its charts drop their titles for the room it takes."""
@@ -62,3 +108,15 @@ class Chart(TimedGraphics):
 
     def legend_names(self) -> list[str]:
         return [label.text for _sample, label in self.legend.items] if self.legend is not None else []
+
+
+def has_data(item: pg.GraphicsObject) -> bool:
+    """Whether a chart item draws any point or bar (an item with no data of its kind, a line or a label, does)."""
+    if isinstance(item, pg.BarGraphItem):
+        arrays = [item.opts.get(k) for k in ("x0", "x", "y0", "y", "width", "height")]
+        arrays = [v for v in arrays if v is not None and hasattr(v, "__len__")]     # a scalar height is no data
+        return not arrays or all(len(v) > 0 for v in arrays)
+    if isinstance(item, (pg.PlotDataItem, pg.PlotCurveItem, pg.ScatterPlotItem)):
+        x = item.getData()[0]
+        return x is not None and len(x) > 0
+    return True

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from app import requests as rq
-from app.run_settings import LessonChoices, RunSettings
+from app.phase import run_phase
+from app.run_settings import LessonChoices, ModelChoice, RunSettings
 from app.store import RunStore
 from app.viewstate import CHAT, EXPERIMENT, Conversation, ViewState
-from app.worker import EngineClient, Note
+from app.worker import EngineClient, Failed, Idle, Memory, Note, PeaksBelowRun
 from engine import lessons as engine_lessons
 from engine.errors import EngineError
 from engine.events import (
@@ -55,6 +57,8 @@ class Surface(Protocol):
     def busy_changed(self, busy: str | None) -> None: ...
     def show_memory(self, rss: int, gpu: tuple[int, int] | None) -> None: ...
     def show_experiment(self, kind: str) -> None: ...
+    def clear_banner(self) -> None: ...
+    def lecture(self) -> bool: ...
 
 
 COMPILED_STATUS = ("Compiled decode: a new cache length's graph is built beside the run (a minute or more the "
@@ -77,13 +81,12 @@ def describe_loaded(loaded: ModelLoaded) -> str:
 class Controller:
     def __init__(self, store: RunStore, state: ViewState, conversation: Conversation, client: EngineClient,
                  run_settings: RunSettings, choices: LessonChoices, surface: Surface,
-                 remember_model: Callable[[str, str, str], None] = lambda *_: None) -> None:
+                 model_choice: ModelChoice | None = None) -> None:
         self.store, self.state, self.conversation, self.client = store, state, conversation, client
         self.run_settings, self.choices, self.surface = run_settings, choices, surface
-        self.remember_model = remember_model        # called only after a load succeeded
+        self.model_choice = model_choice or ModelChoice()     # what the controls name; what loaded
         self.replaying = False
-        self.loading: tuple[str, str, str] | None = None
-        self.load_request = rq.Load("embedded")     # the model the controls name (the window keeps it current)
+        self.loading: rq.Load | None = None
         self.replay_speed = 1.0
         self._load_failed = ""                  # "Could not load X." until the next load starts
         self._queued: Callable[[], None] | None = None
@@ -120,11 +123,12 @@ class Controller:
 
     # --- actions ---
     def load_model(self, request: rq.Load | None = None) -> None:
-        request = request or self.load_request
+        """Load ``request``, or the model the controls name now (Ctrl+L, the button)."""
+        request = request or self.model_choice.asked
         if self._refused("Loading a model", needs_model=False):
             return
         shown = without_credentials(request.model)
-        self.loading = (request.model, request.device, request.dtype)
+        request = self.loading = replace(request, measure_peaks=not self.surface.lecture())
         self._load_failed = ""
         self.surface.show_progress(f"Loading {shown}…", None)
         self.surface.show_model_status(f"Loading {shown}…")
@@ -153,7 +157,10 @@ class Controller:
         self.client.control.delay_s = self.run_settings.choices.slow_ms / 1000.0
         self.client.submit(rq.Run(prompt, params), paused=paused)
         self.surface.busy_changed(self.client.busy)
-        if params.compiled:
+        pending = self.model_choice.pending_text()
+        if pending:
+            self.surface.show_status(f"Running the loaded model; not yet applied: {pending}", 8000)
+        elif params.compiled:
             self.surface.show_status(COMPILED_STATUS, 15000)
 
     def stop(self) -> None:
@@ -274,10 +281,15 @@ class Controller:
             self.surface.loading(item)
         elif isinstance(item, ModelLoaded):
             if self.loading is not None:
-                model, device, dtype = self.loading
-                self.remember_model(without_credentials(model), device, dtype)
+                self.model_choice.loaded_with(self.loading)
             self.loading = None
+            m = self.store.loaded = item.model     # a server checks its own limits: its context if it states one
+            notes = self.run_settings.set_model_limits(
+                m.context if isinstance(m, ServerFacts) else m.max_context,
+                None if isinstance(m, ServerFacts) else m.vocab_size)
             self.surface.model_loaded(item)
+            if notes:
+                self.surface.show_warning("Changed to fit the loaded model: " + "; ".join(notes) + ".")
         elif isinstance(item, ReplayGap):
             self.surface.show_status(f"The recording paused for {duration(item.recorded_ms)} here; the replay "
                                      f"shortened the pause to {duration(item.shown_ms)}.", 8000)
@@ -289,8 +301,10 @@ class Controller:
             self.store.add(item)
             if isinstance(item, RunStarted):
                 self._started(item)
-            elif isinstance(item, ExperimentStarted) and self.replaying:
-                self.surface.show_experiment(item.kind)      # a replayed experiment is seen, not hidden in a tab
+            elif isinstance(item, ExperimentStarted):
+                self.surface.clear_banner()                  # an earlier failure's words would outlive it
+                if self.replaying:
+                    self.surface.show_experiment(item.kind)  # a replayed experiment is seen, not hidden in a tab
             elif isinstance(item, (RunFinished, RunFailed)):
                 self._ended(item)
 
@@ -300,6 +314,7 @@ class Controller:
         record = self.store.find(event.run_id)
         if style.group == EXPERIMENT or record is None:
             return
+        self.surface.clear_banner()                  # a new run started: an earlier failure's words are stale
         if style.group == CHAT:
             self.conversation.started(event.run_id)
             if event.run_id in self.conversation.turn_runs:
@@ -326,19 +341,26 @@ class Controller:
         elif event.summary.notes and not record.started.experiment:
             self.surface.show_warning(f"Run #{record.number}: " + "; ".join(event.summary.notes))
         elif not self.replaying and not record.started.experiment:
-            self.surface.show_status(f"Run #{record.number}: {record.reason}", 5000)
+            self.surface.show_status(f"Run #{record.number} {run_phase(record).words()}.", 5000)
 
     def _note(self, note: Note) -> None:
-        if note.kind == "error":
+        if isinstance(note, Failed):
             self.conversation.refused()
-            self.surface.show_error(str(note.payload))
+            self.surface.show_error(note.message)
             self.surface.hide_progress()
             if self.loading is not None:
-                self._load_failed = f"Could not load {without_credentials(self.loading[0])}."
+                self._load_failed = f"Could not load {without_credentials(self.loading.model)}."
+                self.model_choice.load_failed(self.loading)
                 self.loading = None
-        elif note.kind == "memory":
-            self.surface.show_memory(*note.payload)
-        elif note.kind == "idle":
+        elif isinstance(note, Memory):
+            self.surface.show_memory(note.rss, note.gpu)
+        elif isinstance(note, PeaksBelowRun):
+            self.surface.show_warning(
+                f"A run achieved {note.achieved_flops_per_s / 1e9:,.0f} GFLOP/s, more than this machine's measured "
+                f"peak of {note.peak_flops_per_s / 1e9:,.0f} GFLOP/s: the peak was measured too low (on a busy "
+                "machine?), so its ceilings are not shown. Run > Measure this machine again, when nothing else "
+                "runs, measures it anew.")
+        elif isinstance(note, Idle):
             self.replaying = False
             self.conversation.refused()
             self.surface.hide_progress()
@@ -346,7 +368,7 @@ class Controller:
                 current = describe_loaded(self.client.model) if self.client.model else "No model is loaded."
                 self.surface.show_model_status(f"{self._load_failed} {current}".strip())
         self.surface.busy_changed(self.client.busy)
-        if note.kind == "idle":
+        if isinstance(note, Idle):
             self._after_idle()
 
     def _after_idle(self) -> None:

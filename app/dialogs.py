@@ -4,6 +4,7 @@ that explains the one-time conversion of the built-in model while it happens."""
 from __future__ import annotations
 
 import platform
+import time
 from html import escape
 from importlib import metadata
 
@@ -89,9 +90,11 @@ class FirstRunDialog(QDialog):
         self.explain = QLabel(
             "KVScope ships SmolLM2-135M-Instruct as a compressed GGUF file. The first time, it is unpacked into "
             f"plain weights in <code>{escape(str(converted_models_dir()))}</code> and checked against the original, "
-            "so later launches skip this step. It takes about half a minute and happens once.")
+            "so later launches skip this step. It happens once; the bar shows how far it has got (how long it "
+            "takes depends on the machine and on what else it is doing).")
         self.explain.setWordWrap(True)
         self.explain.setTextFormat(Qt.TextFormat.RichText)
+        self.started = time.monotonic()
         self.step = QLabel("Starting…")
         self.step.setTextFormat(Qt.TextFormat.PlainText)
         self.bar = QProgressBar()
@@ -106,7 +109,7 @@ class FirstRunDialog(QDialog):
         self.resize(520, 200)
 
     def update_progress(self, message: str, fraction: float | None) -> None:
-        self.step.setText(message)
+        self.step.setText(f"{message} · {time.monotonic() - self.started:,.0f} s so far")
         if fraction is None:
             self.bar.setRange(0, 0)
         else:

@@ -11,22 +11,46 @@ cannot act says why in the scene's footer.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from PySide6.QtCore import QByteArray, QRect, QSettings
-from PySide6.QtWidgets import QApplication, QMainWindow
+from PySide6.QtGui import QScreen
+from PySide6.QtWidgets import QApplication
 
 from app import lessons
 from app.controller import Controller
-from app.run_settings import RunSettings
+from app.run_settings import RunSettings, param_shape
 from app.scene_list import NAMES
 from app.scenes import SceneView, cutting_step, scene_lesson, scene_run
+from app.setting_widgets import setting_text
 from app.store import RunStore
 from app.viewstate import ViewState
+from engine import lessons as engine_lessons
 
-TOP_K_STEPS = (0, 1, 5, 10, 20, 40, 100, 1000)
+
+class LectureWindow(Protocol):
+    """What the lecture asks of the window: switch its mode and put its layout back (its own), and Qt's geometry
+    calls for filling the screen and fitting inside it again."""
+
+    def apply_mode(self, lecture: bool) -> None: ...
+    def restore_layout(self, state: QByteArray | None) -> None: ...
+    def saveState(self) -> QByteArray: ...  # noqa: N802 (Qt's names, here and below)
+    def saveGeometry(self) -> QByteArray: ...  # noqa: N802
+    def restoreGeometry(self, geometry: QByteArray) -> bool: ...  # noqa: N802
+    def isFullScreen(self) -> bool: ...  # noqa: N802
+    def showNormal(self) -> None: ...  # noqa: N802
+    def showFullScreen(self) -> None: ...  # noqa: N802
+    def screen(self) -> QScreen | None: ...
+    def setGeometry(self, rect: QRect) -> None: ...  # noqa: N802
+    def frameGeometry(self) -> QRect: ...  # noqa: N802
+    def resize(self, width: int, height: int) -> None: ...
+    def move(self, x: int, y: int) -> None: ...
+    def width(self) -> int: ...
+    def height(self) -> int: ...
 
 
 class Lecture:
-    def __init__(self, window: QMainWindow, state: ViewState, store: RunStore, view: SceneView,
+    def __init__(self, window: LectureWindow, state: ViewState, store: RunStore, view: SceneView,
                  controller: Controller, run_settings: RunSettings, settings: QSettings) -> None:
         self.window, self.state, self.store, self.view = window, state, store, view
         self.controller, self.run_settings, self.settings = controller, run_settings, settings
@@ -112,31 +136,36 @@ class Lecture:
         """The stop key, everywhere: stops whatever runs; in a scene, says so in the footer."""
         if self.active:
             busy = self.controller.client.busy
-            self.view.say("Stopping…" if busy else "Nothing to stop: no run, experiment or replay is in progress.")
+            if busy:
+                self.view.say("Stopping…", until_idle=True)
+            else:
+                self.view.say("Nothing to stop: no run, experiment or replay is in progress.")
         self.controller.stop()
 
     def blank(self) -> None:
         self.state.toggle_blank()
 
     def parameter(self, name: str, direction: int) -> None:
-        """Change one run setting a notch and run the scene again with it (a running run is stopped first)."""
-        c = self.run_settings.choices
-        if name == "temperature":
-            self.run_settings.update(temperature=round(min(max(c.temperature + 0.1 * direction, 0.0), 2.0), 2))
-        elif name == "top_p":
-            self.run_settings.update(top_p=round(min(max(c.top_p + 0.05 * direction, 0.05), 1.0), 2))
-        elif name == "top_k":
-            index = max((i for i, k in enumerate(TOP_K_STEPS) if k <= c.top_k), default=0)
-            self.run_settings.update(top_k=TOP_K_STEPS[min(max(index + direction, 0), len(TOP_K_STEPS) - 1)])
-        elif name == "max_new_tokens":
-            self.run_settings.update(max_new_tokens=int(min(max(c.max_new_tokens * (2 if direction > 0 else 0.5),
-                                                                8), 4096)))
+        """A parameter key (T, P, K, M; Shift lowers): in a run scene, the run setting a notch and run the scene
+        again with it (a running run is stopped first); in an experiment scene, the lesson's own setting that
+        key is declared on (M: its new tokens), or the footer says the key does not apply there."""
+        letter = param_shape(name).key.letter
+        kind = scene_lesson(self.state.scene)
+        if kind is not None:
+            lesson = engine_lessons.lesson(kind)
+            choices = self.controller.choices
+            settings = choices.step(kind, lesson.settings, letter, direction)
+            if settings is None:
+                self.view.say(f"{letter} does not apply in this scene: {lesson.title.lower()} takes its settings "
+                              "from its tab")
+                return
+            shape = choices.keyed(kind, lesson.settings, letter)
+            self.view.say(f"{setting_text(shape, getattr(settings, shape.name))}; R runs the scene with it")
+            return
+        self.run_settings.update(**{name: self.run_settings.notch(name, direction)})
         if self.controller.client.busy == "run":
             self.controller.stop()                    # the new run waits for this one to wind down
-        if scene_lesson(self.state.scene) is None:
-            self._run(attention=self.state.scene == "attention")
-        else:
-            self.view.say("Changed; R runs the scene with it.")
+        self._run(attention=self.state.scene == "attention")
 
     def step_tokens(self, delta: int) -> None:
         """←/→: the previous or next token of the run shown (the sampling and attention views follow)."""
@@ -156,7 +185,7 @@ class Lecture:
         return True
 
 
-def screen_area(window: QMainWindow, available: bool = False) -> QRect | None:
+def screen_area(window: LectureWindow, available: bool = False) -> QRect | None:
     """The screen the window is on (``available``: less the panels and docks of the desktop), or None."""
     screen = window.screen()
     if screen is None:
@@ -164,7 +193,7 @@ def screen_area(window: QMainWindow, available: bool = False) -> QRect | None:
     return screen.availableGeometry() if available else screen.geometry()
 
 
-def cover_screen(window: QMainWindow) -> None:
+def cover_screen(window: LectureWindow) -> None:
     """Lecture mode fills the screen the window is on: set here too, where no window manager obliges."""
     area = screen_area(window)
     if area is None:
@@ -174,7 +203,7 @@ def cover_screen(window: QMainWindow) -> None:
         window.showFullScreen()
 
 
-def fit_to_screen(window: QMainWindow) -> None:
+def fit_to_screen(window: LectureWindow) -> None:
     """A window never extends past the screen it is on, whatever was remembered or a mode left behind."""
     area = screen_area(window, available=True)
     if area is None or window.isFullScreen():

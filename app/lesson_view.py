@@ -32,7 +32,9 @@ from PySide6.QtWidgets import (
 
 from app import theme as th
 from app.chart import Chart
+from app.phase import experiment_phase
 from app.run_settings import LessonChoices
+from app.setting_widgets import control, int_range
 from app.store import ExperimentRecord, RunStore
 from engine.contention import busy, busy_note
 from engine.errors import ParameterError
@@ -65,7 +67,6 @@ class Joins:
 
 
 CONTROLS_PROMPT = object()          # a preset that means "the prompt in Controls, when the lesson starts"
-INT_LIMIT = 2**31 - 1               # what a spin box holds
 
 
 class SettingsForm(QWidget):
@@ -89,6 +90,20 @@ class SettingsForm(QWidget):
             widget.setToolTip(shape.setting.help)
             layout.addRow(shape.setting.label, widget)
         self.write()
+        choices.subscribe(lambda kinds: self.follow() if lesson.kind in kinds else None)
+
+    def follow(self) -> None:
+        """Show the settings ``LessonChoices`` holds when something else changed them (a lecture key), so the tab
+        shows what R will run; the widgets are set without writing back."""
+        settings = self.choices.settings.get(self.lesson.kind)
+        if settings is None:
+            return
+        for name, widget in self.widgets.items():
+            value = getattr(settings, name)
+            if isinstance(widget, (QSpinBox, QDoubleSpinBox)) and value is not None and widget.value() != value:
+                widget.blockSignals(True)
+                widget.setValue(value)
+                widget.blockSignals(False)
 
     def _widget(self, shape: FieldShape, presets: list[tuple[str, object]] | None) -> QWidget:
         default = None if shape.default is MISSING else shape.default
@@ -103,28 +118,13 @@ class SettingsForm(QWidget):
             self.follows[shape.name] = lambda b=box: b.currentData() is CONTROLS_PROMPT
             return box
         if shape.base is int:
-            box = QSpinBox()
-            low, high = int(shape.span.low), min(int(shape.span.high), INT_LIMIT)
-            if shape.optional:
-                box.setRange(low - 1, high)
-                box.setSpecialValueText("the model's whole context")
-            else:
-                box.setRange(low, high)
-            box.setValue(low - 1 if default is None else default)
-            if shape.setting.unit:
-                box.setSuffix(f" {shape.setting.unit}")
+            box = control(shape, "the model's whole context" if shape.optional else "")
             box.valueChanged.connect(self.write)
-            self.readers[shape.name] = lambda b=box, opt=shape.optional, lo=low: \
+            self.readers[shape.name] = lambda b=box, opt=shape.optional, lo=int_range(shape)[0]: \
                 None if opt and b.value() < lo else b.value()
             return box
         if shape.base is float:
-            box = QDoubleSpinBox()
-            box.setRange(shape.span.low, shape.span.high)
-            box.setDecimals(2)
-            box.setSingleStep(0.25)
-            box.setValue(default)
-            if shape.setting.unit:
-                box.setSuffix(f" {shape.setting.unit}")
+            box = control(shape)
             box.valueChanged.connect(self.write)
             self.readers[shape.name] = box.value
             return box
@@ -299,16 +299,27 @@ class LessonView(QWidget):
         if key == self._shown:
             return
         self._shown = key
+        charts = self.findChildren(Chart)
         if record is None:
+            for chart in charts:
+                chart.set_empty("Not run yet: Run experiment (or R in its lecture scene) fills this chart, point by "
+                                "point, as each is measured")
             return
         if record.progress is not None:
             self.progress.setRange(0, max(record.progress.total, 1))
             self.progress.setValue(record.progress.done)
         self.status.setText(end_text(record) if record.finished else
                             record.progress.message if record.progress is not None else "Starting…")
-        for chart in self.findChildren(Chart):
+        for chart in charts:
             chart.clear_data()
         self.draw(record)
+        phase = experiment_phase(record)
+        drawn = bool(record.points or record.passes or record.tables) or any(
+            run is not None and run.n_steps for run in map(self.store.find, record.run_ids))
+        for chart in charts:
+            chart.prune_legend()
+            chart.set_empty(None if drawn else "Measuring the first point…" if not phase.ended else
+                            phase.words()[:1].upper() + phase.words()[1:])
         words = self.explanation(record) if record.result is not None else ""
         note = busy_note(record.result.lowest_cpu_share) if record.result is not None else ""
         self.explain.setText(words + (f" <i>Note: {note}.</i>" if note else ""))

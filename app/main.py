@@ -24,7 +24,7 @@ from app import lessons as app_lessons
 from app.controller import Controller
 from app.menus import set_replay_speed
 from app.resources import icon_path
-from app.run_settings import LessonChoices, RunSettings
+from app.run_settings import LessonChoices, ModelChoice, RunSettings
 from app.scene_list import NAMES
 from app.store import RunStore
 from app.viewstate import Conversation, ViewState
@@ -72,11 +72,11 @@ def build(args: argparse.Namespace) -> tuple[QApplication, MainWindow]:
     if icon.is_file():
         app.setWindowIcon(QIcon(str(icon)))
     store, state, conversation = RunStore(), ViewState(NAMES), Conversation()
-    run_settings, choices = RunSettings(), LessonChoices(app_lessons.follows())
+    run_settings, choices, model_choice = RunSettings(), LessonChoices(app_lessons.follows()), ModelChoice()
     client = EngineClient()
-    window = MainWindow(store, state, conversation, client, run_settings, choices)
+    window = MainWindow(store, state, conversation, client, run_settings, choices, model_choice)
     controller = Controller(store, state, conversation, client, run_settings, choices, window.surface,
-                            remember_model=window.controls.remember_model)
+                            model_choice)
     window.attach(controller)
     client.setParent(window)          # deleted with the window, after its thread has been joined
     return app, window
@@ -117,7 +117,7 @@ def start(window: MainWindow, args: argparse.Namespace) -> None:
         set_replay_speed(window.controller, window.actions_by_name, max(args.speed, 0.0))
         QTimer.singleShot(0, lambda: window.files.open_trace(*traces))
     if not traces and not args.no_load:
-        request = window.controls.model_request()
+        request = window.controller.model_choice.asked
         request = replace(request, model=args.server or args.model or request.model,
                           device=args.device or request.device, dtype=args.dtype or request.dtype)
         QTimer.singleShot(0, lambda: window.controller.load_model(request))

@@ -12,23 +12,26 @@ from typing import Protocol
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QMainWindow, QWidget
+from PySide6.QtWidgets import QMenuBar, QWidget
 
 from app import lessons
 from app.controller import Controller
 from app.file_actions import FileActions
 from app.lecture import Lecture
+from app.run_settings import PARAMETER_LETTERS as PARAMETER_KEYS
 from app.scene_list import SCENES
 from app.viewstate import KV_MODES, TOKEN_COLOURS, ViewState
 
 REPLAY_SPEEDS = (("0.5x", 0.5), ("1x (as recorded)", 1.0), ("2x", 2.0), ("4x", 4.0), ("instant", 0.0))
 STOP_KEYS = {False: ["Esc", "Ctrl+."], True: ["Ctrl+."]}      # lecture mode: Esc leaves the scene instead
-PARAMETER_KEYS = (("T", "temperature"), ("P", "top_p"), ("K", "top_k"), ("M", "max_new_tokens"))
 
 
 class WindowActions(Protocol):
-    """What the menus ask of the window itself."""
+    """What the menus ask of the window itself: its menu bar and actions (Qt's), and the window's own commands.
+    Everything else goes to the controller, the lecture, the file actions or the view state."""
 
+    def menuBar(self) -> QMenuBar: ...  # noqa: N802 (Qt's name)
+    def addAction(self, action: QAction) -> None: ...  # noqa: N802 (Qt's name)
     def close(self) -> bool: ...
     def reset_layout(self) -> None: ...
     def show_about(self) -> None: ...
@@ -37,7 +40,7 @@ class WindowActions(Protocol):
     def send_chat(self) -> None: ...
 
 
-def _action(window: QMainWindow, menu, text: str, slot: Callable[[], object],
+def _action(window: WindowActions, menu, text: str, slot: Callable[[], object],
             shortcut: str | QKeySequence | None = None, checkable: bool = False) -> QAction:
     action = QAction(text, window)
     if shortcut:
@@ -51,7 +54,7 @@ def _action(window: QMainWindow, menu, text: str, slot: Callable[[], object],
     return action
 
 
-def build_menus(window: QMainWindow, controller: Controller, lecture: Lecture, files: FileActions,
+def build_menus(window: WindowActions, controller: Controller, lecture: Lecture, files: FileActions,
                 state: ViewState, exports: dict[str, Callable[[], QWidget]], docks: list) -> dict[str, QAction]:
     actions: dict[str, QAction] = {}
     bar = window.menuBar()

@@ -12,7 +12,9 @@ from engine.params import GenerationParams
 @dataclass(frozen=True)
 class Load:
     """Load a model (a path, a hub id, ``embedded``) or attach to a server (an ``http(s)://`` address).
-    ``memory_budget``: at most this many bytes of weights in memory; the rest offloads to disk (0: no limit)."""
+    ``memory_budget``: at most this many bytes of weights in memory; the rest offloads to disk (0: no limit);
+    ``measure_peaks``: measure this machine's peaks after loading if none are cached (off in lecture mode: a
+    minute of busy cores must never start in front of a room)."""
 
     model: str
     device: str = "auto"
@@ -20,6 +22,7 @@ class Load:
     trust_remote_code: bool = False
     memory_budget: int = 0
     deadline_s: float = 600.0
+    measure_peaks: bool = True
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,10 @@
 """What the next run and the next experiment will do, as plain models with no widgets and no Qt: the controls
 panel and the lesson forms write them, the controller reads them, and a lecture scene's parameter keys change
-them (the controls follow). Each restored value is checked against the same bounds as its control: a value
+them (the controls follow).
+
+Every range, default and lecture-key step comes from the declarations on ``GenerationParams`` and the lessons'
+settings classes (``engine.fields``); the loaded model narrows two of them (top-k to its vocabulary, max new
+tokens to its context) through ``set_model_limits``. A restored value is checked against the same bounds: one
 out of range (a hand-edited settings file, a file from another version) falls back to its default with a note.
 """
 
@@ -11,48 +15,70 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from app import requests as rq
 from app.viewstate import Observable
 from engine.errors import ParameterError
 from engine.events import LessonSettings
-from engine.params import MAX_TEMPERATURE, MIN_TOP_P, GenerationParams
+from engine.fields import Key
+from engine.kvformula import format_bytes
+from engine.params import GenerationParams
+from engine.remote import without_credentials
+from engine.validation import FieldShape, shape_of, shapes
 
-SEED_MAX = 2**31 - 1          # what a spin box holds
 SLOW_MAX_MS = 1000
-MAX_NEW_TOKENS = 1 << 20      # until a model says its context
+PARAMS = GenerationParams()           # the declared defaults, shared with the CLI
 
 
 @dataclass(frozen=True)
 class Choices:
-    """The run settings a user sets in Controls (or with a scene's keys). ``random_seed``: a fresh seed each
-    run, reported; ``slow_ms``: slow motion, a pause before each decode step."""
+    """The run settings a user sets in Controls (or with a scene's keys): the run's parameters as
+    ``GenerationParams`` declares them, plus what only the window has. ``random_seed``: a fresh seed each run,
+    reported; ``attention``: record attention (``capture_attention``); ``slow_ms``: slow motion, a pause before
+    each decode step."""
 
     prompt: str = "hey, what is continuous batching?"
-    chat_template: bool = True
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 42
+    chat_template: bool = PARAMS.chat_template
+    max_new_tokens: int = PARAMS.max_new_tokens
+    temperature: float = PARAMS.temperature
+    top_k: int = PARAMS.top_k
+    top_p: float = PARAMS.top_p
+    seed: int = PARAMS.seed
     random_seed: bool = False
-    kv_cache: bool = True
-    static_cache: bool = False
-    compiled: bool = False
-    attention: bool = False
+    kv_cache: bool = PARAMS.kv_cache
+    static_cache: bool = PARAMS.static_cache
+    compiled: bool = PARAMS.compiled
+    attention: bool = PARAMS.capture_attention
     slow_ms: int = 0
 
 
-BOUNDS: dict[str, tuple[float, float]] = {
-    "max_new_tokens": (1, MAX_NEW_TOKENS), "temperature": (0.0, MAX_TEMPERATURE), "top_k": (0, 1 << 24),
-    "top_p": (MIN_TOP_P, 1.0), "seed": (0, SEED_MAX), "slow_ms": (0, SLOW_MAX_MS)}
+def param_shape(name: str) -> FieldShape:
+    """The declaration a choice follows (``attention`` is ``capture_attention``)."""
+    return shape_of(GenerationParams, "capture_attention" if name == "attention" else name)
+
+
+def declared_bounds() -> dict[str, tuple[float, float]]:
+    """Each number's range, as declared (plus slow motion, which only the window has)."""
+    out = {s.name: (s.span.low, s.span.high) for s in shapes(GenerationParams) if s.span is not None}
+    out["slow_ms"] = (0, SLOW_MAX_MS)
+    return out
+
+
+BOUNDS = declared_bounds()
+MODEL_LIMITED = ("max_new_tokens", "top_k")       # the ranges a loaded model narrows
+# The lecture's parameter keys in the order the footer lists them (temperature, top-p, top-k, max tokens).
+PARAMETER_LETTERS = tuple(sorted(((s.key.letter, s.name) for s in shapes(GenerationParams) if s.key is not None),
+                                 key=lambda key: "TPKM".find(key[0])))
 
 
 class RunSettings(Observable):
-    """The run settings, observed: listeners hear ``"choices"`` after every change."""
+    """The run settings, observed: listeners hear ``"choices"`` after every change and ``"limits"`` when a model
+    narrows the ranges."""
 
     def __init__(self) -> None:
         super().__init__()
         self.choices = Choices()
         self.notes: list[str] = []           # restored values that were out of range, said once
+        self.limits: dict[str, int] = {}     # the loaded model's: max new tokens and top-k at most
 
     def update(self, **changes: object) -> None:
         if not changes:
@@ -61,6 +87,39 @@ class RunSettings(Observable):
         if new != self.choices:
             self.choices = new
             self.changed("choices")
+
+    def bounds(self, name: str) -> tuple[float, float]:
+        """The range ``name`` may take now: the declared one, narrowed by the loaded model."""
+        low, high = BOUNDS[name]
+        return low, min(high, self.limits.get(name, high))
+
+    def set_model_limits(self, max_context: int | None, vocab_size: int | None) -> list[str]:
+        """The loaded model's limits (None: the model does not say, as a server may not). A choice past a new
+        limit is brought within it; the returned notes say which, in words."""
+        limits = {}
+        if max_context:
+            limits["max_new_tokens"] = max(int(max_context) - 1, 1)      # at least one position for the prompt
+        if vocab_size:
+            limits["top_k"] = int(vocab_size)
+        notes, changes = [], {}
+        for name, high in limits.items():
+            value = getattr(self.choices, name)
+            if value > high:
+                changes[name] = high
+                what = "positions of context" if name == "max_new_tokens" else "tokens in its vocabulary"
+                notes.append(f"{param_shape(name).setting.label.lower()} {value:,} → {high:,} (the model has "
+                             f"{high + 1 if name == 'max_new_tokens' else high:,} {what})")
+        with self.batch():
+            self.limits = limits
+            self.changed("limits")
+            self.update(**changes)
+        return notes
+
+    def notch(self, name: str, direction: int) -> float:
+        """``name`` moved one notch of its declared lecture key (``Key``: its step, its factor or its ladder),
+        within its bounds now."""
+        shape = param_shape(name)
+        return notch(shape, getattr(self.choices, name), direction, self.bounds(name))
 
     def params(self, attention: bool = False) -> GenerationParams:
         """What a run gets; raises ``ParameterError`` for a combination the engine refuses."""
@@ -77,8 +136,8 @@ class RunSettings(Observable):
         return dataclasses.asdict(self.choices)
 
     def restore(self, stored: Mapping[str, object]) -> None:
-        """Take remembered values, each checked: a wrong type or a value out of its control's range is
-        replaced by the default, and ``notes`` says which."""
+        """Take remembered values, each checked: a wrong type or a value out of its declared range is replaced
+        by the default, and ``notes`` says which."""
         defaults, values, notes = Choices(), {}, []
         for f in dataclasses.fields(Choices):
             if f.name not in stored:
@@ -92,6 +151,22 @@ class RunSettings(Observable):
         self.notes = notes
         self.choices = replace(defaults, **values)
         self.changed("choices")
+
+
+def notch(shape: FieldShape, value: float, direction: int, bounds: tuple[float, float]) -> float:
+    """One notch of ``shape``'s lecture key from ``value``, kept within ``bounds``."""
+    key: Key = shape.key
+    low, high = bounds
+    if key.ladder:                      # the next rung up or down (a value between rungs goes to the next)
+        rungs = sorted({v for v in key.ladder if low <= v <= high} | {high if direction > 0 else low})
+        ahead = [v for v in rungs if (v > value if direction > 0 else v < value)]
+        new = (min(ahead) if direction > 0 else max(ahead)) if ahead else value
+    elif key.factor:
+        new = value * key.factor if direction > 0 else value / key.factor
+    else:
+        new = value + direction * (shape.setting.step or 1)
+    new = min(max(new, low), high)
+    return int(round(new)) if shape.base is int else round(float(new), 4)
 
 
 def _coerce(value: object, kind: type) -> object:
@@ -128,6 +203,20 @@ class LessonChoices(Observable):
             self.settings[settings.kind] = settings
             self.changed(settings.kind)
 
+    def keyed(self, kind: str, default: type[LessonSettings], letter: str) -> FieldShape | None:
+        """The setting of lesson ``kind`` that the lecture key ``letter`` changes, if it declares one."""
+        return next((s for s in shapes(default) if s.key is not None and s.key.letter == letter), None)
+
+    def step(self, kind: str, default: type[LessonSettings], letter: str, direction: int) -> LessonSettings | None:
+        """Lesson ``kind``'s settings with the field keyed ``letter`` moved a notch (None: it has no such key)."""
+        shape = self.keyed(kind, default, letter)
+        if shape is None:
+            return None
+        settings = self.settings.get(kind) or default()
+        value = notch(shape, getattr(settings, shape.name), direction, (shape.span.low, shape.span.high))
+        self.set(replace(settings, **{shape.name: value}))
+        return self.settings[kind]
+
     def follow_prompt(self, kind: str, field_name: str | None) -> None:
         """A form's prompt field follows the prompt in Controls (``field_name``), or no longer does (None)."""
         if field_name is not None:
@@ -148,3 +237,54 @@ class LessonChoices(Observable):
         elif source == "conversation" and conversation:
             settings = replace(settings, **{name: conversation})
         return settings
+
+
+class ModelChoice(Observable):
+    """The model the controls name (``asked``) beside the one that is loaded (``loaded``): what differs is
+    *pending* until Load model applies it, and says so, so a control never shows one model while runs use
+    another. ``failed``: the source whose last load failed (it stays in the box, pending, with that said).
+    Listeners hear ``"model"``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = rq.Load("embedded")
+        self.loaded: rq.Load | None = None
+        self.failed = ""
+
+    def ask(self, request: rq.Load) -> None:
+        if request != self.asked:
+            self.asked = request
+            self.changed("model")
+
+    def loaded_with(self, request: rq.Load) -> None:
+        self.loaded, self.failed = request, ""
+        self.changed("model")
+
+    def load_failed(self, request: rq.Load) -> None:
+        self.failed = request.model
+        self.changed("model")
+
+    def pending(self) -> list[str]:
+        """What the controls name that the loaded model does not have, in words ("dtype bfloat16")."""
+        asked, loaded = self.asked, self.loaded
+        if loaded is None:
+            return []
+        out = []
+        if without_credentials(asked.model) != without_credentials(loaded.model):
+            failed = " (its last load failed)" if self.failed and self.failed == asked.model else ""
+            out.append(f"source {without_credentials(asked.model)}{failed}")
+        for name in ("device", "dtype"):
+            if getattr(asked, name) != getattr(loaded, name):
+                out.append(f"{name} {getattr(asked, name)}")
+        if asked.memory_budget != loaded.memory_budget:
+            out.append("memory budget " + (format_bytes(asked.memory_budget) if asked.memory_budget else "no limit"))
+        return out
+
+    def pending_text(self) -> str:
+        """One line for the controls and the status bar, or "" when the controls show what is loaded."""
+        pending = self.pending()
+        if not pending:
+            return ""
+        loaded = self.loaded
+        return (f"{', '.join(pending)}: press Load model (Ctrl+L) to apply. Runs use the loaded "
+                f"{without_credentials(loaded.model)}, device {loaded.device}, dtype {loaded.dtype}.")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html import escape, unescape
 
 from PySide6.QtCore import Qt
@@ -40,8 +40,21 @@ from app.panels.attention import RECENT
 from app.panels.attention import shares as attention_shares
 from app.panels.kv_heatmap import concurrency_text
 from app.panels.sampling import caption as sampling_caption
-from app.run_settings import RunSettings
+from app.phase import (
+    FAILED,
+    FINISHED,
+    PREFILL,
+    STOPPED,
+    decode_rate,
+    experiment_phase,
+    figures,
+    per_token,
+    plural,
+    run_phase,
+)
+from app.run_settings import PARAMETER_LETTERS, LessonChoices, RunSettings, param_shape
 from app.scene_list import BY_NAME, SCENES
+from app.setting_widgets import setting_text
 from app.store import RunRecord, RunStore
 from app.viewstate import Conversation, ViewState
 from engine import kvformula
@@ -68,11 +81,13 @@ def split_caption(title: str, claim: str, fits: Callable[[str], bool]) -> tuple[
 
 @dataclass(frozen=True)
 class Context:
-    """What a caption may read besides its own record."""
+    """What a caption may read besides its own record: the runs, what is shown, the chat, and each lesson's
+    settings as its form holds them (what R starts in its scene)."""
 
     store: RunStore
     state: ViewState
     conversation: Conversation
+    choices: LessonChoices = field(default_factory=LessonChoices)
 
 
 class _Loan:
@@ -150,6 +165,7 @@ class SceneView(QWidget):
         self.footer.setTextFormat(Qt.TextFormat.RichText)
         self.footer.setWordWrap(True)
         self.notice = ""                               # a refused key's reason, until the next scene
+        self._notice_until_idle = False                # "Stopping…": said only while the work winds down
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 6, 12, 6)
         layout.setSpacing(2)                         # at 720p every pixel row goes to the chart
@@ -203,8 +219,8 @@ class SceneView(QWidget):
         if "blank" in names:
             self.cover.setVisible(self.context.state.blank)
             self.cover.raise_()
-        if "selected" in names:
-            self.refresh()
+        if "selected" in names or "pinned" in names:
+            self.refresh()                            # a caption describes the step its chart shows
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         self.cover.setGeometry(self.rect())
@@ -223,10 +239,16 @@ class SceneView(QWidget):
         """The whole caption as shown: the headline and its detail."""
         return " ".join(t for t in (self.caption.text(), self.detail.text()) if t)
 
-    def say(self, notice: str) -> None:
-        """A refused key's reason, in the footer where the speaker looks."""
-        self.notice = notice
+    def say(self, notice: str, until_idle: bool = False) -> None:
+        """A refused key's reason, in the footer where the speaker looks; ``until_idle``: only while the work in
+        progress winds down ("Stopping…" goes when the stop has taken effect)."""
+        self.notice, self._notice_until_idle = notice, until_idle
         self.refresh()
+
+    def work_ended(self) -> None:
+        if self._notice_until_idle:
+            self.notice, self._notice_until_idle = "", False
+            self.refresh()
 
     # --- the words ---
     def refresh(self) -> None:
@@ -286,12 +308,31 @@ class SceneView(QWidget):
         keys = "".join(f"<b>{s.key}</b>" if s.name == scene.name else s.key for s in SCENES)
         joined = lessons.joins().get(scene.name)
         extra = f" · <b>{joined[1].key}</b> {escape(joined[1].words)}" if joined else ""
-        c = self.run_settings.choices
-        settings = (f"<b>T</b> {c.temperature:g} · <b>P</b> top-p {c.top_p:g} · <b>K</b> top-k {c.top_k or 'off'} · "
-                    f"<b>M</b> {c.max_new_tokens} tokens (Shift lowers)")
+        settings = escape(self._keys_text(scene))
+        settings = re.sub(r"\b([TPKM]) ", r"<b>\1</b> ", settings)
         notice = f" · <b>{escape(self.notice)}</b>" if self.notice else ""
         return (f"{keys} · <b>R</b> {escape(scene.action)}{extra} · Ctrl+. stop · B blank · Esc back<br>"
                 f"{settings} · ←/→ tokens{notice}")
+
+
+    def _keys_text(self, scene) -> str:
+        """What T, P, K and M change in this scene, with the values R will run: the run settings in a run scene;
+        in an experiment scene the lesson's own settings those keys are declared on, the rest said not to apply."""
+        if scene.lesson is None:
+            c = self.run_settings.choices
+            parts = [f"{letter} {setting_text(param_shape(name), getattr(c, name), short=True)}"
+                     for letter, name in PARAMETER_LETTERS]
+            return " · ".join(parts) + " (Shift lowers)"
+        lesson = lessons.BY_KIND[scene.lesson].LESSON
+        settings = self.context.choices.settings.get(scene.lesson) or lesson.settings()
+        keyed = [(letter, self.context.choices.keyed(scene.lesson, lesson.settings, letter))
+                 for letter, _name in PARAMETER_LETTERS]
+        parts = [f"{letter} {setting_text(shape, getattr(settings, shape.name), short=True)}"
+                 for letter, shape in keyed if shape is not None]
+        idle = [letter for letter, shape in keyed if shape is None]
+        if not parts:
+            return f"{'/'.join(idle)}: not in this scene (its tab sets the experiment)"
+        return " · ".join(parts) + " (Shift lowers)" + (f" · {'/'.join(idle)}: not in this scene" if idle else "")
 
 
 def scene_lesson(name: str | None) -> str | None:
@@ -305,66 +346,89 @@ def scene_claim(name: str, context: Context) -> str:
     if kind is not None:
         record = context.store.latest_experiment(kind)
         module = lessons.BY_KIND[kind]
-        parts = [module.caption(record, context)]
+        parts = [lesson_claim(module, record, context)]
         joined = lessons.joins().get(name)
         if joined is not None:
-            other = lessons.BY_KIND[joined[0]].caption(context.store.latest_experiment(joined[0]), context)
+            other = lesson_claim(lessons.BY_KIND[joined[0]], context.store.latest_experiment(joined[0]), context)
             parts = [p for p in (parts[0], other) if p] or [f"press R for the {module.LESSON.title.lower()}, "
                                                             f"{joined[1].key} for {joined[1].words}"]
-        claim = "; ".join(p for p in parts if p)
-        return claim + busy_badge(record.result if record is not None else None)
+        return "; ".join(p for p in parts if p)
     run = context.store.find(context.state.selected) if context.state.selected else None
-    return run_claim(name, run)
+    return run_claim(name, run, context.state)
 
 
-def run_claim(name: str, run: RunRecord | None) -> str:
+def lesson_claim(module, record, context: Context) -> str:
+    """A lesson's caption, true to where its experiment is: a stopped or failed one says so and how far it got
+    first; "measured on a busy machine" only beside something measured."""
+    if record is None:
+        return module.caption(None, context)
+    phase = experiment_phase(record)
+    caption = module.caption(record, context)
+    if phase.name in (STOPPED, FAILED):
+        caption = f"{phase.words()}" + (f"; {caption}" if caption else "")
+    badge = busy_badge(record.result) if phase.measured else ""
+    return caption + badge
+
+
+def run_claim(name: str, run: RunRecord | None, state: ViewState) -> str:
+    """A run scene's claim from what is known now (``app.phase``): nothing before the prefill ends, "measured"
+    only beside a measured figure, a stopped run said stopped, and the step the scene's chart shows."""
     if run is None:
         return "press R (or Ctrl+Enter) to run the prompt"
+    phase, f = run_phase(run), figures(run)
+    ended = f" · {phase.words()}" if phase.ended and phase.name != FINISHED else ""
     if run.remote:
-        s = run.summary(with_text=False)
-        return (f"through {run.model.engine}: TTFT {s.ttft_ms:,.0f} ms and {s.decode_tok_s:,.1f} tok/s as this client "
-                "measured them; a server reveals no per-layer cache, no prefill pass, no attention")
-    if not run.prefilled:
-        return f"prefill running: all {run.prompt_tokens:,} prompt tokens in one forward pass…"
-    s = run.summary(with_text=False)
-    busy_words = " · measured on a busy machine" if run.finished and busy(s.cpu_share) else ""
+        if f.ttft_ms is None:
+            return f"through {run.model.engine}: {phase.words()}"
+        rate_text = f" and {decode_rate(f.decode_tok_s)}" if f.decode_tok_s is not None else ""
+        return (f"through {run.model.engine}: TTFT {f.ttft_ms:,.0f} ms{rate_text} as this client measured them; a "
+                f"server reveals no per-layer cache, no prefill pass, no attention{ended}")
+    if phase.name == PREFILL or (phase.ended and not run.prefilled):
+        return phase.words()
+    busy_words = " · measured on a busy machine" if busy(f.cpu_share) else ""
     if name == "prefill":
-        per = s.decode_ms / s.decode_runs if s.decode_runs else 0.0
-        decode = f"decode made {s.decode_runs:,} tokens one pass each, {per:,.0f} ms per token" if s.decode_runs \
-            else "decode starts"
-        return (f"prefill read {s.prompt_tokens:,} prompt tokens in one pass ({s.prefill_ms:,.0f} ms, TTFT "
-                f"{s.ttft_ms:,.0f} ms); {decode} (measured){busy_words}")
+        decode = (f"decode made {plural(f.decode_runs, 'token')} one pass each, "
+                  f"{per_token(f.decode_ms / f.decode_runs)}" if f.decode_runs and f.decode_ms else
+                  "decode starts")
+        return (f"prefill read {plural(f.prompt_tokens, 'prompt token')} in one pass ({f.prefill_ms:,.0f} ms, TTFT "
+                f"{f.ttft_ms:,.0f} ms); {decode} (measured){busy_words}{ended}")
     if name == "kv":
         m, seen = run.model, run.kv_tokens
         held = sum(map(sum, run.kv_bytes_per_layer))
+        if not run.started.params.kv_cache:
+            return f"this run kept no KV cache: every step recomputed all positions{ended}"
         predicted = kvformula.predicted_kv_bytes(m, seen)
         check = "= the formula ✓" if held == predicted else f"≠ the formula's {kvformula.format_bytes(predicted)} ✗"
         allocated = run.kv_storage_bytes()
         storage = f"; {kvformula.format_bytes(allocated)} allocated" if allocated and allocated != held else ""
         return (f"{kvformula.bytes_per_token(m):,} B per position (formula) × {seen:,} positions: the cache holds "
-                f"{kvformula.format_bytes(held)} (measured) {check}{storage}")
+                f"{kvformula.format_bytes(held)} (measured) {check}{storage}{ended}")
     if name == "memory":
         m = run.model
         held = sum(map(sum, run.kv_bytes_per_layer))
         allocated = run.kv_storage_bytes()
         storage = f" ({kvformula.format_bytes(allocated)} allocated)" if allocated and allocated != held else ""
-        return (f"{kvformula.format_bytes(held)}{storage} for {run.kv_tokens:,} of {m.max_context:,} positions now; "
-                f"{kvformula.format_bytes(kvformula.full_context_kv_bytes(m))} at full context. {concurrency_text(m)}")
+        full = kvformula.full_context_positions(m)
+        return (f"{kvformula.format_bytes(held)}{storage} for {run.kv_tokens:,} of {full:,} positions now "
+                f"(measured); {kvformula.format_bytes(kvformula.full_context_kv_bytes(m))} at full context "
+                f"(computed). {concurrency_text(m)}{ended}")
     if name == "sampling":
-        if not run.steps:
+        index = state.shown_step(run.run_id, run.n_steps)
+        if index is None:
             return "the candidates appear with the first token"
-        return _plain(sampling_caption(run.steps[-1], run.started.params, getattr(run.model, "vocab_size", 0)))
+        return _plain(sampling_caption(run.steps[index], run.started.params, getattr(run.model, "vocab_size", 0)))
     if name == "attention":
         if not run.attention:
-            return "press R to run the prompt recording each step's attention"
-        step = run.attention[-1]
+            return ("this run did not record attention: press R to run the prompt recording it" if phase.ended else
+                    "the attention appears with the first recorded pass")
+        step = run.attention[state.shown_step(run.run_id, len(run.attention))]
         sink, recent = attention_shares(step)
         sink_text = f"{sink:.0%} of its attention on the first token (the sink), " if sink is not None else ""
         costs = [a.capture_ms for a in run.attention]
         mean = sum(costs) / len(costs)
         return (f"the newest token reads all {step.position + 1:,} cached positions: {sink_text}{recent:.0%} on the "
                 f"newest {RECENT}; recording costs {mean:,.1f} ms per pass ({min(costs):,.1f}-{max(costs):,.1f} over "
-                f"{len(costs)} passes, measured)")
+                f"{len(costs)} passes, measured){ended}")
     return ""
 
 

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QApplication
 
 from app.requests import Load
 from app.window import MainWindow
-from app.worker import Note
+from app.worker import Failed, Idle
 from engine.events import RunFailed, RunFinished
 from engine.report import report
 
@@ -51,9 +51,9 @@ def run_self_test(app: QApplication, window: MainWindow, started: float, model: 
 
     def on_events(items: list) -> None:
         for item in items:
-            if isinstance(item, Note) and item.kind == "error":
-                finish(1, f"self-test failed: {item.payload}")
-            elif isinstance(item, Note) and item.kind == "idle" and "loaded_s" not in outcome \
+            if isinstance(item, Failed):
+                finish(1, f"self-test failed: {item.message}")
+            elif isinstance(item, Idle) and "loaded_s" not in outcome \
                     and window.client.model is not None:
                 outcome["loaded_s"] = time.perf_counter() - started
                 window.run_settings.update(prompt=PROMPT, max_new_tokens=TOKENS, temperature=0.0)

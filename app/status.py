@@ -6,9 +6,11 @@ from __future__ import annotations
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
 
 from app.glossary import tip
+from app.phase import PREFILL, decode_rate, duration, figures, rate, run_phase
 from app.store import RunRecord
 from engine.kvformula import format_bytes
 
+SLOW_TOK_S = 10.0          # below it the strip gives the time per token too (the strip's width is the window's)
 FIELDS = ("ttft", "prefill", "decode", "tokens", "context", "kv", "memory")
 TIPS = {"ttft": tip("TTFT"), "prefill": tip("prefill", "tok/s"), "decode": tip("decode", "tok/s"),
         "kv": tip("KV cache")}
@@ -37,30 +39,39 @@ class StatusStrip(QStatusBar):
             label.setVisible(not lecture)
 
     def show_run(self, run: RunRecord | None) -> None:
+        """The selected run's figures that exist now (``app.phase``): while the prompt's pass runs, its elapsed
+        time and nothing else; TTFT with the first token; a decode rate once a decode step is timed."""
+        for name in ("ttft", "prefill", "decode", "tokens", "context", "kv"):
+            self.labels[name].setText("")
         if run is None:
-            for name in ("ttft", "prefill", "decode", "tokens", "context", "kv"):
-                self.labels[name].setText("")
             return
-        s = run.summary(with_text=False)
-        m = run.model
-        if run.remote:                                   # what a client can time; the rest is the server's
-            self.labels["ttft"].setText(f"TTFT {s.ttft_ms:,.0f} ms (client)")
+        phase, f, m = run_phase(run), figures(run), run.model
+        client = " (client)" if run.remote else ""
+        if phase.name == PREFILL:
+            self.labels["ttft"].setText(f"prefill running, {duration(phase.elapsed_ms)}")
+        elif f.ttft_ms is not None:
+            self.labels["ttft"].setText(f"TTFT {f.ttft_ms:,.0f} ms{client}")
+        if run.remote:
             self.labels["prefill"].setText("prefill: not visible from a client")
-            self.labels["decode"].setText(f"decode {s.decode_tok_s:,.1f} tok/s (client)")
+        elif f.prefill_tok_s is not None:
+            self.labels["prefill"].setText(f"prefill {rate(f.prefill_tok_s)} tok/s")
+        if f.decode_tok_s is not None:                   # a slow rate with its time per token, as llama.cpp does
+            shown = decode_rate(f.decode_tok_s) if f.decode_tok_s < SLOW_TOK_S else f"{rate(f.decode_tok_s)} tok/s"
+            self.labels["decode"].setText(f"decode {shown}{client}")
+        s = run.summary(with_text=False)
+        if run.remote:
             reused = f"{s.reused_tokens:,} from its cache + " if s.reused_tokens else ""
             prompt = f"{reused}{s.prompt_tokens:,} + " if s.prompt_tokens is not None else ""
             self.labels["tokens"].setText(f"{prompt}{s.generated_tokens:,} tokens")
             self.labels["context"].setText(f"{m.engine} at {m.url}")
             self.labels["kv"].setText("KV: the server's (see /metrics)")
             return
-        used = s.reused_tokens + s.prompt_tokens + s.generated_tokens
-        self.labels["ttft"].setText(f"TTFT {s.ttft_ms:,.0f} ms")
-        self.labels["prefill"].setText(f"prefill {s.prefill_tok_s:,.0f} tok/s")
-        self.labels["decode"].setText(f"decode {s.decode_tok_s:,.1f} tok/s")
         reused = f"{s.reused_tokens:,} reused + " if s.reused_tokens else ""
         self.labels["tokens"].setText(f"{reused}{s.prompt_tokens:,} + {s.generated_tokens:,} tokens")
-        self.labels["context"].setText(f"context {used:,} of {m.max_context:,}")
-        self.labels["kv"].setText(f"KV {format_bytes(s.kv_bytes)}")
+        if f.kv_bytes is not None:
+            used = s.reused_tokens + s.prompt_tokens + s.generated_tokens
+            self.labels["context"].setText(f"context {used:,} of {m.max_context:,}")
+            self.labels["kv"].setText(f"KV {format_bytes(f.kv_bytes)}")
 
     def show_memory(self, rss: int, gpu: tuple[int, int] | None) -> None:
         text = f"RAM {format_bytes(rss)}" if rss else ""

@@ -8,6 +8,7 @@ runs go when there are more than ``max_runs``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -84,6 +85,7 @@ class RunRecord:
         self._norms = np.zeros((2, layers, 0), dtype=np.float32)   # K, V x layers x positions
         self.norm_positions = 0       # positions whose norms have arrived (they come in batches)
         self.incomplete = False       # a replayed trace ended before this run did
+        self.arrived = time.monotonic()   # when the window heard it start (a prefill's elapsed time counts from it)
 
     # --- identity -----------------------------------------------------------------------------------------
     @property
@@ -278,6 +280,7 @@ class RunStore:
         self.runs: list[RunRecord] = []
         self.experiments: list[ExperimentRecord] = []
         self.peaks: HardwarePeaks | None = None
+        self.loaded: ModelFacts | ServerFacts | None = None    # the model runs go to now (the controller sets it)
         self.max_runs = max_runs
         self.version = 0
         self._count = 0

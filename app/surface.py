@@ -17,7 +17,7 @@ from app.panels.chat import ChatPanel
 from app.panels.controls import ControlsPanel
 from app.panels.experiments import ExperimentsPanel
 from app.status import StatusStrip
-from engine.events import LoadProgress, ModelLoaded, ServerFacts
+from engine.events import LoadProgress, ModelLoaded
 
 log = logging.getLogger(__name__)
 ERROR_STYLE = "background:#FBE3D6; color:#7A2600;"
@@ -55,6 +55,7 @@ class WindowSurface:
         self.experiments, self.chat, self.docks = experiments, chat, docks
         self.first_run: FirstRunDialog | None = None
         self.lecture = lambda: False                  # the window says whether a scene is shown
+        self.work_ended = lambda: None                # the scene's footer forgets "Stopping…"
         self.cancel_load = lambda: None
 
     def show_error(self, message: str) -> None:
@@ -63,6 +64,9 @@ class WindowSurface:
 
     def show_warning(self, message: str) -> None:
         self.banner.show_message(message, warning=True)
+
+    def clear_banner(self) -> None:
+        self.banner.hide()
 
     def show_status(self, message: str, ms: int = 5000) -> None:
         self.status.showMessage(message, ms)
@@ -100,10 +104,6 @@ class WindowSurface:
 
     def model_loaded(self, loaded: ModelLoaded) -> None:
         m = loaded.model
-        if isinstance(m, ServerFacts):                    # the server checks its own limits
-            self.controls.set_model_limits(m.context or (1 << 20), 1 << 20)
-        else:
-            self.controls.set_model_limits(m.max_context, m.vocab_size)
         self.controls.model_status.setText(describe_loaded(loaded))
         self.status.showMessage(describe_loaded(loaded), 8000)
         self.window.setWindowTitle(f"KVScope — {m.name} on {m.device}")
@@ -116,6 +116,8 @@ class WindowSurface:
             self.controls.set_paused(False)
         self.experiments.set_busy(busy)
         self.chat.set_busy(busy)
+        if not busy:
+            self.work_ended()
 
     def show_experiment(self, kind: str) -> None:
         """Bring the experiment's view forward: the chat comparison in the Chat tab, the others in Experiments

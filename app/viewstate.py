@@ -125,6 +125,14 @@ class ViewState(Observable):
     def pinned_step(self, run_id: str) -> int | None:
         return self.pinned[1] if self.pinned is not None and self.pinned[0] == run_id else None
 
+    def shown_step(self, run_id: str, n_steps: int) -> int | None:
+        """The one step every step view of ``run_id`` shows (the sampling chart, its heading and a scene's
+        caption alike): the pinned one, else the newest; None before the first."""
+        if n_steps == 0:
+            return None
+        pinned = self.pinned_step(run_id)
+        return pinned if pinned is not None and pinned < n_steps else n_steps - 1
+
     def set_token_colours(self, mode: str) -> None:
         if mode in TOKEN_COLOURS and mode != self.token_colours:
             self.token_colours = mode

@@ -41,7 +41,7 @@ from app.panels.kv_heatmap import KVHeatmapPanel
 from app.panels.sampling import SamplingPanel
 from app.panels.timing import TimingPanel
 from app.panels.tokens import TokensPanel
-from app.run_settings import LessonChoices, RunSettings
+from app.run_settings import LessonChoices, ModelChoice, RunSettings
 from app.scene_list import SCENES
 from app.scenes import Context, SceneView
 from app.settings import open_settings
@@ -60,7 +60,7 @@ SAVE_DELAY_MS = 800        # settings are written this long after the last chang
 
 class MainWindow(QMainWindow):
     def __init__(self, store: RunStore, state: ViewState, conversation: Conversation, client: EngineClient,
-                 run_settings: RunSettings, choices: LessonChoices) -> None:
+                 run_settings: RunSettings, choices: LessonChoices, model_choice: ModelChoice) -> None:
         super().__init__()
         self.store, self.state, self.conversation, self.client = store, state, conversation, client
         self.run_settings = run_settings
@@ -71,7 +71,7 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("KVScope")
         self.setObjectName("KVScopeMain")
         self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowNestedDocks)
-        self.controls = ControlsPanel(run_settings)
+        self.controls = ControlsPanel(run_settings, model_choice)
         self.tokens = TokensPanel(store, state)
         self.kv = KVHeatmapPanel(store, state)
         self.timing = TimingPanel(store, state)
@@ -84,8 +84,8 @@ class MainWindow(QMainWindow):
         wv = QVBoxLayout(self.workbench)
         wv.setContentsMargins(0, 0, 0, 0)
         wv.addWidget(self.tokens, 1)
-        self.scene_view = SceneView(Context(store, state, conversation), run_settings, self._scene_arrangements(),
-                                    self._enter_scene, self._leave_scene)
+        self.scene_view = SceneView(Context(store, state, conversation, choices), run_settings,
+                                    self._scene_arrangements(), self._enter_scene, self._leave_scene)
         self.stack = QStackedWidget()
         self.stack.addWidget(self.workbench)
         self.stack.addWidget(self.scene_view)
@@ -130,6 +130,7 @@ class MainWindow(QMainWindow):
         self.lecture = Lecture(self, self.state, self.store, self.scene_view, controller, self.run_settings,
                                self.settings)
         self.surface.lecture = lambda: self.lecture.active
+        self.surface.work_ended = self.scene_view.work_ended
         self.surface.cancel_load = controller.stop
         self.files = FileActions(self, self.store, self.state, controller, self.settings, self.surface,
                                  lambda: self.experiments.current.lesson.kind)
@@ -144,7 +145,7 @@ class MainWindow(QMainWindow):
         c.stop_requested.connect(controller.stop)
         c.step_requested.connect(controller.step)
         c.pause_toggled.connect(lambda paused: c.set_paused(paused if controller.set_paused(paused) else False))
-        c.load_requested.connect(lambda: controller.load_model(c.model_request()))
+        c.load_requested.connect(controller.load_model)
         c.slow.valueChanged.connect(controller.set_slow_motion)
         c.changed.connect(self.settings_changed)
         self.run_settings.subscribe(lambda _names: self.settings_changed())
@@ -163,7 +164,6 @@ class MainWindow(QMainWindow):
                     ("Drawing the experiment charts", self.experiments), ("Drawing the chat view", self.chat)],
             guard=self.guarded, parent=self, behind=lambda: self.tokens.behind, take_in=self.client.drain_backlog)
         notes = window_settings.restore(self.settings, self, self.state, self.run_settings, self.controls, self.store)
-        controller.load_request = self.controls.model_request()
         if notes:
             self.surface.show_warning("Some remembered settings were out of range and were reset to their defaults: "
                                       + ", ".join(notes) + ".")

@@ -33,12 +33,42 @@ DRAIN_BATCH = 2000           # events the GUI takes in per refresh tick at most 
 
 
 @dataclass(frozen=True)
-class Note:
-    """A worker message that is not an engine event: ``busy`` (what), ``idle``, ``error`` (message),
-    ``memory`` ((rss, gpu or None))."""
+class Busy:
+    """The worker took a request: ``what`` it is busy with (``app.requests.BUSY``)."""
 
-    kind: str
-    payload: object = None
+    what: str
+
+
+@dataclass(frozen=True)
+class Idle:
+    """The request ended, whatever happened (always the last message of a request)."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request could not be carried out; ``message`` says why, in words for the user."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The process's resident memory and, on a GPU, (allocated, reserved) bytes."""
+
+    rss: int
+    gpu: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class PeaksBelowRun:
+    """A run achieved more than this machine's measured peak allows: the peak is too low (measured while the
+    machine was busy, or the machine changed). Nothing is measured again until the user asks."""
+
+    achieved_flops_per_s: float
+    peak_flops_per_s: float
+
+
+Note = Busy | Idle | Failed | Memory | PeaksBelowRun
 
 
 class EngineWorker(QObject):
@@ -52,7 +82,7 @@ class EngineWorker(QObject):
         self.peaks = None
         self._signalled = threading.Event()
         self._last_memory = 0.0
-        self._remeasured = False
+        self._said_peaks_low = False
         self._actions: dict[type, tuple[str, Callable]] = {
             rq.Load: ("Loading failed", self._load), rq.Run: ("The run failed", self._run),
             rq.Chat: ("The turn failed", self._chat), rq.Lesson: ("The experiment failed", self._lesson),
@@ -68,7 +98,7 @@ class EngineWorker(QObject):
         if now - self._last_memory >= MEMORY_EVERY_S:
             self._last_memory = now
             device = self.session.facts.device if self.session is not None else "cpu"
-            self.outbox.append(Note("memory", (process_rss_bytes(), device_memory_bytes(device))))
+            self.outbox.append(Memory(process_rss_bytes(), device_memory_bytes(device)))
 
     def take(self, limit: int = 1 << 62) -> list[object]:
         """GUI thread: up to ``limit`` of the items queued so far, oldest first. While items remain, no new
@@ -86,18 +116,18 @@ class EngineWorker(QObject):
         """Every request: ``busy`` first, ``idle`` last whatever happens, and an error as a note, never a
         dead thread (the app must survive anything a model throws)."""
         failure, action = self._actions[type(request)]
-        self.push(Note("busy", rq.BUSY[type(request)]))
+        self.push(Busy(rq.BUSY[type(request)]))
         try:
             action(request)
         except EngineError as exc:
-            self.push(Note("error", str(exc)))
+            self.push(Failed(str(exc)))
         except RecursionError:
-            self.push(Note("error", f"{failure}: what was read was nested too deeply to be what it claimed"))
+            self.push(Failed(f"{failure}: what was read was nested too deeply to be what it claimed"))
         except Exception as exc:  # noqa: BLE001
             log.exception("%s", failure)
-            self.push(Note("error", f"{failure}: {type(exc).__name__}: {exc}"))
+            self.push(Failed(f"{failure}: {type(exc).__name__}: {exc}"))
         finally:
-            self.push(Note("idle"))
+            self.push(Idle())
 
     def _session(self):
         if self.session is None:
@@ -111,16 +141,17 @@ class EngineWorker(QObject):
             self._attach_server(request)
             return
         from engine.models import Offload, load
-        from engine.session import Session
+        from engine.session import RunOptions, Session
 
         loaded = load(request.model, request.device, request.dtype, trust_remote_code=request.trust_remote_code,
                       progress=self.push, cancelled=self.control.cancel.is_set,
                       offload=Offload(memory_budget=request.memory_budget))
-        self.session = Session(loaded)  # the previous model stays until this one has loaded
-        self.session.compile_in_background = True       # a run never waits for a graph: it switches to it
+        # The previous model stays until this one has loaded; a run never waits for a graph: it switches to it.
+        self.session = Session(loaded, RunOptions(compile_in_background=True))
         _freeze_heap()
         self.push(loaded.loaded_event())
-        self._measure_peaks()
+        self._said_peaks_low = False
+        self._measure_peaks(may_measure=request.measure_peaks)
 
     def _attach_server(self, request: rq.Load) -> None:
         """A server "loads" when it answers: no weights here, no peaks to measure (they are the server's)."""
@@ -161,35 +192,40 @@ class EngineWorker(QObject):
     def _remeasure(self, _request: rq.Remeasure) -> None:
         self._measure_peaks(remeasure=True)
 
-    def _measure_peaks(self, remeasure: bool = False) -> None:
+    def _measure_peaks(self, remeasure: bool = False, may_measure: bool = True) -> None:
+        """This machine's peaks: cached, or measured now (once per machine, before the first run, said in the
+        status bar); with ``may_measure`` False only a cached figure (none: the ceilings say they are not measured)."""
         from engine.hardware import peaks_event
 
         session = self._session()
         try:
-            self.peaks = peaks_event(session.loaded, remeasure=remeasure, measuring=lambda: self.push(LoadProgress(
-                "peaks", "Measuring this machine's peak FLOP/s and memory bandwidth (once; a run waits for it)",
-                None)))
-            self.push(self.peaks)
+            self.peaks = peaks_event(session.loaded, remeasure=remeasure, may_measure=may_measure,
+                                     measuring=lambda: self.push(LoadProgress(
+                                         "peaks", "Measuring this machine's peak FLOP/s and memory bandwidth (once "
+                                         "per machine; a run waits for it)", None)))
+            if self.peaks is not None:
+                self.push(self.peaks)
         except Exception as exc:  # noqa: BLE001  (bounds are a bonus; a failed measurement must not block runs)
             log.warning("could not measure the hardware peaks: %s", exc)
             self.peaks = None
 
     def _check_peaks(self, result) -> None:
-        """A run that achieved more than the cached ceilings shows they are wrong: measure them again (once)."""
+        """A run that achieved more than the cached peak shows the peak is wrong: say so (once per model). It is
+        not measured again here: a measurement keeps the CPU busy for a while, and must never start by itself
+        after a run or a stop, in front of a room."""
         from engine.costmodel import ModelCost
         from engine.events import RunFinished
         from engine.hardware import implausible
 
         s = getattr(result, "summary", None)
-        if self.peaks is None or not isinstance(result, RunFinished) or not s.prefill_ms or self._remeasured:
+        if self.peaks is None or not isinstance(result, RunFinished) or not s.prefill_ms or self._said_peaks_low:
             return
         cost = ModelCost(self._session().facts)
         achieved = (cost.prefill(s.reused_tokens + s.prompt_tokens).flops
                     - (cost.prefill(s.reused_tokens).flops if s.reused_tokens else 0.0)) / (s.prefill_ms / 1000.0)
         if implausible(self.peaks, achieved):
-            self._remeasured = True
-            log.info("a run achieved %.0f GFLOP/s, above the cached peak: measuring again", achieved / 1e9)
-            self._measure_peaks(remeasure=True)
+            self._said_peaks_low = True
+            self.push(PeaksBelowRun(achieved, self.peaks.flops_per_s))
 
     def _sleep(self, seconds: float) -> None:
         self.control.cancel.wait(seconds)
@@ -244,8 +280,10 @@ class EngineClient(QObject):
         20,000 tokens a second never holds the window still while it is taken in."""
         items = self.worker.take(DRAIN_BATCH)
         for item in items:
-            if isinstance(item, Note) and item.kind in ("busy", "idle"):
-                self.busy = item.payload if item.kind == "busy" else None
+            if isinstance(item, Busy):
+                self.busy = item.what
+            elif isinstance(item, Idle):
+                self.busy = None
             elif isinstance(item, ModelLoaded):
                 self.model = item
         if items:

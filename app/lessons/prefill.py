@@ -49,7 +49,9 @@ class PrefillView(LessonView):
                            "cost model, roofline (computed)")
         values = np.concatenate([times, predicted]) if len(predicted) == len(n) else times
         self.plot.getAxis("bottom").setTicks([log_ticks(n, base=2)])
-        self.plot.getAxis("left").setTicks([time_ticks(values[values > 0])])
+        ticks, unit = time_ticks(values[values > 0])
+        self.plot.getAxis("left").setTicks([ticks])
+        th.label_axis(self.plot.getAxis("left"), self.axes[2], unit, self.theme)   # the ticks' own unit
 
     def explanation(self, record: ExperimentRecord) -> str:
         r: PrefillResult = record.result
@@ -77,14 +79,13 @@ def log_ticks(values: np.ndarray, base: int) -> list[tuple[float, str]]:
     return [(math.log10(base**p), f"{base**p:,}" if base**p >= 1 else f"{base**p:g}") for p in powers[::stride]]
 
 
-def time_ticks(ms: np.ndarray) -> list[tuple[float, str]]:
-    """Powers of ten of a time in ms, labelled in seconds from 10 s up (never "150000")."""
-    return [(position, _seconds(label)) for position, label in log_ticks(ms, base=10)]
-
-
-def _seconds(label: str) -> str:
-    ms = float(label.replace(",", ""))
-    return f"{ms / 1000:g} s" if ms >= 10_000 else label
+def time_ticks(ms: np.ndarray) -> tuple[list[tuple[float, str]], str]:
+    """Powers of ten of a time in ms, and the unit they are labelled in: seconds once the largest passes 10 s
+    (never "150000"), so every tick and the axis's unit agree."""
+    ticks = log_ticks(ms, base=10)
+    if not ticks or float(ticks[-1][1].replace(",", "")) < 10_000:
+        return ticks, "ms"
+    return [(position, f"{float(label.replace(',', '')) / 1000:g}") for position, label in ticks], "s"
 
 
 def caption(record: ExperimentRecord | None, context: object = None) -> str:

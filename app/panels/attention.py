@@ -24,8 +24,17 @@ from app.viewstate import ViewState
 from engine.events import AttentionStep
 
 RECENT = 8        # "recent" positions in the caption: the newest token and the seven before it
-OFF = ("This run did not record attention. Tick <b>record attention</b> under Generation (or press R in the "
-       "attention scene) and run again: each step then keeps its newest token's weights over the cache.")
+HOW = ("tick <b>record attention</b> under Generation (or press R in the attention scene) and run: each step then "
+       "keeps its newest token's weights over the cache")
+
+
+def empty_text(run: RunRecord | None) -> str:
+    """What the view says when it has no attention to draw, true to the run shown (or to there being none)."""
+    if run is None:
+        return f"No run yet. To see attention here, {HOW}."
+    if run.started.params.capture_attention and not run.finished:
+        return "Recording attention: the first pass's weights appear when its forward pass ends."
+    return f"Run #{run.number} did not record attention. To see it, {HOW}."
 
 
 def layer_grid(step: AttentionStep, num_layers: int) -> tuple[np.ndarray, int]:
@@ -91,7 +100,7 @@ class AttentionPanel(QWidget):
         self.store, self.state = store, state
         self.theme = th.current_theme(False)
         state.subscribe(lambda names: self.refresh() if "pinned" in names else None)
-        self.caption = QLabel(OFF)
+        self.caption = QLabel(empty_text(None))
         self.caption.setWordWrap(True)
         self.caption.setTextFormat(Qt.TextFormat.RichText)
         self.layer_box = QSpinBox()
@@ -159,14 +168,12 @@ class AttentionPanel(QWidget):
         run = self.store.find(self.state.selected) if self.state.selected else None
         if run is None or not run.attention:
             return run, None
-        pinned = self.state.pinned_step(run.run_id)
-        if pinned is not None and pinned < len(run.attention):
-            return run, run.attention[pinned]
-        return run, run.attention[-1]
+        return run, run.attention[self.state.shown_step(run.run_id, len(run.attention))]
 
     def refresh(self) -> None:
         run, step = self.current()
-        key = (run.run_id if run else None, step.step if step else None, self.theme.lecture)
+        key = (run.run_id if run else None, step.step if step else None, run is not None and run.finished,
+               self.theme.lecture)
         if key == self._shown:
             return
         self._shown = key
@@ -183,7 +190,7 @@ class AttentionPanel(QWidget):
         for item in (self.layers_image, self.heads_image, self.layer_mark):
             item.setVisible(visible)
         if not visible:
-            self.caption.setText(OFF)
+            self.caption.setText(empty_text(run))
             return
         layers = run.model.num_layers
         grid, first = layer_grid(step, layers)

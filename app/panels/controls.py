@@ -29,7 +29,8 @@ from PySide6.QtWidgets import (
 from app import requests as rq
 from app.glossary import tip
 from app.resources import sample_prompts
-from app.run_settings import SEED_MAX, SLOW_MAX_MS, RunSettings
+from app.run_settings import SLOW_MAX_MS, ModelChoice, RunSettings, param_shape
+from app.setting_widgets import control, narrow
 from engine.params import DEVICES, DTYPES
 from engine.remote import DEADLINE_S, without_credentials
 
@@ -44,9 +45,9 @@ class ControlsPanel(QWidget):
     load_requested = Signal()
     changed = Signal()                      # any setting the user changed (the window saves them soon after)
 
-    def __init__(self, run_settings: RunSettings) -> None:
+    def __init__(self, run_settings: RunSettings, model_choice: ModelChoice) -> None:
         super().__init__()
-        self.run_settings = run_settings
+        self.run_settings, self.model_choice = run_settings, model_choice
         # --- model ---
         self.model_box = QComboBox()
         self.model_box.setEditable(True)
@@ -86,6 +87,11 @@ class ControlsPanel(QWidget):
         self.model_status = QLabel("No model loaded yet.")
         self.model_status.setTextFormat(Qt.TextFormat.PlainText)
         self.model_status.setWordWrap(True)
+        self.pending = QLabel()                 # a choice made since the model loaded, not applied yet
+        self.pending.setTextFormat(Qt.TextFormat.PlainText)
+        self.pending.setWordWrap(True)
+        self.pending.setStyleSheet("font-weight: bold;")
+        self.pending.hide()
         model_group = self.model_group = QGroupBox("Model")
         form = QFormLayout(model_group)
         form.addRow("Source", self.model_box)          # one widget per row: the dock stays narrow (330 px)
@@ -99,7 +105,23 @@ class ControlsPanel(QWidget):
         form.addRow("Server deadline", self.deadline)
         form.addRow(self.trust_box)
         form.addRow(self.load_button)
+        form.addRow(self.pending)
         form.addRow(self.model_status)
+
+        # --- parameters: each control from its declaration in engine.params (range, step, unit, help) ---
+        made = {name: control(param_shape(name)) for name in (
+            "max_new_tokens", "temperature", "top_k", "top_p", "seed", "kv_cache", "static_cache", "compiled",
+            "chat_template", "attention")}
+        self.max_tokens, self.temperature, self.top_k, self.top_p, self.seed = (
+            made[n] for n in ("max_new_tokens", "temperature", "top_k", "top_p", "seed"))
+        self.kv_box, self.static_box, self.compile_box, self.chat_box, self.attention_box = (
+            made[n] for n in ("kv_cache", "static_cache", "compiled", "chat_template", "attention"))
+        self.random_seed = QCheckBox("random")
+        self.random_seed.setToolTip("A new seed each run (reported with the run)")
+        self.compile_box.setToolTip(self.compile_box.toolTip() + ". On a CPU decoding starts at once, eagerly, "
+                                    "while the graph is built beside it, and switches to it at the next step: "
+                                    "the timing charts mark where")
+        self.compile_box.setEnabled(False)
 
         # --- prompt ---
         self.samples = QComboBox()
@@ -113,9 +135,6 @@ class ControlsPanel(QWidget):
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Type a prompt, then Ctrl+Enter to run it")
         self.prompt.setPlainText("hey, what is continuous batching?")
-        self.chat_box = QCheckBox("Chat template")
-        self.chat_box.setChecked(True)
-        self.chat_box.setToolTip("Wrap the prompt as a user message with the model's chat template; off = raw text")
         prompt_group = QGroupBox("Prompt")
         pv = QVBoxLayout(prompt_group)
         row = QHBoxLayout()
@@ -124,56 +143,15 @@ class ControlsPanel(QWidget):
         pv.addLayout(row)
         pv.addWidget(self.prompt, 1)
 
-        # --- parameters ---
-        self.max_tokens = QSpinBox()
-        self.max_tokens.setRange(1, 8192)
-        self.max_tokens.setToolTip("How many tokens to generate at most (the model's context caps it)")
-        self.max_tokens.setValue(128)
-        self.max_tokens.setSuffix(" tokens")
-        self.temperature = QDoubleSpinBox()
-        self.temperature.setRange(0.0, 2.0)
-        self.temperature.setSingleStep(0.05)
-        self.temperature.setDecimals(2)
-        self.temperature.setSpecialValueText("0 (greedy)")
-        self.top_k = QSpinBox()
-        self.top_k.setRange(0, 49152)
-        self.top_k.setSpecialValueText("off")
-        self.top_p = QDoubleSpinBox()
-        self.top_p.setRange(0.01, 1.0)
-        self.top_p.setSingleStep(0.05)
-        self.top_p.setDecimals(2)
-        self.top_p.setValue(1.0)
-        self.seed = QSpinBox()
-        self.seed.setRange(0, SEED_MAX)
-        self.seed.setValue(42)
-        self.random_seed = QCheckBox("random")
-
-        self.kv_box = QCheckBox("KV cache")
-        self.kv_box.setChecked(True)
-        self.kv_box.setToolTip("Off: every decode step recomputes the whole sequence (watch the latency grow)")
-        self.static_box = QCheckBox("static")
-        self.static_box.setToolTip("Static KV cache: allocate it for prompt + max new tokens before the first "
-                                   "token, as compiled decoding needs: the heatmap outlines what is allocated but "
-                                   "unused")
-        self.compile_box = QCheckBox("compiled decode")
-        self.compile_box.setToolTip("Decode through torch.compile (CUDA graphs on a GPU). On a CPU decoding "
-                                    "starts at once, eagerly, while the graph is built beside it (a minute or "
-                                    "more the first time on a machine), and switches to it at the next step: "
-                                    "the timing charts mark where. Later runs of similar length reuse the graph")
-        self.compile_box.setEnabled(False)
-        self.attention_box = QCheckBox("record attention")
-        self.attention_box.setToolTip("Keep each step's attention weights over the cached positions for the "
-                                      "Attention view: costs time per step (shown there) and trace space")
         params_group = QGroupBox("Generation")
         pf = QFormLayout(params_group)
-        pf.addRow("Max new tokens", self.max_tokens)
-        pf.addRow("Temperature", self.temperature)
-        pf.addRow("Top-k", self.top_k)
-        pf.addRow("Top-p", self.top_p)
+        for name, box in (("max_new_tokens", self.max_tokens), ("temperature", self.temperature),
+                          ("top_k", self.top_k), ("top_p", self.top_p)):
+            pf.addRow(param_shape(name).setting.label, box)
         row = QHBoxLayout()
         row.addWidget(self.seed, 1)
         row.addWidget(self.random_seed)
-        pf.addRow("Seed", row)
+        pf.addRow(param_shape("seed").setting.label, row)
         row = QHBoxLayout()
         row.addWidget(self.kv_box)
         row.addWidget(self.static_box)
@@ -223,7 +201,7 @@ class ControlsPanel(QWidget):
         layout.addWidget(prompt_group, 1)
         layout.addWidget(params_group)
         layout.addWidget(run_group)
-        self.loaded: tuple[str, str, str] | None = None
+        self._shown_loaded: rq.Load | None = None
         self._writes = {
             self.prompt.textChanged: lambda: {"prompt": self.prompt.toPlainText()},
             self.max_tokens.valueChanged: lambda: {"max_new_tokens": self.max_tokens.value()},
@@ -242,10 +220,21 @@ class ControlsPanel(QWidget):
             signal.connect(lambda *_a, v=values: self._write(v()))
         for signal in (self.budget.valueChanged, self.deadline.valueChanged):
             signal.connect(lambda *_: self.changed.emit())
-        run_settings.subscribe(lambda _names: self.follow())
+        run_settings.subscribe(self._settings_changed)
+        model_choice.subscribe(self._model_changed)
+        for signal in (self.model_box.currentTextChanged, self.device_box.currentTextChanged,
+                       self.dtype_box.currentTextChanged, self.budget.valueChanged, self.deadline.valueChanged,
+                       self.trust_box.toggled):
+            signal.connect(lambda *_a: self._ask())
+        self._ask()
         self.set_running(False)
 
     # --- values -------------------------------------------------------------------------------------------
+    def _settings_changed(self, names: set[str]) -> None:
+        if "limits" in names:
+            self.follow_limits()
+        self.follow()
+
     def _write(self, values: dict) -> None:
         self.run_settings.update(**values)
         self.changed.emit()
@@ -283,20 +272,35 @@ class ControlsPanel(QWidget):
                        self.dtype_box.currentText(), self.trust_box.isChecked(),
                        memory_budget=int(self.budget.value() * GIB), deadline_s=float(self.deadline.value()))
 
-    def remember_model(self, model: str, device: str, dtype: str) -> None:
-        """Called when a load succeeded: only a model that loaded is offered again at the next launch (a server's
-        address without any user:password in it)."""
-        model = without_credentials(model)
-        self.loaded = (model, device, dtype)
-        if self.model_box.currentText() != model:      # a --model / --server from the command line shows in the box
+    def _model_changed(self, _names: set[str]) -> None:
+        """A load succeeded: the controls show what loaded (a --model, --device or --dtype from the command line
+        included); only a model that loaded is offered again at the next launch (without any user:password).
+        Whatever differs from the loaded model afterwards is shown as pending."""
+        loaded = self.model_choice.loaded
+        if loaded is not None and loaded != self._shown_loaded:
+            self._shown_loaded = loaded
+            model = without_credentials(loaded.model)
             trusted = self.trust_box.isChecked()
-            self.model_box.setCurrentText(model)
+            for box, text in ((self.model_box, model), (self.device_box, loaded.device),
+                              (self.dtype_box, loaded.dtype)):
+                if box.currentText() != text:
+                    box.setCurrentText(text)
             self.trust_box.setChecked(trusted)
-        self.changed.emit()
+            self.changed.emit()
+        pending = self.model_choice.pending_text()
+        self.pending.setText(f"Pending: {pending}" if pending else "")
+        self.pending.setVisible(bool(pending))
 
-    def set_model_limits(self, max_context: int, vocab_size: int, has_chat_template: bool = True) -> None:
-        self.max_tokens.setMaximum(max(1, max_context - 1))
-        self.top_k.setMaximum(vocab_size)
+    def _ask(self) -> None:
+        self.model_choice.ask(self.model_request())
+
+    def follow_limits(self) -> None:
+        """The loaded model's limits narrow the two controls they apply to (declared ranges otherwise)."""
+        limits = self.run_settings.limits
+        for name, box in (("max_new_tokens", self.max_tokens), ("top_k", self.top_k)):
+            box.blockSignals(True)
+            narrow(box, param_shape(name), limits.get(name))
+            box.blockSignals(False)
 
     def set_running(self, running: bool, busy: bool = False) -> None:
         """Buttons that make sense now: Run when idle, Stop/Pause while running, Step in both."""
@@ -320,11 +324,11 @@ class ControlsPanel(QWidget):
     def save(self, s: QSettings) -> None:
         """The model it loaded last and the sources offered (never with credentials); the run settings are
         saved by the window from ``RunSettings``."""
-        if self.loaded is not None:
-            model, device, dtype = self.loaded
-            s.setValue("controls/model", model)
-            s.setValue("controls/device", device)
-            s.setValue("controls/dtype", dtype)
+        loaded = self.model_choice.loaded
+        if loaded is not None:
+            s.setValue("controls/model", without_credentials(loaded.model))
+            s.setValue("controls/device", loaded.device)
+            s.setValue("controls/dtype", loaded.dtype)
         s.setValue("controls/models", [without_credentials(self.model_box.itemText(i))
                                        for i in range(self.model_box.count())][:10])
         s.setValue("controls/budget_gib", self.budget.value())

@@ -30,6 +30,7 @@ from app.paint import TimedGraphics
 from app.store import RunRecord, RunStore
 from app.viewstate import ViewState
 from engine import kvformula
+from engine.events import ServerFacts
 
 REMOTE = ("This run went through a server: it reveals no per-layer tensors, so there is no heatmap. Its KV cache "
           "in use, as the server reports it on /metrics, is in the Server load tab.")
@@ -144,13 +145,13 @@ class KVHeatmapPanel(QWidget):
                                               pen=pg.mkPen(th.CACHE_OFF, width=2, style=Qt.PenStyle.DashLine))
         for item in (self.k_bars, self.v_bars, self.state_bars, self.allocated_bars):
             self.bars_plot.addItem(item)
-        self.info = QLabel("Load a model and run a prompt to see the cache fill.")
+        self.info = QLabel(no_run_text(None))
         self.info.setToolTip(tip("KV cache", "GQA", "MQA", "MLA", "sliding window"))
         self.info.setWordWrap(True)
         self.info.setTextFormat(Qt.TextFormat.RichText)
         self.info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.info.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
-        split = QSplitter(Qt.Orientation.Vertical)
+        split = self.split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(self.graphics)
         split.addWidget(self.info)
         split.setStretchFactor(0, 3)
@@ -196,25 +197,30 @@ class KVHeatmapPanel(QWidget):
 
     def refresh(self) -> None:
         run = self.selected()
-        key = (run.run_id if run else None, self.store.version)
+        key = (run.run_id if run else None, self.store.version, id(self.store.loaded))
         if key == self._shown:
             return
         self._shown = key
         remote = run is not None and run.remote
-        self.graphics.setVisible(not remote)            # a server shows no tensors: no empty axes pretending to
-        for widget in self._controls:                   # nor modes and zoom for a chart that is not there
-            widget.setVisible(self._controls_wanted and not remote)
+        drawn = run is not None and not remote          # a server shows no tensors, and before a run there are none:
+        for widget in self._controls:                   # no empty axes pretending to be data, nor modes and zoom
+            widget.setVisible(self._controls_wanted and drawn)
+        if drawn and self.graphics.isHidden():
+            self.graphics.setVisible(True)
+            self.split.setSizes([3000, 1000])           # a splitter shows a child it hid at no height at all
+        else:
+            self.graphics.setVisible(drawn)
         if run is None or remote:
             self.image.setVisible(False)
-            self.info.setText(REMOTE if remote else "Load a model and run a prompt to see the cache fill.")
+            self.info.setText(REMOTE if remote else no_run_text(self.store.loaded))
             return
         self._draw(run)
 
     def set_controls_visible(self, visible: bool) -> None:
         """A lecture scene shows the heatmap and its arithmetic; the mode and zoom buttons stay behind."""
         self._controls_wanted = visible
-        for widget in self._controls:
-            widget.setVisible(visible)
+        self._shown = None
+        self.refresh()
 
     def refresh_range(self) -> None:
         self._apply_range(force=True)
@@ -350,6 +356,16 @@ class KVHeatmapPanel(QWidget):
                 f"{fmt(kvformula.full_context_kv_bytes(m))} — {seen / max(full, 1):.1%} used<br>"
                 f"{escape(kvformula.heads_text(m))}{notes}<br>Devices: {escape(layer_ranges(m.layer_devices))} · "
                 f"dtype {escape(m.dtype)}")
+
+
+def no_run_text(model: object) -> str:
+    """What the panel says before there is a run to draw, true to whether a model is loaded."""
+    if model is None:
+        return "No model is loaded yet: load one (Ctrl+L), then run a prompt to see its cache fill."
+    if isinstance(model, ServerFacts):
+        return REMOTE
+    return (f"No run yet: run the prompt (Ctrl+Enter) to see {escape(model.name)}'s cache fill, layer by layer, "
+            f"{kvformula.bytes_per_token(model):,} B per position by the formula (computed).")
 
 
 GPU_GIB = (24, 80)

@@ -82,10 +82,8 @@ class SamplingPanel(QWidget):
         """The step pinned in the view state (a click in the token view, the arrow keys in a scene), else the
         newest."""
         run = self.store.find(self.state.selected) if self.state.selected else None
-        if run is None or not run.steps:
-            return None
-        pinned = self.state.pinned_step(run.run_id)
-        return run.steps[pinned] if pinned is not None and pinned < run.n_steps else run.steps[-1]
+        index = self.state.shown_step(run.run_id, run.n_steps) if run is not None else None
+        return run.steps[index] if index is not None else None
 
     def refresh(self) -> None:
         step = self.current_step()

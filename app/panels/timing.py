@@ -17,11 +17,12 @@ from PySide6.QtWidgets import QCheckBox, QGridLayout, QHBoxLayout, QLabel, QSpin
 from app import theme as th
 from app.chart import Chart
 from app.glossary import tip
+from app.phase import PREFILL, decode_rate, figures, plural, rate, run_phase
 from app.store import RunRecord, RunStore
 from app.viewstate import MAIN, ViewState
 from engine import contention
 from engine.costmodel import Device, ModelCost
-from engine.events import RunSummary
+from engine.events import HardwarePeaks, RunSummary
 
 WAIT_GAP_MS = 1.0           # waits shorter than this are not drawn apart
 
@@ -202,6 +203,7 @@ class TimingPanel(QWidget):
         self.timeline.plot.getAxis("left").setTicks([[(i, f"#{r.number}") for i, r in enumerate(reversed(runs))]])
         self.legend.setText(legend_html(runs, self.state, selected))
         self.timeline.plot.setYRange(-0.6, max(len(runs), 1) - 0.4, padding=0.02)
+        self._empty_states(runs, selected)
         self.ttft_line.setVisible(selected is not None and bool(selected.n_steps))
         summary = selected.summary(with_text=False) if selected is not None else None
         self._mark_compiled(selected, summary.compiled_from_step if summary is not None else 0)
@@ -209,6 +211,18 @@ class TimingPanel(QWidget):
             self._update_summary(selected, summary, [r for r in runs if r is not selected])
         else:
             self.summary.setText("")
+
+    def _empty_states(self, runs: list[RunRecord], selected: RunRecord | None) -> None:
+        """A chart with nothing to draw yet shows no numbers on its axes and says what will appear."""
+        timed = any(r.n_steps for r in runs)
+        decoded = any(r.n_steps > 1 for r in runs)
+        prefill = selected is not None and run_phase(selected).name == PREFILL
+        first = ("Prefill running: its bar appears when the prompt's forward pass ends" if prefill else
+                 "The first run draws here: one prefill bar, then one bar per decode step")
+        self.timeline.set_empty(None if timed else first)
+        self.cumulative.set_empty(None if timed else "Appears as tokens are generated")
+        for chart in (self.latency, self.rate):
+            chart.set_empty(None if decoded else "Appears with the first decode step")
 
     def _mark_compiled(self, run: RunRecord | None, first: int) -> None:
         """The step where decode became compiled (``first``): at its start on the timeline, at its number on the
@@ -221,15 +235,24 @@ class TimingPanel(QWidget):
             self.compiled_lines[1].setValue(first)
 
     def _update_summary(self, run: RunRecord, s: RunSummary, others: list[RunRecord]) -> None:
+        """The selected run in numbers, each figure only once it exists (``app.phase``), then where the run is."""
         if run.n_steps:
             self.ttft_line.setValue(run.steps[0].t_ms)
-        incomplete = " · <b>incomplete</b> (the trace ends before the run did)" if run.incomplete else ""
+        phase, f = run_phase(run), figures(run)
         if run.remote:
-            self.summary.setText(remote_summary(run, s) + incomplete)
+            self.summary.setText(remote_summary(run, s) + f" · {escape(phase.words())}")
             return
-        text = (f"<b>#{run.number}</b> {escape(run.label)} · TTFT <b>{s.ttft_ms:,.1f} ms</b> · prefill "
-                f"{s.prompt_tokens} tokens in {s.prefill_ms:,.1f} ms ({s.prefill_tok_s:,.0f} tok/s) · decode "
-                f"{s.decode_runs} steps, <b>{s.decode_tok_s:,.1f} tok/s</b> (measured){incomplete}")
+        parts = []
+        if f.ttft_ms is not None:
+            parts.append(f"TTFT <b>{f.ttft_ms:,.1f} ms</b>")
+        if f.prefill_ms is not None:
+            parts.append(f"prefill {plural(f.prompt_tokens, 'token')} in {f.prefill_ms:,.1f} ms "
+                         f"({rate(f.prefill_tok_s)} tok/s)" if f.prefill_tok_s is not None else "")
+        if f.decode_tok_s is not None:
+            parts.append(f"decode {plural(f.decode_runs, 'step')}, <b>{escape(decode_rate(f.decode_tok_s))}</b>")
+        figures_text = " · ".join(p for p in parts if p) + " (measured)" if any(parts) else ""
+        text = " · ".join(t for t in (f"<b>#{run.number}</b> {escape(run.label)}", figures_text,
+                                      escape(phase.words())) if t)
         if s.compiled_from_step:
             built = (f", its graph built in {s.compile_ms / 1000:,.1f} s (not decode time)" if s.compile_ms else "")
             text += f" · compiled from step {s.compiled_from_step:,}{built}"
@@ -239,11 +262,11 @@ class TimingPanel(QWidget):
         comparison = compare(run, others[-1]) if others else ""
         if comparison:
             text += f"<br><b>{escape(comparison)}</b>"
-        note = contention.busy_note(s.cpu_share)
+        note = contention.busy_note(f.cpu_share)
         if note:
             text += f"<br><b>Note:</b> {escape(note)}"
         peaks = self.store.peaks
-        if peaks is not None and s.prefill_ms > 0:
+        if f.prefill_ms:
             text += "<br>" + bounds_text(run, s, peaks)
         self.summary.setText(text)
 
@@ -292,21 +315,44 @@ def compare(run: RunRecord, other: RunRecord) -> str:
             f"{lat[other.run_id]:,.0f} ms; {how} is {ratio:.1f}x slower per step (measured)")
 
 
-def bounds_text(run: RunRecord, s, peaks) -> str:
-    """Measured rates beside the ceilings the cost model computes from this machine's measured peaks. The
-    prefill FLOP/s is *achieved*: the cost model's FLOPs divided by the measured prefill time."""
+def bounds_text(run: RunRecord, s: RunSummary, peaks: HardwarePeaks | None) -> str:
+    """Measured rates beside the ceilings the cost model computes from this machine's peaks, each ceiling with
+    the bound that applies and its own arithmetic. The prefill FLOP/s is *achieved*: the cost model's FLOPs
+    divided by the measured prefill time. No ceiling from peaks measured on a busy machine (they sit below what
+    runs achieve), and none below a rate this run measured: that says the peaks are wrong, and so it says."""
     cost = ModelCost(run.model)
-    device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
-    position = s.reused_tokens + s.prompt_tokens + max(s.generated_tokens - 1, 0)
-    step = cost.decode(position)
     evaluated = cost.prefill(s.reused_tokens + s.prompt_tokens).flops - (cost.prefill(s.reused_tokens).flops
                                                                          if s.reused_tokens else 0.0)
     prefill_flops = evaluated / (s.prefill_ms / 1000.0)
-    ceiling = cost.decode_bound_tok_s(position, device)
-    decode = (f"decode {s.decode_tok_s:,.1f} tok/s measured vs ceiling <b>{ceiling:,.1f}"
-              f" tok/s</b> computed ({peaks.bytes_per_s / 1e9:,.1f} GB/s ÷ {step.bytes / 2**20:,.0f} MiB read per "
-              f"token)" if run.started.params.kv_cache else "decode without cache: every step is a prefill")
-    busy = " (peaks measured on a busy machine)" if contention.busy(peaks.cpu_share) else ""
-    return (f"{decode} · prefill {prefill_flops / 1e9:,.1f} GFLOP/s achieved ({evaluated / 1e9:,.2f} GFLOP computed "
-            f"÷ {s.prefill_ms:,.1f} ms measured) vs peak {peaks.flops_per_s / 1e9:,.0f} GFLOP/s (measured matmul)"
-            f"{busy}")
+    achieved = (f"prefill {prefill_flops / 1e9:,.1f} GFLOP/s achieved ({evaluated / 1e9:,.2f} GFLOP computed ÷ "
+                f"{s.prefill_ms:,.1f} ms measured)")
+    if peaks is None:
+        return f"{achieved} · ceilings: this machine's peaks are not measured yet (Run > Measure this machine)"
+    if not peaks.quiet:
+        return (f"{achieved} · ceilings: not shown, this machine's peaks were measured while it was busy "
+                "(Run > Measure this machine again, when nothing else runs)")
+    device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
+    parts = []
+    if run.started.params.kv_cache and s.decode_runs:
+        position = s.reused_tokens + s.prompt_tokens + max(s.generated_tokens - 1, 0)
+        step = cost.decode(position)
+        ceiling = cost.decode_bound_tok_s(position, device)
+        if step.bound(device) == "bandwidth":
+            how = f"{peaks.bytes_per_s / 1e9:,.1f} GB/s ÷ {step.bytes / 2**20:,.0f} MiB read per token"
+        else:
+            how = f"{peaks.flops_per_s / 1e9:,.1f} GFLOP/s ÷ {step.flops / 1e9:,.2f} GFLOP per token"
+        if s.decode_tok_s > ceiling:
+            parts.append(f"decode {rate(s.decode_tok_s)} tok/s measured, above the {rate(ceiling)} tok/s the peaks "
+                         f"allow ({how}): the measured peaks are too low for this machine (Run > Measure this "
+                         "machine again)")
+        else:
+            parts.append(f"decode {rate(s.decode_tok_s)} tok/s measured vs ceiling <b>{rate(ceiling)} tok/s</b> "
+                         f"computed, {step.bound(device)}-bound ({how})")
+    elif not run.started.params.kv_cache:
+        parts.append("decode without cache: every step is a prefill")
+    if prefill_flops > peaks.flops_per_s:
+        parts.append(f"{achieved}, above the measured matmul peak of {peaks.flops_per_s / 1e9:,.0f} GFLOP/s: the "
+                     "peak is too low for this machine")
+    else:
+        parts.append(f"{achieved} vs peak {peaks.flops_per_s / 1e9:,.0f} GFLOP/s (measured matmul)")
+    return " · ".join(parts)

@@ -18,6 +18,7 @@ from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QTextEdit, QVBoxLayout, QWidget
 
 from app import theme as th
+from app.phase import run_line
 from app.store import RunRecord, RunStore
 from app.viewstate import ViewState
 
@@ -146,6 +147,9 @@ class TokensPanel(QWidget):
         top.addWidget(self.legend, 1)
         self._controls = [colour, self.mode_box]
         self.text = TokenText()
+        self.run_line = QLabel()              # the run's figures and how it ended, under the reply
+        self.run_line.setTextFormat(Qt.TextFormat.PlainText)
+        self.run_line.setWordWrap(True)
         self.detail = QLabel(HINT)
         self.detail.setTextFormat(Qt.TextFormat.PlainText)
         self.detail.setWordWrap(True)
@@ -154,6 +158,7 @@ class TokensPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(top)
         layout.addWidget(self.text, 1)
+        layout.addWidget(self.run_line)
         layout.addWidget(self.detail)
         self.text.hovered.connect(self._hover)
         self.text.clicked.connect(self._click)
@@ -190,6 +195,10 @@ class TokensPanel(QWidget):
 
     def refresh(self) -> None:
         run = self.selected()
+        line = run_line(run)
+        if self.run_line.text() != line:
+            self.run_line.setText(line)
+        self.run_line.setVisible(bool(line))
         if run is None:
             if self._run_id is not None:
                 self.text.reset()

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from app.panels.attention import OFF, layer_grid, row_ticks, shares
+from app.panels.attention import empty_text, layer_grid, row_ticks, shares
 from engine.events import AttentionStep
 from tests.app.conftest import run_and_wait, wait_idle
 
@@ -43,7 +43,8 @@ def test_a_recorded_run_fills_the_view_and_a_clicked_token_pins_its_step(qtbot, 
     window.controls.max_tokens.setValue(5)
     plain = run_and_wait(qtbot, window)
     window.refresh(force=True)
-    assert window.attention.caption.text() == OFF and not window.attention.layers_image.isVisible()
+    assert window.attention.caption.text() == empty_text(plain) and not window.attention.layers_image.isVisible()
+    assert f"Run #{plain.number} did not record attention" in empty_text(plain)
     window.controls.attention_box.setChecked(True)
     run = run_and_wait(qtbot, window)
     window.refresh(force=True)

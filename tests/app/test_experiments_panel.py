@@ -6,7 +6,12 @@ import io
 import pytest
 
 from app import export
+from engine.events import HardwarePeaks
 from tests.app.conftest import run_and_wait, wait_idle
+
+# Peaks as a quiet machine measures them, set by the test: measured here, on a busy machine, they would give no
+# ceiling at all (the window draws none from a busy measurement), and the verdict would depend on the load.
+QUIET_PEAKS = HardwarePeaks("a quiet CPU", "float32", flops_per_s=2e12, bytes_per_s=5e11, cpu_share=0.97)
 
 
 def run_experiment(qtbot, window, kind, **setup):
@@ -22,6 +27,7 @@ def run_experiment(qtbot, window, kind, **setup):
 
 
 def test_prefill_sweep_fills_chart_table_and_explanation(qtbot, window):
+    window.client.worker.peaks = QUIET_PEAKS
     view, record = run_experiment(qtbot, window, "prefill", max_length=128, repeats=1)
     assert record is not None and record.finished and record.end.reason == "done"
     assert list(record.series("prefill", "tokens")) == [16, 32, 64, 128]
@@ -85,11 +91,13 @@ def test_cancel_keeps_the_points_measured_so_far(qtbot, window, monkeypatch):
 
 
 def test_timing_panel_labels_measured_computed_and_achieved_figures(qtbot, window):
-    qtbot.waitUntil(lambda: window.store.peaks is not None, timeout=30_000)
     window.controls.max_tokens.setValue(6)
     run = run_and_wait(qtbot, window)
+    window.store.peaks = QUIET_PEAKS
+    window.store.version += 1
+    window.refresh(force=True)
     text = window.timing.summary.text()
-    assert "tok/s measured vs ceiling" in text and "tok/s</b> computed" in text
+    assert "tok/s measured vs ceiling" in text and "tok/s</b> computed, bandwidth-bound (500.0 GB/s ÷" in text
     # prefill FLOP/s is the cost model's FLOPs over a measured time: "achieved", with the derivation shown
     assert "GFLOP/s achieved (" in text and "GFLOP computed ÷" in text
     assert f"{run.summary().prefill_ms:,.1f} ms measured) vs peak" in text
@@ -166,3 +174,24 @@ def test_paged_kv_draws_each_requests_blocks_and_scrubs_through_the_steps(qtbot,
     assert f"Step {first.step}, 1 of {len(record.tables)}" in view.explain.text()
     ticks = [label for _, label in view.plot.getAxis("left")._tickLevels[0]]
     assert ticks == [f"#{r}" for r in first.running] + [f"pool ({first.total_blocks})"]
+
+
+def test_a_ceiling_is_never_shown_below_a_rate_the_same_run_measured(qtbot, window):
+    """Peaks measured too low (a busy machine) would put the ceiling under the measurement: the panel says the
+    peaks are wrong instead, and draws no ceiling from a busy measurement at all."""
+    from app.panels.timing import bounds_text
+
+    window.controls.max_tokens.setValue(6)
+    run = run_and_wait(qtbot, window)
+    s = run.summary()
+    low = HardwarePeaks("a CPU", "float32", flops_per_s=1e6, bytes_per_s=1e3, cpu_share=0.97)
+    text = bounds_text(run, s, low)
+    assert "vs ceiling" not in text and "above the" in text and "the measured peaks are too low" in text
+    busy = HardwarePeaks("a CPU", "float32", flops_per_s=2e12, bytes_per_s=5e11, cpu_share=0.3)
+    assert "ceiling" not in bounds_text(run, s, busy).split("ceilings:")[0]
+    assert "measured while it was busy" in bounds_text(run, s, busy)
+    assert "not measured yet" in bounds_text(run, s, None)
+    # the bound that applies, with its own arithmetic: compute-bound where the matmul peak is the lower roof
+    compute = bounds_text(run, s, HardwarePeaks("a CPU", "float32", flops_per_s=1e12, bytes_per_s=1e15,
+                                                cpu_share=0.97))
+    assert "compute-bound (1,000.0 GFLOP/s ÷" in compute and "GB/s ÷" not in compute

@@ -14,6 +14,7 @@ from app.chart import Chart
 from app.scene_list import NAMES
 from app.scenes import CAPTION_LINES, run_claim, split_caption
 from app.store import RunRecord
+from app.viewstate import ViewState
 from engine.events import RunStarted
 from tests.app.conftest import close_and_dispose, open_replayed, run_and_wait, wait_idle
 
@@ -114,7 +115,7 @@ def test_a_caption_claims_nothing_measured_before_the_prefill_ends(tiny):
     started = next(e for e in events if isinstance(e, RunStarted))
     run = RunRecord(started)
     for name in ("prefill", "kv", "memory"):
-        claim = run_claim(name, run)
+        claim = run_claim(name, run, ViewState())
         assert "prefill running" in claim and "measured" not in claim and " ms" not in claim, (name, claim)
 
 

@@ -1,0 +1,227 @@
+"""What is known about a run or an experiment *now*, as one value every view reads, so no view composes its words
+from whatever partial state it finds.
+
+A run goes nothing yet → prefill running → decoding (token N) → stopped / finished (reason) / failed, or a
+replayed trace ends first (incomplete). Its figures exist one at a time: TTFT with the first token, the
+prefill's time when its pass has ended, a decode rate once one decode step is timed. ``RunFigures`` holds each
+as a number or None, so a caption, a summary, a status label or a legend can only draw a figure that exists,
+and "measured" is never attached to nothing. An experiment goes running (point k of n) → stopped after k of n
+/ finished / failed; ``ExperimentPhase`` says so, with how many points were kept.
+
+Plain Python: no Qt, no torch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from app.store import ExperimentRecord, RunRecord
+from engine.events import RunFailed, RunFinished
+
+NOTHING, PREFILL, DECODING, STOPPED, FINISHED, FAILED, INCOMPLETE = (
+    "nothing", "prefill", "decoding", "stopped", "finished", "failed", "incomplete")
+ENDED = (STOPPED, FINISHED, FAILED, INCOMPLETE)
+
+
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """``1 token``, ``2 tokens``, with thousands separators."""
+    return f"{count:,} {one if count == 1 else (many or one + 's')}"
+
+
+def rate(tok_s: float) -> str:
+    """Tokens per second with about three significant digits: a slow rate is 0.0412, never "0.0"."""
+    if tok_s >= 100:
+        return f"{tok_s:,.0f}"
+    if tok_s >= 10:
+        return f"{tok_s:.1f}"
+    if tok_s >= 1:
+        return f"{tok_s:.2f}"
+    return f"{tok_s:.3g}"
+
+
+def per_token(ms: float) -> str:
+    """Time per token as llama.cpp prints it beside the rate: ms, or seconds past a second."""
+    return f"{ms / 1000:,.2f} s/token" if ms >= 1000 else f"{ms:,.1f} ms/token"
+
+
+def decode_rate(tok_s: float) -> str:
+    """``27.1 tok/s, 36.9 ms/token``: the rate and its reciprocal, so a slow one reads as what it is."""
+    return f"{rate(tok_s)} tok/s, {per_token(1000.0 / tok_s)}" if tok_s > 0 else "no decode step timed"
+
+
+def duration(ms: float) -> str:
+    return f"{ms / 1000:,.1f} s" if ms >= 1000 else f"{ms:,.0f} ms"
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """A run's figures that exist now; None for one that does not exist yet (or cannot: a server shows no
+    prefill). ``decode_runs`` counts decode steps timed (the first token came from the prefill)."""
+
+    ttft_ms: float | None = None
+    prompt_tokens: int | None = None
+    prefill_ms: float | None = None
+    prefill_tok_s: float | None = None
+    generated: int = 0
+    decode_runs: int = 0
+    decode_ms: float | None = None
+    decode_tok_s: float | None = None
+    kv_bytes: int | None = None
+    cpu_share: float | None = None
+
+
+def figures(run: RunRecord | None) -> RunFigures:
+    if run is None:
+        return RunFigures()
+    s = run.summary(with_text=False)
+    first = run.n_steps > 0
+    prefilled = run.prefill is not None and not run.remote
+    decoded = s.decode_runs > 0 and s.decode_ms > 0
+    return RunFigures(
+        ttft_ms=s.ttft_ms if first else None,
+        prompt_tokens=s.prompt_tokens,
+        prefill_ms=s.prefill_ms if prefilled else None,
+        prefill_tok_s=s.prefill_tok_s if prefilled and s.prefill_ms else None,
+        generated=s.generated_tokens, decode_runs=s.decode_runs,
+        decode_ms=s.decode_ms if decoded else None,
+        decode_tok_s=s.decode_tok_s if decoded else None,
+        kv_bytes=s.kv_bytes if prefilled else None,
+        cpu_share=s.cpu_share if run.finished else None)
+
+
+FINISH_WORDS = {"eos": "the model ended its answer (end-of-sequence token)",
+                "max_tokens": "reached the limit of {limit} new tokens",
+                "context_full": "the context window is full ({context} positions)"}
+
+
+@dataclass(frozen=True)
+class RunPhase:
+    """Where a run is. ``tokens``: generated so far (the first from the prefill); ``limit``: its max new tokens;
+    ``reason``: a finished run's reason, a failed one's message; ``elapsed_ms``: since it started."""
+
+    name: str
+    tokens: int = 0
+    limit: int = 0
+    reason: str = ""
+    elapsed_ms: float = 0.0
+    prompt_tokens: int = 0
+    context: int = 0
+
+    @property
+    def ended(self) -> bool:
+        return self.name in ENDED
+
+    @property
+    def running(self) -> bool:
+        return self.name in (PREFILL, DECODING)
+
+    def words(self) -> str:
+        """The phase in a few words, as a status line or a caption's end says it."""
+        if self.name == NOTHING:
+            return "no run yet"
+        if self.name == PREFILL:
+            return (f"prefill running: {plural(self.prompt_tokens, 'prompt token')} in one forward pass, "
+                    f"{self.elapsed_ms / 1000:,.1f} s so far")
+        if self.name == DECODING:
+            return f"decoding: token {self.tokens:,} of at most {self.limit:,}"
+        if self.name == STOPPED:
+            if not self.tokens:
+                return "stopped during the prefill: nothing was measured"
+            return f"stopped after {plural(self.tokens, 'token')}; what was measured is kept"
+        if self.name == FINISHED:
+            why = FINISH_WORDS.get(self.reason, self.reason).format(limit=f"{self.limit:,}",
+                                                                    context=f"{self.context:,}")
+            return f"finished after {plural(self.tokens, 'token')}: {why}"
+        if self.name == FAILED:
+            return f"failed after {plural(self.tokens, 'token')}: {self.reason}"
+        if self.name == INCOMPLETE:
+            return f"the trace ends after {plural(self.tokens, 'token')}, before the run did"
+        return self.name
+
+
+def run_phase(run: RunRecord | None, now: float | None = None) -> RunPhase:
+    """The phase of ``run`` (None: nothing yet). ``now``: ``time.monotonic()`` by default, for the elapsed time."""
+    if run is None:
+        return RunPhase(NOTHING)
+    params = run.started.params
+    context = getattr(run.model, "max_context", None) or getattr(run.model, "context", None) or 0
+    base = dict(tokens=run.n_steps, limit=params.max_new_tokens, prompt_tokens=run.prompt_tokens, context=context)
+    if run.incomplete:
+        return RunPhase(INCOMPLETE, **base)
+    end = run.end
+    if isinstance(end, RunFailed):
+        return RunPhase(FAILED, reason=end.message, elapsed_ms=end.t_ms, **base)
+    if isinstance(end, RunFinished):
+        name = STOPPED if end.reason == "stopped" else FINISHED
+        return RunPhase(name, reason=end.reason, elapsed_ms=end.t_ms, **base)
+    elapsed = ((now if now is not None else time.monotonic()) - run.arrived) * 1000.0 + run.started.t_ms
+    return RunPhase(DECODING if run.n_steps else PREFILL, elapsed_ms=elapsed, **base)
+
+
+RUNNING_EXPERIMENT = "running"
+
+
+@dataclass(frozen=True)
+class ExperimentPhase:
+    """Where an experiment is: ``done`` of ``total`` by its last progress report, ``points`` measured."""
+
+    name: str
+    done: int = 0
+    total: int = 0
+    points: int = 0
+    message: str = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.name in ENDED
+
+    @property
+    def measured(self) -> bool:
+        """Something was measured: a "measured" label or a busy note may be shown."""
+        return self.points > 0
+
+    def words(self) -> str:
+        if self.name == NOTHING:
+            return "not run yet"
+        if self.name == RUNNING_EXPERIMENT:
+            return f"running: {self.done:,} of {self.total:,}" + (f" · {self.message}" if self.message else "")
+        if self.name == STOPPED:
+            if not self.points:
+                return "stopped before its first measurement: nothing was measured"
+            return f"stopped after {self.done:,} of {self.total:,}; {plural(self.points, 'point')} measured, kept"
+        if self.name == FAILED:
+            return f"failed: {self.message}"
+        return "finished"
+
+
+def experiment_phase(record: ExperimentRecord | None) -> ExperimentPhase:
+    if record is None:
+        return ExperimentPhase(NOTHING)
+    progress = record.progress
+    done, total = (progress.done, progress.total) if progress is not None else (0, 0)
+    points = len([p for p in record.points if p.series != "skipped"])
+    end = record.end
+    if end is None:
+        return ExperimentPhase(RUNNING_EXPERIMENT, done, total, points, progress.message if progress else "")
+    if not hasattr(end, "reason"):
+        return ExperimentPhase(FAILED, done, total, points, getattr(end, "message", ""))
+    stopped = end.reason == "stopped" or (record.result is not None and record.result.incomplete)
+    return ExperimentPhase(STOPPED if stopped else FINISHED, done, total, points)
+
+
+def run_line(run: RunRecord | None) -> str:
+    """The line under a reply, as LM Studio writes it: TTFT, the decode rate with ms per token, and how the run
+    ended (or where it is), with only the figures that exist."""
+    if run is None:
+        return ""
+    phase, f = run_phase(run), figures(run)
+    client = " (client)" if run.remote else ""
+    parts = []
+    if f.ttft_ms is not None:
+        parts.append(f"TTFT {f.ttft_ms:,.0f} ms{client}")
+    if f.decode_tok_s is not None:
+        parts.append(f"decode {decode_rate(f.decode_tok_s)}{client}")
+    if parts:
+        parts[-1] += " (measured)"
+    return " · ".join([*parts, phase.words()])

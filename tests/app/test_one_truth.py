@@ -1,0 +1,166 @@
+"""One truth per screen: every view, in every phase of a run, says what is known then and nothing more.
+
+A run is walked through its phases (nothing yet, prefill running, decoding, stopped, finished, failed, replayed
+from a trace) on the tiny model, and at each one every text the window shows is read: the status strip, the
+timing summary, the line under the reply, the KV panel, the attention and sampling captions and every run scene's
+caption at 1280x720. No TTFT or rate before one exists, "measured" only beside a measured figure, a stopped or
+failed run says so, and a scene's caption describes the step its chart shows."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from PySide6.QtCore import QRect
+
+from app import lecture
+from app.phase import DECODING, FAILED, FINISHED, NOTHING, PREFILL, STOPPED, figures, run_phase
+from app.scenes import RUN_SCENES, scene_claim
+from engine.faults import parse
+from tests.app.conftest import close_and_dispose, open_replayed, run_and_wait, wait_idle
+
+RATE = re.compile(r"\d[\d,.]* tok/s")
+TTFT = re.compile(r"TTFT [\d,.]+ ms")
+
+
+def texts(window) -> dict[str, str]:
+    """Every text the window shows about the selected run, by where it is shown (scenes: their whole caption)."""
+    window.refresh(force=True)
+    out = {f"status {name}": label.text() for name, label in window.status.labels.items() if name != "memory"}
+    out.update({"timing summary": window.timing.summary.text(), "run line": window.tokens.run_line.text(),
+                "kv info": window.kv.info.text(), "attention": window.attention.caption.text(),
+                "sampling": window.sampling.caption.text()})
+    for scene in RUN_SCENES:
+        out[f"scene {scene}"] = scene_claim(scene, window.scene_view.context)
+    return out
+
+
+def assert_true_to(window, phase_name: str) -> dict[str, str]:
+    run = window.store.current
+    phase = run_phase(run)
+    assert phase.name == phase_name, (phase, run and run.reason)
+    f = figures(run)
+    shown = texts(window)
+    for where, text in shown.items():
+        if f.ttft_ms is None:
+            assert not TTFT.search(text), (phase_name, where, text)
+        for rate in RATE.finditer(text):        # a rate is shown only once it exists: prefill's, or decode's
+            of_prefill = "prefill" in text[max(rate.start() - 40, 0):rate.start()]
+            assert (f.prefill_tok_s if of_prefill else f.decode_tok_s) is not None, (phase_name, where, text)
+        if "measured" in text and "not measured" not in text and "nothing was measured" not in text:
+            assert f.ttft_ms is not None or "formula" in text or "(computed)" in text, (phase_name, where, text)
+    if phase_name in (STOPPED, FAILED):
+        said = phase_name if phase_name == FAILED else "stopped"
+        for where in ("run line", "timing summary", "scene prefill", "scene kv"):
+            assert said in shown[where], (where, shown[where])
+    return shown
+
+
+@pytest.fixture
+def screen(monkeypatch):
+    area = QRect(0, 0, 1280, 720)
+    monkeypatch.setattr(lecture, "screen_area", lambda window, available=False: QRect(area))
+    return area
+
+
+def test_every_view_says_only_what_is_known_in_every_phase_of_a_live_run(qtbot, window, screen):
+    w = window
+    w.controls.max_tokens.setValue(12)
+    assert w.store.current is None
+    shown = texts(w)
+    assert not any(TTFT.search(t) or RATE.search(t) for t in shown.values()), shown
+    assert "No run yet" in w.kv.info.text() and "No run yet" in w.attention.caption.text()
+    assert not w.timing.timeline.plot.getAxis("bottom").style["showValues"]      # no 0…1 axis pretending to be data
+    assert w.timing.timeline.empty_message and w.timing.latency.empty_message
+    assert run_phase(None).name == NOTHING
+
+    # prefill running: the forward pass is held for 3 s
+    w.client.worker.session.fault_hook = parse("prefill:0:sleep=3")
+    w.controller.run()
+    qtbot.waitUntil(lambda: w.store.current is not None)
+    shown = assert_true_to(w, PREFILL)
+    assert shown["status ttft"].startswith("prefill running") and "prefill running" in shown["scene prefill"]
+    assert w.timing.timeline.empty_message.startswith("Prefill running")
+    wait_idle(qtbot, w)
+    w.client.worker.session.fault_hook = None
+
+    # decoding: a run paused after its prefill, then let through two steps
+    w.controller.run(paused=True)
+    qtbot.waitUntil(lambda: w.store.current.n_steps == 1 and w.client.control.paused)
+    assert_true_to(w, DECODING)
+    for _ in range(2):
+        before = w.store.current.n_steps
+        w.controller.step()
+        qtbot.waitUntil(lambda: w.store.current.n_steps == before + 1)
+    shown = assert_true_to(w, DECODING)
+    assert "decoding: token 3 of at most 12" in shown["run line"]
+    assert RATE.search(shown["status decode"]) and w.timing.latency.empty_message is None
+
+    # stopped there: what was measured is kept, and every view says it stopped
+    w.controller.stop()
+    wait_idle(qtbot, w)
+    shown = assert_true_to(w, STOPPED)
+    assert "stopped after 3 tokens" in shown["run line"]
+
+    # finished, in words
+    run = run_and_wait(qtbot, w)
+    shown = assert_true_to(w, FINISHED)
+    assert "finished after" in shown["run line"] and (
+        "reached the limit of 12 new tokens" in shown["run line"] or "end-of-sequence" in shown["run line"])
+
+    # failed at step 2: the figures so far stay, the failure is said
+    w.client.worker.session.fault_hook = parse("decode:2:error")
+    run_and_wait(qtbot, w)
+    w.client.worker.session.fault_hook = None
+    shown = assert_true_to(w, FAILED)
+    assert "injected failure" in shown["run line"]
+    assert run.reason in ("max_tokens", "eos")
+
+
+def test_a_replayed_run_reads_the_same_as_it_did_live(qtbot, lecture_trace, screen):
+    w = open_replayed(qtbot, lecture_trace, (1280, 720))
+    try:
+        w.state.select(next(r for r in w.store.runs if not r.started.experiment).run_id, "replay")
+        shown = assert_true_to(w, FINISHED)
+        assert TTFT.search(shown["status ttft"]) and "(measured)" in shown["run line"]
+    finally:
+        close_and_dispose(w)
+
+
+def test_the_sampling_scene_caption_describes_the_step_its_chart_shows(qtbot, lecture_trace, screen):
+    w = open_replayed(qtbot, lecture_trace, (1280, 720))
+    try:
+        w.lecture.enter("sampling")
+        run = w.store.find(w.state.selected)
+        for delta in (-1, -1, -1, 2):
+            w.lecture.step_tokens(delta)
+            w.refresh(force=True)
+            step = w.state.shown_step(run.run_id, run.n_steps)
+            heading = re.search(r"Step (\d+)", w.sampling.caption.text()).group(1)
+            caption = re.search(r"Step (\d+)", w.scene_view.claim()).group(1)
+            assert int(heading) == int(caption) == step, (heading, caption, step)
+        w.lecture.leave()
+    finally:
+        close_and_dispose(w)
+
+
+def test_a_stopped_experiment_scene_says_how_far_it_got_and_claims_no_measurement_before_one(qtbot, window, screen):
+    from tests.app.conftest import start_lesson
+
+    w = window
+    w.lecture.enter("cache")
+    w.client.worker.session.fault_hook = parse("prefill:0:sleep=2")      # every run's prefill is held 2 s
+    assert start_lesson(w, "cache", new_tokens=8)
+    qtbot.waitUntil(lambda: w.store.latest_experiment("cache") is not None)
+    w.lecture.stop()
+    assert "Stopping…" in w.scene_view.footer.text()
+    wait_idle(qtbot, w)
+    w.client.worker.session.fault_hook = None
+    w.refresh(force=True)
+    claim = w.scene_view.claim()
+    record = w.store.latest_experiment("cache")
+    assert record.end.reason == "stopped" and claim.startswith("3 · KV cache on vs off: stopped"), claim
+    assert not record.points and "nothing was measured" in claim and "busy" not in claim
+    assert w.experiments.views["cache"].chart.legend_names() == []
+    assert "Stopping…" not in w.scene_view.footer.text()        # the stop has taken effect: the word goes
+    w.lecture.leave()

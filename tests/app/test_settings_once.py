@@ -1,0 +1,146 @@
+"""A setting is declared once (``engine.params``, the lessons' settings): the controls, the CLI, the settings file
+and the lecture keys agree on its range and default; the loaded model narrows what depends on it; a choice made
+since the model loaded is pending, and says so."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSettings
+
+from app.phase import plural
+from app.run_settings import Choices, RunSettings, param_shape
+from engine import lessons
+from engine.cli import generate_parser
+from engine.command_line import settings_from
+from engine.events import HardwarePeaks
+from engine.params import DEFAULT_SEED, GenerationParams
+from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
+
+
+def test_the_window_and_the_cli_share_every_run_default_the_seed_included():
+    parser = generate_parser()
+    from_cli = settings_from(GenerationParams, parser.parse_args(["--prompt", "hi"]), parser)
+    from_window = RunSettings().params()
+    assert from_cli == from_window == GenerationParams()
+    assert from_cli.seed == Choices().seed == DEFAULT_SEED == 42
+    random = settings_from(GenerationParams, parser.parse_args(["--prompt", "hi", "--seed", "random"]), parser)
+    assert random.seed is None                          # the session draws one and reports it
+
+
+def test_each_control_takes_its_range_step_and_unit_from_the_declaration(window):
+    c = window.controls
+    for name, box in (("temperature", c.temperature), ("top_p", c.top_p)):
+        shape = param_shape(name)
+        assert (box.minimum(), box.maximum(), box.singleStep()) == (shape.span.low, shape.span.high,
+                                                                    shape.setting.step), name
+    assert c.temperature.maximum() == 100.0               # what the engine accepts, not a narrower 2.0
+    assert c.max_tokens.suffix() == " tokens" and c.top_k.specialValueText() == "off"
+
+
+def test_a_dtype_chosen_after_loading_is_pending_and_the_run_says_what_it_used(qtbot, window):
+    c = window.controls
+    assert not c.pending.isVisibleTo(window) and window.controller.model_choice.pending() == []
+    c.dtype_box.setCurrentText("bfloat16")
+    assert window.controller.model_choice.pending() == ["dtype bfloat16"]
+    assert c.pending.isVisibleTo(window) and "dtype bfloat16: press Load model" in c.pending.text()
+    assert "dtype float32" in c.pending.text()                         # what runs use meanwhile
+    c.max_tokens.setValue(2)
+    window.controller.run()
+    assert "not yet applied: dtype bfloat16" in window.status.currentMessage()
+    wait_idle(qtbot, window)
+    assert window.store.current.model.dtype == "float32" and c.pending.isVisibleTo(window)
+    c.dtype_box.setCurrentText("float32")
+    assert not c.pending.isVisibleTo(window)
+
+
+def test_a_failed_load_keeps_its_source_as_pending_beside_the_model_still_loaded(qtbot, window, tiny_model_dir):
+    c = window.controls
+    c.model_box.setCurrentText("/nope")
+    window.controller.load_model()                  # Ctrl+L: what the controls name now
+    wait_idle(qtbot, window)
+    assert window.banner.isVisible() and "/nope" in window.banner.label.text()
+    assert c.pending.text().startswith("Pending: source /nope (its last load failed)")
+    assert str(tiny_model_dir) in c.pending.text()             # runs still use the model that is loaded
+    assert "Could not load /nope." in c.model_status.text()
+
+
+def test_k_and_m_stay_within_the_loaded_models_vocabulary_and_context(qtbot, window):
+    facts = window.client.model.model
+    window.lecture.enter("sampling")
+    for _ in range(12):
+        window.lecture.parameter("top_k", 1)
+        window.lecture.parameter("max_new_tokens", 1)
+        window.controller.stop()
+        wait_idle(qtbot, window)
+    c = window.run_settings.choices
+    assert c.top_k == facts.vocab_size and c.max_new_tokens == facts.max_context - 1
+    assert window.controls.top_k.maximum() == facts.vocab_size
+    assert window.controls.max_tokens.maximum() == facts.max_context - 1
+    window.lecture.leave()
+
+
+def test_m_in_an_experiment_scene_changes_what_r_runs_there_and_t_says_it_does_not_apply(qtbot, window):
+    window.lecture.enter("cache")
+    window.lecture.parameter("max_new_tokens", 1)
+    settings = window.controller.choices.for_run("cache", lessons.lesson("cache").settings, "")
+    assert settings.new_tokens == 96                               # the lesson's 48, doubled: what R runs now
+    assert window.run_settings.choices.max_new_tokens == 128       # the prompt's setting is not what R runs here
+    assert "<b>M</b> 96 tokens" in window.scene_view.footer.text()
+    assert "new tokens (both runs) 96; R runs the scene with it" in window.scene_view.footer.text()
+    window.lecture.parameter("temperature", 1)
+    assert "T does not apply in this scene" in window.scene_view.footer.text()
+    assert window.run_settings.choices.temperature == 0.0
+    form = window.experiments.views["cache"].form
+    window.lecture.parameter("max_new_tokens", -1)
+    assert window.controller.choices.settings["cache"].new_tokens == 48
+    assert form.readers["new_tokens"]() == 48                       # the tab's form shows what R will run
+    window.lecture.leave()
+
+
+def test_a_saved_temperature_out_of_its_range_is_refused_with_a_note_and_one_in_range_shows_as_it_runs(
+        qtbot, tmp_path, monkeypatch):
+    path = tmp_path / "saved.ini"
+    monkeypatch.setenv("KVSCOPE_SETTINGS", str(path))
+    stored = QSettings(str(path), QSettings.Format.IniFormat)
+    stored.setValue("run/temperature", 500.0)
+    stored.setValue("run/top_p", 0.5)
+    stored.sync()
+    w = make_window(qtbot)
+    try:
+        assert w.banner.isVisible() and "temperature (500.0)" in w.banner.label.text()
+        assert w.run_settings.choices.temperature == 0.0 and w.controls.temperature.value() == 0.0
+        assert w.controls.top_p.value() == 0.5
+    finally:
+        close_and_dispose(w)
+    stored.setValue("run/temperature", 50.0)
+    stored.sync()
+    w = make_window(qtbot)
+    try:
+        assert w.controls.temperature.value() == 50.0 == w.run_settings.params().temperature   # shown = run
+    finally:
+        close_and_dispose(w)
+
+
+def test_an_error_banner_goes_when_a_later_run_starts(qtbot, window):
+    window.run_settings.update(prompt="   ")
+    window.controller.run()
+    assert window.banner.isVisible() and "prompt is empty" in window.banner.label.text()
+    window.run_settings.update(prompt="hello", max_new_tokens=2)
+    run_and_wait(qtbot, window)
+    assert not window.banner.isVisible()
+
+
+def test_nothing_is_measured_by_itself_after_a_run_that_beats_the_peaks(qtbot, window):
+    """A run above the cached peak says the peak is too low; it does not start a minute of measuring."""
+    worker = window.client.worker
+    worker.peaks = HardwarePeaks("this CPU", "float32", flops_per_s=1e3, bytes_per_s=1e6, cpu_share=0.95)
+    busy: list = []
+    window.client.events_ready.connect(lambda items: busy.extend(window.client.busy for _ in items))
+    window.controls.max_tokens.setValue(2)
+    run_and_wait(qtbot, window)
+    assert "peaks" not in busy and worker.peaks.flops_per_s == 1e3
+    assert "measured too low" in window.banner.label.text() and window.banner.isVisible()
+
+
+def test_plural_counts_say_one_token_and_two_tokens():
+    assert plural(1, "token") == "1 token" and plural(2, "token") == "2 tokens" and plural(1_000, "step") == \
+        "1,000 steps"
