@@ -89,6 +89,7 @@ class Controller:
         self.loading: rq.Load | None = None
         self.replay_speed = 1.0
         self._load_failed = ""                  # "Could not load X." until the next load starts
+        self._live_peaks = None                 # this machine's peaks, put aside while a trace replays
         self._queued: Callable[[], None] | None = None
         self._run_after_load: Callable[[], None] | None = None
         client.events_ready.connect(self.on_events)
@@ -237,6 +238,9 @@ class Controller:
         if self._refused("Opening a trace", needs_model=False):
             return False
         self.replaying = True
+        # This machine's peaks say nothing of the machine a trace was recorded on: a replayed run's ceilings come
+        # from the trace's own peaks, if it has any, and this machine's return when the replay ends.
+        self._live_peaks, self.store.peaks = self.store.peaks, None
         self.client.submit(rq.Replay(tuple(paths), self.replay_speed))
         self.surface.busy_changed(self.client.busy)
         return True
@@ -361,6 +365,8 @@ class Controller:
                 "machine?), so its ceilings are not shown. Run > Measure this machine again, when nothing else "
                 "runs, measures it anew.")
         elif isinstance(note, Idle):
+            if self.replaying:
+                self.store.peaks = self._live_peaks
             self.replaying = False
             self.conversation.refused()
             self.surface.hide_progress()

@@ -62,9 +62,10 @@ class Series:
 class RunRecord:
     """One run: its events, per-step series and the KV grids (layers x positions)."""
 
-    def __init__(self, started: RunStarted, number: int = 1) -> None:
+    def __init__(self, started: RunStarted, number: int = 1, peaks: HardwarePeaks | None = None) -> None:
         self.started = started
         self.number = number          # 1, 2, 3... in this session: how legends name runs
+        self.peaks = peaks            # the peaks of the machine that ran it (a replay: its trace's, if any)
         self.model: ModelFacts | ServerFacts = started.model
         self.remote = isinstance(started.model, ServerFacts)     # a server's run: no per-layer anything
         layers = 0 if self.remote else self.model.num_layers
@@ -326,7 +327,7 @@ class RunStore:
             return
         if isinstance(event, RunStarted):
             self._count += 1
-            record = RunRecord(event, self._count)
+            record = RunRecord(event, self._count, self.peaks)
             self.runs.append(record)
             self.trim()
             owner = self.experiment(event.experiment) if event.experiment else None

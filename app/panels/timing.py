@@ -25,6 +25,7 @@ from engine.costmodel import Device, ModelCost
 from engine.events import HardwarePeaks, RunSummary
 
 WAIT_GAP_MS = 1.0           # waits shorter than this are not drawn apart
+TIMELINE_ROW_PX, TIMELINE_AXES_PX = 26, 70      # each overlaid run keeps a readable row; the axes their room
 
 
 class _RunItems:
@@ -140,6 +141,8 @@ class TimingPanel(QWidget):
         grid.addWidget(self.latency, 1, 0)
         grid.addWidget(self.rate, 1, 1)
         grid.addWidget(self.cumulative, 2, 0, 1, 2)
+        for row, stretch in enumerate((3, 2, 2)):          # the timeline, where runs are told apart, gets most
+            grid.setRowStretch(row, stretch)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(top)
@@ -195,14 +198,15 @@ class TimingPanel(QWidget):
         for run_id in [k for k in self._items if k not in wanted]:
             self._items.pop(run_id).remove()
         selected = self.selected()
-        for index, run in enumerate(reversed(runs)):          # row 0 = the newest run
+        for index, run in enumerate(runs):          # the newest run on the top row: in sight first, in any height
             items = self._items.get(run.run_id)
             if items is None:
                 items = self._items[run.run_id] = _RunItems(self, run, run is selected)
             items.update(run, index)
-        self.timeline.plot.getAxis("left").setTicks([[(i, f"#{r.number}") for i, r in enumerate(reversed(runs))]])
+        self.timeline.plot.getAxis("left").setTicks([[(i, f"#{r.number}") for i, r in enumerate(runs)]])
         self.legend.setText(legend_html(runs, self.state, selected))
         self.timeline.plot.setYRange(-0.6, max(len(runs), 1) - 0.4, padding=0.02)
+        self.timeline.setMinimumHeight(TIMELINE_AXES_PX + TIMELINE_ROW_PX * max(len(runs), 1))
         self._empty_states(runs, selected)
         self.ttft_line.setVisible(selected is not None and bool(selected.n_steps))
         summary = selected.summary(with_text=False) if selected is not None else None
@@ -265,9 +269,8 @@ class TimingPanel(QWidget):
         note = contention.busy_note(f.cpu_share)
         if note:
             text += f"<br><b>Note:</b> {escape(note)}"
-        peaks = self.store.peaks
         if f.prefill_ms:
-            text += "<br>" + bounds_text(run, s, peaks)
+            text += "<br>" + bounds_text(run, s, run.peaks)
         self.summary.setText(text)
 
 
@@ -327,7 +330,8 @@ def bounds_text(run: RunRecord, s: RunSummary, peaks: HardwarePeaks | None) -> s
     achieved = (f"prefill {prefill_flops / 1e9:,.1f} GFLOP/s achieved ({evaluated / 1e9:,.2f} GFLOP computed ÷ "
                 f"{s.prefill_ms:,.1f} ms measured)")
     if peaks is None:
-        return f"{achieved} · ceilings: this machine's peaks are not measured yet (Run > Measure this machine)"
+        return (f"{achieved} · ceilings: none, the peaks of the machine that ran it were not measured (for a run "
+                "here: Run > Measure this machine)")
     if not peaks.quiet:
         return (f"{achieved} · ceilings: not shown, this machine's peaks were measured while it was busy "
                 "(Run > Measure this machine again, when nothing else runs)")

@@ -164,3 +164,17 @@ def test_a_stopped_experiment_scene_says_how_far_it_got_and_claims_no_measuremen
     assert w.experiments.views["cache"].chart.legend_names() == []
     assert "Stopping…" not in w.scene_view.footer.text()        # the stop has taken effect: the word goes
     w.lecture.leave()
+
+
+def test_a_replayed_run_takes_no_ceiling_from_this_machines_peaks(qtbot, window, lecture_trace):
+    from engine.events import HardwarePeaks
+
+    here = HardwarePeaks("this CPU", "float32", flops_per_s=2e12, bytes_per_s=5e11, cpu_share=0.97)
+    window.store.peaks = here
+    window.files.open_trace(str(lecture_trace))
+    wait_idle(qtbot, window)
+    replayed = next(r for r in window.store.runs if not r.started.experiment)
+    assert replayed.peaks is None or replayed.peaks.device != "this CPU"
+    assert window.store.peaks is here                    # this machine's peaks are back for runs here
+    window.controls.max_tokens.setValue(2)
+    assert run_and_wait(qtbot, window).peaks is here
