@@ -30,8 +30,6 @@ from engine.command_line import (
     load_with_progress,
     program,
     prompt_text,
-    safe,
-    safe_line,
     settings_from,
     trace_writer,
 )
@@ -41,6 +39,7 @@ from engine.events import AttentionStep, RunFailed, RunStarted, TokenStep, plain
 from engine.params import GenerationParams
 from engine.remote import RemoteSession, probe, remote_report
 from engine.report import report
+from engine.textstream import safe, safe_line
 
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "costmodel": commands.costmodel_main, "sweep": commands.sweep_main, "load": commands.load_main,
@@ -48,6 +47,9 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "costmodel": commands.costmodel_parser, "sweep": commands.sweep_parser, "load": commands.load_parser,
     "perfetto": commands.perfetto_parser}
+
+
+BROKEN_MODEL = ("non_finite_logits",)       # a run that failed because of the model itself: fix it, status 2
 
 
 def generate_parser() -> argparse.ArgumentParser:
@@ -180,7 +182,7 @@ def run_generate(args: argparse.Namespace, params: GenerationParams) -> int:
         return EXIT_RUN_FAILED
     if isinstance(result, RunFailed):
         print(f"error: {safe_line(result.message)}", file=sys.stderr)
-        return EXIT_RUN_FAILED
+        return EXIT_BAD_INPUT if result.error in BROKEN_MODEL else EXIT_RUN_FAILED
     return 0
 
 

@@ -5,8 +5,8 @@ a terminal.
 A lesson's flags come from its settings class (``engine.fields.Setting`` on a field): the flag, its help, its
 range and its default are the ones the window's form uses, so the CLI and the window cannot disagree.
 Everything printed from outside KVScope (a server's tokens and errors, a model's name, a file name) goes
-through :func:`safe`: control characters and bidirectional overrides are shown as escapes, never sent to the
-terminal, which would obey them (clear the screen, retitle the window, reorder text).
+through ``engine.textstream.safe``: control characters and bidirectional overrides are shown as escapes, never
+sent to the terminal, which would obey them (clear the screen, retitle the window, reorder text).
 """
 
 from __future__ import annotations
@@ -21,25 +21,12 @@ from typing import Any
 from engine.errors import ParameterError
 from engine.events import LoadProgress
 from engine.params import DEVICES, DTYPES
-from engine.textstream import clean_text
+from engine.textstream import clean_text, safe_line
 from engine.validation import MISSING, shapes
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
 EXIT_INTERRUPTED = 130
-# C0 controls but newline and tab, DEL, C1 controls, and the bidirectional embedding/override/isolate marks.
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def safe(text: object) -> str:
-    """``text`` with every character a terminal would act on shown as an escape (``\\x1b``, ``\\u202e``)."""
-    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
-                       str(text))
-
-
-def safe_line(text: object) -> str:
-    """As :func:`safe`, and on one line: newlines and tabs escaped too (messages, names, paths)."""
-    return safe(text).replace("\n", "\\n").replace("\t", "\\t")
 
 
 def program(command: str = "") -> str:

@@ -25,8 +25,6 @@ from engine.command_line import (
     keep_partial,
     load_with_progress,
     program,
-    safe,
-    safe_line,
     settings_from,
     trace_writer,
 )
@@ -35,6 +33,7 @@ from engine.events import ExperimentFinished, ExperimentPoint, ExperimentProgres
 from engine.experiment import Lesson, run_lesson
 from engine.perfetto import write_perfetto
 from engine.report import quantity
+from engine.textstream import safe, safe_line
 from engine.trace import check_writable, read_traces
 
 

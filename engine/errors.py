@@ -20,3 +20,8 @@ class ParameterError(EngineError, ValueError):
 
 class TraceError(EngineError):
     """A trace file cannot be read (empty, truncated, wrong version, not a trace)."""
+
+
+class NonFiniteLogits(EngineError):
+    """The model's next-token scores are not all numbers (NaN or infinity): its weights or its dtype are broken
+    for this input, and no token can be chosen."""

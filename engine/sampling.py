@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.errors import NonFiniteLogits
 from engine.params import GenerationParams
 
 N_CANDIDATES = 10
@@ -65,11 +66,13 @@ def choose(logits: torch.Tensor, params: GenerationParams, generator: torch.Gene
         # dozen tiny tensor ops cost more than the arithmetic). argmax semantics: among tied maxima (common in
         # bf16) the lowest id, as generate() picks; topk's order among equal values is unspecified.
         *values, z = torch.cat([top_logits, log_z.view(1)]).tolist()
+        _check_finite(z)
         ids = top_ids.tolist()
         token = min(i for v, i in zip(values, ids) if v == values[0])
         raw = [math.exp(v - z) for v in values]
         return Choice(token_id=token, prob=1.0, raw_prob=raw[ids.index(token)], candidate_ids=ids,
                       candidate_raw=raw, candidate_final=[1.0 if i == token else 0.0 for i in ids], kept=1)
+    _check_finite(float(log_z))
     top_raw = (top_logits - log_z).exp()
     scores = logits / params.temperature if params.temperature != 1.0 else logits
     kept = kept_tokens(scores, params)
@@ -87,6 +90,13 @@ def choose(logits: torch.Tensor, params: GenerationParams, generator: torch.Gene
     k = len(ids) - 2
     return Choice(token_id=ids[0], raw_prob=probs[0], prob=probs[1], candidate_ids=ids[1:1 + k],
                   candidate_raw=probs[2:2 + k], candidate_final=probs[2 + k:], kept=ids[-1])
+
+
+def _check_finite(log_z: float) -> None:
+    """The normaliser of the scores: NaN when any score is NaN, infinite when one is +inf or all are -inf. One
+    number checked, so no token is ever drawn from, or compared among, scores that are not numbers."""
+    if not math.isfinite(log_z):
+        raise NonFiniteLogits("the model's next-token scores are not all numbers (NaN or infinity)")
 
 
 def make_generator(device: torch.device, seed: int) -> torch.Generator:

@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from engine import attention, faults, kvcache, kvformula
+from engine import attention, chat_template, faults, kvcache, kvformula
 from engine.clock import StepClock
 from engine.compiled import CompiledDecode, Graph, cache_length
 from engine.contention import LoadMeter
-from engine.errors import ParameterError, PromptError
+from engine.errors import NonFiniteLogits, ParameterError, PromptError
 from engine.events import (
     AttentionStep,
     Candidate,
@@ -109,6 +109,16 @@ class Step:
     compiled: bool = False         # decoded through the compiled graph
 
 
+@dataclass
+class Prefilled:
+    """The prompt's forward pass has ended (before its first token is chosen): what the cache holds now."""
+
+    forward_ms: float
+    kv: list[list[int]]
+    held: list[int]
+    storage: list[int]
+
+
 class Session:
     """A loaded model ready to run prompts, one at a time, from one thread."""
 
@@ -138,7 +148,7 @@ class Session:
     # --- prompt -------------------------------------------------------------------------------------------
     @property
     def has_chat_template(self) -> bool:
-        return bool(getattr(self.tokenizer, "chat_template", None))
+        return chat_template.template_of(self.tokenizer) is not None
 
     def encode(self, prompt: str, chat_template: bool = True) -> list[int]:
         """Prompt ids: through the chat template when asked and the tokenizer has one, else raw text."""
@@ -148,8 +158,8 @@ class Session:
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """A conversation's ids with the prompt for the assistant's next turn."""
-        if self.has_chat_template:
-            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+        if self.has_chat_template:                  # the folder's template, rendered within bounds
+            return chat_template.render_ids(self.tokenizer, messages, self.facts.name)
         return list(self.tokenizer("\n".join(f"{m['role']}: {m['content']}" for m in messages)
                                    + "\nassistant:")["input_ids"])
 
@@ -301,6 +311,12 @@ class Session:
         try:
             with torch.inference_mode():
                 reason, cache = observer.follow(self._steps(request, tally, observer))
+        except NonFiniteLogits:
+            failure = ("non_finite_logits",
+                       f"The model's next-token scores were not numbers (NaN or infinity) at token "
+                       f"{tally.generated + 1:,}, so no token could be chosen; the {tally.generated:,} before it are "
+                       f"kept. Its weights or its dtype ({self.facts.dtype}) are broken for this input: try float32 "
+                       "or bfloat16, or a freshly converted copy of the model.")
         except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
             failure = ("out_of_memory",
                        f"Out of memory after {tally.generated} tokens ({_first_line(exc)}). Memory was "
@@ -347,9 +363,10 @@ class Session:
         note = "" if shared == kept else f"{kept - shared:,} kept positions differed from the new conversation"
         return cache, shared, note
 
-    def _steps(self, request: _Request, tally: RunTally, observer: _Observer) -> Iterator[Step]:
-        """Prefill, then one decode step each time the consumer asks for the next token: forward, sample, read
-        the cache. ``request.cache`` is the live cache throughout (the observer reads norms from it)."""
+    def _steps(self, request: _Request, tally: RunTally, observer: _Observer) -> Iterator[Prefilled | Step]:
+        """Prefill (``Prefilled`` once its pass ends, then step 0: its token), then one decode step each time the
+        consumer asks for the next token: forward, sample, read the cache. ``request.cache`` is the live cache
+        throughout (the observer reads norms from it)."""
         params, clock, ids, reused = request.params, self.clock, request.ids, request.reused
         generator = make_generator(self.device, params.seed)
         sequence = torch.tensor([ids], device=self.device)                 # [1, n]
@@ -364,11 +381,12 @@ class Session:
         logits, request.cache = self.prefill(sequence[:, reused:], params.kv_cache, request.cache, request.allocated,
                                              request.options.offload_kv)
         forward_end = clock.mark()
+        cached = self._read_cache(request.cache)
+        yield Prefilled(clock.elapsed_ms(start, forward_end), *cached)      # measured, whatever the choice does
         choice = choose(logits, params, generator)
         end = clock.mark()
         position = len(ids)
-        yield Step(0, position, choice, clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end),
-                   *self._read_cache(request.cache))
+        yield Step(0, position, choice, clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end), *cached)
         graph = self._compiled_graph(request, tally) if params.compiled else None
         index = 0
         while True:
@@ -466,24 +484,24 @@ class _Observer:
             prompt_pieces=pieces(s.tokenizer, r.ids), started_at=datetime.now(timezone.utc).isoformat(
                 timespec="seconds"), t_ms=self.since(), kind=r.kind))
 
-    def follow(self, steps: Iterator[Step]) -> tuple[str, Any]:
+    def follow(self, steps: Iterator[Prefilled | Step]) -> tuple[str, Any]:
         """Consume the steps until a stop reason: emit each, wait if asked, check cancel before the next."""
         r, s = self.request, self.session
         if r.cancelled():
             return "stopped", r.cache
         for step in steps:
-            if step.index == 0:
+            if isinstance(step, Prefilled):
                 self.emit(PrefillDone(self.run_id, self.since(), len(r.ids) - r.reused, r.tokenize_ms,
                                       step.forward_ms, step.kv, r.reused, step.held, r.cache_note, r.allocated,
                                       step.storage))
-                self._norms()
-            self.emit(self._token_step(step))
+                continue
+            self.emit(self._token_step(step))          # step 0's time is the TTFT: the norms come after it
             if r.layer_clock is not None:
                 self.emit(LayerTimes(self.run_id, self.since(), step.index, r.layer_clock.take(),
                                      list(s.facts.layer_devices)))
             if r.params.capture_attention:
                 self.emit(self._attention_step(step))
-            if step.index % NORMS_EVERY == 0 and step.index:
+            if step.index % NORMS_EVERY == 0:            # the prompt's after step 0, then a batch every few steps
                 self._norms()
             reason = s.stop_reason(step.choice.token_id, step.index + 1, step.position + 1, r.params)
             self.waited_ms = 0.0

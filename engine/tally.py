@@ -42,7 +42,7 @@ class RunTally:
             self._step(event)
         elif isinstance(event, PrefillDone):
             self.prompt_tokens, self.reused_tokens = event.n_tokens, event.reused_tokens
-            self.tokenize_ms, self.prefill_ms, self.ttft_ms = event.tokenize_ms, event.forward_ms, event.t_ms
+            self.tokenize_ms, self.prefill_ms = event.tokenize_ms, event.forward_ms
             self._kv(event.kv_bytes_per_layer, event.reused_tokens + event.n_tokens, event.kv_storage_per_layer)
         elif isinstance(event, RunStarted):
             self.remote = isinstance(event.model, ServerFacts)
@@ -57,8 +57,7 @@ class RunTally:
         if not step.special:
             self.texts.append(step.text)
         if step.step == 0:
-            if self.remote:
-                self.ttft_ms = step.t_ms                     # the client saw the first token arrive
+            self.ttft_ms = step.t_ms                         # the first token exists: tokenize + prefill + sample
         else:
             self.decode_ms += step.latency_ms
             if step.compiled and not self.compiled_from_step:

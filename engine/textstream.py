@@ -11,6 +11,20 @@ import re
 from typing import Any
 
 _LONE_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
+# C0 controls but newline and tab, DEL, C1 controls, and the bidirectional embedding/override/isolate marks.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(text: object) -> str:
+    """``text`` with every character a terminal would act on shown as an escape (``\\x1b``, ``\\u202e``): text
+    from outside KVScope (a server's tokens, a model folder's chat template) is shown, never obeyed."""
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+                       str(text))
+
+
+def safe_line(text: object) -> str:
+    """As :func:`safe`, and on one line: newlines and tabs escaped too (messages, names, paths)."""
+    return safe(text).replace("\n", "\\n").replace("\t", "\\t")
 
 
 class TextStream:

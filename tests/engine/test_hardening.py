@@ -117,3 +117,40 @@ def test_cancel_during_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
         gguf.ensure_converted(embedded.embedded_gguf(), cancelled=cancelled)
     assert not gguf.is_converted(embedded.embedded_gguf())
     assert list((tmp_path / "converted").iterdir()) == []      # the staging folder went too
+
+
+@pytest.fixture
+def nan_model_dir(tiny_model_dir, tmp_path):
+    """The tiny model with one NaN in its output projection: every next-token score is NaN."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "nan-model"
+    shutil.copytree(tiny_model_dir, folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    name = next(k for k in weights if k.endswith("embed_tokens.weight"))     # tied: the output projection too
+    weights[name][:, 0] = float("nan")
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize("params", [GenerationParams(max_new_tokens=4),
+                                    GenerationParams(max_new_tokens=4, temperature=0.8, top_k=5, seed=1),
+                                    GenerationParams(max_new_tokens=4, temperature=1.0, seed=1)],
+                         ids=["greedy", "top-k", "plain sampling"])
+def test_nan_logits_end_the_run_as_failed_with_what_was_measured_and_a_line_saying_why(nan_model_dir, params):
+    events: list = []
+    result = Session(load(str(nan_model_dir), device="cpu", dtype="float32")).run("hello", params, events.append)
+    assert isinstance(result, RunFailed) and result.error == "non_finite_logits"
+    assert "not numbers (NaN or infinity) at token 1" in result.message and "float32" in result.message
+    assert result.summary.prompt_tokens > 0 and result.summary.prefill_ms > 0      # the prefill's numbers are kept
+
+
+def test_the_cli_says_why_a_model_with_nan_logits_failed_and_exits_2(nan_model_dir, cache_root):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "engine", "--model", str(nan_model_dir), "--device", "cpu",
+                        "--prompt", "hi", "--dtype", "float32"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "KVSCOPE_CACHE_DIR": str(cache_root), "PYTHONWARNINGS": "ignore"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: The model's next-token scores were not numbers")

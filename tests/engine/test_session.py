@@ -42,7 +42,8 @@ def test_greedy_tokens_equal_generate(tiny, kv_cache):
 def test_event_sequence_and_step_fields(tiny):
     events, result = run_collect(Session(tiny), max_new_tokens=6)
     kinds = [type(e).__name__ for e in events]
-    assert kinds[:4] == ["RunStarted", "PrefillDone", "KVNorms", "TokenStep"]
+    # the prefill's pass, then its token (whose time is the TTFT), then the prompt's KV norms
+    assert kinds[:4] == ["RunStarted", "PrefillDone", "TokenStep", "KVNorms"]
     assert kinds[-1] == "RunFinished"
     started, prefill = events[0], events[1]
     steps = [e for e in events if isinstance(e, TokenStep)]
@@ -60,6 +61,7 @@ def test_event_sequence_and_step_fields(tiny):
     assert s.generated_tokens == len(steps) and s.decode_runs == len(steps) - 1
     assert s.decode_ms == pytest.approx(sum(x.latency_ms for x in steps[1:]))
     assert s.prefill_ms == pytest.approx(prefill.forward_ms)
+    assert s.ttft_ms == steps[0].t_ms >= prefill.t_ms                 # TTFT: tokenize + prefill + first sample
     assert s.kv_tokens == n + len(steps) - 1
 
 
