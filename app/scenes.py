@@ -408,6 +408,9 @@ def run_claim(name: str, run: RunRecord | None, state: ViewState) -> str:
         held = sum(map(sum, run.kv_bytes_per_layer))
         allocated = run.kv_storage_bytes()
         storage = f" ({kvformula.format_bytes(allocated)} allocated)" if allocated and allocated != held else ""
+        if not m.context_declared:
+            return (f"{kvformula.format_bytes(held)}{storage} for {run.kv_tokens:,} positions now (measured); full "
+                    f"context {kvformula.context_text(m)}{ended}")
         full = kvformula.full_context_positions(m)
         return (f"{kvformula.format_bytes(held)}{storage} for {run.kv_tokens:,} of {full:,} positions now "
                 f"(measured); {kvformula.format_bytes(kvformula.full_context_kv_bytes(m))} at full context "

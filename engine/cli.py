@@ -84,10 +84,10 @@ def guarded(action: Callable[[], int]) -> int:
     except (EngineError, ValueError) as exc:
         print(f"error: {safe_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except OSError as exc:                     # the disk filled, a folder went away: one line, not a traceback
+    except OSError as exc:      # the disk filled, a folder went away, no permission: one line, the user's to fix
         print(f"error: {safe_line(getattr(exc, 'strerror', None) or exc)}"
               f"{': ' + safe_line(exc.filename) if getattr(exc, 'filename', None) else ''}", file=sys.stderr)
-        return EXIT_RUN_FAILED
+        return EXIT_BAD_INPUT
     except RecursionError:
         print("error: something KVScope read was nested too deeply to be what it claimed", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -179,7 +179,7 @@ def run_generate(args: argparse.Namespace, params: GenerationParams) -> int:
             print(f"attention recorded on {len(attention_ms)} passes: {_spread(attention_ms)} per pass to record "
                   "(measured by the wall clock; inside the total time above)")
     if not close_writer(writer):
-        return EXIT_RUN_FAILED
+        return EXIT_BAD_INPUT
     if isinstance(result, RunFailed):
         print(f"error: {safe_line(result.message)}", file=sys.stderr)
         return EXIT_BAD_INPUT if result.error in BROKEN_MODEL else EXIT_RUN_FAILED
@@ -220,7 +220,7 @@ def run_remote(args: argparse.Namespace, params: GenerationParams, prompt: str, 
         print("\n")
         print(safe(remote_report(s)))
     if not close_writer(writer):
-        return EXIT_RUN_FAILED
+        return EXIT_BAD_INPUT
     if isinstance(result, RunFailed):
         print(f"error: {safe_line(result.message)}", file=sys.stderr)
         return EXIT_RUN_FAILED

@@ -85,19 +85,26 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="where offloaded weights are written (default: KVScope's cache folder)")
 
 
-UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4, "kb": 1000,
-         "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4}
+UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4, "pib": 1024 ** 5,
+         "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4, "pb": 1000 ** 5}
 
 
 def byte_size(text: str) -> int:
-    """``300MiB``, ``1.5GiB``, ``2GB`` or a number of bytes; 0 means no limit."""
+    """``300MiB``, ``1.5GiB``, ``2GB`` or a number of bytes; 0 means no limit. A budget below one byte (``0.4``
+    would silently mean none) or above this machine's memory (it would limit nothing) is refused, saying so."""
+    from engine.memory import total_bytes
+
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     unit = match.group(2).lower() if match else ""
     if not match or unit not in UNITS:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size: write e.g. 300MiB, 1.5GiB or 2GB")
     size = float(match.group(1)) * UNITS[unit]
-    if size > 1024 ** 5:
-        raise argparse.ArgumentTypeError(f"{text!r} is out of range: at most 1 PiB")
+    if 0 < size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is less than one byte: give a size such as 300MiB (0: no limit)")
+    machine = total_bytes()
+    if machine is not None and size > machine:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than this machine's {machine / 2**30:,.1f} GiB of memory: "
+                                         "a budget that large limits nothing (0: no limit)")
     return int(size)
 
 

@@ -12,15 +12,17 @@ import argparse
 import json
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
-from engine import costmodel, lessons
+from engine import config_facts, costmodel, kvformula, lessons
 from engine.command_line import (
-    EXIT_RUN_FAILED,
+    EXIT_BAD_INPUT,
     Parser,
     add_model_arguments,
     add_server_arguments,
     add_settings_flags,
+    bounded,
     close_writer,
     keep_partial,
     load_with_progress,
@@ -29,8 +31,10 @@ from engine.command_line import (
     trace_writer,
 )
 from engine.contention import busy_note
+from engine.errors import EngineError
 from engine.events import ExperimentFinished, ExperimentPoint, ExperimentProgress, ModelFacts, plain
 from engine.experiment import Lesson, run_lesson
+from engine.fields import MAX_CONTEXT
 from engine.perfetto import write_perfetto
 from engine.report import quantity
 from engine.textstream import safe, safe_line
@@ -45,6 +49,9 @@ def costmodel_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed-example", action="store_true", help="the attention-only example, exactly as the seed")
     p.add_argument("--remeasure", action="store_true",
                    help="measure this machine's peak FLOP/s and bandwidth again instead of using the cached ones")
+    p.add_argument("--context", type=bounded(1, MAX_CONTEXT), default=None, metavar="N",
+                   help="also give the KV cache at N positions (a folder with only config.json: the arithmetic "
+                        "from its config, no weights needed)")
     add_model_arguments(p)
     return p
 
@@ -60,7 +67,15 @@ def costmodel_main(argv: list[str]) -> int:
               "engine costmodel` computes the crossover for a model; `python -m engine sweep prefill` measures the "
               "exponent (README: about n^0.6 to n^1.1 on a CPU).")
         return 0
+    folder = Path(args.model).expanduser()
+    if folder.is_dir() and (folder / "config.json").is_file() and not config_facts.has_weights(folder):
+        print(config_table(folder, args.context, args.memory_budget))
+        return 0
     loaded = load_with_progress(args)
+    if args.context:
+        m = loaded.facts
+        print(f"KV cache at {args.context:,} positions: "
+              f"{kvformula.format_bytes(kvformula.predicted_kv_bytes(m, args.context))} (computed)\n")
     from engine.hardware import peaks_event  # torch: only for a command that measures
 
     peaks = peaks_event(loaded, remeasure=args.remeasure)
@@ -69,6 +84,40 @@ def costmodel_main(argv: list[str]) -> int:
     when = f"cached, measured {peaks.measured}" if peaks.cached else "measured now"
     print(f"\nPeaks: {when}" + (f"; {busy_note(peaks.cpu_share)}" if busy_note(peaks.cpu_share) else ""))
     return 0
+
+
+def config_table(folder: Path, context: int | None, budget: int) -> str:
+    """A folder with only ``config.json``: the cache and weight arithmetic its config is enough for, computed
+    (16-bit cache, as such models serve)."""
+    cfg = config_facts.read(folder)
+    why = config_facts.refusal(cfg)
+    if why is not None:
+        raise EngineError(f"{folder.name}: {why}")
+    sizes = config_facts.sizes(cfg)
+    m = config_facts.model_facts(folder, cfg, "bfloat16")
+    fmt = kvformula.format_bytes
+    per_token = kvformula.bytes_per_token(m)
+    lines = [f"{safe_line(folder.name)} ({safe_line(m.architecture)}): computed from config.json alone (no weights); "
+             "every figure below is computed, none measured", "",
+             f"KV cache: {kvformula.formula_text(m)} ({fmt(per_token)} per position)", f"  {kvformula.heads_text(m)}"]
+    if m.context_declared:
+        lines.append(f"  at its context ({kvformula.full_context_positions(m):,} positions, from "
+                     f"{sizes.context_key}): {fmt(kvformula.full_context_kv_bytes(m))}")
+    else:
+        lines.append("  its context: not declared by the config")
+    if context:
+        lines.append(f"  at {context:,} positions: {fmt(kvformula.predicted_kv_bytes(m, context))}")
+    lines += ["", f"weights (about {sizes.parameters() / 1e9:,.2f}B parameters, estimated from the config's sizes): "
+              + " · ".join(f"{name} {fmt(sizes.weight_bytes(name))}" for name in ("float32", "bfloat16", "int8",
+                                                                                   "int4"))]
+    if budget:
+        positions = context or (kvformula.full_context_positions(m) if m.context_declared else 0)
+        kv = kvformula.predicted_kv_bytes(m, positions) if positions else 0
+        for name in ("bfloat16", "int8", "int4"):
+            need = sizes.weight_bytes(name) + kv
+            lines.append(f"memory budget {fmt(budget)}: {name} weights + KV at {positions:,} positions = {fmt(need)}: "
+                         + ("fits" if need <= budget else "does not fit"))
+    return "\n".join(lines)
 
 
 def whole_model_table(m: ModelFacts, device: costmodel.Device) -> str:
@@ -183,7 +232,7 @@ def _run(lesson: Lesson, target: Any, settings: Any, args: argparse.Namespace, w
         if finished.reason != "done":
             print(f"({finished.reason})")
     if not close_writer(writer):
-        return EXIT_RUN_FAILED
+        return EXIT_BAD_INPUT
     return 0 if finished.reason == "done" else 1
 
 

@@ -108,6 +108,8 @@ class ModelFacts:
     weights: Name = ""              # how the weights are stored: "float32", "int8 weights (...), bfloat16 ..."
     weight_bytes: Bytes = 0         # bytes a decode step reads: all weights but the embedding lookup table
     weight_format: Annotated[str, Text(32)] = ""    # "float32", "bfloat16", "int8", "int4": the format asked for
+    context_declared: bool = True   # False: the config names no maximum; max_context is KVScope's cap for a run
+    config_kv_heads: Heads = 0      # KV heads the config declares, where the cache holds more (0: as the cache)
 
 
 @dataclass(frozen=True)

@@ -5,17 +5,29 @@ All transformers GGUF specifics live here (5.24: Llama goes through the legacy l
 plain ``nn.Linear`` and refuses ``save_pretrained`` until the quantizer is detached). A conversion is only
 published after the saved copy reloads with bit-identical logits, and it is published by renaming a finished
 temporary folder, so an interrupted conversion never leaves a half-written model behind.
+
+The cache heals itself. A conversion holds a lock on its temporary folder while it works, so a folder that a
+killed process left (``.converting-*``, hundreds of MiB) is removed by the next launch, and one another process
+is still writing is left alone. The published copy's marker records each file's size and SHA-256: every load
+checks the sizes and the safetensors headers (milliseconds), a failed load or a broken model checks the
+hashes, and a damaged copy is removed and converted again, with a line that says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:                 # Windows: abandoned folders are found by their age instead
+    fcntl = None
 
 from engine.errors import ModelSourceError
 from engine.events import LoadProgress
@@ -34,26 +46,37 @@ def converted_folder(gguf_path: Path) -> Path:
 
 
 def is_converted(gguf_path: Path) -> bool:
-    return (converted_folder(gguf_path) / MARKER).is_file()
+    return (converted_folder(gguf_path) / MARKER).is_file() and damage(converted_folder(gguf_path)) is None
 
 
 def ensure_converted(gguf_path: Path, progress: Progress | None = None,
                      cancelled: Callable[[], bool] | None = None) -> Path:
-    """The converted folder, converting first if needed. ``cancelled`` is polled between stages."""
+    """The converted folder, converting first if needed (or again, if the copy in the cache is damaged).
+    ``cancelled`` is polled between stages."""
     target = converted_folder(gguf_path)
-    if (target / MARKER).is_file():
-        return target
     report = progress or (lambda _p: None)
-    stop = cancelled or (lambda: False)
+    try:
+        remove_abandoned(target.parent)
+        if (target / MARKER).is_file():
+            broken = damage(target)
+            if broken is None:
+                return target
+            discard(target, broken, report)
+        return _convert_into(gguf_path, target, report, cancelled or (lambda: False))
+    except OSError as exc:
+        raise ModelSourceError(_cache_problem(target.parent, exc)) from None
+
+
+def _convert_into(gguf_path: Path, target: Path, report: Progress, stop: Callable[[], bool]) -> Path:
     _check_gguf_header(gguf_path)
     target.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".converting-") as tmp:
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".converting-") as tmp, _owned(Path(tmp)):
         staging = Path(tmp) / "model"
         _convert(gguf_path, staging, report, stop)
         (staging / MARKER).write_text(json.dumps({
             "format": FORMAT, "source": str(gguf_path.resolve()),
-            "seconds": round(time.perf_counter() - started, 1)}))
+            "seconds": round(time.perf_counter() - started, 1), "files": _file_records(staging)}))
         try:
             staging.rename(target)
         except OSError:
@@ -61,6 +84,121 @@ def ensure_converted(gguf_path: Path, progress: Progress | None = None,
                 raise
     report(LoadProgress("convert", f"Converted {gguf_path.name} in {time.perf_counter() - started:.1f} s", 1.0))
     return target
+
+
+# --- the cache healing itself ----------------------------------------------------------------------------------
+LOCK = "owner.lock"
+
+
+@contextlib.contextmanager
+def _owned(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` while a conversion writes in it: a process that dies lets go of it."""
+    handle = (folder / LOCK).open("w")
+    try:
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        handle.close()
+
+
+def remove_abandoned(parent: Path) -> list[Path]:
+    """Temporary conversion folders no live process holds (a conversion killed part-way): removed."""
+    removed = []
+    for folder in parent.glob(".converting-*") if parent.is_dir() else ():
+        lock = folder / LOCK
+        if fcntl is None:                                   # no locks here: only folders a day old
+            if time.time() - folder.stat().st_mtime < 86_400:
+                continue
+        elif lock.is_file():
+            with lock.open("a") as handle:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue                                # another process is converting into it now
+        remove_tree(folder)
+        removed.append(folder)
+    return removed
+
+
+def _file_records(folder: Path) -> dict[str, dict]:
+    """Each file's size and SHA-256, as the marker keeps them."""
+    return {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(folder.iterdir())
+            if p.is_file() and p.name != MARKER}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def damage(folder: Path, thorough: bool = False) -> str | None:
+    """What is wrong with a converted copy, in words, or None: every file the marker lists is there with its
+    size and (for ``.safetensors``) a readable header; ``thorough`` compares the SHA-256 too."""
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return "its marker cannot be read"
+    files = marker.get("files") if isinstance(marker, dict) else None
+    if not isinstance(files, dict):
+        return None                                  # converted by an earlier version: nothing recorded to check
+    for name, record in files.items():
+        path = folder / name
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return f"{name} is missing"
+        if size != record.get("size"):
+            return f"{name} is {size:,} bytes; {record.get('size', 0):,} were written"
+        if name.endswith(".safetensors") and not _header_readable(path):
+            return f"{name}'s header is damaged"
+        if thorough and _sha256(path) != record.get("sha256"):
+            return f"{name}'s contents changed since it was written (its checksum differs)"
+    return None
+
+
+def _header_readable(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size <= 100 << 20:
+                return False
+            header = json.loads(f.read(size))
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict)
+
+
+def discard(target: Path, broken: str, report: Progress) -> None:
+    """A damaged converted copy goes, and the line that says why goes to the user."""
+    report(LoadProgress("convert", f"The converted copy in KVScope's cache was damaged ({broken}): converting it "
+                                   "again", 0.0))
+    remove_tree(target)
+
+
+def check_thoroughly(gguf_path: Path, progress: Progress | None = None) -> str | None:
+    """After a failure (a load that broke, scores that were not numbers): the hashes of the converted copy. A
+    damaged copy is removed (the next load converts it again); returns what was wrong, or None."""
+    target = converted_folder(gguf_path)
+    broken = damage(target, thorough=True) if (target / MARKER).is_file() else None
+    if broken is not None:
+        discard(target, broken, progress or (lambda _p: None))
+    return broken
+
+
+def _cache_problem(folder: Path, exc: OSError) -> str:
+    """A full disk or a folder without permission, named as such (and where), with what would fix it."""
+    where = getattr(exc, "filename", None) or folder
+    if exc.errno == errno.ENOSPC:
+        return (f"The disk holding KVScope's cache ({folder}) is full: the built-in model needs about 520 MiB there "
+                "once. Free some space, or point KVSCOPE_CACHE_DIR at a disk with room")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (f"KVScope's cache cannot be written: permission denied for {where}. Make it writable, or point "
+                "KVSCOPE_CACHE_DIR at a folder you own")
+    return f"KVScope's cache ({folder}) cannot be used: {exc.strerror or exc}"
 
 
 def _check_gguf_header(path: Path) -> None:

@@ -13,12 +13,15 @@ sliding layer past its window to see how many positions it keeps (transformers k
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import torch
 
 from engine.events import KVLayer, ModelFacts
 from engine.kvformula import FULL, LATENT, NONE, SLIDING, STATE, held_positions, rollback_refusal_for
+
+DECODER_LAYER = re.compile(r"(.*\.)?(layers|h|blocks)\.\d+")     # a decoder layer's module name
 
 
 class CacheReshapeError(ValueError):
@@ -56,7 +59,9 @@ def new_cache(model: Any, static_positions: int = 0, offloading: bool = False) -
 
 # --- facts from the cache the model builds ---------------------------------------------------------------------
 def probe_layers(model: Any) -> list[KVLayer]:
-    """Run one token through ``model`` with a fresh cache and describe what each layer keeps."""
+    """Run one token through ``model`` with a fresh cache and describe what each layer keeps: in the cache
+    object, and for a layer that keeps its recurrent state on its own modules instead (RecurrentGemma), that
+    state, read from the modules after the pass."""
     cache = new_cache(model)
     device = model.get_input_embeddings().weight.device
     token = torch.zeros((1, 1), dtype=torch.long, device=device)
@@ -64,7 +69,21 @@ def probe_layers(model: Any) -> list[KVLayer]:
         out = forward(model, token, cache)
         cache = getattr(out, "cache", None) or cache
         latent = _latent_widths(model.config)
-        return [_describe(layer, latent) for layer in cache.layers]
+        described = [_describe(layer, latent) for layer in cache.layers]
+        modules = [m for name, m in model.named_modules() if DECODER_LAYER.fullmatch(name)]
+        if len(modules) == len(described):
+            described = [_with_module_state(d, m) for d, m in zip(described, modules)]
+        return described
+
+
+def _with_module_state(layer: KVLayer, module: Any) -> KVLayer:
+    """A layer that holds nothing in the cache object but keeps state tensors on its modules (attributes named
+    ``…state`` or ``…states``, set by the forward pass, not parameters or buffers): a state layer of that size."""
+    if layer.kind != NONE:                  # what the cache object holds is read from it, never twice
+        return layer
+    held = sum(int(v.nbytes) for m in module.modules() for name, v in vars(m).items()
+               if isinstance(v, torch.Tensor) and name.rstrip("s").endswith("state") and not name.startswith("_"))
+    return KVLayer(STATE, state_bytes=held) if held else layer
 
 
 def _latent_widths(config: Any) -> tuple[int, int, int] | None:

@@ -83,6 +83,13 @@ def full_context_kv_bytes(model: ModelFacts, batch: int = 1) -> int:
     return predicted_kv_bytes(model, full_context_positions(model), batch)
 
 
+def context_text(model: ModelFacts) -> str:
+    """The full context in words: its positions, or that the model declares none (and the cap runs have here)."""
+    if getattr(model, "context_declared", True):
+        return f"{full_context_positions(model):,} positions"
+    return f"not declared by the model; runs here stop at {model.max_context:,} positions"
+
+
 def formula_text(model: ModelFacts) -> str:
     """The formula with this model's numbers substituted, as shown in the report and the KV panel."""
     attention = attention_layers(model)
@@ -150,11 +157,22 @@ def heads_text(model: ModelFacts) -> str:
     if not kv:
         return "no attention KV cache"
     if kv >= model.num_heads:
-        return f"{model.num_heads} heads, each with its own K and V (no GQA)"
+        return f"{model.num_heads} heads, each with its own K and V (no GQA){repeated_heads_text(model)}"
     share = model.num_heads // kv
     kind = "MQA: one KV head for all" if kv == 1 else f"GQA, {share} per KV head"
     return (f"{model.num_heads} query heads share {kv} KV head{'s' if kv > 1 else ''} ({kind}): the cache is "
-            f"{model.num_heads / kv:g}x smaller than if every head kept its own")
+            f"{model.num_heads / kv:g}x smaller than if every head kept its own{repeated_heads_text(model)}")
+
+
+def repeated_heads_text(model: ModelFacts) -> str:
+    """Where the cache holds K and V for more heads than the config's KV heads (transformers repeats the shared
+    heads before caching them, as Falcon's new decoder does), why the figure is larger than the config says."""
+    declared, held = getattr(model, "config_kv_heads", 0), kv_heads(model)
+    if not declared or held <= declared:
+        return ""
+    return (f"; its config declares {declared} KV heads, but the cache holds K and V for {held}: this model's "
+            f"transformers code repeats each shared head before caching it, so the cache is {held / declared:g}x "
+            "what the config suggests (measured)")
 
 
 def format_bytes(n: float) -> str:

@@ -29,3 +29,39 @@ def device_memory_bytes(device: str) -> tuple[int, int] | None:
     import torch
 
     return int(torch.cuda.memory_allocated(device)), int(torch.cuda.memory_reserved(device))
+
+
+def available_bytes(device: str = "cpu") -> int | None:
+    """Memory a model could still take: free GPU memory on a CUDA device, else what the OS reports available
+    (``MemAvailable``, which counts reclaimable caches); None when it cannot be read."""
+    if device.startswith("cuda") and "torch" in sys.modules:
+        import torch
+
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except (ImportError, OSError):
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def total_bytes() -> int | None:
+    """The machine's memory in all (a memory budget larger than it is a mistake)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except (ImportError, OSError):
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, AttributeError):
+            return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.errors import EngineError
 
@@ -61,6 +61,9 @@ ENGINES: dict[str, dict[str, tuple[str, ...]]] = {
 PREFIXES = {"llamacpp:": "llama.cpp", "vllm:": "vLLM", "tgi_": "TGI", "sglang:": "SGLang"}
 MAX_PAGE = 8 << 20                  # bytes: a metrics page larger than this is not one
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(\s+\S+)?$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+ENGINE_LABELS = ("engine", "dp_rank", "engine_id")   # how a data-parallel server tells its engines apart
+SHARES = ("kv_usage",)                               # fractions of a capacity: one engine's, never summed
 
 
 class MetricsError(EngineError):
@@ -69,19 +72,30 @@ class MetricsError(EngineError):
 
 @dataclass(frozen=True)
 class Reading:
-    """One poll: the engine that answered and the quantities it reported (absent ones are not in ``values``)."""
+    """One poll: the engine that answered and the quantities it reported (absent ones are not in ``values``).
+    ``values`` is the server as a whole: counts summed over its engines, a share (KV use) only when it has one
+    engine; ``engines``: each engine's own values where the page has several (vLLM's data-parallel engines, told
+    apart by their ``engine`` label); ``notes``: what was refused as absent, and why."""
 
     engine: str
     values: dict[str, float]
+    engines: dict[str, dict[str, float]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
 
-def parse(text: str) -> dict[str, float]:
-    """Metric name -> value, summed over label sets (one engine, several GPUs or models, count as one server).
-    Raises ``MetricsError`` for anything that is not Prometheus text exposition."""
+Samples = dict[str, dict[str, list[float]]]         # metric name -> engine key -> every value its lines gave
+
+
+def parse(text: str) -> Samples:
+    """Metric name -> engine (its label, "" for a server with one) -> the values the page gives for it, one per
+    line: label sets beyond the engine (a model's name, a GPU) are summed by the reader, duplicates are kept as
+    such so the reader can refuse them. Raises ``MetricsError`` for anything that is not Prometheus text."""
     if len(text) > MAX_PAGE:
-        raise MetricsError(f"the metrics page is {len(text) / 2**20:,.1f} MiB: not a Prometheus page")
-    samples: dict[str, float] = {}
-    bad = 0
+        raise MetricsError(f"the metrics page is {len(text) / 2**20:,.1f} MiB, larger than the "
+                           f"{MAX_PAGE / 2**20:,.0f} MiB a metrics page may be: not read")
+    samples: Samples = {}
+    seen: dict[tuple[str, str], int] = {}
+    bad = lines = 0
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
@@ -95,15 +109,22 @@ def parse(text: str) -> dict[str, float]:
         except ValueError:
             bad += 1
             continue
-        if math.isfinite(value):
-            samples[match.group(1)] = samples.get(match.group(1), 0.0) + value
-    if not samples or bad > len(samples):
+        lines += 1
+        if not math.isfinite(value):
+            continue
+        labels = dict(_LABEL.findall(match.group(2) or ""))
+        key = next((labels[k] for k in ENGINE_LABELS if k in labels), "")
+        seen[(match.group(1), match.group(2) or "")] = seen.get((match.group(1), match.group(2) or ""), 0) + 1
+        per_engine = samples.setdefault(match.group(1), {})
+        per_engine.setdefault(key, []).append(value if seen[(match.group(1), match.group(2) or "")] == 1 else
+                                              math.nan)          # a duplicate line: marked, for the reader
+    if not samples or bad > lines:
         first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")[:60]
         raise MetricsError(f"the metrics page is not Prometheus text (it starts {first!r})")
     return samples
 
 
-def detect(samples: dict[str, float]) -> str:
+def detect(samples: Samples) -> str:
     """Which engine wrote the page, by its metric prefix."""
     counts: dict[str, int] = {}
     for name in samples:
@@ -116,16 +137,48 @@ def detect(samples: dict[str, float]) -> str:
     return max(counts, key=counts.__getitem__)
 
 
+def _possible(quantity: str, value: float) -> bool:
+    if value < 0:
+        return False
+    return value <= 1.0 if quantity in SHARES else True
+
+
 def read(text: str, engine: str | None = None) -> Reading:
-    """The quantities of ``ENGINES`` found on the page (the engine detected unless given)."""
+    """The quantities of ``ENGINES`` found on the page (the engine detected unless given), per engine and for the
+    server as a whole; a quantity given twice for the same labels, or a value it cannot take (a negative count,
+    a share above 1), is refused as absent with a note."""
     samples = parse(text)
     engine = engine or detect(samples)
     names = ENGINES.get(engine)
     if names is None:
         raise MetricsError(f"KVScope does not know the metrics of {engine}")
-    values = {}
+    per_engine: dict[str, dict[str, float]] = {}
+    notes: list[str] = []
     for quantity, candidates in names.items():
-        found = next((samples[n] for n in candidates if n in samples), None)
-        if found is not None:
-            values[quantity] = found
-    return Reading(engine, values)
+        name = next((n for n in candidates if n in samples), None)
+        if name is None:
+            continue
+        found = samples[name]
+        if any(math.isnan(v) for values in found.values() for v in values):
+            repeats = sum(len(values) for values in found.values())
+            notes.append(f"{name} is given {repeats:,} times for the same labels: not read")
+            continue
+        totals = {key: sum(values) for key, values in found.items()}
+        wrong = next((v for v in totals.values() if not _possible(quantity, v)), None)
+        if wrong is not None:
+            what = "a share of 0 to 1" if quantity in SHARES else "a count, 0 or more"
+            notes.append(f"{name} is {wrong:g}, which it cannot be ({what}): not read")
+            continue
+        for key, value in totals.items():
+            per_engine.setdefault(key, {})[quantity] = value
+    values: dict[str, float] = {}
+    for quantity in names:
+        given = [v[quantity] for v in per_engine.values() if quantity in v]
+        if not given:
+            continue
+        if quantity in SHARES and len(given) > 1:
+            notes.append(f"{quantity.replace('_', ' ')}: {len(given)} engines, each with its own cache: shown apart")
+            continue
+        values[quantity] = sum(given)
+    engines = per_engine if len(per_engine) > 1 else {}
+    return Reading(engine, values, engines, tuple(notes))

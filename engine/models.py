@@ -18,17 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine import embedded, gguf, kvcache, kvformula
+from engine import config_facts, embedded, gguf, kvcache, kvformula
 from engine.errors import ModelSourceError
 from engine.events import LoadProgress, ModelFacts, ModelLoaded
 from engine.params import DEVICES, DTYPES, FLOATS
 from engine.paths import offloaded_models_dir
 
-DECODER_LAYER = re.compile(r"(.*\.)?(layers|h|blocks)\.\d+")
+DECODER_LAYER = kvcache.DECODER_LAYER
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 SUPPORTED = ("KVScope shows decoder-only transformers whose layers keep an attention KV cache (Llama, Qwen, Mistral, "
              "Gemma, Phi, GPT-2, Falcon and the like; hybrids with some state-space layers load too)")
 Progress = Callable[[LoadProgress], None]
+CALIBRATE_HIDDEN = 2048         # the widest layer the dtype calibration builds (16 MiB a matrix in float32)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class LoadedModel:
     warnings: list[str] = field(default_factory=list)
     dtype_reason: str = ""
     offload_folder: Path | None = None     # where accelerate wrote the layers that fit nowhere (None: none)
+    converted_from: Path | None = None     # the GGUF whose converted copy in the cache this is (None: a folder)
 
     def loaded_event(self) -> ModelLoaded:
         return ModelLoaded(model=self.facts, load_ms=self.load_ms, converted=self.converted,
@@ -122,6 +124,9 @@ def pick_dtype(requested: str, device: Any, config: Any = None, recalibrate: boo
     text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
     hidden = int(getattr(text, "hidden_size", 1024) or 1024)
     intermediate = int(getattr(text, "intermediate_size", None) or 4 * hidden)
+    # The matmuls timed are a sample at most this large (a config's 40,000-wide layer would fill the memory):
+    # the dtypes' order is the same at the model's sizes and at a sample's.
+    hidden, intermediate = min(hidden, CALIBRATE_HIDDEN), min(intermediate, 4 * CALIBRATE_HIDDEN)
     calibration = calibrate(device, hidden, intermediate, recalibrate, measuring)
     fmt = None if requested == "auto" else requested
     return getattr(torch, calibration.best), fmt, calibration.reason()
@@ -159,17 +164,24 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
     torch_device = pick_device(device)
     converted = False
     folder = source.location
-    if source.kind in ("embedded", "gguf"):
-        gguf_path = Path(source.location)
+    gguf_path = Path(source.location) if source.kind in ("embedded", "gguf") else None
+    if gguf_path is not None:
         converted = not gguf.is_converted(gguf_path)
         folder = str(gguf.ensure_converted(gguf_path, report, cancelled))
     elif source.kind == "hub":
         folder = _hub_snapshot(source.location, report)
     if cancelled is not None and cancelled():
         raise ModelSourceError("Loading cancelled")
+    sizes = _checked_sizes(folder)                     # before anything is built or allocated
+    fits = offload.memory_budget or offload.disk_layers
+    if not fits:
+        _check_memory(folder, sizes, "bfloat16", torch_device)      # even the smallest float must fit
     config = _read_config(folder, trust_remote_code)
+    _refuse_without_weights(folder)
     torch_dtype, weights, reason = pick_dtype(dtype, torch_device, config, measuring=lambda: report(LoadProgress(
         "calibrate", "Measuring which float dtype is fastest on this machine (once)", None)))
+    if not fits:
+        _check_memory(folder, sizes, weights or str(torch_dtype).removeprefix("torch."), torch_device)
     if weights is not None and (offload.memory_budget or offload.disk_layers):
         raise ModelSourceError(f"{weights} weights and a memory budget cannot go together: the offloaded layers are "
                                "stored as they load. Pick a float dtype to offload, or no budget")
@@ -183,7 +195,14 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
                         None))
     warnings = pickle_warnings(Path(folder))
     placement = _placement(torch_device, offload, folder, config, trust_remote_code)
-    model, tokenizer = _load_folder(folder, config, torch_device, torch_dtype, trust_remote_code, placement)
+    try:
+        model, tokenizer = _load_folder(folder, config, torch_device, torch_dtype, trust_remote_code, placement)
+    except ModelSourceError:
+        if gguf_path is None or gguf.check_thoroughly(gguf_path, report) is None:
+            raise
+        folder = str(gguf.ensure_converted(gguf_path, report, cancelled))       # the damaged copy, again
+        converted = True
+        model, tokenizer = _load_folder(folder, config, torch_device, torch_dtype, trust_remote_code, placement)
     _check_placement(model, offload.memory_budget)
     weights_text = str(torch_dtype).removeprefix("torch.")
     if weights is not None:
@@ -198,8 +217,63 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
     load_ms = (time.perf_counter() - started) * 1000.0
     report(LoadProgress("done", f"Loaded {name} on {facts.device} in {load_ms / 1000:.1f} s", 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, device=input_device, facts=facts, load_ms=load_ms,
-                       converted=converted, warnings=warnings, dtype_reason=reason,
+                       converted=converted, warnings=warnings, dtype_reason=reason, converted_from=gguf_path,
                        offload_folder=Path(placement["offload_folder"]) if "offload_folder" in placement else None)
+
+
+def _checked_sizes(folder: str) -> config_facts.Sizes:
+    """The config's sizes, refused in one line naming a field that is absent, zero or absurd, or the whole config
+    when it is not a decoder or does not belong to the weights beside it."""
+    cfg = config_facts.read(folder)
+    why = config_facts.refusal(cfg)
+    if why is not None:
+        raise ModelSourceError(f"{Path(folder).name}: {why}. {SUPPORTED}")
+    sizes = config_facts.sizes(cfg)
+    for path in Path(folder).iterdir():
+        if path.suffix in (".safetensors", ".bin", ".json") and path.is_file() and not os.access(path, os.R_OK):
+            raise ModelSourceError(f"{path} cannot be read: permission denied (it is there, but this user may not "
+                                   "read it)")
+    stored = config_facts.stored_parameters(folder)
+    if stored and sizes.parameters() > 10 * stored:
+        raise ModelSourceError(
+            f"{Path(folder).name}'s config.json describes a model of about {sizes.parameters() / 1e6:,.1f}M "
+            f"parameters ({sizes.layers:,} layers of {sizes.hidden:,}), but its weights hold {stored / 1e6:,.1f}M: "
+            "the config does not belong to these weights (edited, or from another model)")
+    return sizes
+
+
+def _refuse_without_weights(folder: str) -> None:
+    """A folder with a config but no weights says what its config alone gives (after the config was read, so a
+    model that needs its own code is refused for that first)."""
+    if config_facts.has_weights(folder):
+        return
+    cfg = config_facts.read(folder)
+    sizes = config_facts.sizes(cfg)
+    facts = config_facts.model_facts(folder, cfg)
+    context = f"{facts.max_context:,} positions" if facts.context_declared else "no declared maximum"
+    raise ModelSourceError(
+        f"{folder} has a config.json but no weights (*.safetensors or *.bin), so nothing can run. From its config "
+        f"alone (computed, 16-bit): {kvformula.bytes_per_token(facts):,} B of KV cache per position, "
+        f"{kvformula.format_bytes(kvformula.full_context_kv_bytes(facts))} at its context ({context}), weights "
+        f"about {kvformula.format_bytes(sizes.weight_bytes('bfloat16'))}; `python -m engine costmodel --model "
+        f"{folder}` prints the whole table")
+
+
+def _check_memory(folder: str, sizes: config_facts.Sizes, fmt: str, device: Any) -> None:
+    """Weights larger than the memory the device has free are refused before any is allocated (the larger of the
+    config's estimate and what the files hold: a mixture of experts holds more than a dense estimate)."""
+    from engine.memory import available_bytes
+
+    per_weight = config_facts.FORMATS.get(fmt, 4.0)
+    parameters = max(sizes.parameters(), config_facts.stored_parameters(folder) or 0)
+    need = int(parameters * per_weight)
+    free = available_bytes(str(device))
+    if free is not None and need > free:
+        raise ModelSourceError(
+            f"{Path(folder).name} needs about {kvformula.format_bytes(need)} for its weights in {fmt} (computed: "
+            f"{_count(parameters)} parameters) and {device} has "
+            f"{kvformula.format_bytes(free)} free: pick a smaller format (int8, int4), a memory budget (offloads the "
+            "rest to disk), or a smaller model")
 
 
 def pickle_warnings(folder: Path) -> list[str]:
@@ -217,6 +291,8 @@ def _read_config(folder: str, trust_remote_code: bool) -> Any:
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
     except ValueError as exc:
+        if "Unrecognized model" in str(exc) or "does not recognize this architecture" in str(exc):
+            raise ModelSourceError(_unsupported(folder)) from None
         if "trust_remote_code" in str(exc):
             raise ModelSourceError(
                 f"{folder} needs to run code shipped with the model (trust_remote_code). KVScope does not run "
@@ -227,7 +303,21 @@ def _read_config(folder: str, trust_remote_code: bool) -> Any:
     if getattr(config, "is_encoder_decoder", False):
         raise ModelSourceError(f"{Path(folder).name} is an encoder-decoder model ({type(config).__name__}): "
                                f"{SUPPORTED}")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
+        raise ModelSourceError(_unsupported(folder, type(config).__name__))
     return config
+
+
+def _unsupported(folder: str, config_class: str = "") -> str:
+    """A model type this transformers cannot run as a text generator: not a broken folder, and said so."""
+    import transformers
+
+    kind = f" ({config_class})" if config_class else ""
+    return (f"{Path(folder).name}{kind} is not supported by transformers {transformers.__version__} as a text "
+            "generator (AutoModelForCausalLM has no class for it): the folder may be fine, but this model type "
+            f"cannot run here. {SUPPORTED}")
 
 
 def _offload_folder(folder: str, root: str | None = None, fresh: bool = False) -> Path:
@@ -328,6 +418,12 @@ def _load_folder(folder: str, config: Any, device: Any, dtype: Any, trust_remote
         raise ModelSourceError(f"Not enough memory to load {folder} as {dtype}: try a smaller dtype or model") \
             from None
     except Exception as exc:  # noqa: BLE001  (a broken folder fails in many libraries' ways; say which file)
+        if "weights_only" in str(exc) or "Weights only load failed" in str(exc):
+            raise ModelSourceError(
+                f"{Path(folder).name}'s pickle weights (.bin) were refused: they hold something besides tensors, code "
+                "that would run as they load, so KVScope does not load them. Convert them where running that "
+                "code is safe (a throwaway machine or container) into .safetensors (torch.load then "
+                "safetensors.torch.save_file), or use a copy published as .safetensors") from None
         raise ModelSourceError(f"Cannot load the model in {folder}: {type(exc).__name__}: {_first_line(exc)}") \
             from None
     finally:
@@ -391,6 +487,9 @@ def model_facts(model: Any, *, name: str, source: str, device: Any, weights: str
                                f"state has a fixed size): {SUPPORTED}")
     layers = len(kv_layers)
     heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    declared = config.to_dict()
+    context, _key = config_facts.declared_context(declared)
+    declared_kv = next((declared[k] for k in ("num_key_value_heads", "num_kv_heads") if declared.get(k)), 0)
     if attention[0].kind == kvformula.LATENT:       # a query head's width, not the compressed cache's
         head_dim = int(getattr(config, "qk_nope_head_dim", 0) or 0) + int(getattr(config, "qk_rope_head_dim", 0) or 0)
     else:
@@ -399,7 +498,9 @@ def model_facts(model: Any, *, name: str, source: str, device: Any, weights: str
         name=name, source=source, architecture=architecture,
         num_layers=layers, num_heads=heads or attention[0].kv_heads, head_dim=head_dim,
         hidden_size=int(config.hidden_size), vocab_size=int(config.vocab_size),
-        max_context=int(getattr(config, "max_position_embeddings", None) or 2048),
+        max_context=context or config_facts.UNDECLARED_CONTEXT, context_declared=context is not None,
+        config_kv_heads=declared_kv if attention[0].kind != kvformula.LATENT and declared_kv and
+        attention[0].kv_heads > declared_kv else 0,
         dtype=str(model.dtype).removeprefix("torch."), dtype_bytes=int(model.dtype.itemsize),
         num_params=parameter_count(model), device=str(device),
         layer_devices=layer_devices(model, layers), kv_layers=kv_layers,
@@ -421,6 +522,10 @@ def layer_devices(model: Any, num_layers: int) -> list[str]:
         where = device_map[max(matches, key=len)] if matches else str(model.device)
         out.append(f"cuda:{where}" if isinstance(where, int) else str(where))
     return out
+
+
+def _count(parameters: int) -> str:
+    return f"{parameters / 1e9:,.2f}B" if parameters >= 1e9 else f"{parameters / 1e6:,.1f}M"
 
 
 def _first_line(exc: BaseException) -> str:

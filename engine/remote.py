@@ -294,8 +294,12 @@ def probe(url: str, timeout: float = 5.0, deadline_s: float = DEADLINE_S) -> Ser
     try:
         reading = metrics.read(get_text(where, "/metrics", timeout))
         engine, has_metrics = engine or reading.engine, True
-        reveals.append(f"/metrics: {', '.join(sorted(reading.values)) or 'no quantity KVScope reads'}"[:512])
-    except (RemoteError, metrics.MetricsError):
+        engines = f" from {len(reading.engines)} engines" if reading.engines else ""
+        reveals.append(f"/metrics{engines}: {', '.join(sorted(reading.values)) or 'no quantity KVScope reads'}"[:512])
+        reveals += [f"/metrics: {note}"[:512] for note in reading.notes[:4]]
+    except metrics.MetricsError as exc:
+        reveals.append(f"/metrics answered but was not read: {exc}"[:512])
+    except RemoteError:
         pass
     if engine == "llama.cpp":
         reveals.append("its own prompt and decode timings per response (timings: prompt_ms, predicted_ms, cache_n)")

@@ -40,8 +40,9 @@ def kv_line(model: ModelFacts, positions: int, bytes_held: int, allocated: int |
     storage = (f"; their storages have {kvformula.format_bytes(allocated)} allocated (measured: a sliding layer's "
                "keys and values are views into a larger buffer)" if allocated else "")
     return (f"KV cache: {kvformula.formula_text(model)}; after {positions:,} positions the tensors hold "
-            f"{kvformula.format_bytes(bytes_held)} (measured, {check}){storage}; at full context "
-            f"({kvformula.full_context_positions(model):,} positions) = {kvformula.format_bytes(full)} (computed)")
+            f"{kvformula.format_bytes(bytes_held)} (measured, {check}){storage}; " + (
+                f"at full context ({kvformula.context_text(model)}) = {kvformula.format_bytes(full)} (computed)"
+                if model.context_declared else f"full context: {kvformula.context_text(model)}"))
 
 
 def report(model: ModelFacts, s: RunSummary, kv_on: bool = True) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from engine import attention, chat_template, faults, kvcache, kvformula
+from engine import attention, chat_template, faults, gguf, kvcache, kvformula
 from engine.clock import StepClock
 from engine.compiled import CompiledDecode, Graph, cache_length
 from engine.contention import LoadMeter
@@ -315,8 +315,7 @@ class Session:
             failure = ("non_finite_logits",
                        f"The model's next-token scores were not numbers (NaN or infinity) at token "
                        f"{tally.generated + 1:,}, so no token could be chosen; the {tally.generated:,} before it are "
-                       f"kept. Its weights or its dtype ({self.facts.dtype}) are broken for this input: try float32 "
-                       "or bfloat16, or a freshly converted copy of the model.")
+                       f"kept. {self._broken_weights_words()}")
         except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
             failure = ("out_of_memory",
                        f"Out of memory after {tally.generated} tokens ({_first_line(exc)}). Memory was "
@@ -342,6 +341,17 @@ class Session:
             self._kept_cache, self._kept_ids = cache, request.ids + tally.token_ids[:-1]
         # The summary's text is decoded once from all ids, so a character the run cut in half still shows.
         return observer.finished(reason, self.tokenizer.decode(tally.token_ids, skip_special_tokens=True))
+
+    def _broken_weights_words(self) -> str:
+        """Why the scores could be broken: a converted copy in the cache is checked thoroughly first (a damaged
+        one is removed and converted again at the next load), else the weights or the dtype."""
+        source = self.loaded.converted_from
+        broken = gguf.check_thoroughly(source) if source is not None else None
+        if broken is not None:
+            return (f"The converted copy of {source.name} in KVScope's cache was damaged ({broken}): it was removed, "
+                    "and the next load converts it again.")
+        return (f"Its weights or its dtype ({self.facts.dtype}) are broken for this input: try float32 or bfloat16, "
+                "or another copy of the model.")
 
     def _reusable_cache(self, ids: list[int]) -> tuple[Any, int, str]:
         """The kept cache cut back to what it shares with ``ids`` (at least one id is left to prefill), the

@@ -46,7 +46,18 @@ SHAPES: dict[str, tuple[str, str, dict]] = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, mamba_d_state=8, mamba_n_heads=4, mamba_d_head=16, mamba_d_ssm=64, mamba_n_groups=1,
         mamba_expand=1)),
+    # MPT names its context max_seq_len (no max_position_embeddings)
+    "mpt": ("MptConfig", "MptForCausalLM", dict(d_model=64, n_heads=4, n_layers=2, expansion_ratio=2)),
+    # Falcon's new decoder declares 2 KV heads but repeats them before caching: the cache holds all 4
+    "falcon-new-decoder": ("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2, new_decoder_architecture=True)),
+    # RecurrentGemma: two recurrent layers whose state lives on their modules, outside the cache object, and one
+    # local-attention layer; no maximum context declared
+    "recurrentgemma": ("RecurrentGemmaConfig", "RecurrentGemmaForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=16, lru_width=64, attention_window_size=WINDOW, block_types=["recurrent", "recurrent", "attention"])),
 }
+CONTEXT_KEY = {"gpt2": "n_positions", "mpt": "max_seq_len", "mamba": None, "recurrentgemma": None}
 REFUSED = ("mamba",)
 # (kind, kv_heads, k_dim, capacity) per layer, as the cache must report it
 EXPECTED = {
@@ -61,6 +72,8 @@ EXPECTED = {
     "deepseek-v3-mla": [("latent", 1, 16, None)] * 2,
     "deepseek-v32-indexer": [("latent", 1, 16, None)] * 2,
     "falcon-h1-combined": [("full", 2, 16, None)] * 2,
+    "mpt": [("full", 4, 16, None)] * 2,
+    "falcon-new-decoder": [("full", 4, 16, None)] * 2,
 }
 
 
@@ -73,10 +86,9 @@ def build(name: str, folder: Path) -> Path:
     config_class, model_class, keywords = SHAPES[name]
     tokenizer = build_tokenizer()
     keywords = dict(keywords)
-    if name == "gpt2":
-        keywords["n_positions"] = CONTEXT
-    elif name != "mamba":
-        keywords["max_position_embeddings"] = CONTEXT
+    key = CONTEXT_KEY.get(name, "max_position_embeddings")
+    if key is not None:
+        keywords[key] = CONTEXT
     config = getattr(transformers, config_class)(
         vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, **keywords)

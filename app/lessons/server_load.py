@@ -81,6 +81,8 @@ class ServerLoadView(LessonView):
             text += f" {engine} has no /metrics here (llama-server needs --metrics)."
         if r.metrics_error:
             text += f" /metrics stopped: {escape(r.metrics_error)}"
+        if r.notes:
+            text += f" Not read from /metrics: {escape('; '.join(r.notes))}."
         return text + " The same idea inside KVScope, with every step visible: the Continuous batching tab."
 
 

@@ -352,8 +352,10 @@ class KVHeatmapPanel(QWidget):
         notes += f"<br>{escape(concurrency_text(m))}"
         return (f"{measured}<br><b>Formula</b> (computed): {escape(kvformula.formula_text(m))}; for "
                 f"{run.kv_allocated or seen:,} positions "
-                f"{fmt(predicted)}<br><b>Full context</b> ({full:,} positions, computed): "
-                f"{fmt(kvformula.full_context_kv_bytes(m))} — {seen / max(full, 1):.1%} used<br>"
+                f"{fmt(predicted)}<br>" + (
+                    f"<b>Full context</b> ({full:,} positions, computed): {fmt(kvformula.full_context_kv_bytes(m))}"
+                    f" — {seen / max(full, 1):.1%} used<br>" if m.context_declared else
+                    f"<b>Full context</b>: {escape(kvformula.context_text(m))}<br>") +
                 f"{escape(kvformula.heads_text(m))}{notes}<br>Devices: {escape(layer_ranges(m.layer_devices))} · "
                 f"dtype {escape(m.dtype)}")
 

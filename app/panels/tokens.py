@@ -148,6 +148,7 @@ class TokensPanel(QWidget):
         self._controls = [colour, self.mode_box]
         self.text = TokenText()
         self.run_line = QLabel()              # the run's figures and how it ended, under the reply
+        self._run_line_wanted = True
         self.run_line.setTextFormat(Qt.TextFormat.PlainText)
         self.run_line.setWordWrap(True)
         self.detail = QLabel(HINT)
@@ -198,7 +199,7 @@ class TokensPanel(QWidget):
         line = run_line(run)
         if self.run_line.text() != line:
             self.run_line.setText(line)
-        self.run_line.setVisible(bool(line))
+        self.run_line.setVisible(bool(line) and self._run_line_wanted)
         if run is None:
             if self._run_id is not None:
                 self.text.reset()
@@ -238,8 +239,10 @@ class TokensPanel(QWidget):
 
     def set_controls_visible(self, visible: bool) -> None:
         """A lecture scene shows the stream and its colour legend; the mode box and hover line stay behind."""
+        self._run_line_wanted = visible                # a scene's caption carries the run's figures
         for widget in (*self._controls, self.detail):
             widget.setVisible(visible)
+        self.run_line.setVisible(visible and bool(self.run_line.text()))
 
     def _forget_detail(self) -> None:
         self._pinned = None

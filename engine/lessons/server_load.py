@@ -98,6 +98,7 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
         experiment.progress(done, count, f"{done} of {count} requests finished")
 
     poll_error: list[str] = []
+    poll_notes: list[str] = []                          # what a page gave that could not be true, said once
     seen: dict[str, list[float]] = {}                   # quantity -> every value polled
 
     def poll() -> None:
@@ -107,7 +108,13 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
             try:
                 reading = metrics.read(get_text(session.address, "/metrics", timeout=max(settings.poll_s, 2.0)))
                 with lock:
-                    experiment.point("metrics", t_ms=experiment.ms(), **reading.values)
+                    now = experiment.ms()
+                    experiment.point("metrics", t_ms=now, **reading.values)
+                    for key, values in reading.engines.items():          # data-parallel engines: each apart
+                        experiment.point(f"metrics engine {key}"[:64], t_ms=now, **values)
+                    for note in reading.notes:
+                        if note not in poll_notes:
+                            poll_notes.append(note)
                     for quantity, value in reading.values.items():
                         seen.setdefault(quantity, []).append(value)
             except (RemoteError, metrics.MetricsError) as exc:
@@ -140,11 +147,11 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
             thread.join(10.0)
     stop.set()
     poller.join(max(settings.poll_s, 2.0) + 1.0)
-    return summarize([r for r in results if r], count, seen, poll_error)
+    return summarize([r for r in results if r], count, seen, poll_error, poll_notes)
 
 
 def summarize(done: list[dict], requested: int, seen: dict[str, list[float]],
-              poll_error: list[str]) -> ServerLoadResult:
+              poll_error: list[str], poll_notes: list[str] = ()) -> ServerLoadResult:
     ok = [r for r in done if r["ok"]]
     figures: dict = {"requested": requested, "completed": len(ok), "failed": len(done) - len(ok)}
     if ok:
@@ -168,7 +175,8 @@ def summarize(done: list[dict], requested: int, seen: dict[str, list[float]],
     figures["metrics_polls"] = max((len(v) for v in seen.values()), default=0)
     if poll_error:
         figures["metrics_error"] = poll_error[0][:300]
-    return ServerLoadResult(**figures, incomplete=len(done) < requested)
+    return ServerLoadResult(**figures, incomplete=len(done) < requested,
+                            notes=tuple(note[:4096] for note in list(poll_notes)[:8]))
 
 
 def timeline(point: ExperimentPoint) -> list[Span | Counter]:

@@ -103,7 +103,8 @@ def test_recorded_attention_equals_eager_output_attentions_or_is_refused(arch):
 
     name, folder, loaded = arch
     params = GenerationParams(max_new_tokens=NEW_TOKENS, chat_template=False)
-    refused = {"falcon-mqa": "FalconForCausalLM", "deepseek-v32-indexer": "DeepseekV32ForCausalLM: its indexer"}
+    refused = {"falcon-mqa": "FalconForCausalLM", "falcon-new-decoder": "FalconForCausalLM",
+               "deepseek-v32-indexer": "DeepseekV32ForCausalLM: its indexer"}
     if name in refused:
         events: list = []
         with pytest.raises(ParameterError, match=f"attention cannot be recorded for {refused[name]}"):

@@ -38,9 +38,11 @@ def test_a_pickle_that_runs_code_is_refused(pickle_model, tmp_path):
             return (os.system, (f"touch {tmp_path / 'pwned'}",))
 
     torch.save({"model.embed_tokens.weight": Payload()}, pickle_model / "pytorch_model.bin")
-    with pytest.raises(ModelSourceError, match="Cannot load the model"):
+    with pytest.raises(ModelSourceError, match="pickle weights .* were refused: they hold something besides tensors, "
+                                               "code that would run as they load") as info:
         load(str(pickle_model), device="cpu")
     assert not (tmp_path / "pwned").exists()
+    assert "weights_only=False" not in str(info.value) and ".safetensors" in str(info.value)
 
 
 def test_remote_code_is_refused_unless_allowed(tiny_model_dir, tmp_path):

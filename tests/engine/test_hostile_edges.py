@@ -79,7 +79,7 @@ def test_a_full_disk_is_one_line_and_the_previous_trace_is_intact(tmp_path, caps
         monkeypatch.setattr(files.os, "fsync", full)
         code, _out, err = run_cli(["--server", server.url, "--prompt", "hi", "--max-new-tokens", "4", "--trace",
                                    str(previous)], capsys)
-    assert code == 1 and "could not write the trace to" in err and "No space left on device" in err
+    assert code == 2 and "could not write the trace to" in err and "No space left on device" in err
     assert "Traceback" not in err and previous.read_text() == "the previous trace"
     assert [p.name for p in tmp_path.iterdir()] == ["run.jsonl"]           # no temporary file left behind
 
