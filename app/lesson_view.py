@@ -100,10 +100,12 @@ class SettingsForm(QWidget):
             return
         for name, widget in self.widgets.items():
             value = getattr(settings, name)
+            widget.blockSignals(True)
             if isinstance(widget, (QSpinBox, QDoubleSpinBox)) and value is not None and widget.value() != value:
-                widget.blockSignals(True)
                 widget.setValue(value)
-                widget.blockSignals(False)
+            elif isinstance(widget, QLineEdit) and isinstance(value, str) and widget.text() != value:
+                widget.setText(value)
+            widget.blockSignals(False)
 
     def _widget(self, shape: FieldShape, presets: list[tuple[str, object]] | None) -> QWidget:
         default = None if shape.default is MISSING else shape.default
@@ -357,6 +359,9 @@ def settings_words(settings: LessonSettings) -> str:
         if shape.setting is None or shape.name == "prompt":
             continue
         value = getattr(settings, shape.name)
+        off = shape.setting.special and shape.span is not None and value == shape.span.low
+        if value == "" or off:                        # a setting left off says nothing about the run
+            continue
         shown = "/".join(str(v) for v in value) if isinstance(value, tuple) else (
             "the whole context" if value is None else f"{value:g}" if isinstance(value, float) else str(value))
         unit = shape.setting.unit if shape.setting.unit not in shape.setting.label.split() else ""

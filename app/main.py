@@ -39,6 +39,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--server", metavar="URL",
                    help="watch a serving engine instead of loading a model (llama-server, vLLM, TGI, SGLang; an API "
                         "key is read from KVSCOPE_API_KEY)")
+    p.add_argument("--kv-events", metavar="ADDRESS",
+                   help="with --server: the engine's KV event publisher (vLLM's --kv-events-config endpoint), "
+                        "tcp://HOST:PORT to connect or tcp://*:PORT to bind; the load test draws its prefix tree")
     p.add_argument("--device", help="auto, cpu, cuda or mps")
     p.add_argument("--dtype", help="auto, float32, bfloat16, float16, int8 or int4 (weights)")
     p.add_argument("trace_files", nargs="*", metavar="TRACE",
@@ -108,6 +111,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def start(window: MainWindow, args: argparse.Namespace) -> None:
     """What the command line asks for once the window shows: a scene, a run when loaded, traces or a model."""
+    if args.kv_events:
+        from engine import lessons as engine_lessons
+
+        kind = "server load"
+        choices = window.controller.choices
+        current = choices.settings.get(kind) or engine_lessons.lesson(kind).settings()
+        choices.set(replace(current, kv_events=args.kv_events))
     if args.lecture or args.scene:
         window.lecture.enter(args.scene)
     if args.run:

@@ -23,12 +23,14 @@ from engine.events import (
     ExperimentProgress,
     ExperimentStarted,
     HardwarePeaks,
+    KVBlocks,
     KVNorms,
     LayerTimes,
     LessonResult,
     LessonSettings,
     ModelFacts,
     PrefillDone,
+    RequestBlocks,
     RunFailed,
     RunFinished,
     RunStarted,
@@ -231,6 +233,7 @@ class ExperimentRecord:
         self.points: list[ExperimentPoint] = []
         self.passes: list[DraftPass] = []          # speculative decoding: every verification pass
         self.tables: list[BlockTable] = []         # paged KV: the block table after every step
+        self.blocks: list[KVBlocks | RequestBlocks] = []   # a serving engine's KV events, and each request's walk
         self.progress: ExperimentProgress | None = None
         self.end: ExperimentFinished | ExperimentFailed | None = None
         self.run_ids: list[str] = []
@@ -264,6 +267,8 @@ class ExperimentRecord:
             self.passes.append(event)
         elif isinstance(event, BlockTable):
             self.tables.append(event)
+        elif isinstance(event, (KVBlocks, RequestBlocks)):
+            self.blocks.append(event)
         elif isinstance(event, ExperimentProgress):
             self.progress = event
         elif isinstance(event, (ExperimentFinished, ExperimentFailed)):

@@ -466,6 +466,41 @@ class BlockTable:
     free_blocks: Annotated[int, Range(0, MAX_BLOCKS)]
 
 
+BlockKeys = Annotated[list[Ident], Items(MAX_BLOCKS)]
+
+
+@dataclass(frozen=True)
+class KVBlocks:
+    """What a serving engine's prefix cache did to its blocks (vLLM's KV events), as it published it: blocks
+    ``stored`` (in order, each the child of the one before, the first the child of ``parent``; with each block's
+    token ids and their text as the server decodes them), ``removed`` (evicted) or ``cleared`` (all at once).
+    ``publisher``: which engine said it ("" for a server with one). Keys are the blocks' hashes, in hex."""
+
+    exp_id: Ident
+    t_ms: Ms
+    action: Annotated[str, Text(16, ("stored", "removed", "cleared"))]
+    keys: BlockKeys = field(default_factory=list)
+    parent: Ident = ""
+    tokens: Annotated[list[Annotated[list[TokenId], Items(4096)]], Items(MAX_BLOCKS)] = field(default_factory=list)
+    texts: Annotated[list[Annotated[str, Text(4096)]], Items(MAX_BLOCKS)] = field(default_factory=list)
+    publisher: Ident = ""
+
+
+@dataclass(frozen=True)
+class RequestBlocks:
+    """One request's prompt matched against the engine's prefix tree when it was sent: the blocks it walks
+    (``keys``, from the root), how many of its ``prompt_tokens`` those blocks already held (``reused_tokens``:
+    what the prefix cache can give back), and the block size."""
+
+    exp_id: Ident
+    t_ms: Ms
+    index: Annotated[int, Range(0, MAX_REQUESTS - 1)]
+    prompt_tokens: Count
+    reused_tokens: Count
+    block_size: Annotated[int, Range(1, 1 << 16)]
+    keys: BlockKeys = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class LayerTimes:
     """One forward pass of a run, layer by layer (recorded when the model is split across devices or disk):
@@ -497,7 +532,8 @@ class ExperimentFailed:
 
 Event = typing.Union[LoadProgress, ModelLoaded, HardwarePeaks, RunStarted, PrefillDone, KVNorms, TokenStep,
                      AttentionStep, LayerTimes, RunFinished, RunFailed, ExperimentStarted, ExperimentProgress,
-                     ExperimentPoint, DraftPass, BlockTable, ExperimentFinished, ExperimentFailed]
+                     ExperimentPoint, DraftPass, BlockTable, KVBlocks, RequestBlocks, ExperimentFinished,
+                     ExperimentFailed]
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Event)}
 TRACE_EVENTS = tuple(cls for cls in typing.get_args(Event) if cls not in (LoadProgress, ModelLoaded))
 

@@ -263,6 +263,45 @@ def get_json(where: Address, path: str, timeout: float = 5.0) -> Any:
         raise RemoteError(f"The server at {where.url} answered {path} with something that is not JSON") from None
 
 
+def post_json(where: Address, path: str, body: dict, timeout: float = 5.0) -> Any:
+    """A POST's JSON answer, bounded in size and time like every other answer."""
+    exchange = request(where, "POST", path, body, timeout=timeout)
+    try:
+        data = exchange.response.read(MAX_LINE)
+    except (OSError, http.client.HTTPException) as exc:
+        raise RemoteError(f"The server at {where.url} broke off its answer to {path}: {_reason(exc)}") from None
+    finally:
+        exchange.close()
+    try:
+        return loads(data.decode("utf-8", "replace"))
+    except ValueError:
+        raise RemoteError(f"The server at {where.url} answered {path} with something that is not JSON") from None
+
+
+def tokenize(where: Address, model: str, messages: list[dict], timeout: float = 5.0) -> list[int] | None:
+    """The prompt ids the server makes of ``messages`` with its own chat template (vLLM's ``/tokenize``), or None
+    where the server has no such endpoint or answers with something else."""
+    try:
+        data = post_json(where, "/tokenize", {"model": model, "messages": messages, "add_generation_prompt": True},
+                         timeout)
+    except RemoteError:
+        return None
+    tokens = data.get("tokens") if isinstance(data, dict) else None
+    if isinstance(tokens, list) and len(tokens) <= MAX_LINE and all(isinstance(t, int) and t >= 0 for t in tokens):
+        return tokens
+    return None
+
+
+def detokenize(where: Address, model: str, tokens: list[int], timeout: float = 5.0) -> str:
+    """The text the server makes of ``tokens`` (vLLM's ``/detokenize``), or "" where it cannot say."""
+    try:
+        data = post_json(where, "/detokenize", {"model": model, "tokens": tokens}, timeout)
+    except RemoteError:
+        return ""
+    text = data.get("prompt") if isinstance(data, dict) else None
+    return clean_text(text)[0][:4096] if isinstance(text, str) else ""
+
+
 # --- what the server reveals ------------------------------------------------------------------------------
 def probe(url: str, timeout: float = 5.0, deadline_s: float = DEADLINE_S) -> ServerFacts:
     """The model the server serves, which engine it is, its context if it says, and whether it has

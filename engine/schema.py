@@ -26,12 +26,14 @@ from engine.events import (
     ExperimentProgress,
     ExperimentStarted,
     HardwarePeaks,
+    KVBlocks,
     KVNorms,
     LayerTimes,
     LessonResult,
     LessonSettings,
     ModelFacts,
     PrefillDone,
+    RequestBlocks,
     RunFailed,
     RunFinished,
     RunStarted,
@@ -323,6 +325,25 @@ class Checker:
             raise SchemaError(f"position must be between 1 and {max(experiment.max_context - 1, 1):,}")
         return event
 
+    def kv_blocks(self, data: dict, shape: Plan) -> KVBlocks:
+        event: KVBlocks = shape.build(data)
+        self._experiment(event)
+        if event.action == "stored" and not (len(event.tokens) == len(event.keys) and
+                                             len(event.texts) in (0, len(event.keys))):
+            raise SchemaError(f"tokens (and texts) must give one entry for each of the {len(event.keys):,} blocks")
+        if event.action == "cleared" and event.keys:
+            raise SchemaError("a cleared event names no blocks")
+        return event
+
+    def request_blocks(self, data: dict, shape: Plan) -> RequestBlocks:
+        event: RequestBlocks = shape.build(data)
+        self._experiment(event)
+        if event.reused_tokens > event.prompt_tokens:
+            raise SchemaError(f"reused_tokens must be at most the {event.prompt_tokens:,} prompt tokens")
+        if len(event.keys) * event.block_size > event.prompt_tokens + event.block_size:
+            raise SchemaError("keys must be at most the blocks the prompt fills")
+        return event
+
     def block_table(self, data: dict, shape: Plan) -> BlockTable:
         event: BlockTable = shape.build(data)
         self._experiment(event)
@@ -446,7 +467,8 @@ _RELATIONS = {
     "RunFinished": Checker.run_finished, "RunFailed": Checker.run_failed, "HardwarePeaks": Checker.peaks,
     "ExperimentStarted": Checker.experiment_started, "ExperimentProgress": Checker.experiment_progress,
     "ExperimentPoint": Checker.experiment_point, "DraftPass": Checker.draft_pass,
-    "BlockTable": Checker.block_table, "ExperimentFinished": Checker.experiment_finished,
+    "BlockTable": Checker.block_table, "KVBlocks": Checker.kv_blocks, "RequestBlocks": Checker.request_blocks,
+    "ExperimentFinished": Checker.experiment_finished,
     "ExperimentFailed": Checker.experiment_failed,
 }
 assert _RELATIONS.keys() == PLANS.keys(), "every event a trace holds has its checks"

@@ -9,10 +9,12 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QSlider
 
 from app.lesson_view import LessonView, Scene, token_note
+from app.prefix_chart import PrefixChart
 from app.store import ExperimentRecord
 from engine import kvformula
 from engine.lessons import paged
 from engine.lessons.paged import PagedResult
+from engine.prefix_tree import tree_of
 
 SHARED, PRIVATE, CACHED, FREE = "#CC79A7", "#0072B2", "#56B4E9", "#DDDDDD"
 
@@ -30,6 +32,20 @@ class PagedView(LessonView):
         self.step_slider.setToolTip("Which step's block table to show (it starts at the step that held most)")
         self.step_slider.valueChanged.connect(self._step_chosen)
         self.charts_layout.addWidget(self.step_slider)
+        # The same view the real server's KV events draw (the server-load tab), from this cache's block tables
+        self.tree_chart = PrefixChart("The same blocks as a prefix tree (as a serving engine's are drawn)")
+        self.tree_chart.setMinimumHeight(200)
+        self.charts_layout.addWidget(self.tree_chart, 2)
+
+    def style_charts(self, theme) -> None:
+        super().style_charts(theme)
+        self.tree_chart.style_tree(theme)
+
+    def set_compact(self, compact: bool) -> None:
+        """The scene shows the block tables (its claim); the tree, for comparing with a real server, stays in the
+        tab."""
+        super().set_compact(compact)
+        self.tree_chart.setVisible(not compact)
 
     def cell(self, record: ExperimentRecord, point, key: str) -> object:
         return ("on" if point.values.get(key) else "off") if key == "sharing" else point.values.get(key)
@@ -86,6 +102,8 @@ class PagedView(LessonView):
         self.plot.getAxis("left").setTicks([ticks + [(pool_row, f"pool ({table.total_blocks})")], []])
         self.plot.invertY(True)
         self.step_words = step_words(table, index, len(tables), peak)
+        sharing = [t for t in tables[:index + 1] if t.exp_id == table.exp_id]
+        self.tree_chart.show(tree_of([sharing[-1]]) if sharing else tree_of([]))
 
     def explanation(self, record: ExperimentRecord) -> str:
         r: PagedResult = record.result

@@ -1,5 +1,6 @@
 """A load test on a serving engine: one lane per request (grey: sent, waiting for the first token; vermillion:
-tokens streaming, by this client's clock), and below what the server itself says on /metrics."""
+tokens streaming, by this client's clock), below it what the server itself says on /metrics, and, when the test
+subscribed to the engine's KV events, its prefix cache as a tree of blocks (``app.prefix_chart``)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import pyqtgraph as pg
 
 from app import theme as th
 from app.chart import Chart
-from app.lesson_view import LessonView
+from app.lesson_view import LessonView, Scene
+from app.prefix_chart import PrefixChart
 from app.store import ExperimentRecord
 from engine.lessons import server_load
 from engine.lessons.server_load import ServerLoadResult
 from engine.metrics import QUANTITIES
+from engine.prefix_tree import tree_of
 
 
 class ServerLoadView(LessonView):
@@ -30,10 +33,22 @@ class ServerLoadView(LessonView):
         self.metrics_chart.setMinimumHeight(230)         # its legend, title and an axis with a few ticks
         self.metrics_chart.plot.setXLink(self.plot)
         self.charts_layout.addWidget(self.metrics_chart, 1)
+        self.tree_chart = PrefixChart("The engine's prefix cache, from its KV events: one box per block")
+        self.tree_chart.setMinimumHeight(260)
+        self.tree_chart.hide()                           # shown for a test that subscribed to KV events
+        self.charts_layout.addWidget(self.tree_chart, 2)
+
+    def set_compact(self, compact: bool) -> None:
+        """In its scene the tree is the claim: the /metrics chart steps back where there is a tree to show."""
+        super().set_compact(compact)
+        self.compact = compact
+        self.metrics_chart.setVisible(not (compact and self.tree_chart.isVisibleTo(self)))
+        self.charts_layout.setStretchFactor(self.tree_chart, 5 if compact else 2)
 
     def style_charts(self, theme: th.Theme) -> None:
         super().style_charts(theme)
         self.metrics_chart.style(theme, "time since the first request", "ms", "requests", None)
+        self.tree_chart.style_tree(theme)
         for plot in (self.plot, self.metrics_chart.plot):
             plot.getAxis("left").setWidth(int(theme.base_pt * 11))
 
@@ -60,6 +75,10 @@ class ServerLoadView(LessonView):
                                                        symbol="o", symbolSize=5, symbolBrush=colour),
                                        f"{QUANTITIES.get(quantity, quantity)} (/metrics)")
         self.polled = bool(samples)
+        self.tree_chart.setVisible(bool(record.blocks))
+        self.metrics_chart.setVisible(not (getattr(self, "compact", False) and record.blocks))
+        if record.blocks:
+            self.tree_chart.show(tree_of(record.blocks))
 
     def explanation(self, record: ExperimentRecord) -> str:
         r: ServerLoadResult = record.result
@@ -83,18 +102,26 @@ class ServerLoadView(LessonView):
             text += f" /metrics stopped: {escape(r.metrics_error)}"
         if r.notes:
             text += f" Not read from /metrics: {escape('; '.join(r.notes))}."
+        text += "".join(f" {escape(line)}." for line in server_load.prefix_lines(r))
         return text + " The same idea inside KVScope, with every step visible: the Continuous batching tab."
 
 
 def caption(record: ExperimentRecord | None, context: object = None) -> str:
     r = record.result if record is not None else None
     if r is None or r.mean_ttft_ms is None:
-        return "requests fired at the server on a schedule, timed by this client"
+        return "requests sharing a system prompt, fired at a serving engine: its KV blocks drawn as a tree"
+    engine = getattr(record.started.model, "engine", "the server")
+    if r.tree_prompt_tokens:
+        counters = (f"; its own counters: {r.cached_prompt_tokens_during:,.0f} of {r.prefix_queries_during:,.0f}"
+                    if r.prefix_queries_during and r.cached_prompt_tokens_during is not None else "")
+        return (f"{r.completed} requests to {engine}: {r.tree_reused_tokens:,} of {r.tree_prompt_tokens:,} prompt "
+                f"tokens ({r.tree_reused_tokens / r.tree_prompt_tokens:.0%}) came from blocks its prefix cache already "
+                f"held (its KV events, measured){counters}; mean TTFT {r.mean_ttft_ms:,.0f} ms (client)")
     return (f"{r.completed} of {r.requested} requests: mean TTFT {r.mean_ttft_ms:,.0f} ms, {r.total_tok_s:,.1f} tok/s "
             "in all (measured by this client)")
 
 
 LESSON = server_load.LESSON
 VIEW = ServerLoadView
-SCENE = None
+SCENE = Scene("serving", "A real server's prefix cache", order=14, action="the load test", key="V")
 JOINS = None

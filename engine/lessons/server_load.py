@@ -2,6 +2,12 @@
 seconds, each timed by this client (TTFT, tokens per second), while ``/metrics`` is polled every ``poll_s``
 seconds for what the server says it is doing (requests running and queued, KV cache in use, prefix-cache hits).
 
+With ``shared_prefix`` most requests share a system prompt of that many words (every fourth has one of its
+own), so a prefix cache has something to reuse; with ``kv_events`` (a ZMQ address) the engine's KV events are
+subscribed to (``engine.kv_events``), every block it stores or evicts is recorded, and each request's prompt
+(the server's own tokens, from its ``/tokenize``) is walked through the tree of blocks when it is sent: the
+prefix hit rate weighted by tokens, from the events, beside the server's own prefix-cache counters.
+
 Bounded in count and time: at most ``MAX_REQUESTS`` requests, and the whole test stops by itself after
 ``limit_s`` seconds (requests still streaming are cancelled, and their runs are kept, marked). It only talks to
 the server the user gave.
@@ -16,12 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
-from engine import metrics
-from engine.events import ExperimentPoint, LessonResult, LessonSettings, RunFinished
+from engine import kv_events, metrics, remote
+from engine.events import ExperimentPoint, KVBlocks, LessonResult, LessonSettings, RequestBlocks, RunFinished
 from engine.experiment import SERVER, Counter, Experiment, Lesson, Span
 from engine.fields import Count, Key, Number, Range, Setting, Text
 from engine.params import GenerationParams
+from engine.prefix_tree import PrefixTree
 from engine.remote import RemoteError, get_text
+from engine.workloads import sample_texts
 
 MAX_REQUESTS = 64
 PROMPTS = ("Explain the KV cache of a transformer in three sentences.",
@@ -43,6 +51,12 @@ class ServerLoadSettings(LessonSettings):
         "--poll", "Poll /metrics every", "seconds between /metrics polls", "s")] = 0.5
     limit_s: Annotated[float, Range(1.0, 600.0), Setting(
         "--limit", "Stop after", "stop the whole test after this many seconds", "s")] = 300.0
+    shared_prefix: Annotated[int, Range(0, 4096), Setting(
+        "--shared-prefix", "Shared system prompt", "words of a system prompt most requests share (every fourth "
+        "has its own), so a prefix cache has something to reuse; 0: none", "words", special="none")] = 0
+    kv_events: Annotated[str, Text(256), Setting(
+        "--kv-events", "KV events from", "the engine's KV event publisher (vLLM's --kv-events-config endpoint): "
+        "tcp://HOST:PORT to connect to it, tcp://*:PORT to bind for it; empty: none")] = ""
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,12 @@ class ServerLoadResult(LessonResult):
     generated_tokens_during: Number | None = None
     metrics_polls: Count = 0
     metrics_error: Annotated[str, Text(300)] = ""
+    prefix_queries_during: Number | None = None      # /metrics: prompt tokens looked up in the prefix cache
+    kv_events: Count = 0                              # KV events received
+    blocks_stored: Count = 0
+    tree_reused_tokens: Count = 0                     # from the events: prompt tokens the tree already held
+    tree_prompt_tokens: Count = 0
+    kv_events_error: Annotated[str, Text(300)] = ""
 
 
 def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResult:
@@ -79,10 +99,26 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
         with lock:
             experiment.emit(event)
 
+    tree = PrefixTree()
+    events_seen = {"events": 0, "stored": 0, "block_size": 0}
+
     def one(index: int) -> None:
         start, arrival = time.perf_counter(), experiment.ms()
         params = GenerationParams(max_new_tokens=settings.new_tokens, temperature=0.0, seed=index)
-        result = session.run(PROMPTS[index % len(PROMPTS)], params, locked, stop)
+        messages = conversation(settings, index, experiment.exp_id)
+        prompt_ids = remote.tokenize(session.address, session.facts.name, messages) if subscriber else None
+        with lock:
+            size = events_seen["block_size"]
+            reused = tree.reused_tokens(prompt_ids, size) if prompt_ids and size else 0
+        result = session.chat(messages, params, locked, stop)
+        if prompt_ids is not None:
+            stop.wait(0.3)                                 # the engine publishes its blocks as it stores them
+            with lock:
+                size = events_seen["block_size"] or 1
+                walked = RequestBlocks(experiment.exp_id, experiment.ms(), index, len(prompt_ids), reused, size,
+                                       tree.walk(prompt_ids, size))
+                tree.add(walked)
+                locked(walked)
         s = result.summary
         decode_s = s.decode_ms / 1000.0
         results[index] = {
@@ -123,6 +159,28 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
                 return
             stop.wait(settings.poll_s)
 
+    subscriber = None
+    events_error: list[str] = []
+    if settings.kv_events:
+        subscriber = kv_events.Subscriber(settings.kv_events)     # a bad address or a port in use: refused here
+
+    def listen() -> None:
+        """The engine's KV events, as they come: each recorded, the tree kept for the requests' walks."""
+        while not stop.is_set():
+            for fact in subscriber.read(0.2):
+                event = _blocks_event(experiment, session, fact)
+                with lock:
+                    events_seen["events"] += 1
+                    if isinstance(fact, kv_events.Stored):
+                        events_seen["stored"] += len(fact.keys)
+                        events_seen["block_size"] = fact.block_size
+                    tree.add(event)
+                    locked(event)
+
+    listener = threading.Thread(target=listen, name="kvscope-kv-events", daemon=True) if subscriber else None
+    if listener is not None:
+        listener.start()
+        time.sleep(0.3)                                   # a SUB socket misses what is sent before it joined
     poller = threading.Thread(target=poll, name="kvscope-metrics", daemon=True)
     poller.start()
     began = time.perf_counter()
@@ -147,11 +205,61 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
             thread.join(10.0)
     stop.set()
     poller.join(max(settings.poll_s, 2.0) + 1.0)
-    return summarize([r for r in results if r], count, seen, poll_error, poll_notes)
+    if session.facts.metrics and not poll_error:
+        try:                                              # one more poll, so the counters cover the last request
+            final = metrics.read(get_text(session.address, "/metrics", timeout=max(settings.poll_s, 2.0)))
+            with lock:
+                experiment.point("metrics", t_ms=experiment.ms(), **final.values)
+                for quantity, value in final.values.items():
+                    seen.setdefault(quantity, []).append(value)
+        except (RemoteError, metrics.MetricsError):
+            pass
+    figures: dict = {}
+    if subscriber is not None:
+        listener.join(2.0)
+        subscriber.close()
+        reused, prompted = tree.hit_rate()
+        figures = {"kv_events": events_seen["events"], "blocks_stored": events_seen["stored"],
+                   "tree_reused_tokens": reused, "tree_prompt_tokens": prompted}
+        events_error = subscriber.notes[:1] or events_error
+        poll_notes.extend(subscriber.notes[1:4])
+    return summarize([r for r in results if r], count, seen, poll_error, poll_notes, figures,
+                     events_error[0][:300] if events_error else "")
+
+
+def conversation(settings: ServerLoadSettings, index: int, test: str = "") -> list[dict]:
+    """Request ``index``'s messages: its question, after the shared system prompt (every fourth request gets one
+    of its own instead, so the tree branches) when there is one. The system prompt names the ``test``, so each
+    test starts from blocks no earlier test left in the server's cache, and its record holds every block it
+    reuses."""
+    question = {"role": "user", "content": PROMPTS[index % len(PROMPTS)]}
+    if not settings.shared_prefix:
+        return [question]
+    words = " ".join(sample_texts()).split()
+    shared = index % 4 != 3
+    start = 0 if shared else (7 * index) % max(len(words) - settings.shared_prefix, 1)
+    chosen = [words[(start + i) % len(words)] for i in range(settings.shared_prefix)]
+    system = (f"Test {test}. " + ("You are a careful assistant. " if shared else f"You are assistant number {index}. ")
+              + " ".join(chosen))
+    return [{"role": "system", "content": system}, question]
+
+
+def _blocks_event(experiment: Experiment, session: object, fact: kv_events.Fact) -> KVBlocks:
+    """A KV event as the trace keeps it, a stored block with the text the server makes of its tokens."""
+    t = experiment.ms()
+    if isinstance(fact, kv_events.Stored):
+        texts = [remote.detokenize(session.address, session.facts.name, list(tokens), timeout=2.0)
+                 for tokens in fact.tokens[:64]] if len(fact.tokens) <= 64 else []
+        return KVBlocks(experiment.exp_id, t, "stored", list(fact.keys), fact.parent,
+                        [list(tokens) for tokens in fact.tokens], texts)
+    if isinstance(fact, kv_events.Removed):
+        return KVBlocks(experiment.exp_id, t, "removed", list(fact.keys))
+    return KVBlocks(experiment.exp_id, t, "cleared")
 
 
 def summarize(done: list[dict], requested: int, seen: dict[str, list[float]],
-              poll_error: list[str], poll_notes: list[str] = ()) -> ServerLoadResult:
+              poll_error: list[str], poll_notes: list[str] = (), events: dict | None = None,
+              events_error: str = "") -> ServerLoadResult:
     ok = [r for r in done if r["ok"]]
     figures: dict = {"requested": requested, "completed": len(ok), "failed": len(done) - len(ok)}
     if ok:
@@ -169,9 +277,12 @@ def summarize(done: list[dict], requested: int, seen: dict[str, list[float]],
     for quantity in ("running", "waiting", "kv_usage"):
         if seen.get(quantity):
             figures[f"peak_{quantity}"] = max(seen[quantity])
-    for quantity in ("cached_prompt_tokens", "prompt_tokens", "generated_tokens"):
+    for quantity in ("cached_prompt_tokens", "prompt_tokens", "generated_tokens", "prefix_queries"):
         if len(seen.get(quantity, [])) >= 2:
             figures[f"{quantity}_during"] = seen[quantity][-1] - seen[quantity][0]
+    figures.update(events or {})
+    if events_error:
+        figures["kv_events_error"] = events_error
     figures["metrics_polls"] = max((len(v) for v in seen.values()), default=0)
     if poll_error:
         figures["metrics_error"] = poll_error[0][:300]
@@ -216,7 +327,25 @@ def table(points: Sequence[ExperimentPoint], result: ServerLoadResult) -> str:
                             if r.cached_prompt_tokens_during is not None else ""))
     if r.metrics_error:
         lines.append(f"/metrics: {r.metrics_error}")
+    lines += prefix_lines(r)
     return "\n".join(lines)
+
+
+def prefix_lines(r: ServerLoadResult) -> list[str]:
+    """The prefix cache two ways: from the KV events (the tree each request walked) and from the server's own
+    counters over the same requests, both weighted by tokens."""
+    lines = []
+    if r.tree_prompt_tokens:
+        lines.append(f"prefix cache, from the KV events ({r.kv_events:,} events, {r.blocks_stored:,} blocks stored): "
+                     f"{r.tree_reused_tokens:,} of {r.tree_prompt_tokens:,} prompt tokens reused "
+                     f"({r.tree_reused_tokens / r.tree_prompt_tokens:.1%}, measured)")
+    if r.prefix_queries_during and r.cached_prompt_tokens_during is not None:
+        lines.append(f"prefix cache, from the server's counters: {r.cached_prompt_tokens_during:,.0f} of "
+                     f"{r.prefix_queries_during:,.0f} prompt tokens hit "
+                     f"({r.cached_prompt_tokens_during / r.prefix_queries_during:.1%}, as reported)")
+    if r.kv_events_error:
+        lines.append(f"KV events: {r.kv_events_error}")
+    return lines
 
 
 LESSON = Lesson(kind="server load", title="Server load", settings=ServerLoadSettings, result=ServerLoadResult,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -70,7 +72,7 @@ def lecture_trace(tiny, tmp_path_factory):
     experiments (on the tiny model: the shapes of the real thing, in seconds)."""
     from engine.params import GenerationParams
     from engine.session import Session
-    from engine.trace import write_trace
+    from engine.trace import read_trace, write_trace
     from tests.lessons import collect
 
     session = Session(tiny)
@@ -87,6 +89,8 @@ def lecture_trace(tiny, tmp_path_factory):
                                               "prompt_tokens": 16, "decode_steps": 1}),
                            ("offload", {"disk_shares": (0.0, 0.5), "new_tokens": 4})):
         collect(kind, session, events=events, **settings)
+    # and a load test recorded from a real vLLM (its KV events, its prefix tree): a serving engine, replayed
+    events += read_trace(Path(__file__).parents[1] / "fixtures" / "vllm_load.kvscope.jsonl")
     return write_trace(tmp_path_factory.mktemp("lecture") / "lecture.kvscope.jsonl", events)
 
 

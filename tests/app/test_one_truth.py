@@ -36,7 +36,7 @@ def texts(window) -> dict[str, str]:
 
 
 def assert_true_to(window, phase_name: str) -> dict[str, str]:
-    run = window.store.current
+    run = window.store.find(window.state.selected)              # the run every view shows
     phase = run_phase(run)
     assert phase.name == phase_name, (phase, run and run.reason)
     f = figures(run)

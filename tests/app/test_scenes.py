@@ -35,7 +35,8 @@ SCENE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv]
                 "architectures": lambda w: [w.experiments.views["architectures"].chart,
                                             w.experiments.views["architectures"].contexts_chart],
                 "offload": lambda w: [w.experiments.views["offload"].chart,
-                                      w.experiments.views["offload"].layers_chart]}
+                                      w.experiments.views["offload"].layers_chart],
+                "serving": lambda w: [w.experiments.views["server load"].tree_chart]}
 
 
 @pytest.mark.parametrize("size", list(MIN_PLOT))

@@ -1,7 +1,10 @@
-"""A real llama.cpp ``llama-server`` on the embedded model's GGUF, on 127.0.0.1 and a free port, for the tests
-that watch a serving engine. ``make test-integration`` builds the binary from llama.cpp's source (as vendored in
-the llama-cpp-python sdist on PyPI) and names it in ``KVSCOPE_LLAMA_SERVER``; without it these tests fail and say
-how to get it (they never skip: a skipped integration test proves nothing)."""
+"""Real serving engines on the embedded model, on 127.0.0.1 and free ports, for the tests that watch one: llama.cpp's
+``llama-server`` on its GGUF, and vLLM (its CPU build, from PyPI) on the converted copy in KVScope's cache, with its
+KV events published over ZMQ. ``make test-integration`` builds llama-server from llama.cpp's source (as vendored
+in the llama-cpp-python sdist on PyPI) and installs vLLM in an environment of its own under ``build/``, naming
+them in ``KVSCOPE_LLAMA_SERVER`` and ``KVSCOPE_VLLM_PYTHON``; without them these tests fail and say how to get
+them (they never skip: a skipped integration test proves nothing). A server that does not come up within its
+bound fails the test with the end of its log."""
 
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ import pytest
 
 SLOTS = 4                  # parallel requests the server decodes together
 CONTEXT = 4096             # positions, shared by the slots
+VLLM_CONTEXT = 2048
+VLLM_BLOCK = 32            # positions per KV block (the CPU attention backend takes multiples of 32)
+VLLM_START_S = 1200        # a first start compiles the model (about a minute on 2 quiet cores; more when busy)
 
 
 def free_port() -> int:
@@ -39,21 +45,59 @@ def llama_server(tmp_path_factory):
                                     str(port), "--metrics", "-c", str(CONTEXT), "-np", str(SLOTS), "-t", "2"],
                                    stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as answer:
-                if answer.status == 200:
-                    break
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"llama-server did not start: {log.read_text()[-2000:]}", pytrace=False)
-        time.sleep(0.25)
+    wait_until_up(url + "/health", process, log, 120, "llama-server")
     yield url
     process.terminate()
     try:
         process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def wait_until_up(url: str, process: subprocess.Popen, log: Path, bound_s: float, what: str) -> None:
+    deadline = time.monotonic() + bound_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"{what} did not start within {bound_s:g} s: {log.read_text()[-3000:]}", pytrace=False)
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """vLLM serving the embedded model (bfloat16) with its KV events on a ZMQ port it binds: ``(url, events)``,
+    where ``events`` is the address KVScope connects to."""
+    named = os.environ.get("KVSCOPE_VLLM_PYTHON", "")
+    python = str(Path(named).absolute()) if named else ""
+    if not python or not Path(python).is_file():
+        pytest.fail("KVSCOPE_VLLM_PYTHON does not name the Python of a vLLM environment: run `make "
+                    "test-integration`, which installs one and sets it", pytrace=False)
+    from engine import embedded, gguf
+
+    folder = gguf.ensure_converted(embedded.embedded_gguf())
+    port, events = free_port(), free_port()
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    config = ('{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:%d"}' % events)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}          # GiB of KV cache: plenty for a 135M model
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--served-model-name",
+             "smollm2", "--dtype", "bfloat16", "--max-model-len", str(VLLM_CONTEXT), "--block-size", str(VLLM_BLOCK),
+             "--gpu-memory-utilization", "0.2", "--host", "127.0.0.1", "--port", str(port),
+             "--kv-events-config", config], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(log.parent))
+    url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    wait_until_up(url + "/health", process, log, VLLM_START_S, "vLLM")
+    print(f"\nvLLM answered after {time.monotonic() - started:,.1f} s")
+    yield url, f"tcp://127.0.0.1:{events}"
+    process.terminate()
+    try:
+        process.wait(20)
     except subprocess.TimeoutExpired:
         process.kill()

@@ -1,0 +1,107 @@
+"""KVScope against a real vLLM (its CPU build from PyPI) on the embedded model: found by its answers, a streamed run
+that is the server's own greedy answer, every metric KVScope reads present on its live /metrics page, a
+concurrent load the server sees, and its KV events drawn as a prefix tree whose hit rate (weighted by tokens)
+matches the server's own prefix-cache counters within one request; the window does the same through it."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from engine import metrics, remote
+from engine.events import KVBlocks, RequestBlocks, RunFinished, TokenStep
+from engine.params import GenerationParams
+from engine.prefix_tree import tree_of
+from engine.remote import RemoteSession, probe
+from tests.integration.conftest import VLLM_CONTEXT
+from tests.lessons import collect
+
+pytestmark = pytest.mark.integration
+PROMPT = "What does a KV cache keep? Answer in one sentence."
+
+
+def complete(url: str, tokens: int) -> dict:
+    body = json.dumps({"model": "smollm2", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
+                       "temperature": 0, "seed": 1}).encode()
+    request = urllib.request.Request(url + "/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        return json.loads(answer.read())
+
+
+def test_probe_finds_vllm_its_context_and_metrics(vllm_server):
+    url, _events = vllm_server
+    facts = probe(url)
+    assert facts.engine == "vLLM" and facts.metrics and facts.context == VLLM_CONTEXT and facts.name == "smollm2"
+
+
+def test_a_streamed_run_is_the_servers_own_greedy_answer(vllm_server):
+    url, _events = vllm_server
+    events: list = []
+    result = RemoteSession(probe(url)).chat([{"role": "user", "content": PROMPT}],
+                                            GenerationParams(max_new_tokens=24, seed=1), events.append)
+    assert isinstance(result, RunFinished)
+    assert result.summary.text == complete(url, 24)["choices"][0]["message"]["content"]
+    steps = [e for e in events if isinstance(e, TokenStep)]
+    assert len(steps) == result.summary.generated_tokens and steps[0].candidates       # its logprobs, per token
+    assert result.summary.server_timings["usage.prompt_tokens"] == len(
+        remote.tokenize(remote.address(url), "smollm2", [{"role": "user", "content": PROMPT}]))
+
+
+def test_every_metric_kvscope_reads_is_on_the_live_page_of_the_pinned_vllm(vllm_server):
+    url, _events = vllm_server
+    reading = metrics.read(remote.get_text(remote.address(url), "/metrics"))
+    assert reading.engine == "vLLM" and reading.notes == ()
+    assert set(reading.values) == set(metrics.ENGINES["vLLM"]), sorted(set(metrics.ENGINES["vLLM"]) - set(
+        reading.values))
+
+
+def test_the_prefix_tree_from_its_kv_events_matches_the_servers_own_counters(vllm_server):
+    url, events_at = vllm_server
+    events, end = collect("server load", RemoteSession(probe(url)), requests=8, every_s=0.5, new_tokens=8,
+                          poll_s=0.25, limit_s=300, shared_prefix=150, kv_events=events_at)
+    r = end.result
+    assert r.completed == 8 and r.kv_events_error == "" and r.blocks_stored > 0
+    walked = [e for e in events if isinstance(e, RequestBlocks)]
+    assert len(walked) == 8 and r.tree_prompt_tokens == sum(w.prompt_tokens for w in walked)
+    assert r.tree_reused_tokens > 0                      # the shared system prompt came back from the cache
+    one_request = max(w.prompt_tokens for w in walked)
+    assert abs(r.tree_reused_tokens - r.cached_prompt_tokens_during) <= one_request
+    assert abs(r.tree_prompt_tokens - r.prefix_queries_during) <= one_request
+    tree = tree_of(events)
+    shared = [b for b in tree.blocks.values() if len(b.requests) > 1]
+    assert shared and all(b.text for b in tree.blocks.values())          # blocks carry the server's own text
+    assert any(isinstance(e, KVBlocks) and e.action == "stored" for e in events)
+
+
+def test_a_concurrent_load_is_seen_on_metrics(vllm_server):
+    url, _events = vllm_server
+    _, end = collect("server load", RemoteSession(probe(url)), requests=4, every_s=0.0, new_tokens=48, poll_s=0.1,
+                     limit_s=300)
+    r = end.result
+    assert r.completed == 4 and r.failed == 0 and r.metrics_polls >= 2 and r.peak_running >= 2
+
+
+def test_the_window_draws_the_tree_through_vllm(qtbot, vllm_server, tmp_path, monkeypatch):
+    from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
+
+    url, events_at = vllm_server
+    monkeypatch.setenv("KVSCOPE_SETTINGS", str(tmp_path / "settings.ini"))
+    window = make_window(qtbot, model_dir=url)
+    try:
+        window.controls.max_tokens.setValue(8)
+        assert run_and_wait(qtbot, window).remote
+        view = window.experiments.views["server load"]
+        for name, value in (("requests", 4), ("new_tokens", 8), ("shared_prefix", 100), ("kv_events", events_at)):
+            view.form.set_value(name, value)
+        view.run_button.click()
+        wait_idle(qtbot, window, timeout=300_000)
+        window.refresh(force=True)
+        record = window.store.latest_experiment("server load")
+        assert record.result.completed == 4 and record.blocks
+        assert view.tree_chart.isVisibleTo(window) and view.tree_chart.blocks
+        assert "prompt tokens reused" in view.explain.text()
+    finally:
+        close_and_dispose(window)
