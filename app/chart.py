@@ -17,6 +17,7 @@ class Chart(TimedGraphics):
         super().__init__()
         self.title = title
         self.legend: pg.LegendItem | None = None
+        self.legend_columns = legend_columns
         if legend:
             self.legend = pg.LegendItem(colCount=legend_columns, labelTextSize="9pt")
             self.addItem(self.legend, row=0, col=0)
@@ -43,6 +44,7 @@ class Chart(TimedGraphics):
             self.legend.addItem(item, name)
             _, label = self.legend.items[-1]
             label.setText(label.text, size=f"{self.theme.base_pt:.0f}pt", color=self.theme.foreground)
+            self.fit_legend()
         return item
 
     def remove(self, item: pg.GraphicsObject) -> None:
@@ -89,6 +91,22 @@ class Chart(TimedGraphics):
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         super().resizeEvent(event)
         self._place_empty_text()
+        self.fit_legend()
+
+    def fit_legend(self) -> None:
+        """As many legend entries in a row as fit the chart's width, the rest on rows below: a legend wider than
+        its chart is cut at the edge ("the rest of the step (measur")."""
+        legend = getattr(self, "legend", None)              # (also called while the widget is made)
+        if legend is None or not legend.items:
+            return
+        room = self.width() - 16
+        for columns in range(min(self.legend_columns, len(self.legend.items)), 0, -1):
+            self.legend.setColumnCount(columns)
+            widths = [sample.boundingRect().width() + label.item.boundingRect().width() + 24
+                      for sample, label in self.legend.items]
+            rows = [widths[i:i + columns] for i in range(0, len(widths), columns)]
+            if max(sum(row) for row in rows) <= room:
+                return
 
     def prune_legend(self) -> None:
         """Take out of the legend every series that has no data: "(measured)" never labels an empty line."""

@@ -316,7 +316,12 @@ class Controller:
         style = self.state.style_run(event.run_id, event.kind, event.experiment, event.params.kv_cache)
         self.state.forget_runs({r.run_id for r in self.store.runs})
         record = self.store.find(event.run_id)
-        if style.group == EXPERIMENT or record is None:
+        if record is None:
+            return
+        if style.group == EXPERIMENT:
+            owner = self.store.experiment(event.experiment)
+            if owner is not None and owner.kind in self.state.followed_lessons:
+                self.state.select(event.run_id, f"{owner.kind} sweep")     # the heatmap beside it fills
             return
         self.surface.clear_banner()                  # a new run started: an earlier failure's words are stale
         if style.group == CHAT:

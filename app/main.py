@@ -74,7 +74,7 @@ def build(args: argparse.Namespace) -> tuple[QApplication, MainWindow]:
     icon = icon_path()
     if icon.is_file():
         app.setWindowIcon(QIcon(str(icon)))
-    store, state, conversation = RunStore(), ViewState(NAMES), Conversation()
+    store, state, conversation = RunStore(), ViewState(NAMES, app_lessons.followed()), Conversation()
     run_settings, choices, model_choice = RunSettings(), LessonChoices(app_lessons.follows()), ModelChoice()
     client = EngineClient()
     window = MainWindow(store, state, conversation, client, run_settings, choices, model_choice)

@@ -1,4 +1,4 @@
-"""The lecture's scenes, in order: the run views (prefill vs decode, the cache filling, sampling, memory,
+"""The lecture's scenes, in order: the run views (prefill vs decode, the cache filling, sampling,
 attention) and each lesson's own scene (``app.lessons``), placed by their ``order``. Every scene's key is the
 number-row key of its place (1 to 9, 0, -, =) unless it names its own; its title shows that key, so what the
 speaker presses is what the screen says."""
@@ -15,7 +15,6 @@ BASE = (
     Scene("prefill", "Prefill vs decode", order=1, action="run the prompt"),
     Scene("kv", "The KV cache filling", order=2, action="run (F10 steps)"),
     Scene("sampling", "Sampling", order=6, action="run the prompt"),
-    Scene("memory", "Memory grows with context", order=8, action="run the prompt"),
     Scene("attention", "What the cache is read for", order=9, action="run, recording attention"),
 )
 

@@ -38,7 +38,6 @@ from app import theme as th
 from app.lesson_view import busy_badge
 from app.panels.attention import RECENT
 from app.panels.attention import shares as attention_shares
-from app.panels.kv_heatmap import concurrency_text
 from app.panels.sampling import caption as sampling_caption
 from app.phase import (
     FAILED,
@@ -60,7 +59,7 @@ from app.viewstate import Conversation, ViewState
 from engine import kvformula
 from engine.contention import busy
 
-RUN_SCENES = ("prefill", "kv", "sampling", "memory", "attention")
+RUN_SCENES = ("prefill", "kv", "sampling", "attention")
 CAPTION_LINES = 2                     # a caption the back row reads at a glance; the rest goes below, smaller
 _STRONG = re.compile(r"(?<=[;.·])\s+")           # between clauses ("1.4x" is not a boundary: no space)
 _WEAK = re.compile(r"(?<=[;.·:,])\s+|\s+(?=\()")   # inside a long clause too
@@ -193,7 +192,7 @@ class SceneView(QWidget):
         # way, which would make it a window of its own for a moment (and take the keyboard from the lecture).
         holder = QWidget(self.body)
         self.body_layout.addWidget(holder)
-        inner = QHBoxLayout(holder) if name in ("batch", "attention") else QVBoxLayout(holder)
+        inner = QHBoxLayout(holder) if name in ("batch", "attention", "memory") else QVBoxLayout(holder)
         inner.setContentsMargins(0, 0, 0, 0)
         for widget, stretch in self.arrangements[name]:
             self._loans.append(_Loan(widget))
@@ -403,18 +402,6 @@ def run_claim(name: str, run: RunRecord | None, state: ViewState) -> str:
         storage = f"; {kvformula.format_bytes(allocated)} allocated" if allocated and allocated != held else ""
         return (f"{kvformula.bytes_per_token(m):,} B per position (formula) × {seen:,} positions: the cache holds "
                 f"{kvformula.format_bytes(held)} (measured) {check}{storage}{ended}")
-    if name == "memory":
-        m = run.model
-        held = sum(map(sum, run.kv_bytes_per_layer))
-        allocated = run.kv_storage_bytes()
-        storage = f" ({kvformula.format_bytes(allocated)} allocated)" if allocated and allocated != held else ""
-        if not m.context_declared:
-            return (f"{kvformula.format_bytes(held)}{storage} for {run.kv_tokens:,} positions now (measured); full "
-                    f"context {kvformula.context_text(m)}{ended}")
-        full = kvformula.full_context_positions(m)
-        return (f"{kvformula.format_bytes(held)}{storage} for {run.kv_tokens:,} of {full:,} positions now "
-                f"(measured); {kvformula.format_bytes(kvformula.full_context_kv_bytes(m))} at full context "
-                f"(computed). {concurrency_text(m)}{ended}")
     if name == "sampling":
         index = state.shown_step(run.run_id, run.n_steps)
         if index is None:

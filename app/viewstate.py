@@ -74,9 +74,10 @@ def group_of(run_kind: str, experiment: str) -> str:
 
 
 class ViewState(Observable):
-    def __init__(self, scenes: tuple[str, ...] = ()) -> None:
+    def __init__(self, scenes: tuple[str, ...] = (), followed_lessons: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.scenes = scenes                      # the lecture's scenes, in order (app.scene_list)
+        self.followed_lessons = followed_lessons  # lessons whose runs the run panels show as they run
         self.selected: str | None = None         # the run every run panel shows
         self.selected_reason = ""                 # why: "newest run", "replay", "chat turn 2", "picked"
         self.pinned: tuple[str, int] | None = None   # (run, step) the step views show; None: the newest step

@@ -42,7 +42,7 @@ from app.panels.sampling import SamplingPanel
 from app.panels.timing import TimingPanel
 from app.panels.tokens import TokensPanel
 from app.run_settings import LessonChoices, ModelChoice, RunSettings
-from app.scene_list import SCENES
+from app.scene_list import BY_NAME, SCENES
 from app.scenes import Context, SceneView
 from app.settings import open_settings
 from app.status import StatusStrip
@@ -189,17 +189,20 @@ class MainWindow(QMainWindow):
         """Which panels each scene borrows (a lesson's scene: its view, and the view of a lesson that joins it)."""
         views = self.experiments.views
         out = {"prefill": [(self.tokens, 4), (self.timing.timeline, 5)], "kv": [(self.kv, 1)],
-               "sampling": [(self.sampling, 1)], "memory": [(self.kv, 1)], "chat": [(self.chat, 1)],
+               "sampling": [(self.sampling, 1)], "chat": [(self.chat, 1)],
                "attention": [(self.tokens, 1), (self.attention, 2)]}
+        panels = {"kv": self.kv}
         for scene in SCENES:
             if scene.lesson in views:
-                out[scene.name] = [(views[scene.lesson], 1)]
+                beside = [(panels[name], 1) for name in app_lessons.beside(scene.lesson)]
+                out[scene.name] = [(views[scene.lesson], 1), *beside]
         for scene, (kind, _joins) in app_lessons.joins().items():
             out[scene] = out.get(scene, []) + [(views[kind], 1)]
         return out
 
     def _enter_scene(self, name: str) -> None:
-        self._set_scene_mode(True, whole_window=name == "memory")
+        lesson = BY_NAME[name].lesson if name in BY_NAME else None
+        self._set_scene_mode(True, whole_window=lesson is not None and "kv" in app_lessons.beside(lesson))
 
     def _leave_scene(self, _name: str) -> None:
         self._set_scene_mode(False, whole_window=False)

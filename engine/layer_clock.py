@@ -17,12 +17,15 @@ from engine.models import DECODER_LAYER
 
 
 class LayerClock:
-    def __init__(self, model: Any, device: torch.device) -> None:
-        self.layers = [module for name, module in model.named_modules() if DECODER_LAYER.fullmatch(name)]
+    """Each of ``modules``' wall time per forward pass (default: the decoder layers)."""
+
+    def __init__(self, model: Any, device: torch.device, modules: list[Any] | None = None) -> None:
+        self.layers = modules if modules is not None else [module for name, module in model.named_modules()
+                                                           if DECODER_LAYER.fullmatch(name)]
         self.clock = StepClock(device)
         self._marks: list[list[tuple[Any, Any]]] = [[] for _ in self.layers]
         self._open: list[Any] = [None] * len(self.layers)
-        self._handles = []
+        self._handles: list[Any] = []
         for i, layer in enumerate(self.layers):
             self._handles.append(layer.register_forward_pre_hook(lambda _m, _a, i=i: self._start(i)))
             self._handles.append(layer.register_forward_hook(lambda _m, _a, _o, i=i: self._end(i)))
@@ -45,4 +48,17 @@ class LayerClock:
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
-        self._handles = []
+        self._handles: list[Any] = []
+
+
+def attention_modules(model: Any) -> list[Any]:
+    """Each decoder layer's attention module (its child named ``self_attn``, ``attn`` or ``attention``): what a
+    clock over them times is the part of a pass spent in attention, projections and the cache read included."""
+    found = []
+    for name, layer in model.named_modules():
+        if DECODER_LAYER.fullmatch(name):
+            child = next((m for n, m in layer.named_children() if n in ("self_attn", "attn", "attention",
+                                                                         "self_attention")), None)
+            if child is not None:
+                found.append(child)
+    return found

@@ -61,12 +61,15 @@ class RunOptions:
     a step boundary (the window) instead of waiting for the graph before its first decode step (the CLI, the
     benchmarks); ``offload_kv``: keys and values go to the CPU between uses (a GPU only); ``time_layers``: time
     every decoder layer at every step even when the model is not split (a split model always is);
-    ``record_kv_norms``: the cached vectors' norms for the heatmap."""
+    ``record_kv_norms``: the cached vectors' norms for the heatmap; ``prefill_chunk``: the prompt goes through in
+    passes of at most this many positions into one cache (the same logits within float error), so a stop takes
+    effect between them however long the prompt (0: one pass; its time is then the prefill's alone)."""
 
     compile_in_background: bool = False
     offload_kv: bool = False
     time_layers: bool = False
     record_kv_norms: bool = True
+    prefill_chunk: int = 0
 
 
 @dataclass
@@ -259,6 +262,17 @@ class Session:
         return self._run(_Request(ids, prompt, "generate", params, sink or _ignore, _cancelled(cancel), before_step,
                                   t0, options or self.options))
 
+    def run_ids(self, prompt_ids: list[int], params: GenerationParams, sink: Sink | None = None,
+                cancel: threading.Event | None = None, options: RunOptions | None = None) -> RunFinished | RunFailed:
+        """A run of exactly these prompt ids (no template): what a lesson that needs a prompt of a given length
+        runs, with every event of a plain run."""
+        t0 = time.perf_counter()
+        if self._kept_cache is not None:
+            self.forget("a plain run since the last turn replaced the conversation's cache")
+        text = self.tokenizer.decode(prompt_ids)
+        return self._run(_Request(list(prompt_ids), text, "generate", params.with_(chat_template=False),
+                                  sink or _ignore, _cancelled(cancel), None, t0, options or self.options))
+
     def chat(self, messages: list[dict], params: GenerationParams, sink: Sink | None = None,
              cancel: threading.Event | None = None, before_step: Waiter | None = None,
              reuse: bool = True, options: RunOptions | None = None) -> RunFinished | RunFailed:
@@ -387,9 +401,15 @@ class Session:
         request.allocated = needed if params.static_cache and params.kv_cache and request.cache is None else 0
         if self.device.type == "cpu":
             observer.meter.start()
+        chunk = request.options.prefill_chunk if params.kv_cache and not params.capture_attention else 0
+        starts = range(reused, len(ids), chunk) if chunk else [reused]
         start = clock.mark()
-        logits, request.cache = self.prefill(sequence[:, reused:], params.kv_cache, request.cache, request.allocated,
-                                             request.options.offload_kv)
+        for first in starts:
+            if first > reused and request.cancelled():
+                return                                      # stopped between two passes of a long prompt
+            last = first + chunk if chunk else len(ids)
+            logits, request.cache = self.prefill(sequence[:, first:last], params.kv_cache, request.cache,
+                                                 request.allocated, request.options.offload_kv)
         forward_end = clock.mark()
         cached = self._read_cache(request.cache)
         yield Prefilled(clock.elapsed_ms(start, forward_end), *cached)      # measured, whatever the choice does
@@ -525,6 +545,8 @@ class _Observer:
                 self.meter.stop()
                 self._norms()
                 return reason, r.cache
+        if r.cancelled():                                   # the steps ended inside a long prompt's passes
+            return "stopped", r.cache
         raise AssertionError("the steps never end on their own")
 
     def _token_step(self, step: Step) -> TokenStep:

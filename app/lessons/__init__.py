@@ -5,7 +5,9 @@
 A lesson's app module defines ``LESSON`` (the engine lesson), ``VIEW`` (its ``LessonView`` subclass, or None
 when another panel draws it), ``caption(record, context)``, ``SCENE`` (a ``Scene``, or None) and ``JOINS`` (a
 ``Joins`` when it shares another lesson's scene, or None); and, where they differ from the usual, ``DOCK`` (the
-panel that draws it) and ``FOLLOWS`` (a settings field it takes from the window: ``(field, "conversation")``).
+panel that draws it), ``FOLLOWS`` (a settings field it takes from the window: ``(field, "conversation")``),
+``BESIDE`` (the workbench panels its scene shows beside its view: ``("kv",)``) and ``SHOWS_RUNS`` (True: the runs
+it makes are the ones the run panels show while it runs, as a run of your own would be).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from app.lessons import (
     cache,
     chat,
     continuous,
+    depth,
     formats,
     offload,
     paged,
@@ -29,7 +32,7 @@ from app.lessons import (
 )
 
 LESSONS: tuple[ModuleType, ...] = (prefill, cache, batch, continuous, chat, formats, speculative, paged, server_load,
-                                   architectures, offload)
+                                   architectures, offload, depth)
 BY_KIND: dict[str, ModuleType] = {module.LESSON.kind: module for module in LESSONS}
 
 
@@ -58,3 +61,13 @@ def follows() -> dict[str, tuple[str, str]]:
 def joins() -> dict[str, tuple[str, Joins]]:
     """By scene: the lesson that joins it, and how (its key and words)."""
     return {module.JOINS.scene: (kind, module.JOINS) for kind, module in BY_KIND.items() if module.JOINS is not None}
+
+
+def beside(kind: str) -> tuple[str, ...]:
+    """The panels a lesson's scene shows beside its view (``BESIDE``)."""
+    return getattr(BY_KIND[kind], "BESIDE", ())
+
+
+def followed() -> frozenset[str]:
+    """The lessons whose runs the run panels show as they run (``SHOWS_RUNS``)."""
+    return frozenset(kind for kind, module in BY_KIND.items() if getattr(module, "SHOWS_RUNS", False))

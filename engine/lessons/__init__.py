@@ -18,6 +18,7 @@ from engine.lessons import (
     cache,
     chat,
     continuous,
+    depth,
     formats,
     offload,
     paged,
@@ -28,7 +29,7 @@ from engine.lessons import (
 
 LESSONS: tuple[Lesson, ...] = (prefill.LESSON, cache.LESSON, batch.LESSON, continuous.LESSON, chat.LESSON,
                                formats.LESSON, speculative.LESSON, paged.LESSON, server_load.LESSON,
-                               architectures.LESSON, offload.LESSON)
+                               architectures.LESSON, offload.LESSON, depth.LESSON)
 BY_KIND: dict[str, Lesson] = {lesson.kind: lesson for lesson in LESSONS}
 
 

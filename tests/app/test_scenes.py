@@ -28,7 +28,7 @@ SCENE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv]
                 "prompt": lambda w: [w.experiments.views["prefill"].chart],
                 "batch": lambda w: [w.experiments.views["batch"].chart, w.experiments.views["continuous"].chart],
                 "sampling": lambda w: [w.sampling.chart], "chat": lambda w: [w.chat.chart],
-                "memory": lambda w: [w.kv],
+                "memory": lambda w: [w.experiments.views["depth"].chart, w.kv],
                 "attention": lambda w: [SimpleNamespace(plot=w.attention.layers_plot)],
                 "speculative": lambda w: [w.experiments.views["speculative"].chart],
                 "paged": lambda w: [w.experiments.views["paged"].chart],
@@ -54,7 +54,7 @@ def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, 
             for chart in SCENE_CHARTS[scene](w):
                 width, height = plot_size(chart)
                 low_w, low_h = MIN_PLOT[size]
-                side_by_side = scene in ("batch", "architectures", "offload")            # two charts in a row
+                side_by_side = scene in ("batch", "architectures", "offload", "memory")            # two charts in a row
                 min_w = low_w / 2 if side_by_side else low_w
                 assert width >= min_w and height >= low_h, (scene, size, width, height)
                 layout = getattr(chart, "ci", None)                     # a chart's items fit inside its widget
