@@ -21,7 +21,7 @@ from app.phase import run_phase
 from app.run_settings import LessonChoices, ModelChoice, RunSettings
 from app.store import RunStore
 from app.viewstate import CHAT, EXPERIMENT, Conversation, ViewState
-from app.worker import EngineClient, Failed, Idle, Memory, Note, PeaksBelowRun
+from app.worker import EngineClient, Failed, Idle, Memory, Note, PeaksBelowRun, ReplayFile
 from engine import lessons as engine_lessons
 from engine.errors import EngineError
 from engine.events import (
@@ -237,13 +237,24 @@ class Controller:
     def open_traces(self, paths: list[str]) -> bool:
         if self._refused("Opening a trace", needs_model=False):
             return False
-        self.replaying = True
-        # This machine's peaks say nothing of the machine a trace was recorded on: a replayed run's ceilings come
-        # from the trace's own peaks, if it has any, and this machine's return when the replay ends.
-        self._live_peaks, self.store.peaks = self.store.peaks, None
+        self.begin_replay()
         self.client.submit(rq.Replay(tuple(paths), self.replay_speed))
         self.surface.busy_changed(self.client.busy)
         return True
+
+    def begin_replay(self) -> None:
+        """Events from a trace follow (the worker's replay, or a render's). This machine's peaks say nothing of
+        the machine a trace was recorded on: a replayed run's ceilings come from the trace's own peaks, if it has
+        any, and this machine's return when the replay ends."""
+        if not self.replaying:
+            self._live_peaks, self.store.peaks = self.store.peaks, None
+        self.replaying = True
+
+    def end_replay(self) -> None:
+        if self.replaying:
+            self.store.peaks = self._live_peaks
+        self.replaying = False
+        self.store.source = ""
 
     def remeasure_peaks(self) -> None:
         if self._refused("Measuring the peaks"):
@@ -369,10 +380,10 @@ class Controller:
                 f"peak of {note.peak_flops_per_s / 1e9:,.0f} GFLOP/s: the peak was measured too low (on a busy "
                 "machine?), so its ceilings are not shown. Run > Measure this machine again, when nothing else "
                 "runs, measures it anew.")
+        elif isinstance(note, ReplayFile):
+            self.store.source = note.path
         elif isinstance(note, Idle):
-            if self.replaying:
-                self.store.peaks = self._live_peaks
-            self.replaying = False
+            self.end_replay()
             self.conversation.refused()
             self.surface.hide_progress()
             if self.loading is None:

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from PySide6.QtCore import QFileInfo, QSettings, QSortFilterProxyModel
 from PySide6.QtGui import QIcon
-from PySide6.QtWidgets import QFileDialog, QFileIconProvider, QWidget
+from PySide6.QtWidgets import QFileDialog, QFileIconProvider, QInputDialog, QWidget
 
 from app import export
 from app.controller import Controller, Surface
+from app.lecture_file import is_lecture_file
 from app.store import RunStore
 from app.viewstate import ViewState
 from engine.errors import TraceError
@@ -25,6 +26,9 @@ from engine.perfetto import write_perfetto
 from engine.trace import write_checked
 
 UNREADABLE_TREES = ("/proc/", "/sys/", "/dev/")
+
+
+VIDEO_SIZES = ["1920x1080", "1280x720", "960x540"]
 
 
 class RegularFilesOnly(QSortFilterProxyModel):
@@ -61,6 +65,7 @@ class FileActions:
                  settings: QSettings, surface: Surface, current_kind: Callable[[], str]) -> None:
         self.parent, self.store, self.state, self.controller = parent, store, state, controller
         self.settings, self.surface, self.current_kind = settings, surface, current_kind
+        self.present_lecture: Callable[[str], bool] = lambda _path: False     # the window's lecture sets it
 
     def say(self, message: str, ms: int = 5000) -> None:
         self.surface.show_status(message, ms)
@@ -75,8 +80,8 @@ class FileActions:
 
     # --- traces -------------------------------------------------------------------------------------------
     def open_trace_dialog(self) -> None:
-        dialog = QFileDialog(self.parent, "Open a KVScope trace", self.last_dir(),
-                             "KVScope traces (*.jsonl);;All files (*)")
+        dialog = QFileDialog(self.parent, "Open a KVScope trace or lecture", self.last_dir(),
+                             "KVScope traces and lectures (*.jsonl *.json);;All files (*)")
         dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
         dialog.setOption(QFileDialog.Option.DontUseNativeDialog, True)     # the filter below needs Qt's dialog
         dialog.setIconProvider(PlainIcons())
@@ -85,7 +90,13 @@ class FileActions:
             self.open_trace(dialog.selectedFiles()[0])
 
     def open_trace(self, *paths: str) -> None:
-        if paths and self.controller.open_traces(list(paths)):
+        """Traces replay one after the other; a lecture file (alone) is presented scene by scene."""
+        lectures = [p for p in paths if is_lecture_file(p)]
+        if lectures and len(paths) > 1:
+            self.show_error("Open a lecture file on its own: it names its traces itself.")
+            return
+        opened = self.present_lecture(lectures[0]) if lectures else paths and self.controller.open_traces(list(paths))
+        if opened:
             self.remember_dir(paths[-1])
 
     def selected_run(self):
@@ -185,6 +196,35 @@ class FileActions:
                 self.say(f"Exported {len(events):,} events to {path}: open it in ui.perfetto.dev", 8000)
             except OSError as exc:
                 self.show_error(f"Could not write {path}: {exc.strerror or exc}")
+
+    def export_video(self, scene: str | None) -> None:
+        """The scene shown (else scene 1) with the run or experiment it shows, as an MP4 or GIF."""
+        from app.scenes import scene_lesson
+        from app.video_export import VideoExport
+
+        scene = scene or "prefill"
+        kind = scene_lesson(scene)
+        record = self.store.latest_experiment(kind) if kind else None
+        events = record.events if record is not None else (self.selected_run().events if self.selected_run()
+                                                             else None)
+        if not events:
+            self.show_error("There is nothing to render in this scene yet: run it first.")
+            return
+        path, chosen = QFileDialog.getSaveFileName(self.parent, "Export scene as video", str(
+            Path(self.last_dir()) / f"kvscope-{scene}.mp4"), "MP4 video, H.264 (*.mp4);;GIF animation (*.gif)")
+        if not path:
+            return
+        if Path(path).suffix.lower() not in (".mp4", ".gif"):
+            path += ".gif" if "GIF" in chosen else ".mp4"
+        size, ok = QInputDialog.getItem(self.parent, "Export scene as video", "Size:", VIDEO_SIZES, 0, False)
+        if not ok:
+            return
+        self.remember_dir(path)
+        try:
+            VideoExport(self.parent, events, scene, path, size,
+                        lambda message, done: self.say(message, 8000) if done else self.show_error(message))
+        except (OSError, TraceError, ValueError) as exc:
+            self.show_error(f"Could not start the export: {getattr(exc, 'strerror', None) or exc}")
 
     def last_dir(self) -> str:
         return self.settings.value("files/last_dir", str(Path.home()), str)

@@ -1,10 +1,10 @@
 """The refresh timer: panels redraw from the store on a ~30 fps timer, never once per event.
 
 The token text and status strip follow the store at once (a long text in batches, one per tick, while
-``behind`` says there is more). While a run streams, the charts refresh no more
-often than their measured painting cost allows (``app.paint``), one chart per tick so no single tick paints
-them all; forced, or once the shown run has finished, all at once. Every refresh goes through ``guard`` so a
-panel that raises ends in a banner instead of stopping the timer.
+``behind`` says there is more; during a prefill, its clock ten times a second). While a run streams, the
+charts refresh no more often than their measured painting cost allows (``app.paint``), one chart per tick so
+no single tick paints them all; forced, or once the shown run has finished, all at once. Every refresh goes
+through ``guard`` so a panel that raises ends in a banner instead of stopping the timer.
 """
 
 from __future__ import annotations
@@ -56,8 +56,11 @@ class FrameScheduler(QObject):
         self.refresh()
 
     def refresh(self, force: bool = False) -> None:
-        version = (self.store.version, self.state.selected)
         run = self.store.find(self.state.selected) if self.state.selected else None
+        # A prefill sends nothing until its pass ends: its clock and growing bar are redrawn ten times a second,
+        # so a long prompt never looks hung.
+        prefilling = run is not None and not run.finished and not run.n_steps and not run.remote
+        version = (self.store.version, self.state.selected, round(run.clock() * 10) if prefilling else None)
         if force or version != self._text_version or self.behind():
             self._text_version = version
             self.frames += 1

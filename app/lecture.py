@@ -18,7 +18,9 @@ from PySide6.QtGui import QScreen
 from PySide6.QtWidgets import QApplication
 
 from app import lessons
+from app import theme as th
 from app.controller import Controller
+from app.lecture_file import LectureFileError, LectureScene, read_lecture
 from app.run_settings import RunSettings, param_shape
 from app.scene_list import NAMES
 from app.scenes import SceneView, cutting_step, scene_lesson, scene_run
@@ -32,7 +34,7 @@ class LectureWindow(Protocol):
     """What the lecture asks of the window: switch its mode and put its layout back (its own), and Qt's geometry
     calls for filling the screen and fitting inside it again."""
 
-    def apply_mode(self, lecture: bool) -> None: ...
+    def apply_mode(self, lecture: bool, height: int = 720) -> None: ...
     def restore_layout(self, state: QByteArray | None) -> None: ...
     def saveState(self) -> QByteArray: ...  # noqa: N802 (Qt's names, here and below)
     def saveGeometry(self) -> QByteArray: ...  # noqa: N802
@@ -55,8 +57,12 @@ class Lecture:
         self.window, self.state, self.store, self.view = window, state, store, view
         self.controller, self.run_settings, self.settings = controller, run_settings, settings
         self.active = False
+        self.area: QRect | None = None       # the area lecture mode covers instead of the screen (a render's frame)
+        self.plan: list[LectureScene] = []   # a lecture file's scenes in the speaker's order (PgDn / PgUp)
+        self.position = 0                    # the plan's scene shown
         self.workbench_geometry: QByteArray | None = None
         state.subscribe(self._state_changed)
+        store.subscribe(self._run_changed)
 
     # --- entering and leaving ---
     def toggle(self) -> None:
@@ -67,8 +73,9 @@ class Lecture:
             self.settings.setValue("window/state", self.window.saveState())
             self.workbench_geometry = self.window.saveGeometry()
             self.active = True
-            self.window.apply_mode(True)
-            cover_screen(self.window)
+            area = self.area or screen_area(self.window)
+            self.window.apply_mode(True, area.height() if area is not None else th.LECTURE_HEIGHT)
+            cover_screen(self.window, self.area)
         wanted = scene or self.settings.value("view/scene", NAMES[0], str)
         self.state.show_scene(wanted if wanted in NAMES else NAMES[0])
 
@@ -93,6 +100,58 @@ class Lecture:
         else:
             self.state.show_scene(name)
 
+    # --- a lecture file ---
+    def present(self, path: str) -> bool:
+        """Open a lecture file: its traces replayed at once, then its first scene; PgDn / PgUp follow its order
+        and each scene shows the runs of its own traces. A file that cannot be presented changes nothing."""
+        try:
+            plan = read_lecture(path)
+        except LectureFileError as exc:
+            self.controller.surface.show_error(str(exc))
+            return False
+        traces = list(dict.fromkeys(str(t) for entry in plan for t in entry.traces))
+        previous, self.controller.replay_speed = self.controller.replay_speed, 0.0
+        try:
+            if not self.controller.open_traces(traces):
+                return False
+        finally:
+            self.controller.replay_speed = previous
+        self.plan, self.position = plan, 0
+        self.show(plan[0].scene)
+        return True
+
+    def step(self, delta: int) -> None:
+        """PgDn / PgUp: the next or previous scene of the lecture file, or of the number row without one."""
+        if not self.plan:
+            self.state.step_scene(delta)
+            return
+        self.position = min(max(self.position + delta, 0), len(self.plan) - 1)
+        scene = self.plan[self.position].scene
+        if scene == self.state.scene:
+            self._select_scene_run(scene)            # the same scene again, for another trace's run
+        else:
+            self.show(scene)
+
+    def _sources(self, scene: str) -> tuple[str, ...]:
+        if self.plan and self.plan[self.position].scene == scene:
+            return tuple(str(t) for t in self.plan[self.position].traces)
+        return ()
+
+    def _select_scene_run(self, scene: str) -> None:
+        run_id = scene_run(scene, self.store, self._sources(scene))
+        kind = scene_lesson(scene)
+        if kind in self.state.followed_lessons:          # its runs fill the panels beside it: its newest one
+            record = self.store.latest_experiment(kind)
+            run_id = record.run_ids[-1] if record is not None and record.run_ids else None
+        if run_id is not None and run_id != self.state.selected:
+            self.state.select(run_id, "the scene's run")
+
+    def _run_changed(self, kind: str, _run) -> None:
+        """A replay's run that ended hands the scene back to the scene's own run: traces replayed one after the
+        other must not leave scene 1 on the attention run that came last."""
+        if kind == "ended" and self.controller.replaying and self.active and self.state.scene is not None:
+            self._select_scene_run(self.state.scene)
+
     def _state_changed(self, names: set[str]) -> None:
         if "scene" not in names:
             return
@@ -101,16 +160,18 @@ class Lecture:
         if scene is None:
             return
         self.settings.setValue("view/scene", scene)
-        run_id = scene_run(scene, self.store)
-        if run_id is not None and run_id != self.state.selected:
-            self.state.select(run_id, "the scene's run")
+        if self.plan and self.plan[self.position].scene != scene:
+            known = [i for i, entry in enumerate(self.plan) if entry.scene == scene]
+            if known:
+                self.position = known[0]             # a number key into the lecture: its place there
+        self._select_scene_run(scene)
         run = self.store.find(self.state.selected) if self.state.selected else None
         if scene == "sampling" and run is not None:
             step = cutting_step(run)
             if step is not None:
                 self.state.pin(run.run_id, step)
         if self.active:
-            cover_screen(self.window)                # a scene's panels must not widen the window
+            cover_screen(self.window, self.area)                # a scene's panels must not widen the window
 
     # --- keys ---
     def action(self) -> None:
@@ -193,9 +254,10 @@ def screen_area(window: LectureWindow, available: bool = False) -> QRect | None:
     return screen.availableGeometry() if available else screen.geometry()
 
 
-def cover_screen(window: LectureWindow) -> None:
-    """Lecture mode fills the screen the window is on: set here too, where no window manager obliges."""
-    area = screen_area(window)
+def cover_screen(window: LectureWindow, area: QRect | None = None) -> None:
+    """Lecture mode fills the screen the window is on (or ``area``): set here too, where no window manager
+    obliges."""
+    area = area or screen_area(window)
     if area is None:
         return
     window.setGeometry(area)

@@ -8,6 +8,7 @@ loads with progress in the status strip.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -54,6 +55,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--lecture", action="store_true",
                    help="start in lecture mode: one scene at a time, large type, full screen")
     p.add_argument("--scene", choices=NAMES, help="lecture mode, opened on this scene (implies --lecture)")
+    render = p.add_argument_group("rendering a video (no window; offscreen, on the traces' own clock)")
+    render.add_argument("--render", metavar="OUT",
+                        help="draw the scene (--scene) of the TRACE files, or a lecture file's scenes, into OUT: an "
+                             ".mp4 (H.264) or a .gif; then exit")
+    render.add_argument("--size", default="1280x720", help="the video's size, WIDTHxHEIGHT (default 1280x720)")
+    render.add_argument("--fps", type=int, default=30, help="frames per second (default 30)")
+    render.add_argument("--max-wait", type=float, default=3.0, metavar="S",
+                        help="a wait longer than S seconds (at --speed) is fast-forwarded, and the frame says so "
+                             "(default 3)")
+    render.add_argument("--stills", metavar="FOLDER", help="also save each scene's final frame as a PNG here")
     p.add_argument("--self-test", action="store_true",
                    help="offscreen: load the model, generate a few tokens, print the timing report, exit 0")
     return p.parse_args(argv)
@@ -92,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     if args.self_test:
         return self_test(args, started)
+    if args.render:
+        return render_video(args)
     app, window = build(args)
     window.show()
     window.raise_()
@@ -160,6 +173,63 @@ def self_test(args: argparse.Namespace, started: float) -> int:
         window.show()
         code = run_self_test(app, window, started, args.model or "embedded", args.device or "auto",
                              args.dtype or "auto")
+        window.close()
+        if not window.worker_stopped:
+            os._exit(code)
+        dispose(app, window)
+    return code
+
+
+def render_video(args: argparse.Namespace) -> int:
+    """``--render``: offscreen, on a screen the video's size (so lecture type is sized as on that screen), with
+    throwaway settings; progress on stderr; one line and exit 2 for what cannot be rendered, 130 when stopped."""
+    from app.render import Cancelled, Renderer, RenderSettings, parse_size, plan_scenes
+    from engine.errors import EngineError
+
+    stop = []
+    for name in ("SIGTERM", "SIGINT"):
+        signal.signal(getattr(signal, name), lambda *_: stop.append(True))
+    with tempfile.TemporaryDirectory(prefix="kvscope-render-") as tmp:
+        try:
+            width, height = parse_size(args.size)
+            settings = RenderSettings(width, height, args.fps, args.speed or 1.0, args.max_wait)
+            scenes = plan_scenes(([args.trace] if args.trace else []) + args.trace_files, args.scene)
+        except EngineError as exc:
+            print(f"kvscope: {exc}", file=sys.stderr)
+            return 2
+        screen = os.path.join(tmp, "screen.json")
+        with open(screen, "w") as f:
+            f.write(json.dumps({"screens": [{"name": "render", "x": 0, "y": 0, "width": width, "height": height,
+                                             "logicalDpi": 96, "logicalBaseDpi": 96, "dpr": 1}]}))
+        os.environ["QT_QPA_PLATFORM"] = f"offscreen:configfile={screen}"
+        os.environ["KVSCOPE_SETTINGS"] = os.path.join(tmp, "settings.ini")
+        qInstallMessageHandler(_quiet_platform_notes)
+        app, window = build(parse_args(["--no-load"]))
+        window.show()
+        shown = [-1]
+
+        def progress(done: int, total: int, scene: str) -> None:
+            percent = done * 100 // max(total, 1)
+            if percent != shown[0]:
+                shown[0] = percent
+                print(f"[{done}/{total}] {percent}% · scene {scene}", file=sys.stderr, flush=True)
+
+        started = time.perf_counter()
+        code = 0
+        try:
+            report = Renderer(window, settings, args.render, progress, lambda: bool(stop), args.stills).render(scenes)
+            took = time.perf_counter() - started
+            print(f"{report.path}: {report.frames:,} frames, {report.video_s:,.1f} s of video at {settings.fps} fps, "
+                  f"{width}x{height}, scenes {', '.join(report.scenes)}; rendered in {took:,.1f} s", flush=True)
+            for still in report.stills:
+                print(still)
+        except Cancelled:
+            print("kvscope: the render was stopped; no file was written", file=sys.stderr)
+            code = 130
+        except (EngineError, OSError) as exc:
+            print(f"kvscope: the render failed: {getattr(exc, 'strerror', None) or exc}; no file was written",
+                  file=sys.stderr)
+            code = 2
         window.close()
         if not window.worker_stopped:
             os._exit(code)

@@ -75,6 +75,7 @@ def build_menus(window: WindowActions, controller: Controller, lecture: Lecture,
     _action(window, out, "Experiment as a Perfetto trace…", lambda: files.export_perfetto(files.experiment()))
     _action(window, out, "Run data as CSV…", lambda: files.export_run("csv"))
     _action(window, out, "Run data as JSON…", lambda: files.export_run("json"))
+    _action(window, out, "Scene as video (MP4 or GIF)…", lambda: files.export_video(state.scene), "Ctrl+Shift+E")
     file.addSeparator()
     _action(window, file, "Quit", window.close, QKeySequence.StandardKey.Quit)
 
@@ -101,8 +102,9 @@ def build_menus(window: WindowActions, controller: Controller, lecture: Lecture,
     for scene in SCENES:
         actions[f"scene {scene.name}"] = _action(window, scenes, f"{scene.key}  {scene.title}",
                                                  partial(lecture.show, scene.name), scene.key)
-    actions["next scene"] = _action(window, scenes, "Next scene", partial(state.step_scene, 1), "PgDown")
-    actions["previous scene"] = _action(window, scenes, "Previous scene", partial(state.step_scene, -1), "PgUp")
+    actions["next scene"] = _action(window, scenes, "Next scene (of the lecture file, if one is open)",
+                                    partial(lecture.step, 1), "PgDown")
+    actions["previous scene"] = _action(window, scenes, "Previous scene", partial(lecture.step, -1), "PgUp")
     actions["blank"] = _action(window, scenes, "Blank / unblank the screen", lecture.blank, "B")
     actions["scene action"] = _action(window, scenes, "Run what the scene shows", lecture.action, "R")
     actions["joined action"] = _action(window, scenes, "The scene's second experiment (C: continuous batching)",
@@ -166,4 +168,5 @@ F11  lecture mode: scenes on the number row, PageUp/PageDown, R run the scene, C
      Left/Right step through the tokens, Esc back
 Ctrl+1/2/3  token colours
 Ctrl+Shift+1/2/3  KV heatmap mode; Ctrl+Shift+Z zoom to used positions / whole window
-Ctrl+O / Ctrl+S  open / save a trace"""
+Ctrl+O / Ctrl+S  open / save a trace (or open a lecture file)
+Ctrl+Shift+E  export the scene as video (MP4 or GIF), rendered on the trace's own clock"""

@@ -13,7 +13,6 @@ Plain Python: no Qt, no torch.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from app.store import ExperimentRecord, RunRecord
@@ -141,7 +140,7 @@ class RunPhase:
 
 
 def run_phase(run: RunRecord | None, now: float | None = None) -> RunPhase:
-    """The phase of ``run`` (None: nothing yet). ``now``: ``time.monotonic()`` by default, for the elapsed time."""
+    """The phase of ``run`` (None: nothing yet). ``now``: the run's clock by default, for the elapsed time."""
     if run is None:
         return RunPhase(NOTHING)
     params = run.started.params
@@ -155,7 +154,7 @@ def run_phase(run: RunRecord | None, now: float | None = None) -> RunPhase:
     if isinstance(end, RunFinished):
         name = STOPPED if end.reason == "stopped" else FINISHED
         return RunPhase(name, reason=end.reason, elapsed_ms=end.t_ms, **base)
-    elapsed = ((now if now is not None else time.monotonic()) - run.arrived) * 1000.0 + run.started.t_ms
+    elapsed = ((now if now is not None else run.clock()) - run.arrived) * 1000.0 + run.started.t_ms
     return RunPhase(DECODING if run.n_steps else PREFILL, elapsed_ms=elapsed, **base)
 
 

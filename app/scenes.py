@@ -285,20 +285,24 @@ class SceneView(QWidget):
             other = store.latest_experiment(joined[0])
             if other is not None and not other.finished and (record is None or record.finished):
                 record = other
+        run = self.context.store.find(self.context.state.selected) if self.context.state.selected else None
         if record is not None and not record.finished and record.progress is not None:
             p = record.progress
             self.progress.setRange(0, max(p.total, 1))
             self.progress.setValue(p.done)
-            self.progress_label.setText(f"{p.message} · Ctrl+. stops")
+            mine = run is not None and run.run_id in record.run_ids and run_phase(run).name == PREFILL
+            clock = f" · {run_phase(run).elapsed_ms / 1000:,.1f} s into its prefill" if mine else ""
+            self.progress_label.setText(f"{p.message}{clock} · Ctrl+. stops")
             self.progress_box.show()
             return
-        run = self.context.store.find(self.context.state.selected) if self.context.state.selected else None
         if self.shown in RUN_SCENES and run is not None and not run.finished:
             done, total = run.n_steps, run.started.params.max_new_tokens
             self.progress.setRange(0, max(total, 1))
             self.progress.setValue(min(done, total))
-            self.progress_label.setText(("prefill running" if not run.prefilled else f"token {done:,}") +
-                                        " · Ctrl+. stops")
+            phase = run_phase(run)
+            where = (f"prefill: {plural(run.prompt_tokens, 'prompt token')} in one pass, "
+                     f"{phase.elapsed_ms / 1000:,.1f} s" if phase.name == PREFILL else f"token {done:,}")
+            self.progress_label.setText(f"{where} · Ctrl+. stops")
             self.progress_box.show()
             return
         self.progress_box.hide()
@@ -362,6 +366,8 @@ def lesson_claim(module, record, context: Context) -> str:
     if record is None:
         return module.caption(None, context)
     phase = experiment_phase(record)
+    if record.result is None:                 # running: where it is, never the "press R" of no experiment
+        return phase.words()
     caption = module.caption(record, context)
     if phase.name in (STOPPED, FAILED):
         caption = f"{phase.words()}" + (f"; {caption}" if caption else "")
@@ -422,13 +428,15 @@ def run_claim(name: str, run: RunRecord | None, state: ViewState) -> str:
     return ""
 
 
-def scene_run(name: str, store: RunStore) -> str | None:
+def scene_run(name: str, store: RunStore, sources: tuple[str, ...] = ()) -> str | None:
     """The run a run scene shows when it opens: the newest one that recorded attention for the attention scene,
     the newest plain run (not an experiment's, not one recording attention) for the others, so a lecture
-    replayed from several traces shows each scene's own run."""
+    replayed from several traces shows each scene's own run; with ``sources``, only runs replayed from those
+    traces (a lecture file's scene and its own traces)."""
     if name not in RUN_SCENES:
         return None
-    own = [r for r in store.runs if not r.started.experiment and r.started.kind != "chat"]
+    own = [r for r in store.runs if not r.started.experiment and r.started.kind != "chat"
+           and (not sources or r.source in sources)]
     wanted = [r for r in own if (name == "attention") == r.started.params.capture_attention]
     return wanted[-1].run_id if wanted else None
 

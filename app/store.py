@@ -64,8 +64,10 @@ class Series:
 class RunRecord:
     """One run: its events, per-step series and the KV grids (layers x positions)."""
 
-    def __init__(self, started: RunStarted, number: int = 1, peaks: HardwarePeaks | None = None) -> None:
+    def __init__(self, started: RunStarted, number: int = 1, peaks: HardwarePeaks | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.started = started
+        self.clock = clock            # seconds: the wall clock, or a render's virtual one (its frames' times)
         self.number = number          # 1, 2, 3... in this session: how legends name runs
         self.peaks = peaks            # the peaks of the machine that ran it (a replay: its trace's, if any)
         self.model: ModelFacts | ServerFacts = started.model
@@ -88,7 +90,8 @@ class RunRecord:
         self._norms = np.zeros((2, layers, 0), dtype=np.float32)   # K, V x layers x positions
         self.norm_positions = 0       # positions whose norms have arrived (they come in batches)
         self.incomplete = False       # a replayed trace ended before this run did
-        self.arrived = time.monotonic()   # when the window heard it start (a prefill's elapsed time counts from it)
+        self.source = ""              # the trace it was replayed from ("": run in this session)
+        self.arrived = clock()        # when the window heard it start (a prefill's elapsed time counts from it)
 
     # --- identity -----------------------------------------------------------------------------------------
     @property
@@ -282,7 +285,9 @@ class RunStore:
     """All runs of this session, newest last. Listeners hear about run-level changes only; per-step changes
     are picked up by the panels' refresh timer through ``version``."""
 
-    def __init__(self, max_runs: int = 20) -> None:
+    def __init__(self, max_runs: int = 20, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock            # what "now" is for the runs' elapsed times (a render sets a virtual one)
+        self.source = ""              # the trace the events now arriving come from ("": this session's own)
         self.runs: list[RunRecord] = []
         self.experiments: list[ExperimentRecord] = []
         self.peaks: HardwarePeaks | None = None
@@ -332,7 +337,8 @@ class RunStore:
             return
         if isinstance(event, RunStarted):
             self._count += 1
-            record = RunRecord(event, self._count, self.peaks)
+            record = RunRecord(event, self._count, self.peaks, self.clock)
+            record.source = self.source
             self.runs.append(record)
             self.trim()
             owner = self.experiment(event.experiment) if event.experiment else None

@@ -19,7 +19,8 @@ CHOSEN = "#009E73"       # bluish green: the sampled token
 WAITING = "#BBBBBB"      # light grey: time spent waiting (queued, paused), not computing
 KV_BARS = "#4D4D4D"      # K solid, V hatched in the same dark grey: a pair, neither a phase nor a run
 HEATMAP = "viridis"
-LECTURE_PT = 15.0        # 20 px at 96 dpi: the smallest lecture text (ticks) stays readable in a 1080p recording
+LECTURE_PT = 15.0        # 20 px at 96 dpi on a 720-pixel-high screen: the smallest lecture text (ticks)
+LECTURE_HEIGHT = 720     # the screen height LECTURE_PT is for; type scales with the height, so 1080p reads like 720p
 LECTURE_TICK_DENSITY = 0.3   # at most about six labelled ticks per axis, whatever the screen
 
 
@@ -60,20 +61,28 @@ def platform_is_dark() -> bool:
     return QGuiApplication.palette().color(QPalette.ColorRole.Window).lightness() < 128
 
 
-def current_theme(lecture: bool) -> Theme:
+def current_theme(lecture: bool, height: int = LECTURE_HEIGHT) -> Theme:
+    """The workbench follows the platform; lecture mode's type and lines scale with the screen's ``height`` in
+    pixels, so every text keeps its share of the screen from the back of a room (at most 3x; at least half: a
+    360p render is the 720p screen at half size)."""
     if lecture:
-        return Theme("lecture", False, "#FFFFFF", "#000000", LECTURE_PT, 4.0)
+        scale = min(max(height / LECTURE_HEIGHT, 0.5), 3.0)
+        return Theme("lecture", False, "#FFFFFF", "#000000", round(LECTURE_PT * scale, 1), round(4.0 * scale, 1))
     if platform_is_dark():
         return Theme("dark", True, "#1E1E1E", "#DDDDDD", 9.5, 1.5)
     return Theme("light", False, "#FFFFFF", "#222222", 9.5, 1.5)
 
 
-def apply(app: QApplication, theme: Theme, base_font_pt: float | None = None) -> None:
+def apply(app: QApplication, theme: Theme) -> None:
     """Qt font/palette and pyqtgraph defaults. Plots created earlier are restyled by their panels."""
     pg.setConfigOptions(background=theme.background, foreground=theme.foreground, antialias=False,
                         imageAxisOrder="row-major")
     font = app.font()
-    font.setPointSizeF(theme.base_pt if theme.name == "lecture" else (base_font_pt or font.pointSizeF()))
+    platform_pt = app.property("kvscope_platform_pt")
+    if platform_pt is None:                   # the platform's size, before lecture mode ever changed it
+        platform_pt = font.pointSizeF()
+        app.setProperty("kvscope_platform_pt", platform_pt)
+    font.setPointSizeF(theme.base_pt if theme.name == "lecture" else float(platform_pt))
     app.setFont(font)
     if theme.name == "lecture":
         pal = QPalette()

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QScrollArea,
     QStackedWidget,
+    QTabBar,
     QVBoxLayout,
     QWidget,
 )
@@ -65,7 +66,6 @@ class MainWindow(QMainWindow):
         self.store, self.state, self.conversation, self.client = store, state, conversation, client
         self.run_settings = run_settings
         self.settings = open_settings()
-        self._font_pt = QApplication.font().pointSizeF()
         self.worker_stopped = True
         self._last_failure: tuple[str, str] | None = None
         self.setWindowTitle("KVScope")
@@ -134,6 +134,7 @@ class MainWindow(QMainWindow):
         self.surface.cancel_load = controller.stop
         self.files = FileActions(self, self.store, self.state, controller, self.settings, self.surface,
                                  lambda: self.experiments.current.lesson.kind)
+        self.files.present_lecture = self.lecture.present
         exports: dict[str, Callable[[], QWidget]] = {
             "Timing panel": lambda: self.timing, "KV heatmap panel": lambda: self.kv,
             "Sampling panel": lambda: self.sampling, "Experiment panel": lambda: self.experiments.current,
@@ -226,11 +227,12 @@ class MainWindow(QMainWindow):
         self.resizeDocks([self.docks["kv"]], [int(height * 0.55)], Qt.Orientation.Vertical)
 
     # --- modes and layout ---------------------------------------------------------------------------------
-    def apply_mode(self, lecture: bool) -> None:
-        """Workbench: docks around the token stream. Lecture: the scene fills the screen, large type."""
+    def apply_mode(self, lecture: bool, height: int = th.LECTURE_HEIGHT) -> None:
+        """Workbench: docks around the token stream. Lecture: the scene fills the screen (``height`` pixels
+        high), its type sized from that height."""
         set_lecture_keys(self.actions_by_name, lecture)
-        theme = th.current_theme(lecture)
-        th.apply(QApplication.instance(), theme, self._font_pt)
+        theme = th.current_theme(lecture, height)
+        th.apply(QApplication.instance(), theme)
         for panel in (self.tokens, self.kv, self.timing, self.sampling, self.attention, self.experiments, self.chat,
                       self.scene_view):
             panel.set_theme(theme)
@@ -240,6 +242,11 @@ class MainWindow(QMainWindow):
         if lecture:
             for dock in self.docks.values():
                 dock.hide()
+            # Tabbed docks keep their tab bar (the main window's own child) on screen after the docks hide: at
+            # some sizes it showed over the scene's footer ("Sampling…", "Attention…").
+            for bar in self.findChildren(QTabBar):
+                if bar.parentWidget() is self:
+                    bar.hide()
         self.frames.refresh(force=True)
 
     def restore_layout(self, state: QByteArray | None) -> None:

@@ -68,7 +68,15 @@ class PeaksBelowRun:
     peak_flops_per_s: float
 
 
-Note = Busy | Idle | Failed | Memory | PeaksBelowRun
+@dataclass(frozen=True)
+class ReplayFile:
+    """The events that follow, until the next one, come from the trace at ``path`` (a lecture shows each scene
+    the runs of its own traces)."""
+
+    path: str
+
+
+Note = Busy | Idle | Failed | Memory | PeaksBelowRun | ReplayFile
 
 
 class EngineWorker(QObject):
@@ -185,7 +193,8 @@ class EngineWorker(QObject):
         by the recorded timestamps. Every file is read and checked before the first event is shown."""
         from engine.trace import read_traces, replay
 
-        for events in read_traces(request.paths):
+        for path, events in zip(request.paths, read_traces(request.paths)):
+            self.push(ReplayFile(str(path)))
             for event in replay(events, request.speed, cancelled=self.control.cancel.is_set, sleep=self._sleep):
                 self.push(event)
 

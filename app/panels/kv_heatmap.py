@@ -128,6 +128,7 @@ class KVHeatmapPanel(QWidget):
         self.bars_plot.setMenuEnabled(False)
         self.bars_plot.setYLink(self.plot)
         self.bars_plot.hideAxis("left")
+        self.bars_key = BARS_LABEL
         self.colorbar = pg.ColorBarItem(colorMap=pg.colormap.get(th.HEATMAP), interactive=False, width=14)
         self.colorbar.setImageItem(self.image)
         self.graphics.addItem(self.colorbar, row=0, col=2)
@@ -178,7 +179,7 @@ class KVHeatmapPanel(QWidget):
         self.theme = theme
         self.graphics.setBackground(theme.background)
         th.style_plot(self.plot, theme, "position in the context window", "tokens", "layer", None)
-        th.style_plot(self.bars_plot, theme, BARS_LABEL, "B", "", None)
+        th.style_plot(self.bars_plot, theme, "B", None, "", None)
         bar_axis = self.colorbar.getAxis("right")
         bar_axis.setWidth(None)                         # fits the tick labels at the theme's font size
         bar_axis.setTickFont(theme.axis_font)
@@ -307,8 +308,13 @@ class KVHeatmapPanel(QWidget):
             self.allocated_bars.setOpts(x0=zero, y=y, height=0.9, width=storage / factor)
         else:
             self.allocated_bars.setOpts(x0=[], y=[], width=[])
-        th.label_axis(self.bars_plot.getAxis("bottom"), bars_label(run.model, bool(state.any()), bool(len(storage))),
-                      unit, self.theme)
+        # The bars' column is narrow: its axis says only the unit and labels two ticks (the words, "K solid, V
+        # hatched", ran under the colour bar as its label and stand in the panel's text instead).
+        th.label_axis(self.bars_plot.getAxis("bottom"), unit, None, self.theme)
+        top = largest / factor if largest else 1.0
+        self.bars_plot.getAxis("bottom").setTicks([[(0.0, "0"), (top, f"{top:.3g}")], []])
+        self.bars_plot.setXRange(0, top * 1.3, padding=0)         # room for the top tick's label
+        self.bars_key = bars_label(run.model, bool(state.any()), bool(len(storage)))
 
     def _apply_range(self, force: bool = False) -> None:
         """Zoomed: the used positions plus a quarter more (the run grows into it); else the whole context."""
@@ -347,7 +353,8 @@ class KVHeatmapPanel(QWidget):
                          if storage and storage != held else "")
             parts = ("latent", "rope key") if kvformula.latent_layers(m) else ("K", "V")
             measured = (f"<b>Measured</b> (read from the cache tensors): {fmt(held)} after {seen:,} positions "
-                        f"({parts[0]} {fmt(k_total)} + {parts[1]} {fmt(v_total)}) {agree}{static}{allocated}")
+                        f"({parts[0]} {fmt(k_total)} + {parts[1]} {fmt(v_total)}; the bars per layer: "
+                        f"{escape(self.bars_key)}) {agree}{static}{allocated}")
         notes = "".join(f"<br>{escape(note)}" for note in kvformula.layer_notes(m))
         notes += f"<br>{escape(concurrency_text(m))}"
         return (f"{measured}<br><b>Formula</b> (computed): {escape(kvformula.formula_text(m))}; for "

@@ -144,4 +144,4 @@ def caption(step: TokenStep, params, vocab: int) -> str:
 
 def _label(text: str) -> str:
     shown = escaped(text) if text else "▫"
-    return shown if len(shown) <= 12 else shown[:11] + "…"
+    return shown if len(shown) <= 24 else shown[:23] + "…"      # a whole token; only a freak one is cut

@@ -7,6 +7,7 @@ states the comparison in numbers."""
 
 from __future__ import annotations
 
+import math
 from html import escape
 
 import numpy as np
@@ -49,7 +50,12 @@ class _RunItems:
         # however long the run (thousands of separate bars made painting the slowest thing here).
         self.boundaries = pg.PlotCurveItem(pen=pg.mkPen(panel.theme.background, width=1), connect="pairs")
         self.ttft = pg.ScatterPlotItem(symbol="t", size=14, brush=th.CHOSEN, pen=None)
-        self.timeline_items = (self.prefill_bar, self.decode_bars, self.wait_bars, self.boundaries, self.ttft)
+        # While the prompt's pass runs: its bar grows with the elapsed time, its edge moving, and says so.
+        self.prefill_edge = pg.ScatterPlotItem(symbol="s", size=12, brush=th.PREFILL, pen=None)
+        self.prefill_words = pg.TextItem(anchor=(0, 0.5), color="#FFFFFF")      # on the bar, in white
+        self.prefill_words.setFont(panel.theme.axis_font)
+        self.timeline_items = (self.prefill_bar, self.decode_bars, self.wait_bars, self.boundaries, self.ttft,
+                               self.prefill_edge, self.prefill_words)
         for item in self.timeline_items:
             panel.timeline.add(item)
         self.panel = panel
@@ -69,10 +75,20 @@ class _RunItems:
         rate = run.token_rate()
         self.rate.setData(np.arange(1, len(rate) + 1), rate)
         self.cumulative.setData(t / 1000.0, np.arange(1, n + 1))
+        phase = run_phase(run)
+        running = phase.name == PREFILL and not run.remote
         if (run.prefill is not None or run.remote) and n:
             start = run.prefill.tokenize_ms if run.prefill is not None else 0.0
             self.prefill_bar.setOpts(x0=[start], y=[row], width=[max(t[0] - start, 0.0)], height=0.6)
             self.ttft.setData([t[0]], [row + 0.45])
+        elif running:
+            self.prefill_bar.setOpts(x0=[0.0], y=[row], width=[phase.elapsed_ms], height=0.6)
+        self.prefill_edge.setData([phase.elapsed_ms] if running else [], [row] if running else [])
+        self.prefill_words.setVisible(running)
+        if running:
+            self.prefill_words.setText(f" {plural(run.prompt_tokens, 'prompt token')} in one pass · "
+                                       f"{phase.elapsed_ms / 1000:,.1f} s")
+            self.prefill_words.setPos(0.0, row)
         if n > 1:
             ends, starts = t[1:], t[1:] - lat[1:]
             waited = run.series["waited_ms"].values[1:]
@@ -94,10 +110,17 @@ class _RunItems:
             self.boundaries.setData([], [])
 
 
+def round_span(ms: float) -> float:
+    """The first of 1, 2, 5 x 10^k ms at or above ``ms``: the spans a prefill's bar grows into."""
+    k = 10 ** math.floor(math.log10(max(ms, 1.0)))
+    return next(m * k for m in (1, 2, 5, 10) if m * k >= ms)
+
+
 class TimingPanel(QWidget):
     def __init__(self, store: RunStore, state: ViewState) -> None:
         super().__init__()
         self.store, self.state = store, state
+        self._held_axis = False
         self.theme = th.current_theme(False)
         self.overlay = QCheckBox("Overlay earlier runs")
         self.overlay.setChecked(True)
@@ -185,7 +208,10 @@ class TimingPanel(QWidget):
         self.refresh()
 
     def refresh(self) -> None:
-        key = (self.store.version, self.state.selected)
+        selected = self.selected()
+        phase = run_phase(selected)
+        tick = round(phase.elapsed_ms / 100) if phase.name == PREFILL else None    # a prefill's bar grows
+        key = (self.store.version, self.state.selected, tick)
         if key == self._shown:
             return
         if self._shown is not None and self._shown[1] != self.state.selected:
@@ -206,6 +232,7 @@ class TimingPanel(QWidget):
         self.timeline.plot.getAxis("left").setTicks([[(i, f"#{r.number}") for i, r in enumerate(runs)]])
         self.legend.setText(legend_html(runs, self.state, selected))
         self.timeline.plot.setYRange(-0.6, max(len(runs), 1) - 0.4, padding=0.02)
+        self._frame_prefill(selected, runs)
         self.timeline.setMinimumHeight(TIMELINE_AXES_PX + TIMELINE_ROW_PX * max(len(runs), 1))
         self._empty_states(runs, selected)
         self.ttft_line.setVisible(selected is not None and bool(selected.n_steps))
@@ -216,9 +243,25 @@ class TimingPanel(QWidget):
         else:
             self.summary.setText("")
 
+    def _frame_prefill(self, selected: RunRecord | None, runs: list[RunRecord]) -> None:
+        """While the prompt's pass runs, the time axis holds still (a round span the bar grows into, the next
+        one when it gets there): an axis that followed the bar would keep it the same width, frame after frame,
+        and the scene would look hung. Afterwards the axis follows the data again."""
+        phase = run_phase(selected)
+        if phase.name != PREFILL or selected is None or selected.remote:
+            if self._held_axis:
+                self._held_axis = False
+                self.timeline.plot.enableAutoRange(axis="x")
+            return
+        others = [float(r.series["t_ms"].values[-1]) for r in runs if r is not selected and r.n_steps]
+        span = max([round_span(phase.elapsed_ms * 1.25), *others])
+        self.timeline.plot.setXRange(0, span, padding=0.02)
+        self._held_axis = True
+
     def _empty_states(self, runs: list[RunRecord], selected: RunRecord | None) -> None:
         """A chart with nothing to draw yet shows no numbers on its axes and says what will appear."""
-        timed = any(r.n_steps for r in runs)
+        timed = any(r.n_steps for r in runs) or (selected is not None and run_phase(selected).name == PREFILL
+                                                    and not selected.remote)
         decoded = any(r.n_steps > 1 for r in runs)
         prefill = selected is not None and run_phase(selected).name == PREFILL
         first = ("Prefill running: its bar appears when the prompt's forward pass ends" if prefill else

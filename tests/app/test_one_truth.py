@@ -80,7 +80,12 @@ def test_every_view_says_only_what_is_known_in_every_phase_of_a_live_run(qtbot, 
     qtbot.waitUntil(lambda: w.store.current is not None)
     shown = assert_true_to(w, PREFILL)
     assert shown["status ttft"].startswith("prefill running") and "prefill running" in shown["scene prefill"]
-    assert w.timing.timeline.empty_message.startswith("Prefill running")
+    assert w.timing.timeline.empty_message is None              # the prefill's bar grows there, with its clock
+    items = w.timing._items[w.state.selected]
+    assert items.prefill_words.isVisible() and "prompt tokens in one pass" in items.prefill_words.toPlainText()
+    before = items.prefill_bar.opts["width"][0]
+    qtbot.wait(500)                                             # no event arrives meanwhile: the clock moves it
+    assert items.prefill_bar.opts["width"][0] > before + 300
     wait_idle(qtbot, w)
     w.client.worker.session.fault_hook = None
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from PySide6.QtCore import QPoint, QRectF
+from PySide6.QtCore import QPoint, QRect, QRectF
 from PySide6.QtGui import QColor, QImage, QPainter
 from PySide6.QtSvg import QSvgRenderer
 
-from app import lecture
 from app.export import export_widget
 from app.scene_list import NAMES as SCENES
 from tests.app.conftest import close_and_dispose, open_replayed, run_and_wait, start_lesson, wait_idle
@@ -42,7 +41,7 @@ SCENE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv]
 @pytest.mark.parametrize("size", list(MIN_PLOT))
 def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, lecture_trace, size, monkeypatch):
     w = open_replayed(qtbot, lecture_trace, size)
-    monkeypatch.setattr(lecture, "cover_screen", lambda win: win.setGeometry(0, 0, *size))   # a screen this size
+    w.lecture.area = QRect(0, 0, *size)                    # lecture mode covers a screen this size, type sized to it
     try:
         w.lecture.enter("prefill")
         for scene in SCENES:

@@ -1,0 +1,366 @@
+"""Render, don't record: a lecture's scenes drawn offscreen frame by frame on a virtual clock taken from the
+traces' own timestamps, and encoded to MP4 (H.264) or GIF, so every frame is on time however slow or busy the
+machine that renders it.
+
+The window is the real one (its scenes, panels and captions, in lecture mode, the frame's size); the events go
+to its controller as a replay's would, but paced by the render: between two events the virtual clock advances
+by the recorded wait, and the frames that fall in it are grabbed. A wait longer than ``max_wait_s`` (a long
+prefill, an experiment's slow point) is fast-forwarded: its frames span the whole wait on the virtual clock
+(elapsed clocks stay true) in ``max_wait_s`` of video, and the frame says so.
+
+PyAV writes the video: its wheels carry FFmpeg with libx264 and the GIF encoder, so no system ffmpeg is needed,
+and frames go to the encoder in-process with exact timestamps (imageio-ffmpeg pipes raw frames to an ffmpeg
+executable instead). The file is written beside the target under a temporary name and renamed when complete: a
+cancel or an error leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+from PySide6.QtCore import QRect, Qt
+from PySide6.QtGui import QColor, QFont, QImage, QPainter
+from PySide6.QtWidgets import QApplication
+
+from app import theme as th
+from app.lecture_file import LectureScene
+from engine.errors import EngineError
+
+MIN_SIZE, MAX_SIZE = (320, 240), (3840, 2160)
+FORMATS = {".mp4": "mp4", ".gif": "gif"}
+
+
+class RenderError(EngineError):
+    """A render that cannot be made, said in one line."""
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    """``speed``: recorded time per video time (2: twice as fast); ``max_wait_s``: the longest wait shown at
+    that pace (longer ones are fast-forwarded and said); ``lead_s`` / ``hold_s``: a scene before its first event
+    and its final state after the last."""
+
+    width: int = 1280
+    height: int = 720
+    fps: int = 30
+    speed: float = 1.0
+    max_wait_s: float = 3.0
+    lead_s: float = 0.0
+    hold_s: float = 2.5
+
+    def __post_init__(self) -> None:
+        if not (MIN_SIZE[0] <= self.width <= MAX_SIZE[0] and MIN_SIZE[1] <= self.height <= MAX_SIZE[1]):
+            raise RenderError(f"--size {self.width}x{self.height}: from {MIN_SIZE[0]}x{MIN_SIZE[1]} to "
+                              f"{MAX_SIZE[0]}x{MAX_SIZE[1]}")
+        if self.width % 2 or self.height % 2:
+            raise RenderError(f"--size {self.width}x{self.height}: H.264 needs an even width and height")
+        if not 1 <= self.fps <= 60:
+            raise RenderError(f"--fps {self.fps}: from 1 to 60")
+        if not 0.05 <= self.speed <= 100:
+            raise RenderError(f"--speed {self.speed:g}: from 0.05 to 100 for a render (1: as recorded)")
+        if not 0.2 <= self.max_wait_s <= 600:
+            raise RenderError(f"--max-wait {self.max_wait_s:g}: from 0.2 to 600 s")
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    try:
+        width, height = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise RenderError(f"--size {text!r}: write it as WIDTHxHEIGHT, e.g. 1920x1080") from None
+    return width, height
+
+
+def video_format(path: str | os.PathLike) -> str:
+    suffix = Path(path).suffix.lower()
+    if suffix not in FORMATS:
+        raise RenderError(f"{path}: a render is an .mp4 (H.264) or a .gif")
+    return FORMATS[suffix]
+
+
+def plan_scenes(paths: Sequence[str], scene: str | None) -> list[LectureScene]:
+    """What ``--render`` draws: a lecture file's scenes, or ``scene`` (default the first) over every trace given."""
+    from app.lecture_file import is_lecture_file, read_lecture
+    from app.scene_list import NAMES
+
+    if not paths:
+        raise RenderError("--render needs the traces to draw (TRACE ...) or a lecture file")
+    lectures = [p for p in paths if is_lecture_file(p)]
+    if lectures:
+        if len(paths) > 1:
+            raise RenderError("--render takes one lecture file, or traces: not both")
+        return read_lecture(lectures[0])
+    return [LectureScene(scene or NAMES[0], tuple(Path(p) for p in paths))]
+
+
+class VirtualClock:
+    """The render's "now", in seconds: what the runs' elapsed times read while their frames are drawn."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Between two events: ``recorded_s`` on the trace's clock, shown in ``shown_s`` of video."""
+
+    recorded_s: float
+    shown_s: float
+
+    @property
+    def fast_forward(self) -> bool:
+        return self.shown_s > 0 and self.recorded_s / self.shown_s > 1.0 + 1e-6
+
+
+def schedule(events: Sequence[object], settings: RenderSettings) -> list[tuple[Wait, object]]:
+    """Each event with the wait before it, as the replay paces them (``engine.trace.replay``), and how long the
+    video shows that wait."""
+    from engine.trace import replay
+
+    waits: list[float] = []
+    out: list[tuple[Wait, object]] = []
+    for event in replay(events, 1.0, sleep=waits.append, max_gap_s=math.inf):
+        recorded = waits.pop() if waits else 0.0
+        out.append((Wait(recorded, min(recorded / settings.speed, settings.max_wait_s)), event))
+    return out
+
+
+def frame_count(plans: Sequence[list[tuple[Wait, object]]], settings: RenderSettings) -> int:
+    """The frames a render makes, known before the first (the progress bar's total)."""
+    frames = 0
+    for plan in plans:
+        video = settings.lead_s + sum(w.shown_s for w, _ in plan) + settings.hold_s
+        frames += max(1, round(video * settings.fps))
+    return frames
+
+
+@dataclass(frozen=True)
+class RenderReport:
+    path: Path
+    frames: int
+    video_s: float
+    scenes: tuple[str, ...]
+    stills: tuple[Path, ...] = ()
+
+
+class Cancelled(Exception):
+    pass
+
+
+class Renderer:
+    """Draws ``window``'s lecture scenes into ``path``. ``progress(done, total, scene)`` after each frame;
+    ``cancelled()`` is asked between frames."""
+
+    def __init__(self, window, settings: RenderSettings, path: str | os.PathLike,
+                 progress: Callable[[int, int, str], None] = lambda *_: None,
+                 cancelled: Callable[[], bool] = lambda: False, stills: str | os.PathLike | None = None) -> None:
+        self.window, self.settings, self.path = window, settings, Path(path)
+        self.format = video_format(self.path)
+        self.progress, self.cancelled = progress, cancelled
+        self.stills_dir = Path(stills) if stills else None
+        self.clock = VirtualClock()
+        self.frames = self.total = 0
+        self._note = ""
+
+    def render(self, scenes: Sequence[LectureScene]) -> RenderReport:
+        from engine.trace import read_traces
+
+        if not scenes:
+            raise RenderError("nothing to render: name a scene and its traces")
+        plans = []
+        for entry in scenes:                           # every file read and checked before the first frame
+            events = [e for trace in read_traces(entry.traces) for e in trace]
+            plans.append(schedule(events, self.settings))
+        self.total = frame_count(plans, self.settings)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(f".{self.path.name}.partial")
+        stills: list[Path] = []
+        self._prepare()
+        try:
+            with _Encoder(partial, self.format, self.settings) as encoder:
+                for entry, plan in zip(scenes, plans):
+                    stills += self._scene(entry.scene, plan, encoder)
+            os.replace(partial, self.path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        finally:
+            self._restore()
+        return RenderReport(self.path, self.frames, self.frames / self.settings.fps,
+                            tuple(s.scene for s in scenes), tuple(stills))
+
+    # --- one scene ----------------------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        w = self.window
+        self._clock_before = w.store.clock
+        w.store.clock = self.clock
+        w.lecture.area = QRect(0, 0, self.settings.width, self.settings.height)
+
+    def _restore(self) -> None:
+        self.window.store.clock = self._clock_before
+        self.window.lecture.area = None
+
+    def _scene(self, scene: str, plan: list[tuple[Wait, object]], encoder: _Encoder) -> list[Path]:
+        w = self.window
+        w.controller.clear_runs()
+        w.lecture.show(scene)
+        w.controller.begin_replay()
+        budget = max(1, round((self.settings.lead_s + sum(x.shown_s for x, _ in plan) + self.settings.hold_s)
+                              * self.settings.fps))
+        fps = self.settings.fps
+        video = virtual = 0.0
+        shown = 0                                     # frames of this scene so far
+
+        def frames_until(video_end: float, virtual_end: float, rate: float) -> None:
+            nonlocal shown
+            while shown < budget and shown / fps < video_end - 1e-9:
+                self.clock.t = virtual + (shown / fps - video) * rate
+                self._frame(scene, encoder)
+                shown += 1
+
+        frames_until(self.settings.lead_s, 0.0, 0.0)
+        video = self.settings.lead_s
+        for wait, event in plan:
+            if wait.shown_s > 0:
+                rate = wait.recorded_s / wait.shown_s
+                self._note = (f"fast-forward: {_seconds(wait.recorded_s)} of the recording shown in "
+                              f"{_seconds(wait.shown_s)}" if wait.fast_forward else "")
+                frames_until(video + wait.shown_s, virtual + wait.recorded_s, rate)
+                video += wait.shown_s
+                virtual += wait.recorded_s
+            self._note = ""
+            self.clock.t = virtual
+            w.controller.on_events([event])
+        w.controller.end_replay()
+        while shown < budget:                         # the final state, held
+            self._frame(scene, encoder)
+            shown += 1
+        if self.stills_dir is None:
+            return []
+        self.stills_dir.mkdir(parents=True, exist_ok=True)
+        still = self.stills_dir / f"{len(list(self.stills_dir.glob('*.png'))) + 1:02d}-{scene}.png"
+        self._grab().save(str(still))
+        return [still]
+
+    def _frame(self, scene: str, encoder: _Encoder) -> None:
+        if self.cancelled():
+            raise Cancelled()
+        encoder.add(self._grab())
+        self.frames += 1
+        self.progress(self.frames, self.total, scene)
+
+    def _grab(self) -> QImage:
+        w = self.window
+        w.frames.refresh(force=True)
+        QApplication.processEvents()
+        image = w.grab().toImage().convertToFormat(QImage.Format.Format_RGB888)
+        if image.width() != self.settings.width or image.height() != self.settings.height:
+            image = image.scaled(self.settings.width, self.settings.height, Qt.AspectRatioMode.IgnoreAspectRatio,
+                                 Qt.TransformationMode.SmoothTransformation)
+        if self._note:
+            _say(image, self._note)
+        return image
+
+
+def _say(image: QImage, note: str) -> None:
+    """A fast-forward said on the frame: a band at the top right, in the lecture's type."""
+    painter = QPainter(image)
+    font = QFont()
+    font.setPixelSize(max(14, image.height() // 40))
+    font.setBold(True)
+    painter.setFont(font)
+    metrics = painter.fontMetrics()
+    text = f"⏩ {note}"
+    width, height = metrics.horizontalAdvance(text) + 24, metrics.height() + 12
+    box = QRect(image.width() - width - 12, 12, width, height)
+    painter.fillRect(box, QColor(th.FORMULA))
+    painter.setPen(QColor("#FFFFFF"))
+    painter.drawText(box, Qt.AlignmentFlag.AlignCenter, text)
+    painter.end()
+
+
+def _seconds(s: float) -> str:
+    return f"{s:,.1f} s" if s < 120 else f"{s / 60:,.1f} min"
+
+
+class _Encoder:
+    """Frames into an MP4 (H.264, yuv420p: what every player and slide tool opens) or a GIF (one palette for the
+    whole clip, made from all its frames: a UI's few colours come out clean)."""
+
+    def __init__(self, path: Path, fmt: str, settings: RenderSettings) -> None:
+        self.path, self.format, self.settings = path, fmt, settings
+        self._graph = None
+        self._pts = 0
+
+    def __enter__(self) -> _Encoder:
+        import av
+
+        self._av = av
+        self.container = av.open(str(self.path), "w", format=self.format)
+        s = self.settings
+        if self.format == "mp4":
+            self.stream = self.container.add_stream("libx264", rate=s.fps,
+                                                    options={"crf": "20", "preset": "veryfast"})
+            self.stream.pix_fmt = "yuv420p"
+        else:
+            self.stream = self.container.add_stream("gif", rate=s.fps)
+            self.stream.pix_fmt = "pal8"
+            graph = av.filter.Graph()
+            source = graph.add_buffer(width=s.width, height=s.height, format="rgb24", time_base=Fraction(1, s.fps))
+            split, palette = graph.add("split"), graph.add("palettegen", "stats_mode=full")
+            use, sink = graph.add("paletteuse", "dither=none"), graph.add("buffersink")
+            source.link_to(split)
+            split.link_to(palette, 0, 0)
+            split.link_to(use, 1, 0)
+            palette.link_to(use, 0, 1)
+            use.link_to(sink)
+            graph.configure()
+            self._graph = graph
+        self.stream.width, self.stream.height = s.width, s.height
+        return self
+
+    def add(self, image: QImage) -> None:
+        frame = self._av.VideoFrame.from_ndarray(_pixels(image), format="rgb24")
+        frame.pts, frame.time_base = self._pts, Fraction(1, self.settings.fps)
+        self._pts += 1
+        if self._graph is not None:
+            self._graph.push(frame)
+            return
+        for packet in self.stream.encode(frame):
+            self.container.mux(packet)
+
+    def _drain_graph(self) -> Iterator[object]:
+        av = self._av
+        self._graph.push(None)
+        while True:
+            try:
+                yield self._graph.pull()
+            except (av.error.EOFError, av.error.BlockingIOError):
+                return
+
+    def __exit__(self, kind, value, traceback) -> None:
+        try:
+            if kind is None:
+                if self._graph is not None:
+                    for frame in self._drain_graph():
+                        for packet in self.stream.encode(frame):
+                            self.container.mux(packet)
+                for packet in self.stream.encode():
+                    self.container.mux(packet)
+        finally:
+            self.container.close()
+
+
+def _pixels(image: QImage) -> np.ndarray:
+    """The image's RGB bytes as a height x width x 3 array (rows padded to 4 bytes by Qt are cut)."""
+    width, height, stride = image.width(), image.height(), image.bytesPerLine()
+    data = np.frombuffer(image.constBits(), dtype=np.uint8, count=stride * height).reshape(height, stride)
+    return np.ascontiguousarray(data[:, : width * 3].reshape(height, width, 3))
