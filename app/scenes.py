@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from html import escape, unescape
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QFont
+from PySide6.QtGui import QFont, QFontDatabase
 from PySide6.QtWidgets import (
     QBoxLayout,
     QDockWidget,
@@ -56,7 +56,7 @@ from app.scene_list import BY_NAME, SCENES
 from app.setting_widgets import setting_text
 from app.store import RunRecord, RunStore
 from app.viewstate import Conversation, ViewState
-from engine import kvformula
+from engine import kvformula, report
 from engine.contention import busy
 
 RUN_SCENES = ("prefill", "kv", "sampling", "attention")
@@ -149,6 +149,9 @@ class SceneView(QWidget):
         self.body.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)   # never widens the window
         self.body_layout = QHBoxLayout(self.body)
         self.body_layout.setContentsMargins(0, 0, 0, 0)
+        self.console = QLabel()                        # scene 1: the run in llama.cpp's own lines
+        self.console.setTextFormat(Qt.TextFormat.PlainText)
+        self.console.hide()
         self.progress = QProgressBar()
         self.progress.setFormat("%v of %m")
         self.progress.setMaximumWidth(320)
@@ -171,6 +174,7 @@ class SceneView(QWidget):
         layout.addWidget(self.caption)
         layout.addWidget(self.detail)
         layout.addWidget(self.body, 1)
+        layout.addWidget(self.console)
         layout.addWidget(self.progress_box)
         layout.addWidget(self.footer)
         self.cover = QWidget(self)
@@ -232,6 +236,9 @@ class SceneView(QWidget):
         font.setPointSizeF(theme.base_pt * 1.3)
         font.setBold(True)
         self.caption.setFont(font)
+        mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+        mono.setPointSizeF(theme.base_pt * 0.9)
+        self.console.setFont(mono)
         self.refresh()
 
     def claim(self) -> str:
@@ -256,6 +263,10 @@ class SceneView(QWidget):
         scene = BY_NAME[self.shown]
         claim = scene_claim(self.shown, self.context)
         self._set_caption(f"{scene.key} · {scene.title}: ", claim)
+        run = self.context.store.find(self.context.state.selected) if self.context.state.selected else None
+        lines = console_lines(run) if self.shown == "prefill" else []
+        self.console.setText("\n".join(lines))
+        self.console.setVisible(bool(lines))
         self._progress()
         self.footer.setText(self._footer(scene))
 
@@ -426,6 +437,18 @@ def run_claim(name: str, run: RunRecord | None, state: ViewState) -> str:
                 f"newest {RECENT}; recording costs {mean:,.1f} ms per pass ({min(costs):,.1f}-{max(costs):,.1f} over "
                 f"{len(costs)} passes, measured){ended}")
     return ""
+
+
+def console_lines(run: RunRecord | None) -> list[str]:
+    """The run as llama.cpp prints it (``prompt eval time``, ``eval time``, ``total time``), each line once its
+    figures are measured: the prompt's once the prefill has ended, decode's from its first step, the total at the
+    end. A server's run has no prefill pass of its own to report."""
+    if run is None or run.remote or not run.prefilled:
+        return []
+    s = run.summary(with_text=False)
+    lines = report.timing_lines(s)
+    shown = [lines[0]] + ([lines[1]] if s.decode_runs else []) + ([lines[2]] if run.finished else [])
+    return shown
 
 
 def scene_run(name: str, store: RunStore, sources: tuple[str, ...] = ()) -> str | None:

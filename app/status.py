@@ -37,6 +37,7 @@ class StatusStrip(QStatusBar):
         screen, so it keeps only its message line (refusals, progress) there."""
         for label in self.labels.values():
             label.setVisible(not lecture)
+        self.setSizeGripEnabled(not lecture)      # its grip drew marks in a scene's corner
 
     def show_run(self, run: RunRecord | None) -> None:
         """The selected run's figures that exist now (``app.phase``): while the prompt's pass runs, its elapsed

@@ -35,6 +35,17 @@ def decode_flops_with_cache(prompt_len: int, num_new_tokens: int, d_model: int) 
     return sum(2 * (prompt_len + i + 1) * d_model for i in range(num_new_tokens))
 
 
+def course_cache_reduction(d_model: int = SEED_D_MODEL, prompt_len: int = 100, num_new_tokens: int = 50) -> float:
+    """The course module's "Reduction factor: 127.2x": attention FLOPs alone, without the cache over with it."""
+    return (decode_flops_no_cache(prompt_len, num_new_tokens, d_model)
+            / decode_flops_with_cache(prompt_len, num_new_tokens, d_model))
+
+
+def course_doubling(d_model: int = SEED_D_MODEL) -> float:
+    """The course module's "Doubling 400->800: FLOPs multiplier = 4.0x": attention's n² term alone."""
+    return attention_flops(800, d_model) / attention_flops(400, d_model)
+
+
 def seed_example(d_model: int = SEED_D_MODEL, prompt_len: int = 100, num_new_tokens: int = 50) -> str:
     """The seed's "Expected Output", line for line."""
     lines = ["PREFILL cost -- scales QUADRATICALLY:"]

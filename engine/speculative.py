@@ -32,7 +32,7 @@ from engine.fields import MAX_DRAFT
 class Drafter(Protocol):
     name: str
 
-    def propose(self, ids: list[int], k: int) -> list[int]:
+    def propose(self, ids: list[int], k: int, cancel: threading.Event | None = None) -> list[int]:
         """Up to ``k`` guesses for the tokens after ``ids`` (the prompt and every token kept so far)."""
 
 
@@ -45,7 +45,7 @@ class PromptLookup:
         self.eos = torch.tensor(sorted(eos_ids)) if eos_ids else None
         self.ngram = ngram
 
-    def propose(self, ids: list[int], k: int) -> list[int]:
+    def propose(self, ids: list[int], k: int, cancel: threading.Event | None = None) -> list[int]:
         lookup = PromptLookupCandidateGenerator(eos_token_id=self.eos, num_output_tokens=k,
                                                 max_matching_ngram_size=self.ngram, max_length=len(ids) + k + 1)
         candidates, _ = lookup.get_candidates(torch.tensor([ids]))
@@ -68,13 +68,15 @@ class DraftModel:
         self.cache: Any = None
         self.held: list[int] = []
 
-    def propose(self, ids: list[int], k: int) -> list[int]:
+    def propose(self, ids: list[int], k: int, cancel: threading.Event | None = None) -> list[int]:
         if self.cache is None:
             self.cache, self.held = kvcache.new_cache(self.model), []
         keep = min(kvformula.common_prefix(self.held, ids), len(ids) - 1)
         kvcache.crop_to(self.cache, keep)
         feed, guesses = ids[keep:], []
         for _ in range(k):
+            if cancel is not None and cancel.is_set():
+                break                                    # a stop takes effect within one of the draft's passes
             out = kvcache.forward(self.model, torch.tensor([feed], device=self.device), self.cache,
                                   positions=torch.arange(keep, keep + len(feed), device=self.device)[None])
             keep += len(feed)
@@ -82,6 +84,8 @@ class DraftModel:
             guesses.append(token)
             feed = [token]
         self.held = ids + guesses[:-1]                   # the last guess was never fed
+        if len(guesses) < k:
+            self.cache = None                            # stopped part-way: start afresh next time
         return guesses
 
 
@@ -140,7 +144,9 @@ def decode(session: Any, ids: list[int], new_tokens: int, drafter: Drafter | Non
             position = len(ids) + len(tokens) - 1          # where the last kept token goes in the cache
             draft_start = clock.mark()
             room = min(k, new_tokens - len(tokens))
-            draft = drafter.propose(ids + tokens, room)[:room] if drafter is not None and room else []
+            draft = drafter.propose(ids + tokens, room, cancel)[:room] if drafter is not None and room else []
+            if cancel is not None and cancel.is_set():
+                break
             verify_start = clock.mark()
             fed = torch.tensor([[tokens[-1], *draft]], device=device)
             out = kvcache.forward(model, fed, cache, logits_to_keep=0,

@@ -9,6 +9,7 @@ import pyqtgraph as pg
 from app import theme as th
 from app.lesson_view import CONTROLS_PROMPT, LessonView, Scene, token_note
 from app.store import ExperimentRecord
+from engine import costmodel
 from engine.lessons import cache
 from engine.lessons.cache import CacheResult
 
@@ -56,8 +57,9 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
     if r is None or r.decode_speedup is None:
         return "press R to run the same prompt with the cache on and off"
     return (f"without the cache every step recomputes the whole sequence: decode {r.decode_speedup:.1f}x slower "
-            f"(measured); the cost model counts {r.flops_ratio:.0f}x the FLOPs: weight reads, not attention, "
-            "dominate a small model's step")
+            f"(measured); the cost model counts {r.flops_ratio:.0f}x the FLOPs, the course's example "
+            f"{costmodel.course_cache_reduction():.1f}x: that counts attention alone (100 + 50 tokens), while a "
+            "small model's step is mostly reading its weights, which the cache does not save")
 
 
 LESSON = cache.LESSON

@@ -67,6 +67,9 @@ class OffloadView(LessonView):
                                                           brush=colour, pen=None),
                                           "on disk" if where == "disk" else "in memory")
             self.layers_chart.plot.setXRange(-0.6, len(devices) - 0.4, padding=0)   # every layer, at any size
+            stride = max(1, len(devices) // 8)                   # whole layers only: no "layer 0.5"
+            self.layers_chart.plot.getAxis("bottom").setTicks([[(i, str(i)) for i in range(0, len(devices), stride)],
+                                                               []])
 
     def _layer_times(self, record: ExperimentRecord) -> tuple[list[str], list[float]] | None:
         """Each layer's median time per decode step in the most offloaded split recorded so far."""

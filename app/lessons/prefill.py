@@ -13,6 +13,7 @@ from PySide6.QtCore import Qt
 from app import theme as th
 from app.lesson_view import LessonView, Scene
 from app.store import ExperimentRecord
+from engine import costmodel
 from engine.lessons import prefill
 from engine.lessons.prefill import PrefillResult
 
@@ -94,7 +95,9 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
     if r is None or r.exponent is None:
         return "press R to time prefill for prompts of growing length"
     return (f"prefill time ~ n^{r.exponent_long:.2f} for long prompts; {r.doubled_from:,} → {r.doubled_to:,} "
-            f"tokens took {r.last_doubling_x:.1f}x as long (FLOPs {r.flops_doubling_x:.1f}x, computed)")
+            f"tokens took {r.last_doubling_x:.1f}x as long (FLOPs {r.flops_doubling_x:.1f}x, computed); the course's "
+            f"{costmodel.course_doubling():.1f}x counts attention's n² alone, which a whole model's prompt of this "
+            "length barely reaches: its weights' 2 FLOPs per parameter per token grow only linearly")
 
 
 LESSON = prefill.LESSON

@@ -41,7 +41,14 @@ class SpeculativeView(LessonView):
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setWidget(self.passes_text)
+        self.passes_scroll = scroll
         self.charts_layout.addWidget(scroll, 1)
+
+    def set_compact(self, compact: bool) -> None:
+        """In a scene the chart takes the height: the passes' text keeps three lines (it scrolls)."""
+        super().set_compact(compact)
+        lines = self.passes_text.fontMetrics().lineSpacing() * 3 + 8
+        self.passes_scroll.setMaximumHeight(lines if compact else 16_777_215)
 
     def cell(self, record: ExperimentRecord, point, key: str) -> object:
         if key == "series":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import re
 
+import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -206,3 +207,9 @@ class ChatPanel(QWidget):
             if record.result is not None:
                 self.explain.setText(chat_lesson.explanation(record.result))
         self.plot.getAxis("bottom").setTicks([[(t, str(t)) for t in range(1, max(turns, 1) + 1)]])
+        self.plot.setXRange(0.7, max(turns, 1) + 0.3, padding=0)
+        # From zero: a single point's axis would otherwise span a few microseconds around it (20.4244…20.4252 s)
+        ys = [item.getData()[1] for item in self.plot.listDataItems()]
+        highest = max((float(np.nanmax(y)) for y in ys if y is not None and len(y)), default=None)
+        if highest is not None and highest > 0:
+            self.plot.setYRange(0, highest * 1.15, padding=0)

@@ -14,7 +14,7 @@ repository named in its ``source``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -184,7 +184,10 @@ def build(design: Design, dtype: str) -> Any:
         logging.set_verbosity(level)
 
 
-def measure(design: Design, settings: ArchitecturesSettings, device: Any) -> DesignFigures:
+def measure(design: Design, settings: ArchitecturesSettings, device: Any,
+            cancelled: Callable[[], bool] = lambda: False) -> DesignFigures | None:
+    """The design's layers built and fed; None if ``cancelled()`` before a pass (a stop takes effect within one
+    forward pass)."""
     import torch
 
     from engine import kvcache
@@ -199,10 +202,14 @@ def measure(design: Design, settings: ArchitecturesSettings, device: Any) -> Des
     cache = kvcache.new_cache(model)
     held_by_step = []
     with torch.inference_mode():
+        if cancelled():
+            return None
         out = kvcache.forward(model, ids, cache)
         cache = getattr(out, "cache", None) or cache
         held_by_step.append(kvcache.held_per_layer(cache, n))
         for _ in range(settings.decode_steps):
+            if cancelled():
+                return None
             token = out.logits[:, -1:].argmax(-1)
             out = kvcache.forward(model, token, cache)
             held_by_step.append(kvcache.held_per_layer(cache, n))
@@ -233,7 +240,9 @@ def run(experiment: Experiment, settings: ArchitecturesSettings) -> Architecture
         if experiment.cancelled:
             break
         experiment.progress(i, len(wanted), f"{design.name}: building one layer of each kind it has")
-        figures = measure(design, settings, device)
+        figures = measure(design, settings, device, lambda: experiment.cancelled)
+        if figures is None:
+            break
         measured.append(figures)
         experiment.point("design", index=float(i), measured=figures.kv_bytes_per_token_measured,
                          formula=figures.kv_bytes_per_token_formula, state=figures.state_bytes,

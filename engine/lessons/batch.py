@@ -58,7 +58,7 @@ def run(experiment: Experiment, settings: BatchSettings) -> BatchResult:
             break
         experiment.progress(i, len(sizes), f"batch of {size}: {settings.new_tokens} tokens per request")
         batch = [encoded[j % len(encoded)] for j in range(size)]
-        generate_batch(session.model, batch, 2, pad, session.device)            # warm-up: this shape's kernels
+        generate_batch(session.model, batch, 2, pad, session.device, experiment.cancel)   # warm-up: its kernels
         r = generate_batch(session.model, batch, settings.new_tokens, pad, session.device, experiment.cancel)
         if r.stopped:
             break

@@ -46,7 +46,7 @@ class CacheResult(LessonResult):
 def run(experiment: Experiment, settings: CacheSettings) -> CacheResult:
     session = experiment.session
     prompt = settings.prompt or sample_texts()[0]
-    session.run(prompt, GenerationParams(max_new_tokens=2))                 # warm-up, not measured or shown
+    session.run(prompt, GenerationParams(max_new_tokens=2), cancel=experiment.cancel)   # warm-up, not shown
     results = {}
     for i, kv in enumerate((True, False)):
         experiment.progress(i, 2, f"{settings.new_tokens} tokens with the KV cache {'on' if kv else 'off'}")

@@ -64,7 +64,7 @@ def run(experiment: Experiment, settings: ContinuousSettings) -> ContinuousResul
     encoded = [usable[i % len(usable)] for i in range(settings.requests)]
     lengths = [settings.new_tokens[i % len(settings.new_tokens)] for i in range(settings.requests)]
     steps = len(POLICIES) + int(settings.check_solo)
-    generate_batch(session.model, encoded[:1], 2, 0, session.device)             # warm-up
+    generate_batch(session.model, encoded[:1], 2, 0, session.device, experiment.cancel)   # warm-up
     results = {}
     for p, policy in enumerate(POLICIES):
         experiment.progress(p, steps, f"{settings.requests} requests, {policy} batching")

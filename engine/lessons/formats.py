@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import math
 import statistics
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
@@ -99,7 +100,10 @@ def run(experiment: Experiment, settings: FormatsSettings) -> FormatsResult:
             skipped.append(f"{fmt}: {exc}"[:512])
             experiment.progress(i, len(formats), f"{fmt}: skipped ({exc})")
             continue
-        values, tokens, share = _measure(Session(loaded), settings)
+        measured_here = _measure(Session(loaded), settings, experiment.cancel)
+        if measured_here is None:                           # stopped part-way through this format
+            break
+        values, tokens, share = measured_here
         if share is not None:
             shares.append(share)
         reference = tokens if fmt == "float32" or reference is None else reference
@@ -120,7 +124,10 @@ def run(experiment: Experiment, settings: FormatsSettings) -> FormatsResult:
                          lowest_cpu_share=min(shares) if shares else None)
 
 
-def _measure(session, settings: FormatsSettings) -> tuple[dict, list[int], float | None]:
+def _measure(session, settings: FormatsSettings,
+             cancel: threading.Event) -> tuple[dict, list[int], float | None] | None:
+    """One format's figures; None once ``cancel`` is set (checked before every pass, and by the runs between
+    their steps)."""
     from engine import hardware
 
     facts = session.facts
@@ -128,12 +135,22 @@ def _measure(session, settings: FormatsSettings) -> tuple[dict, list[int], float
     device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
     cost = ModelCost(facts)
     params = GenerationParams(max_new_tokens=settings.new_tokens)
-    session.run(PROMPT, GenerationParams(max_new_tokens=4))                       # warm-up
-    runs = [session.run(PROMPT, params).summary for _ in range(settings.repeats)]
+    session.run(PROMPT, GenerationParams(max_new_tokens=4), cancel=cancel)        # warm-up
+    runs = []
+    for _ in range(settings.repeats):
+        if cancel.is_set():
+            return None
+        runs.append(session.run(PROMPT, params, cancel=cancel).summary)
     ids = filler_ids(session, settings.prefill_tokens)
-    session.timed_prefill(ids)                                                   # warm-up at this length
-    prefill_ms = statistics.median(session.timed_prefill(ids)[0] for _ in range(settings.repeats))
+    timed = []
+    for _ in range(settings.repeats + 1):                                        # the first: a warm-up
+        if cancel.is_set():
+            return None
+        timed.append(session.timed_prefill(ids)[0])
+    prefill_ms = statistics.median(timed[1:])
     step = cost.decode(runs[0].prompt_tokens + settings.new_tokens // 2)
+    if cancel.is_set():
+        return None
     nll = session.negative_log_likelihood(HELD_PARAGRAPH)
     values = {"weight_bytes": float(facts.weight_bytes), "bytes_per_token": step.bytes,
               "decode_tok_s": statistics.median(s.decode_tok_s for s in runs),

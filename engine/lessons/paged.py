@@ -134,7 +134,12 @@ def run(experiment: Experiment, settings: PagedSettings) -> PagedResult:
                              new_tokens=len(r.tokens), ttft_ms=r.first_token_ms - r.arrival_ms,
                              e2e_ms=r.done_ms - r.arrival_ms, queue_ms=r.admitted_ms - r.arrival_ms)
     figures = {**_block_figures(session, runs, peaks, page, prompts), "reserve": settings.reserve}
-    solo = [generate_batch(session.model, [ids], settings.new_tokens, 0, session.device).tokens[0] for ids in prompts]
+    solo = []
+    for ids in prompts:                                  # each alone, for the token check; stopped between passes
+        alone = generate_batch(session.model, [ids], settings.new_tokens, 0, session.device, experiment.cancel)
+        if alone.stopped:
+            return PagedResult(incomplete=True)
+        solo.append(alone.tokens[0])
     figures["tokens_match_solo"] = solo == [r.tokens for r in runs[True]]
     figures.update(_timings("transformers", runs[True]))
     figures["mean_ttft_spread"] = statistics.pstdev(r.first_token_ms - r.arrival_ms for r in runs[True])

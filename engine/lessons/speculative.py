@@ -105,7 +105,7 @@ def run(experiment: Experiment, settings: SpeculativeSettings) -> SpeculativeRes
     session = experiment.session
     ids = session.encode(settings.prompt)
     guesser = _drafter(experiment, settings)
-    decode(session, ids, 4, guesser, settings.draft_tokens)                     # warm-up, not measured
+    decode(session, ids, 4, guesser, settings.draft_tokens, experiment.cancel)  # warm-up, not measured
     runs: dict[str, list] = {"plain": [], "speculative": []}
     shares: list[float] = []
     total = 2 * settings.repeats

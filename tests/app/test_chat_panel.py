@@ -81,3 +81,28 @@ def test_a_replayed_comparison_shows_its_conversation_as_the_transcript(qtbot, w
     assert text.count("You: ") == 2 and "You: tell me more" in text and text.count("Assistant: ") == 2
     reused = [int(line.split("reused ")[1].split(" ")[0]) for line in text.splitlines() if "reused " in line]
     assert reused[0] == 0 and reused[1] > 0                       # turn 2 came from the kept cache
+
+
+def test_the_comparison_draws_each_turn_as_it_is_measured_not_at_the_end(qtbot, tiny):
+    from app.chart import has_data
+    from engine.events import ExperimentPoint
+    from engine.session import Session
+    from tests.app.conftest import close_and_dispose, make_window
+    from tests.lessons import collect
+
+    events, _ = collect("chat", Session(tiny), turns=("hi", "and then?"), new_tokens=4, repeats=1)
+    first = next(i for i, e in enumerate(events) if isinstance(e, ExperimentPoint))
+    w = make_window(qtbot)
+    try:
+        w.lecture.enter("chat")
+        w.controller.begin_replay()
+        w.controller.on_events(events[:first])
+        w.frames.refresh(force=True)
+        assert not [i for i in w.chat.chart.plot.listDataItems() if has_data(i)]
+        w.controller.on_events([events[first]])                  # turn 1, reuse on: measured
+        w.frames.refresh(force=True)
+        drawn = [i for i in w.chat.chart.plot.listDataItems() if has_data(i)]
+        assert drawn and w.chat.chart.legend_names() == ["reuse on (measured, median of repeats)"]
+        assert "running: 0 of 4" in w.scene_view.claim()
+    finally:
+        close_and_dispose(w)

@@ -29,11 +29,19 @@ TAB = {"server load": {"requests": 20, "every_s": 2.0},       # a load test is p
 @pytest.fixture
 def slowed(monkeypatch):
     """Every forward pass (and every paged step) takes 30 ms longer: whatever a lesson does, it is still at it
-    when the stop key comes."""
+    when the stop key comes. Yields the start times of the passes, to count those begun after the stop."""
     forward = kvcache.forward
     snapshot = paged._snapshot
-    monkeypatch.setattr(kvcache, "forward", lambda *a, **k: (time.sleep(0.03), forward(*a, **k))[1])
+    started: list[float] = []
+
+    def slow_forward(*args, **kwargs):
+        started.append(time.monotonic())
+        time.sleep(0.03)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(kvcache, "forward", slow_forward)
     monkeypatch.setattr(paged, "_snapshot", lambda *a, **k: (time.sleep(0.03), snapshot(*a, **k))[1])
+    return started
 
 
 def scene_and_key(kind: str) -> tuple[str, str] | None:
@@ -80,8 +88,13 @@ def test_each_lesson_starts_with_its_tabs_settings_and_the_stop_key_stops_it_par
                             or bool(window.scene_view.notice))
             assert not window.banner.isVisible() and not window.scene_view.notice, \
                 (window.banner.label.text(), window.scene_view.notice)
+            begun = len(slowed)
+            qtbot.waitUntil(lambda: len(slowed) > begun or remote, timeout=30_000)   # inside its passes now
+            pressed = time.monotonic()
             press(qtbot, window, "Ctrl+.")
             wait_idle(qtbot, window)
+            after = [t for t in slowed if t > pressed]
+            assert len(after) <= 1, f"{len(after)} forward passes began after the stop key"
             record = window.store.latest_experiment(kind)
             for name, value in wanted.items():
                 assert getattr(record.settings, name) == value, name

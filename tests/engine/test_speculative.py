@@ -29,7 +29,7 @@ class Oracle:
     def __init__(self, answer: list[int], prompt_len: int, truthful: bool) -> None:
         self.answer, self.prompt_len, self.truthful = answer, prompt_len, truthful
 
-    def propose(self, ids: list[int], k: int) -> list[int]:
+    def propose(self, ids: list[int], k: int, cancel=None) -> list[int]:
         done = len(ids) - self.prompt_len
         right = self.answer[done:done + k]
         return right if self.truthful else [(t + 1) % 500 for t in right]
