@@ -331,8 +331,8 @@ class Controller:
             return
         if style.group == EXPERIMENT:
             owner = self.store.experiment(event.experiment)
-            if owner is not None and owner.kind in self.state.followed_lessons:
-                self.state.select(event.run_id, f"{owner.kind} sweep")     # the heatmap beside it fills
+            if owner is not None and owner.kind in self.state.followed_lessons and self.state.scene is None:
+                self.state.select(event.run_id, f"{owner.kind} sweep")     # the heatmap fills as it runs
             return
         self.surface.clear_banner()                  # a new run started: an earlier failure's words are stale
         if style.group == CHAT:

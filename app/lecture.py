@@ -146,10 +146,18 @@ class Lecture:
         if run_id is not None and run_id != self.state.selected:
             self.state.select(run_id, "the scene's run")
 
-    def _run_changed(self, kind: str, _run) -> None:
+    def _run_changed(self, kind: str, run) -> None:
         """A replay's run that ended hands the scene back to the scene's own run: traces replayed one after the
-        other must not leave scene 1 on the attention run that came last."""
-        if kind == "ended" and self.controller.replaying and self.active and self.state.scene is not None:
+        other must not leave scene 1 on the attention run that came last. A run that the scene's own lesson
+        makes, and shows as it runs (the depth sweep beside its heatmap), is selected when it starts."""
+        if not self.active or self.state.scene is None:
+            return
+        lesson = scene_lesson(self.state.scene)
+        if kind == "started" and lesson in self.state.followed_lessons:
+            record = self.store.latest_experiment(lesson)
+            if record is not None and run.run_id in record.run_ids:
+                self.state.select(run.run_id, f"{lesson} sweep")
+        elif kind == "ended" and self.controller.replaying:
             self._select_scene_run(self.state.scene)
 
     def _state_changed(self, names: set[str]) -> None:

@@ -189,7 +189,7 @@ class MainWindow(QMainWindow):
     def _scene_arrangements(self) -> dict[str, list[tuple[QWidget, int]]]:
         """Which panels each scene borrows (a lesson's scene: its view, and the view of a lesson that joins it)."""
         views = self.experiments.views
-        out = {"prefill": [(self.tokens, 4), (self.timing.timeline, 5)], "kv": [(self.kv, 1)],
+        out = {"prefill": [(self.tokens, 3), (self.timing.timeline, 6)], "kv": [(self.kv, 1)],
                "sampling": [(self.sampling, 1)], "chat": [(self.chat, 1)],
                "attention": [(self.tokens, 1), (self.attention, 2)]}
         panels = {"kv": self.kv}
@@ -202,10 +202,12 @@ class MainWindow(QMainWindow):
         return out
 
     def _enter_scene(self, name: str) -> None:
+        self.tokens.set_legend_wrap(name != "prefill")          # the full width there, over the timeline
         lesson = BY_NAME[name].lesson if name in BY_NAME else None
         self._set_scene_mode(True, whole_window=lesson is not None and "kv" in app_lessons.beside(lesson))
 
     def _leave_scene(self, _name: str) -> None:
+        self.tokens.set_legend_wrap(True)
         self._set_scene_mode(False, whole_window=False)
 
     def _set_scene_mode(self, scene: bool, whole_window: bool) -> None:

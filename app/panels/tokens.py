@@ -15,7 +15,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QTextEdit, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QTextEdit, QVBoxLayout, QWidget
 
 from app import theme as th
 from app.phase import run_line
@@ -243,6 +243,14 @@ class TokensPanel(QWidget):
         for widget in (*self._controls, self.detail):
             widget.setVisible(visible)
         self.run_line.setVisible(visible and bool(self.run_line.text()))
+        vertical = QSizePolicy.Policy.Preferred if visible else QSizePolicy.Policy.Ignored
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, vertical)
+
+    def set_legend_wrap(self, wrap: bool) -> None:
+        """A wrapping legend makes the panel's height depend on its width, which a layout honours over its
+        stretch: stacked over the timeline in a scene (a whole screen wide, where the legend fits one line), it
+        does not wrap, so the timeline gets its share of the height."""
+        self.legend.setWordWrap(wrap)
 
     def _forget_detail(self) -> None:
         self._pinned = None

@@ -83,9 +83,15 @@ def test_every_view_says_only_what_is_known_in_every_phase_of_a_live_run(qtbot, 
     assert w.timing.timeline.empty_message is None              # the prefill's bar grows there, with its clock
     items = w.timing._items[w.state.selected]
     assert items.prefill_words.isVisible() and "prompt tokens in one pass" in items.prefill_words.toPlainText()
-    before = items.prefill_bar.opts["width"][0]
-    qtbot.wait(500)                                             # no event arrives meanwhile: the clock moves it
-    assert items.prefill_bar.opts["width"][0] > before + 300
+    run = w.store.current
+    now = run.clock()
+    widths = []
+    for later in (1.0, 1.5):                                    # a second on, then half a second more, no event
+        run.clock = lambda later=later: now + later
+        w.timing.refresh()
+        widths.append(items.prefill_bar.opts["width"][0])
+    assert widths[1] - widths[0] == pytest.approx(500, abs=1)
+    run.clock = w.store.clock
     wait_idle(qtbot, w)
     w.client.worker.session.fault_hook = None
 
