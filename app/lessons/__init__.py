@@ -24,6 +24,7 @@ from app.lessons import (
     continuous,
     depth,
     formats,
+    kv_compression,
     offload,
     paged,
     prefill,
@@ -32,7 +33,7 @@ from app.lessons import (
 )
 
 LESSONS: tuple[ModuleType, ...] = (prefill, cache, batch, continuous, chat, formats, speculative, paged, server_load,
-                                   architectures, offload, depth)
+                                   architectures, offload, depth, kv_compression)
 BY_KIND: dict[str, ModuleType] = {module.LESSON.kind: module for module in LESSONS}
 
 

@@ -20,6 +20,7 @@ from engine.lessons import (
     continuous,
     depth,
     formats,
+    kv_compression,
     offload,
     paged,
     prefill,
@@ -29,7 +30,8 @@ from engine.lessons import (
 
 LESSONS: tuple[Lesson, ...] = (prefill.LESSON, cache.LESSON, batch.LESSON, continuous.LESSON, chat.LESSON,
                                formats.LESSON, speculative.LESSON, paged.LESSON, server_load.LESSON,
-                               architectures.LESSON, offload.LESSON, depth.LESSON)
+                               architectures.LESSON, offload.LESSON, depth.LESSON,
+                               kv_compression.LESSON)
 BY_KIND: dict[str, Lesson] = {lesson.kind: lesson for lesson in LESSONS}
 
 

@@ -35,7 +35,9 @@ SCENE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv]
                                             w.experiments.views["architectures"].contexts_chart],
                 "offload": lambda w: [w.experiments.views["offload"].chart,
                                       w.experiments.views["offload"].layers_chart],
-                "serving": lambda w: [w.experiments.views["server load"].tree_chart]}
+                "serving": lambda w: [w.experiments.views["server load"].tree_chart],
+                "compression": lambda w: [w.experiments.views["kv-compression"].chart,
+                                          w.experiments.views["kv-compression"].steps_chart]}
 
 
 @pytest.mark.parametrize("size", list(MIN_PLOT))
@@ -53,7 +55,7 @@ def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, 
             for chart in SCENE_CHARTS[scene](w):
                 width, height = plot_size(chart)
                 low_w, low_h = MIN_PLOT[size]
-                side_by_side = scene in ("batch", "architectures", "offload", "memory")            # two charts in a row
+                side_by_side = scene in ("batch", "architectures", "offload", "memory", "compression")   # two in a row
                 min_w = low_w / 2 if side_by_side else low_w
                 assert width >= min_w and height >= low_h, (scene, size, width, height)
                 layout = getattr(chart, "ci", None)                     # a chart's items fit inside its widget
