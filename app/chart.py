@@ -27,6 +27,10 @@ class Chart(TimedGraphics):
         self.theme = th.current_theme(False)
         self.empty_text = pg.TextItem(anchor=(0.5, 0.5))
         self.empty_message: str | None = None
+        self.point_labels: list[tuple[pg.TextItem, float, float]] = []     # (label, x, y in view coordinates)
+        self.label_gap = 9.0
+        self.plot.getViewBox().sigRangeChanged.connect(self.place_point_labels)
+        self.plot.getViewBox().sigResized.connect(self.place_point_labels)
 
     def style(self, theme: th.Theme, x: str, x_unit: str | None, y: str, y_unit: str | None) -> None:
         self.theme = theme
@@ -47,6 +51,33 @@ class Chart(TimedGraphics):
             self.fit_legend()
         return item
 
+    def label_point(self, text: str, x: float, y: float, marker: float = 14.0) -> pg.TextItem:
+        """A name beside a point, on the side where it hides no other label or point (re-placed when the view
+        moves or resizes: overlap is a question of pixels, not of data)."""
+        label = pg.TextItem(text, color=self.theme.foreground)
+        label.setFont(self.theme.axis_font)
+        label.setPos(x, y)
+        self.plot.addItem(label, ignoreBounds=True)
+        self.point_labels.append((label, x, y))
+        self.label_gap = marker / 2 + 2
+        self.place_point_labels()
+        return label
+
+    def place_point_labels(self, *_args: object) -> None:
+        labels = getattr(self, "point_labels", None)       # (also called while the widget is made)
+        if not labels:
+            return
+        box = self.plot.getViewBox()
+        points = [box.mapViewToScene(pg.Point(x, y)) for _label, x, y in labels]
+        pad = labels[0][0].textItem.document().documentMargin()     # the text's box is inside its padding
+        full = [(label.textItem.boundingRect().width(), label.textItem.boundingRect().height())
+                for label, _x, _y in labels]
+        area = box.sceneBoundingRect()
+        offsets = label_offsets([(p.x(), p.y()) for p in points], [(w - 2 * pad, h - 2 * pad) for w, h in full],
+                                self.label_gap, (area.left(), area.top(), area.right(), area.bottom()))
+        for (label, _x, _y), (w, h), (dx, dy) in zip(labels, full, offsets):
+            label.setAnchor(((pad - dx) / w, (pad - dy) / h))
+
     def remove(self, item: pg.GraphicsObject) -> None:
         self.plot.removeItem(item)
         if self.legend is not None:
@@ -55,6 +86,7 @@ class Chart(TimedGraphics):
     def clear_data(self) -> None:
         """Everything off the plot and out of the legend (not ``clear``: the layout widget owns that name)."""
         self.plot.clear()
+        self.point_labels = []
         if self.legend is not None:
             self.legend.clear()
         if self.empty_message is not None:               # plot.clear() took the words off too
@@ -126,6 +158,38 @@ class Chart(TimedGraphics):
 
     def legend_names(self) -> list[str]:
         return [label.text for _sample, label in self.legend.items] if self.legend is not None else []
+
+
+def label_offsets(points: list[tuple[float, float]], sizes: list[tuple[float, float]], gap: float,
+                  bounds: tuple[float, float, float, float] | None = None) -> list[tuple[float, float]]:
+    """For each point (in pixels, y down) where its label's box goes (its top-left corner from the point): of
+    right, left, above, below and the four corners, the first side whose box overlaps no label placed before
+    it, no point (a marker ``gap`` around it) and stays inside ``bounds`` (left, top, right, bottom); where every
+    side fails, the side that fails least."""
+    def box(point: tuple[float, float], size: tuple[float, float], side: int) -> tuple[float, float, float, float]:
+        (x, y), (w, h) = point, size
+        left, middle, right = (x - gap - w, x + gap), (x - w / 2, x + w / 2), (x + gap, x + gap + w)
+        above, level, below = (y - gap - h, y - gap), (y - h / 2, y + h / 2), (y + gap, y + gap + h)
+        (x0, x1), (y0, y1) = [(right, level), (left, level), (middle, above), (middle, below),
+                              (right, above), (right, below), (left, above), (left, below)][side]
+        return x0, y0, x1, y1
+
+    def overlap(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+        return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+
+    markers = [(x - gap, y - gap, x + gap, y + gap) for x, y in points]
+    placed: list[tuple[float, float, float, float]] = []
+    anchors = []
+    for point, size in zip(points, sizes):
+        w, h = max(size[0], 1.0), max(size[1], 1.0)
+        boxes = [box(point, (w, h), side) for side in range(8)]
+        costs = [sum(overlap(b, other) for other in placed + markers)
+                 + (w * h - overlap(b, bounds) if bounds is not None else 0.0) for b in boxes]
+        side = min(range(8), key=lambda s: (costs[s] > 0, costs[s], s))
+        placed.append(boxes[side])
+        x0, y0, _x1, _y1 = boxes[side]
+        anchors.append((x0 - point[0], y0 - point[1]))
+    return anchors
 
 
 def has_data(item: pg.GraphicsObject) -> bool:

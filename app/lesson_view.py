@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any, ClassVar
 
-import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
@@ -380,10 +379,8 @@ def busy_badge(result: LessonResult | None) -> str:
     return " · measured on a busy machine" if result is not None and busy(result.lowest_cpu_share) else ""
 
 
-def add_labels(chart: Chart, theme: th.Theme, points: list[tuple[float, float, str]]) -> None:
-    """Short labels beside points (``B=4``), in the theme's font."""
+def add_labels(chart: Chart, points: list[tuple[float, float, str]]) -> None:
+    """Short labels beside points (``B=4``), each on a side where it covers no other label or point and stays
+    inside the plot."""
     for x, y, text in points:
-        label = pg.TextItem(text, color=theme.foreground, anchor=(0, 1))
-        label.setFont(theme.axis_font)
-        label.setPos(x, y)
-        chart.add(label)
+        chart.label_point(text, x, y, marker=8.0)

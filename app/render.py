@@ -169,6 +169,7 @@ class Renderer:
         self.clock = VirtualClock()
         self.frames = self.total = 0
         self._note = ""
+        self._stills = 0
 
     def render(self, scenes: Sequence[LectureScene]) -> RenderReport:
         from engine.trace import read_traces
@@ -246,7 +247,8 @@ class Renderer:
         if self.stills_dir is None:
             return []
         self.stills_dir.mkdir(parents=True, exist_ok=True)
-        still = self.stills_dir / f"{len(list(self.stills_dir.glob('*.png'))) + 1:02d}-{scene}.png"
+        self._stills += 1
+        still = self.stills_dir / f"{self._stills:02d}-{scene}.png"            # the lecture's order, overwritten
         self._grab().save(str(still))
         return [still]
 
@@ -271,16 +273,17 @@ class Renderer:
 
 
 def _say(image: QImage, note: str) -> None:
-    """A fast-forward said on the frame: a band at the top right, in the lecture's type."""
+    """A fast-forward said on the frame: a band at the bottom right (the caption is at the top, the footer's keys
+    at the left), in the lecture's type."""
     painter = QPainter(image)
     font = QFont()
     font.setPixelSize(max(14, image.height() // 40))
     font.setBold(True)
     painter.setFont(font)
     metrics = painter.fontMetrics()
-    text = f"⏩ {note}"
+    text = f">> {note}"
     width, height = metrics.horizontalAdvance(text) + 24, metrics.height() + 12
-    box = QRect(image.width() - width - 12, 12, width, height)
+    box = QRect(image.width() - width - 12, image.height() - height - 12, width, height)
     painter.fillRect(box, QColor(th.FORMULA))
     painter.setPen(QColor("#FFFFFF"))
     painter.drawText(box, Qt.AlignmentFlag.AlignCenter, text)

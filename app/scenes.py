@@ -326,7 +326,7 @@ class SceneView(QWidget):
         settings = re.sub(r"\b([TPKM]) ", r"<b>\1</b> ", settings)
         notice = f" · <b>{escape(self.notice)}</b>" if self.notice else ""
         return (f"{keys} · <b>R</b> {escape(scene.action)}{extra} · Ctrl+. stop · B blank · Esc back<br>"
-                f"{settings} · ←/→ tokens{notice}")
+                f"next run: {settings} · ←/→ tokens{notice}")
 
 
     def _keys_text(self, scene) -> str:

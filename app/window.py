@@ -190,7 +190,7 @@ class MainWindow(QMainWindow):
         """Which panels each scene borrows (a lesson's scene: its view, and the view of a lesson that joins it)."""
         views = self.experiments.views
         out = {"prefill": [(self.tokens, 3), (self.timing.timeline, 6)], "kv": [(self.kv, 1)],
-               "sampling": [(self.sampling, 1)], "chat": [(self.chat, 1)],
+               "sampling": [(self.sampling.chart, 1)], "chat": [(self.chat, 1)],
                "attention": [(self.tokens, 1), (self.attention, 2)]}
         panels = {"kv": self.kv}
         for scene in SCENES:

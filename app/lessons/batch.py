@@ -25,7 +25,7 @@ class BatchView(LessonView):
             return
         self.chart.add(pg.PlotDataItem(x, y, pen=pg.mkPen(th.DECODE, width=self.theme.line_width * 1.5), symbol="o",
                                        symbolBrush=th.DECODE), "batch sizes (measured)")
-        add_labels(self.chart, self.theme, [(xi, yi, f"B={int(b)}") for xi, yi, b in
+        add_labels(self.chart, [(xi, yi, f"B={int(b)}") for xi, yi, b in
                                             zip(x, y, record.series("batch", "batch"))])
 
     def explanation(self, record: ExperimentRecord) -> str:

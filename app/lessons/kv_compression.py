@@ -87,26 +87,20 @@ class CompressionView(LessonView):
         reference = next((m for m in methods if names[int(m["index"])] == "full"), None)
         others = [m for m in methods if names[int(m["index"])] != "full"]
         if reference is not None:                 # KL 0 has no place on a log axis: a line at its bytes
-            top = max([m["kl_mean"] for m in others] + [KL_FLOOR * 10]) * 2
+            kls = [max(m["kl_mean"], KL_FLOOR) for m in others] or [KL_FLOOR * 10]
             x = reference["bytes"] / 2**20
-            self.chart.add(pg.PlotDataItem([x, x], [KL_FLOOR, top], pen=pg.mkPen(
-                th.FORMULA, width=self.theme.line_width, style=Qt.PenStyle.DashLine)),
-                f"full precision: {kvformula.format_bytes(int(reference['bytes']))} (KL 0)")
+            self.chart.add(pg.PlotDataItem([x, x], [min(kls) / 10, max(kls) * 10], pen=pg.mkPen(
+                th.FORMULA, width=self.theme.line_width, style=Qt.PenStyle.DashLine)))
+            self.chart.label_point(f"full precision: {kvformula.format_bytes(int(reference['bytes']))} (KL 0)", x,
+                                   float(np.log10(max(kls) * 10)), marker=0)
         for m in others:                          # PlotDataItems: they follow the log axis (a scatter does not)
             name = names[int(m["index"])]
             self.chart.add(pg.PlotDataItem([m["bytes"] / 2**20], [max(m["kl_mean"], KL_FLOOR)], pen=None,
                                            symbol="o", symbolSize=14, symbolBrush=colour(name, names),
                                            symbolPen=None))
-        placed: list[tuple[float, float]] = []
-        for m in sorted(others, key=lambda m: (m["bytes"], m["kl_mean"])):
-            x, y = m["bytes"] / 2**20, np.log10(max(m["kl_mean"], KL_FLOOR))     # labels sit in view coordinates
-            near = sum(1 for px, py in placed if abs(px - x) < 0.3 and abs(py - y) < 0.6)
-            placed.append((x, y))
-            label = pg.TextItem(short(names[int(m["index"])]), color=self.theme.foreground,
-                                anchor=(0, 1) if near % 2 == 0 else (0, 0))
-            label.setFont(self.theme.axis_font)
-            label.setPos(x, y)
-            self.chart.add(label)
+        for m in others:                          # labels sit in view coordinates: log10 on a log axis
+            self.chart.label_point(short(names[int(m["index"])]), m["bytes"] / 2**20,
+                                   float(np.log10(max(m["kl_mean"], KL_FLOOR))))
         self._draw_steps(record, names)
         self._draw_channels(record)
         result = record.result if isinstance(record.result, CompressionResult) else None
@@ -143,17 +137,22 @@ class CompressionView(LessonView):
         if not shown:
             return
         width = max(len(m.full_share) for m in shown)
-        grid = np.zeros((len(shown), width), dtype=np.float32)
-        for row, m in enumerate(shown):
+        rows: dict[bytes, tuple[np.ndarray, list[str]]] = {}      # caches that hold the same positions: one row
+        for m in shown:
             full, quantized = np.array(m.full_share), np.array(m.quantized_share or [0.0] * len(m.full_share))
-            grid[row, : len(full)] = np.where(full >= 0.5, 2, np.where(quantized >= 0.5, 1, 0))
+            row = np.zeros(width, dtype=np.float32)
+            row[: len(full)] = np.where(full >= 0.5, 2, np.where(quantized >= 0.5, 1, 0))
+            rows.setdefault(row.tobytes(), (row, []))[1].append(short(m.name))
+        grid = np.stack([row for row, _names in rows.values()])
+        labels = [", ".join(names) for _row, names in rows.values()]
         self.kept_image.setImage(grid, autoLevels=False)
         self.kept_chart.add(self.kept_image)
         for state in (2, 1, 0):                   # the key: empty bars inside the rows, named in the legend
             self.kept_chart.add(pg.BarGraphItem(x0=[0], y=[0.5], width=[0], height=[0], brush=KEPT_COLOURS[state],
                                                 pen=None), KEPT_WORDS[state])
-        self.kept_chart.plot.getAxis("left").setTicks([[(i + 0.5, short(m.name)) for i, m in enumerate(shown)]])
-        self.kept_chart.plot.setYRange(0, len(shown), padding=0)
+        self.kept_chart.plot.getAxis("left").setStyle(textFillLimits=[(0, 1.0)])    # a name on every row
+        self.kept_chart.plot.getAxis("left").setTicks([[(i + 0.5, text) for i, text in enumerate(labels)]])
+        self.kept_chart.plot.setYRange(0, len(labels), padding=0)
         self.kept_chart.plot.setXRange(0, width, padding=0)
 
     def explanation(self, record: ExperimentRecord) -> str:
@@ -191,8 +190,8 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
     said = []
     for m in (best(r, evicted=False), best(r, evicted=True)):
         if m is not None:
-            said.append(f"{m.words}: {1 / m.ratio:.0%} of the bytes, KL {m.kl_mean:.3f} nats per token, top token "
-                        f"kept {m.agreement:.0%} of steps")
+            said.append(f"{short(m.name)}: {1 / m.ratio:.0%} of the bytes, KL {m.kl_mean:.3f} nats per token, top "
+                        f"token kept {m.agreement:.0%} of steps")
     return "; ".join(said) + " (measured)"
 
 

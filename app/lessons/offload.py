@@ -10,7 +10,7 @@ import pyqtgraph as pg
 
 from app import theme as th
 from app.chart import Chart
-from app.lesson_view import LessonView, Scene, add_labels
+from app.lesson_view import LessonView, Scene
 from app.store import ExperimentRecord
 from engine import kvformula
 from engine.lessons import offload
@@ -54,8 +54,11 @@ class OffloadView(LessonView):
         if predicted:
             self.chart.add(pg.BarGraphItem(x=[v + width / 2 for v, _ in predicted], height=[h for _, h in predicted],
                                            width=width, brush=th.FORMULA, pen=None), "predicted (computed)")
-        add_labels(self.chart, self.theme, [(v - width, p["decode_tok_s"], f"{p['decode_tok_s']:,.0f}")
-                                            for v, p in zip(x, points)])
+        for v, p in zip(x, points):                # each measured bar's figure on top of it
+            label = pg.TextItem(f"{p['decode_tok_s']:,.0f}", color=self.theme.foreground, anchor=(0.5, 1))
+            label.setFont(self.theme.axis_font)
+            label.setPos(v - width / 2, p["decode_tok_s"])
+            self.chart.add(label)
         self.plot.getAxis("bottom").setTicks([[(v, f"{v:,.0f}") for v in x], []])
         times = self._layer_times(record)
         if times:

@@ -75,6 +75,7 @@ class SamplingPanel(QWidget):
         self.chart.style(theme, "probability", None, "candidate token", None)
         self.plot.setXRange(0, 1.1, padding=0)
         self.plot.getAxis("left").setStyle(hideOverlappingLabels=False)
+        self.cut_line.label.setFont(theme.axis_font)
         self._shown = None
         self.refresh()
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from engine import kvformula
+from engine import kv_methods, kvformula
 from engine.contention import busy_note
 from engine.errors import ParameterError
 from engine.events import ExperimentPoint, LessonResult, LessonSettings
@@ -46,12 +46,10 @@ class CompressionSettings(LessonSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        from engine.kv_compress import parse_method
-
         if not self.methods:
             raise ParameterError("methods must name at least one cache")
         for name in self.methods:
-            parse_method(name)
+            kv_methods.parse_method(name)
 
 
 @dataclass(frozen=True)
@@ -148,13 +146,13 @@ def run(experiment: Experiment, settings: CompressionSettings) -> CompressionRes
     session = experiment.session
     prompt = session.encode(settings.prompt or default_prompt(), chat_template=False)
     steps = settings.new_tokens
-    methods = [kv_compress.parse_method(name) for name in settings.methods]
+    methods = [kv_methods.parse_method(name) for name in settings.methods]
     total = len(methods) + 1
     experiment.progress(0, total, f"the reference: {len(prompt):,} prompt tokens, then {steps} greedy tokens")
     meter = LoadMeter()
     meter.start()
     with torch.inference_mode():
-        reference = _Pass(session, kv_compress.parse_method("full"))
+        reference = _Pass(session, kv_methods.parse_method("full"))
         logits = reference.feed(prompt)
         tokens, ref_logp = [], []
         for _ in range(steps):
@@ -181,7 +179,7 @@ def run(experiment: Experiment, settings: CompressionSettings) -> CompressionRes
         for i, method in enumerate(methods):
             if experiment.cancelled:
                 break
-            why = kv_compress.available(method)
+            why = kv_methods.available(method)
             if why is not None:
                 skipped.append(why)
                 experiment.point("skipped", index=i)

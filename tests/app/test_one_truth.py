@@ -182,6 +182,7 @@ def test_a_replayed_run_takes_no_ceiling_from_this_machines_peaks(qtbot, window,
 
     here = HardwarePeaks("this CPU", "float32", flops_per_s=2e12, bytes_per_s=5e11, cpu_share=0.97)
     window.store.peaks = here
+    window.controller.replay_speed = 0.0
     window.files.open_trace(str(lecture_trace))
     wait_idle(qtbot, window)
     replayed = next(r for r in window.store.runs if not r.started.experiment)

@@ -146,10 +146,10 @@ def test_a_wait_longer_than_the_limit_is_fast_forwarded_and_the_frames_say_so(qt
                     width=640, height=360, fps=5, max_wait_s=2.0, hold_s=0.5)
     frames = decoded(report.path)
     assert len(frames) == round((2.0 + (TOKENS - 1) * 0.1 + 0.5) * 5)
-    band = frames[5][14:20, -60:-20].reshape(-1, 3)          # the note's band, top right, during the wait
+    band = frames[5][-20:-14, -60:-20].reshape(-1, 3)        # the note's band, bottom right, during the wait
     grey = np.array([int(th.FORMULA[i:i + 2], 16) for i in (1, 3, 5)])
     assert (np.abs(band.astype(int) - grey).max(axis=1) < 40).mean() > 0.5
-    assert not (np.abs(frames[-1][14:20, -60:-20].reshape(-1, 3).astype(int) - grey).max(axis=1) < 40).mean() > 0.5
+    assert not (np.abs(frames[-1][-20:-14, -60:-20].reshape(-1, 3).astype(int) - grey).max(axis=1) < 40).mean() > 0.5
 
 
 def test_a_cancelled_render_leaves_no_file(qtbot, tmp_path, run_events):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import kv_compress, kvformula
+from engine import kv_compress, kv_methods, kvformula
 from engine.errors import ParameterError
 from engine.lessons import kv_compression
 from engine.lessons.kv_compression import CompressionSettings
@@ -69,7 +69,7 @@ def test_eviction_keeps_the_sinks_and_the_recent_window_and_drops_the_rest(lab):
 
 def test_h2o_keeps_the_positions_that_received_the_most_attention(tiny):
     facts = Session(tiny).facts
-    method = kv_compress.parse_method("h2o:12")
+    method = kv_methods.parse_method("h2o:12")
     evictor = kv_compress.Evictor(method, facts.num_layers)
     cache = kv_compress.new_cache(tiny.model, method)
     ids = torch.arange(5, 25)[None]
@@ -87,18 +87,18 @@ def test_h2o_keeps_the_positions_that_received_the_most_attention(tiny):
 
 
 def test_methods_are_named_or_refused_in_words():
-    assert kv_compress.parse_method("sinks:4+60").budget == 64
-    assert kv_compress.parse_method("h2o:64").words.startswith("H2O: 64 positions")
+    assert kv_methods.parse_method("sinks:4+60").budget == 64
+    assert kv_methods.parse_method("h2o:64").words == "H2O: 64 (4 sinks, 30 most attended, 30 recent)"
     for bad in ("sinks:4", "h2o:3", "int3", "sinks:4,0", "sinks:4+0"):
         with pytest.raises(ParameterError, match="Unknown KV cache method"):
-            kv_compress.parse_method(bad)
+            kv_methods.parse_method(bad)
     with pytest.raises(ParameterError, match="Unknown KV cache method 'zip'"):
         CompressionSettings(methods=("full", "zip"))
 
 
 def test_a_backend_that_is_not_installed_is_skipped_and_said(tiny, monkeypatch):
-    real = kv_compress.importlib.util.find_spec
-    monkeypatch.setattr(kv_compress.importlib.util, "find_spec",
+    real = kv_methods.importlib.util.find_spec
+    monkeypatch.setattr(kv_methods.importlib.util, "find_spec",
                         lambda name: None if name in ("optimum", "hqq") else real(name))
     _, finished = collect("kv-compression", tiny, prompt=PROMPT, new_tokens=3, methods=("full", "quanto4", "hqq4"))
     r = finished.result
@@ -109,9 +109,9 @@ def test_a_backend_that_is_not_installed_is_skipped_and_said(tiny, monkeypatch):
 
 @pytest.mark.parametrize("name", ["quanto4", "quanto2", "hqq4"])
 def test_group_wise_backends_count_packed_bytes_and_scales_with_the_full_precision_residual(tiny, name):
-    method = kv_compress.parse_method(name)
-    if kv_compress.available(method):
-        pytest.skip(kv_compress.available(method))
+    method = kv_methods.parse_method(name)
+    if kv_methods.available(method):
+        pytest.skip(kv_methods.available(method))
     facts = Session(tiny).facts
     cache = kv_compress.new_cache(tiny.model, method)
     with torch.inference_mode():
