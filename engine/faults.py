@@ -20,6 +20,8 @@ FaultHook = Callable[[str, int], None]
 def parse(spec: str) -> FaultHook | None:
     faults: dict[tuple[str, int], str] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
+        if item.startswith("handover:"):               # the disaggregation lesson's worker reads these
+            continue
         try:
             phase, step, action = item.split(":", 2)
             key = (phase, int(step))
@@ -39,6 +41,32 @@ def parse(spec: str) -> FaultHook | None:
             raise RuntimeError(f"injected failure at {phase} step {step}")
         if action and action.startswith("sleep="):
             time.sleep(float(action.split("=", 1)[1]))
+
+    return hook
+
+
+def handover_hook() -> Callable[[int], str | None] | None:
+    """The disaggregation lesson's prefill worker: ``handover:N:exit`` (the worker dies half-way through request
+    N's bytes), ``handover:N:oom`` (no free memory for them) or ``handover:N:sleep=S`` (silent S seconds before
+    sending them), from ``KVSCOPE_FAULTS``."""
+    actions: dict[int, str] = {}
+    for item in filter(None, (part.strip() for part in os.environ.get("KVSCOPE_FAULTS", "").split(","))):
+        phase, _, rest = item.partition(":")
+        if phase != "handover":
+            continue
+        step, _, action = rest.partition(":")
+        if not step.isdigit() or not (action in ("exit", "oom") or action.startswith("sleep=")):
+            raise ParameterError(f"KVSCOPE_FAULTS: {item!r}: handover:N:exit, handover:N:oom or handover:N:sleep=S")
+        actions[int(step)] = action
+    if not actions:
+        return None
+
+    def hook(index: int) -> str | None:
+        action = actions.get(index)
+        if action and action.startswith("sleep="):
+            time.sleep(float(action.split("=", 1)[1]))
+            return None
+        return action
 
     return hook
 

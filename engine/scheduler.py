@@ -59,7 +59,12 @@ class BatchedDecoder:
         cache = kvcache.new_cache(self.model)
         with torch.inference_mode():
             out = kvcache.forward(self.model, ids, cache)
-        request.tokens.append(int(out.logits[0, -1].argmax()))
+        self.join(request, cache, int(out.logits[0, -1].argmax()))
+
+    def join(self, request: Request, cache: Any, first_token: int) -> None:
+        """Stack ``request``'s prefilled cache under the batch's, its first token taken (prefilled here, or by
+        another worker and handed over)."""
+        request.tokens.append(first_token)
         n = len(request.ids)
         mask = torch.ones((1, n), dtype=torch.long, device=self.device)
         if self.cache is None:

@@ -23,6 +23,7 @@ from app.lessons import (
     chat,
     continuous,
     depth,
+    disaggregation,
     formats,
     kv_compression,
     offload,
@@ -33,7 +34,7 @@ from app.lessons import (
 )
 
 LESSONS: tuple[ModuleType, ...] = (prefill, cache, batch, continuous, chat, formats, speculative, paged, server_load,
-                                   architectures, offload, depth, kv_compression)
+                                   architectures, offload, depth, kv_compression, disaggregation)
 BY_KIND: dict[str, ModuleType] = {module.LESSON.kind: module for module in LESSONS}
 
 

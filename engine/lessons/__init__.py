@@ -19,6 +19,7 @@ from engine.lessons import (
     chat,
     continuous,
     depth,
+    disaggregation,
     formats,
     kv_compression,
     offload,
@@ -31,7 +32,7 @@ from engine.lessons import (
 LESSONS: tuple[Lesson, ...] = (prefill.LESSON, cache.LESSON, batch.LESSON, continuous.LESSON, chat.LESSON,
                                formats.LESSON, speculative.LESSON, paged.LESSON, server_load.LESSON,
                                architectures.LESSON, offload.LESSON, depth.LESSON,
-                               kv_compression.LESSON)
+                               kv_compression.LESSON, disaggregation.LESSON)
 BY_KIND: dict[str, Lesson] = {lesson.kind: lesson for lesson in LESSONS}
 
 

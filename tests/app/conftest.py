@@ -68,8 +68,8 @@ def run_and_wait(qtbot, window, timeout: int = 60_000):
 
 @pytest.fixture(scope="session")
 def lecture_trace(tiny, tmp_path_factory):
-    """One trace with what every scene draws: a run, and the cache, prefill, batch, continuous, chat,
-    depth and KV compression experiments (on the tiny model: the shapes of the real thing, in seconds)."""
+    """One trace with what every scene draws: a run, and the cache, prefill, batch, continuous, chat, depth, KV
+    compression and disaggregation experiments (on the tiny model: the shapes of the real thing, in seconds)."""
     from engine.params import GenerationParams
     from engine.session import Session
     from engine.trace import read_trace, write_trace
@@ -90,7 +90,9 @@ def lecture_trace(tiny, tmp_path_factory):
                            ("offload", {"disk_shares": (0.0, 0.5), "new_tokens": 4}),
                            ("depth", {"deepest": 256, "depths": 3, "steps": 4}),
                            ("kv-compression", {"prompt": " ".join(["The cache keeps what attention read."] * 4),
-                                               "new_tokens": 6, "methods": ("full", "fp8", "sinks:4+16", "h2o:24")})):
+                                               "new_tokens": 6, "methods": ("full", "fp8", "sinks:4+16", "h2o:24")}),
+                           ("disaggregation", {"requests": 4, "short_prompt": 8, "long_prompt": 96, "long_every": 2,
+                                               "new_tokens": 5, "arrive_every_ms": 20})):
         collect(kind, session, events=events, **settings)
     # and a load test recorded from a real vLLM (its KV events, its prefix tree): a serving engine, replayed
     events += read_trace(Path(__file__).parents[1] / "fixtures" / "vllm_load.kvscope.jsonl")

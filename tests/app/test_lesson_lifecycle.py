@@ -24,7 +24,8 @@ TAB = {"server load": {"requests": 20, "every_s": 2.0},       # a load test is p
        "chat": {"new_tokens": 8},                               # the whole conversation fits 256 positions
        "architectures": {"designs": ("gpt-oss-20b", "Qwen3-Next-80B-A3B")},   # the quickest two to build
        "offload": {"disk_shares": (0.0, 0.5)},                  # not the default three splits
-       "kv-compression": {"prompt": CONTROLS_PROMPT}}           # the sample document is longer than 256 positions
+       "kv-compression": {"prompt": CONTROLS_PROMPT},           # the sample document is longer than 256 positions
+       "disaggregation": {"long_prompt": 96, "requests": 4}}    # the tiny model's context is 256 positions
 
 
 @pytest.fixture

@@ -37,7 +37,8 @@ SCENE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv]
                                       w.experiments.views["offload"].layers_chart],
                 "serving": lambda w: [w.experiments.views["server load"].tree_chart],
                 "compression": lambda w: [w.experiments.views["kv-compression"].chart,
-                                          w.experiments.views["kv-compression"].steps_chart]}
+                                          w.experiments.views["kv-compression"].steps_chart],
+                "disaggregation": lambda w: [w.experiments.views["disaggregation"].chart]}
 
 
 @pytest.mark.parametrize("size", list(MIN_PLOT))
