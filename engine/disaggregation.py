@@ -219,8 +219,10 @@ class PrefillWorker:
         self._stderr = tempfile.TemporaryFile()         # a file, not a pipe: a chatty worker never blocks on it
         # A fresh interpreter, not multiprocessing's spawn: spawn imports the parent's main module again (the
         # window's, Qt and all) in the child.
+        command = ([sys.executable, "--prefill-worker"] if getattr(sys, "frozen", False)     # a bundled app
+                   else [sys.executable, "-m", "engine.disaggregation"])
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "engine.disaggregation", source, dtype, str(threads), str(theirs.fileno())],
+            [*command, source, dtype, str(threads), str(theirs.fileno())],
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             preexec_fn=_die_with_parent, stderr=self._stderr, env={**os.environ, "PYTHONPATH": _package_root()})
         theirs.close()
@@ -401,5 +403,10 @@ def disaggregated(session: Any, worker: PrefillWorker, requests: Sequence[Reques
     return Outcome(list(served.values()), spans, complete, failure)
 
 
-if __name__ == "__main__":                  # the prefill worker: python -m engine.disaggregation SOURCE DTYPE N FD
-    _worker_main(sys.argv[1], sys.argv[2], int(sys.argv[3]), Connection(int(sys.argv[4])))
+def worker_entry(argv: Sequence[str]) -> None:
+    """The prefill worker's command line: SOURCE DTYPE THREADS FD (the socket's end it was given)."""
+    _worker_main(argv[0], argv[1], int(argv[2]), Connection(int(argv[3])))
+
+
+if __name__ == "__main__":                  # python -m engine.disaggregation SOURCE DTYPE THREADS FD
+    worker_entry(sys.argv[1:])
