@@ -23,6 +23,7 @@ QUANTITIES = {
     "generated_tokens": "tokens generated (total)",
     "cached_prompt_tokens": "prompt tokens served from the prefix cache (total)",
     "prefix_queries": "prompt tokens looked up in the prefix cache (total)",
+    "transferred_prompt_tokens": "prompt tokens whose KV another instance computed and handed over (total)",
 }
 
 ENGINES: dict[str, dict[str, tuple[str, ...]]] = {
@@ -42,6 +43,7 @@ ENGINES: dict[str, dict[str, tuple[str, ...]]] = {
         "generated_tokens": ("vllm:generation_tokens_total",),
         "cached_prompt_tokens": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
         "prefix_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+        "transferred_prompt_tokens": ("vllm:external_prefix_cache_hits_total",),     # a KV connector's loads
     },
     "TGI": {
         "running": ("tgi_batch_current_size",),

