@@ -27,7 +27,7 @@ VLLM_STAMP := $(VLLM_ENV)/.kvscope-installed
 LLAMA_CPU_FLAGS := $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
   -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON,)
 
-.PHONY: setup run cli test test-fast test-integration llama-server vllm bench bench-long record-lecture package install-desktop \
+.PHONY: setup run cli test test-fast test-integration llama-server vllm bench bench-long record-lecture live-prefill package install-desktop \
 	uninstall-desktop clean
 
 $(BIN)/python:
@@ -109,6 +109,13 @@ record-lecture: setup
 	    --out $(BENCH_DIR)/lecture-$$size; rc=$$?; kill $$xvfb; wait $$xvfb 2>/dev/null; \
 	  test $$rc = 0 || exit $$rc; \
 	done
+
+# Scene 1 live on a busy machine (two busy loops), recorded by x11grab at 1280x720: the longest frozen stretch.
+live-prefill: setup
+	@command -v Xvfb >/dev/null || { echo "live-prefill needs Xvfb: sudo apt install xvfb"; exit 2; }
+	Xvfb :98 -screen 0 1280x720x24 -nolisten tcp & xvfb=$$!; sleep 2; \
+	DISPLAY=:98 QT_QPA_PLATFORM=xcb $(BIN)/python -m tests.benchmarks.live_prefill_clock \
+	  --out $(BENCH_DIR)/live-prefill; rc=$$?; kill $$xvfb; wait $$xvfb 2>/dev/null; exit $$rc
 
 package: setup
 	$(BIN)/python -m pip install -q "pyinstaller>=6.10"
