@@ -48,6 +48,7 @@ class Choices:
     static_cache: bool = PARAMS.static_cache
     compiled: bool = PARAMS.compiled
     attention: bool = PARAMS.capture_attention
+    kv_method: str = PARAMS.kv_method
     slow_ms: int = 0
 
 
@@ -130,7 +131,7 @@ class RunSettings(Observable):
             top_p=round(c.top_p, 4), seed=None if c.random_seed else c.seed, kv_cache=kv,
             chat_template=c.chat_template, static_cache=c.static_cache and kv,
             compiled=c.compiled and c.static_cache and kv and not (attention or c.attention),
-            capture_attention=attention or c.attention)
+            capture_attention=attention or c.attention, kv_method=c.kv_method)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self.choices)
@@ -144,6 +145,8 @@ class RunSettings(Observable):
                 continue
             value = _coerce(stored[f.name], type(getattr(defaults, f.name)))
             low, high = BOUNDS.get(f.name, (None, None))
+            if value is not None and f.name == "kv_method" and not _known_method(value):
+                value = None
             if value is None or (low is not None and not low <= value <= high):
                 notes.append(f"{f.name} ({str(stored[f.name])[:40]})")
                 continue
@@ -167,6 +170,16 @@ def notch(shape: FieldShape, value: float, direction: int, bounds: tuple[float, 
         new = value + direction * (shape.setting.step or 1)
     new = min(max(new, low), high)
     return int(round(new)) if shape.base is int else round(float(new), 4)
+
+
+def _known_method(name: str) -> bool:
+    from engine.kv_methods import parse_method
+
+    try:
+        parse_method(name)
+    except ParameterError:
+        return False
+    return True
 
 
 def _coerce(value: object, kind: type) -> object:

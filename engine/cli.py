@@ -174,7 +174,7 @@ def run_generate(args: argparse.Namespace, params: GenerationParams) -> int:
         print(json.dumps(payload, indent=2))
     else:
         print("\n", file=out)
-        print(report(facts, summary, kv_on=params.kv_cache))
+        print(report(facts, summary, kv_on=params.kv_cache, kv_method=params.kv_method))
         if attention_ms:
             print(f"attention recorded on {len(attention_ms)} passes: {_spread(attention_ms)} per pass to record "
                   "(measured by the wall clock; inside the total time above)")

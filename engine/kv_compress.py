@@ -117,6 +117,19 @@ def layer_bytes(layer: Any) -> tuple[int, int]:
     return full, packed
 
 
+def held_per_layer(cache: Any) -> list[list[int]]:
+    """A quantized cache's ``[keys bytes, values bytes]`` per layer: the packed data and its scales and zeros
+    plus the full-precision residual (the heatmap's bytes, as ``kvcache.held_per_layer`` gives a plain cache's)."""
+    return [[_plain(layer, "keys") + tensor_bytes(getattr(layer, "_quantized_keys", None)),
+             _plain(layer, "values") + tensor_bytes(getattr(layer, "_quantized_values", None))]
+            for layer in cache.layers]
+
+
+def layer_positions(layer: Any) -> int:
+    """Positions a quantized layer holds, quantized or in its residual."""
+    return int(getattr(layer, "cumulative_length", 0) or 0)
+
+
 def held_bytes(cache: Any) -> int:
     return sum(sum(layer_bytes(layer)) for layer in cache.layers)
 

@@ -14,6 +14,7 @@ from engine.errors import ParameterError
 QUANTIZED = {"fp8": ("fp8", {}), "quanto4": ("quanto", {"nbits": 4}), "quanto2": ("quanto", {"nbits": 2}),
              "hqq4": ("hqq", {"nbits": 4})}
 PACKAGES = {"quanto": "optimum.quanto", "hqq": "hqq"}
+RUN_CHOICES = ("full", "fp8", "quanto4", "quanto2", "hqq4", "sinks:4+252")    # what the window offers a run
 SINKS = 4                               # StreamingLLM's attention sinks, kept by H2O too
 
 

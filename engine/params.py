@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Annotated
 
 from engine.errors import ParameterError
-from engine.fields import MAX_CONTEXT, MAX_VOCAB, Key, Range, Setting
+from engine.fields import MAX_CONTEXT, MAX_VOCAB, Key, Range, Setting, Text
 from engine.validation import shapes
 
 MAX_SEED = 2**31 - 1        # what every control holds, and the range a random seed is drawn from
@@ -63,6 +63,9 @@ class GenerationParams:
     capture_attention: Annotated[bool, Setting(
         "--attention", "record attention", "record each step's newest-token attention over the cache (its cost "
         "per pass is reported)")] = False
+    kv_method: Annotated[str, Text(32), Setting(
+        "--kv-cache", "KV cache as", "full precision (full), quantized (fp8, quanto4, quanto2, hqq4) or "
+        "evicted to its S first and W most recent positions (sinks:S+W); the heatmap shows what it holds")] = "full"
 
     def __post_init__(self) -> None:
         for shape in shapes(GenerationParams):          # the declared ranges, checked with words a user acts on
@@ -74,6 +77,8 @@ class GenerationParams:
                 _check_int(shape.name, value, low=int(shape.span.low), high=int(shape.span.high))
             elif shape.base is float:
                 _check_float(shape.name, value)
+            elif shape.base is str and not isinstance(value, str):
+                raise ParameterError(f"{shape.name} must be text, got {value!r}")
         if self.temperature != 0.0 and not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
             raise ParameterError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and "
                                  f"{MAX_TEMPERATURE:g}, got {self.temperature:g}")
@@ -83,6 +88,17 @@ class GenerationParams:
             raise ParameterError("compiled decode needs the static KV cache (static_cache=True, kv_cache=True)")
         if self.compiled and self.capture_attention:
             raise ParameterError("attention cannot be captured from a compiled decode: turn one of them off")
+        from engine.kv_methods import parse_method
+
+        method = parse_method(self.kv_method)
+        object.__setattr__(self, "kv_method", method.name)           # one spelling: "FP8 " is "fp8"
+        if method.heavy:
+            raise ParameterError(f"{method.name} keeps the positions attention paid most for, which a run does not "
+                                 "record: compare it in the KV compression lesson; a run keeps its cache as full, "
+                                 "fp8, quanto4, quanto2, hqq4 or sinks:S+W")
+        if method.kind != "full" and (not self.kv_cache or self.static_cache or self.compiled):
+            raise ParameterError(f"a cache kept as {method.name} is a dynamic one: not with the KV cache off, the "
+                                 "static cache or compiled decode")
 
     @property
     def greedy(self) -> bool:
@@ -105,6 +121,8 @@ class GenerationParams:
             parts.append("compiled")
         if self.capture_attention:
             parts.append("attention")
+        if self.kv_method != "full":
+            parts.append(f"KV {self.kv_method}")
         if not self.chat_template:
             parts.append("raw")
         return ", ".join(parts)

@@ -94,6 +94,7 @@ class _Request:
     tokenize_ms: float = 0.0
     graph_started: bool = False     # this run started building its compiled graph
     graph_noted: bool = False       # the run has said why it decodes eagerly
+    evictor: Any = None             # a cache kept as sinks:S+W: what it keeps after every pass
     switched: bool = False          # decode has gone through the compiled graph
 
 
@@ -285,9 +286,10 @@ class Session:
         if not messages or not messages[-1]["content"].strip():
             raise PromptError("The message is empty: type something for the model to read")
         ids = self.encode_chat(messages)
-        if not reuse or not params.kv_cache or params.static_cache:
+        if not reuse or not params.kv_cache or params.static_cache or params.kv_method != "full":
             self.forget("reuse is off" if not reuse else "the KV cache is off" if not params.kv_cache else
-                        "a static cache is allocated for one run at a time")
+                        "a static cache is allocated for one run at a time" if params.static_cache else
+                        f"a cache kept as {params.kv_method} is not carried to the next turn")
             reuse = False
         request = _Request(ids, messages[-1]["content"], "chat", params, sink or _ignore, _cancelled(cancel),
                            before_step, t0, options or self.options)
@@ -311,6 +313,8 @@ class Session:
                                  f"got {params.top_k:,} (0 = off)")
         if params.seed is None:
             request.params = params = params.with_(seed=secrets.randbelow(MAX_SEED + 1))
+        if params.kv_method != "full":
+            self.check_kv_method(params.kv_method)
         capture = self.attention_capture() if params.capture_attention else None
         own_clock = request.options.time_layers and not self._split     # a split model is always timed
         request.layer_clock = LayerClock(self.model, self.device) if own_clock else self._split_clock
@@ -350,7 +354,8 @@ class Session:
             self.forget("the last turn failed")
             _release_device_memory(self.device)
             return observer.failed(*failure)
-        if request.kind == "chat" and cache is not None and params.kv_cache and not params.static_cache:
+        if request.kind == "chat" and cache is not None and params.kv_cache and not params.static_cache \
+                and params.kv_method == "full":
             # The cache holds the prompt and every generated token but the last (it was never fed).
             self._kept_cache, self._kept_ids = cache, request.ids + tally.token_ids[:-1]
         # The summary's text is decoded once from all ids, so a character the run cut in half still shows.
@@ -401,7 +406,11 @@ class Session:
         request.allocated = needed if params.static_cache and params.kv_cache and request.cache is None else 0
         if self.device.type == "cpu":
             observer.meter.start()
-        chunk = request.options.prefill_chunk if params.kv_cache and not params.capture_attention else 0
+        compressed = params.kv_method != "full"
+        if compressed:                                      # quantized or evicted: its own cache from the start
+            request.cache, request.evictor = self._compressed_cache(params.kv_method)
+        chunk = request.options.prefill_chunk if params.kv_cache and not params.capture_attention \
+            and request.evictor is None else 0              # eviction between chunks would move positions
         starts = range(reused, len(ids), chunk) if chunk else [reused]
         start = clock.mark()
         for first in starts:
@@ -410,6 +419,8 @@ class Session:
             last = first + chunk if chunk else len(ids)
             logits, request.cache = self.prefill(sequence[:, first:last], params.kv_cache, request.cache,
                                                  request.allocated, request.options.offload_kv)
+        if request.evictor is not None:
+            request.evictor.after_pass(request.cache, len(ids))
         forward_end = clock.mark()
         cached = self._read_cache(request.cache)
         yield Prefilled(clock.elapsed_ms(start, forward_end), *cached)      # measured, whatever the choice does
@@ -428,6 +439,8 @@ class Session:
             compiled_now = graph is not None and self._decode_compiled(graph, index, request, tally)
             start = clock.mark()
             logits = self.decode_step(token, position, request.cache, sequence, compiled_now)
+            if request.evictor is not None:
+                request.evictor.after_pass(request.cache, position + 1)
             forward_end = clock.mark()
             choice = choose(logits, params, generator)
             end = clock.mark()
@@ -469,7 +482,32 @@ class Session:
         request.switched = True
         return True
 
+    def check_kv_method(self, name: str) -> None:
+        """Refuse, in one line before anything runs, a cache this model or this machine cannot keep as ``name``."""
+        from engine import kv_compress
+        from engine.kv_methods import available, parse_method
+
+        why = available(parse_method(name)) or kv_compress.refusal(self.model)
+        if why is not None:
+            raise ParameterError(f"The KV cache cannot be kept as {name} here: {why}")
+        if self._split:
+            raise ParameterError(f"The KV cache cannot be kept as {name} for a model split across devices or disk")
+
+    def _compressed_cache(self, name: str) -> tuple[Any, Any]:
+        """A run's cache kept as ``name`` (``GenerationParams.kv_method``), and its evictor (None: quantized)."""
+        from engine import kv_compress
+        from engine.kv_methods import parse_method
+
+        method = parse_method(name)
+        evictor = kv_compress.Evictor(method, self.facts.num_layers) if method.kind == "evicted" else None
+        return kv_compress.new_cache(self.model, method), evictor
+
     def _read_cache(self, cache: Any) -> tuple[list[list[int]], list[int], list[int]]:
+        if cache is not None and type(cache).__name__ == "QuantizedCache":
+            from engine import kv_compress
+
+            return (kv_compress.held_per_layer(cache), [kv_compress.layer_positions(layer) for layer in cache.layers],
+                    [])
         kv, held = kvcache.held_per_layer(cache, self.facts.num_layers)
         return kv, held, kvcache.storage_per_layer(cache, kv)
 
@@ -572,8 +610,8 @@ class _Observer:
     def _norms(self) -> None:
         """``KVNorms`` for the positions cached since the last ones."""
         cache = self.request.cache
-        if cache is None or not self.request.options.record_kv_norms:
-            return
+        if cache is None or not self.request.options.record_kv_norms or self.request.params.kv_method != "full":
+            return                      # a quantized or evicted layer's keys are not its positions' keys
         held = kvcache.positions_seen(cache)
         if held <= self.norms_from:
             return

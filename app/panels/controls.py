@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QPlainTextEdit,
     QPushButton,
+    QSizePolicy,
     QSlider,
     QSpinBox,
     QVBoxLayout,
@@ -31,6 +32,7 @@ from app.glossary import tip
 from app.resources import sample_prompts
 from app.run_settings import SLOW_MAX_MS, ModelChoice, RunSettings, param_shape
 from app.setting_widgets import control, narrow
+from engine.kv_methods import RUN_CHOICES as KV_METHODS
 from engine.params import DEVICES, DTYPES
 from engine.remote import DEADLINE_S, without_credentials
 
@@ -122,6 +124,12 @@ class ControlsPanel(QWidget):
                                     "while the graph is built beside it, and switches to it at the next step: "
                                     "the timing charts mark where")
         self.compile_box.setEnabled(False)
+        kv_shape = param_shape("kv_method")
+        self.kv_method_box = QComboBox()                     # a few offered; any the engine parses can be typed
+        self.kv_method_box.setEditable(True)
+        self.kv_method_box.addItems(list(KV_METHODS))
+        self.kv_method_box.setToolTip(kv_shape.setting.help)
+        self.kv_method_box.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
 
         # --- prompt ---
         self.samples = QComboBox()
@@ -129,11 +137,15 @@ class ControlsPanel(QWidget):
         for title, text in sample_prompts():
             self.samples.addItem(title, text)
         self.samples.activated.connect(self._use_sample)
-        for box in (self.samples, self.model_box):
+        for box in (self.samples, self.model_box, self.kv_method_box):
             box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
             box.setMinimumContentsLength(8)
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Type a prompt, then Ctrl+Enter to run it")
+        # It takes the panel's spare height, a few lines at least: a preferred height of its own would make the
+        # panel scroll on a screen where everything fits with a shorter box.
+        self.prompt.setMinimumHeight(64)
+        self.prompt.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
         self.prompt.setPlainText("hey, what is continuous batching?")
         prompt_group = QGroupBox("Prompt")
         pv = QVBoxLayout(prompt_group)
@@ -160,6 +172,7 @@ class ControlsPanel(QWidget):
         row.addWidget(self.compile_box)
         row.addWidget(self.attention_box)
         pf.addRow(row)
+        pf.addRow(param_shape("kv_method").setting.label, self.kv_method_box)
 
         # --- run buttons ---
         self.run_button = QPushButton("Run  (Ctrl+Enter)")
@@ -215,6 +228,7 @@ class ControlsPanel(QWidget):
             self.compile_box.toggled: lambda: {"compiled": self.compile_box.isChecked()},
             self.chat_box.toggled: lambda: {"chat_template": self.chat_box.isChecked()},
             self.attention_box.toggled: lambda: {"attention": self.attention_box.isChecked()},
+            self.kv_method_box.currentTextChanged: lambda: {"kv_method": self.kv_method_box.currentText().strip()},
             self.slow.valueChanged: lambda: {"slow_ms": self.slow.value()}}
         for signal, values in self._writes.items():
             signal.connect(lambda *_a, v=values: self._write(v()))
@@ -256,6 +270,10 @@ class ControlsPanel(QWidget):
                 box.blockSignals(True)
                 box.setChecked(value)
                 box.blockSignals(False)
+        if self.kv_method_box.currentText().strip() != c.kv_method:
+            self.kv_method_box.blockSignals(True)
+            self.kv_method_box.setCurrentText(c.kv_method)
+            self.kv_method_box.blockSignals(False)
         self.seed.setEnabled(not c.random_seed)
         self.compile_box.setEnabled(c.static_cache)
         if self.prompt.toPlainText() != c.prompt:

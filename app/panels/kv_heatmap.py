@@ -343,8 +343,16 @@ class KVHeatmapPanel(QWidget):
         elif run.prefill is None:
             measured = "<b>Measured</b>: the prefill is running; the cache fills when the prompt's forward pass ends"
         else:
-            agree = ("✓ equals the formula" if held == predicted else
-                     f"✗ the formula says {fmt(predicted)} for these positions")
+            method = run.started.params.kv_method
+            if method != "full":                # smaller on purpose: what it keeps, against the full cache
+                kept = max(run.kv_positions_per_layer, default=0)
+                agree = (f"— kept as {escape(method)}: {held / predicted:.0%} of the {fmt(predicted)} the formula "
+                         "gives these positions in full precision" if predicted else f"— kept as {escape(method)}")
+                if kept < seen:
+                    agree += f"; {kept:,} of the {seen:,} positions held (the first and the most recent)"
+            else:
+                agree = ("✓ equals the formula" if held == predicted else
+                         f"✗ the formula says {fmt(predicted)} for these positions")
             static = (f" — a static cache: all {run.kv_allocated:,} positions allocated up front, "
                       f"{seen:,} in use" if run.kv_allocated else "")
             storage = run.kv_storage_bytes()

@@ -145,3 +145,66 @@ def test_sweep_kv_compression_prints_its_table(tiny_model_dir, cache_root):
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [line.split("|")[0].strip() for line in r.stdout.splitlines() if "|" in line][1:]     # after the head
     assert rows == ["full precision (the reference)", "fp8 (per tensor)", "StreamingLLM: 4 sinks + 8 recent"]
+
+
+# --- a run with its cache kept smaller (GenerationParams.kv_method, the CLI's --kv-cache) -------------------------
+
+def test_a_run_with_its_cache_in_fp8_holds_the_packed_bytes_for_every_position_it_was_fed(tiny):
+    from engine.events import KVNorms, TokenStep
+    from engine.params import GenerationParams
+    from engine.session import Session
+
+    session = Session(tiny)
+    events: list = []
+    result = session.run("the cache keeps what attention read", GenerationParams(max_new_tokens=6, kv_method="fp8"),
+                         events.append)
+    plain = Session(tiny).run("the cache keeps what attention read", GenerationParams(max_new_tokens=6))
+    steps = [e for e in events if isinstance(e, TokenStep)]
+    per_token = kvformula.bytes_per_token(tiny.facts)
+    last = steps[-1]
+    fed = result.summary.kv_tokens
+    assert all(p == fed for p in last.kv_positions_per_layer)            # every position held, quantized
+    held = sum(map(sum, last.kv_bytes_per_layer))
+    assert held == result.summary.kv_bytes and 0 < held < per_token * fed      # smaller than full precision
+    assert not any(isinstance(e, KVNorms) for e in events)                # no norms read from packed keys
+    assert len(result.summary.token_ids) == len(plain.summary.token_ids) == 6
+
+
+def test_a_run_kept_to_sinks_and_a_window_never_holds_more_than_its_budget(tiny):
+    from engine.events import TokenStep
+    from engine.params import GenerationParams
+    from engine.session import Session
+
+    events: list = []
+    result = Session(tiny).run("one two three four five six seven eight nine ten eleven twelve",
+                               GenerationParams(max_new_tokens=8, kv_method="sinks:2+6", chat_template=False),
+                               events.append)
+    steps = [e for e in events if isinstance(e, TokenStep)]
+    assert max(max(s.kv_positions_per_layer) for s in steps) == 8
+    assert result.summary.kv_bytes == 8 * kvformula.bytes_per_token(tiny.facts)
+    assert result.summary.generated_tokens == 8 and result.summary.kv_tokens > 8
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"kv_method": "h2o:64"}, "a run does not record"),
+    ({"kv_method": "fp8", "static_cache": True}, "a dynamic one"),
+    ({"kv_method": "fp8", "kv_cache": False}, "a dynamic one"),
+    ({"kv_method": "zip"}, "Unknown KV cache method"),
+])
+def test_a_run_refuses_a_cache_it_cannot_keep_in_one_line(changes, words):
+    from engine.errors import ParameterError
+    from engine.params import GenerationParams
+
+    with pytest.raises(ParameterError, match=words):
+        GenerationParams(**changes)
+
+
+def test_the_cli_runs_with_its_cache_kept_as_fp8_and_says_its_share_of_the_formula(tiny_model_dir):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "engine", "--model", str(tiny_model_dir), "--device", "cpu",
+                        "--prompt", "hello there", "--max-new-tokens", "4", "--kv-cache", "FP8"],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert "kept as fp8:" in r.stdout and "of the formula's" in r.stdout and "but the formula says" not in r.stdout
