@@ -13,14 +13,17 @@ from app.paint import TimedGraphics
 
 
 class Chart(TimedGraphics):
-    def __init__(self, title: str = "", legend: bool = True, legend_columns: int = 3) -> None:
+    def __init__(self, title: str = "", legend: bool = True, legend_columns: int = 3,
+                 legend_beside: bool = False) -> None:
+        """``legend_beside``: the legend in a column right of the plot, not in a row above it (a short chart
+        keeps its height for the data)."""
         super().__init__()
         self.title = title
         self.legend: pg.LegendItem | None = None
-        self.legend_columns = legend_columns
+        self.legend_columns = 1 if legend_beside else legend_columns
         if legend:
-            self.legend = pg.LegendItem(colCount=legend_columns, labelTextSize="9pt")
-            self.addItem(self.legend, row=0, col=0)
+            self.legend = pg.LegendItem(colCount=self.legend_columns, labelTextSize="9pt")
+            self.addItem(self.legend, row=1 if legend_beside else 0, col=1 if legend_beside else 0)
         self.plot: pg.PlotItem = self.addPlot(row=1, col=0, title=title or None)
         self.plot.setMenuEnabled(False)
         self.ci.layout.setRowStretchFactor(1, 10)

@@ -48,16 +48,17 @@ class CompressionView(LessonView):
 
     def build(self) -> None:
         self.steps_chart = Chart("KL per step as the context grows (measured)")
-        self.kept_chart = Chart("Which positions each cache holds, in most of its layers: in full, quantized, dropped")
-        self.channel_chart = Chart("Key channels of one layer: largest |value| (computed)")
+        self.kept_chart = Chart("Which positions each cache holds, in most of its layers: in full, quantized, dropped",
+                                legend_beside=True)
+        self.channel_chart = Chart("Key channels of one layer: largest |value| (computed)", legend_beside=True)
         top, bottom = QHBoxLayout(), QHBoxLayout()
         self.charts_layout.removeWidget(self.chart)
         top.addWidget(self.chart, 3)
         top.addWidget(self.steps_chart, 2)
         bottom.addWidget(self.kept_chart, 3)
         bottom.addWidget(self.channel_chart, 2)
-        self.charts_layout.addLayout(top, 3)
-        self.charts_layout.addLayout(bottom, 2)
+        self.charts_layout.addLayout(top, 5)
+        self.charts_layout.addLayout(bottom, 3)
         self.kept_image = pg.ImageItem(axisOrder="row-major")
         self.kept_image.setLookupTable(np.array([pg.mkColor(c).getRgb()[:3] for c in KEPT_COLOURS], dtype=np.uint8))
         self.kept_image.setLevels([0, 2])

@@ -99,6 +99,26 @@ def lecture_trace(tiny, tmp_path_factory):
     return write_trace(tmp_path_factory.mktemp("lecture") / "lecture.kvscope.jsonl", events)
 
 
+@pytest.fixture(scope="session")
+def busy_lecture_trace(lecture_trace, tmp_path_factory):
+    """The lecture trace as if every figure in it had been measured on a busy machine: every caption at its
+    longest (it says so), whatever the machine that made the trace was doing."""
+    import dataclasses
+
+    from engine.events import ExperimentFinished, RunFinished
+    from engine.trace import read_trace, write_trace
+
+    def busy(event):
+        if isinstance(event, ExperimentFinished) and event.result is not None:
+            return dataclasses.replace(event, result=dataclasses.replace(event.result, lowest_cpu_share=0.2))
+        if isinstance(event, RunFinished):
+            return dataclasses.replace(event, summary=dataclasses.replace(event.summary, cpu_share=0.2))
+        return event
+
+    events = [busy(e) for e in read_trace(lecture_trace)]
+    return write_trace(tmp_path_factory.mktemp("busy-lecture") / "lecture.kvscope.jsonl", events)
+
+
 def open_replayed(qtbot, trace, size):
     w = make_window(qtbot)
     w.resize(*size)

@@ -35,7 +35,9 @@ def paced(events: list, prefill_ms: float, step_ms: float) -> list:
         if isinstance(event, TokenStep):
             t = prefill_ms + event.step * step_ms
             event = dataclasses.replace(event, t_ms=t, latency_ms=prefill_ms if event.step == 0 else step_ms)
-        elif hasattr(event, "t_ms") and not isinstance(event, RunStarted):
+        elif isinstance(event, RunStarted):
+            event = dataclasses.replace(event, t_ms=0.0)     # the clock starts here, however long tokenizing took
+        elif hasattr(event, "t_ms"):
             event = dataclasses.replace(event, t_ms=t)
         out.append(event)
     return out

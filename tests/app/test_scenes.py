@@ -42,9 +42,11 @@ SCENE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv]
 
 
 @pytest.mark.parametrize("size", list(MIN_PLOT))
-def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, lecture_trace, size, monkeypatch):
-    w = open_replayed(qtbot, lecture_trace, size)
+def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, busy_lecture_trace, size,
+                                                                          monkeypatch):
+    w = open_replayed(qtbot, busy_lecture_trace, size)         # every caption at its longest: "on a busy machine"
     w.lecture.area = QRect(0, 0, *size)                    # lecture mode covers a screen this size, type sized to it
+    captions: list[str] = []
     try:
         w.lecture.enter("prefill")
         for scene in SCENES:
@@ -53,6 +55,7 @@ def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, 
             qtbot.wait(50)                                 # layouts settle on the next event-loop turn
             caption = w.scene_view.claim()
             assert "press R" not in caption and "type a message" not in caption, (scene, caption)
+            captions.append(caption + " " + w.scene_view.detail.text())
             for chart in SCENE_CHARTS[scene](w):
                 width, height = plot_size(chart)
                 low_w, low_h = MIN_PLOT[size]
@@ -62,6 +65,7 @@ def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, 
                 layout = getattr(chart, "ci", None)                     # a chart's items fit inside its widget
                 assert layout is None or layout.geometry().width() <= chart.width() + 1, (scene, size)
             assert w.scene_view.caption.font().pointSizeF() >= 15       # 20 px at 96 dpi, and larger
+        assert sum("busy machine" in c for c in captions) >= 5, captions            # the longest captions, shown
         w.lecture.leave()
         assert w.docks["kv"].widget().widget() is w.kv and w.tokens.isVisible()     # every panel given back
         assert w.experiments.count() == len(w.experiments.views) and w.timing.charts.layout().count() == 4
