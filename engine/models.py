@@ -214,6 +214,13 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
     name = embedded.DISPLAY_NAME if source.kind == "embedded" else source.display
     facts = model_facts(model, name=name, source=spec or embedded.SPEC, device=input_device, weights=weights_text,
                         weight_format=weights or str(torch_dtype).removeprefix("torch."))
+    if torch_device.type == "cpu" and "offload_folder" not in placement:   # after the facts: they count weights
+        from engine import kernels
+        from engine.hardware import device_name
+
+        kernel = kernels.choose(model, device_name(torch_device), measuring=lambda: report(LoadProgress(
+            "kernels", "Measuring which kernel multiplies fastest on this CPU (once)", None)))
+        reason = f"{reason}; {kernel.words()}" if reason else kernel.words()
     load_ms = (time.perf_counter() - started) * 1000.0
     report(LoadProgress("done", f"Loaded {name} on {facts.device} in {load_ms / 1000:.1f} s", 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, device=input_device, facts=facts, load_ms=load_ms,

@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("KVSCOPE_LINEAR", "aten")      # one kernel in every test; tests/engine/test_kernels.py tries both
 
 import pytest  # noqa: E402
 
