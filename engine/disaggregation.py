@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing import BufferTooShort
 from multiprocessing.connection import Connection
@@ -72,19 +72,8 @@ class Served:
 
 
 @dataclass
-class Span:
-    lane: str                            # "worker" (colocated), "prefill worker", "decode worker"
-    kind: str                            # "prefill", "decode", "hand-over"
-    start_ms: float
-    end_ms: float
-    request: int = -1                    # -1: a decode round of every running request
-    bytes: int = 0
-
-
-@dataclass
 class Outcome:
     served: list[Served]
-    spans: list[Span]
     complete: bool
     failure: str = ""                    # one line: why it ended early (a worker died, fell silent, ...)
     idle_ms: float = 0.0                 # waiting on purpose for the next arrival
@@ -94,15 +83,13 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
-def _decode_step(batch: BatchedDecoder, served: dict[int, Served], t0: float, spans: list[Span], lane: str) -> None:
+def _decode_step(batch: BatchedDecoder, served: dict[int, Served], t0: float) -> None:
     """One batched decode step for every running request, their token times, the finished ones released."""
-    start = _ms(t0)
     batch.step()
     t = _ms(t0)
     for row in batch.rows:
         served[row.index].token_ms.append(t)
     batch.release_finished()
-    spans.append(Span(lane, "decode", start, t))
 
 
 def _batch_request(request: Request, served: Served) -> Any:
@@ -112,13 +99,11 @@ def _batch_request(request: Request, served: Served) -> Any:
     return row
 
 
-def colocated(session: Any, requests: Sequence[Request], cancel: threading.Event,
-              on_span: Callable[[Span], None] | None = None) -> Outcome:
+def colocated(session: Any, requests: Sequence[Request], cancel: threading.Event) -> Outcome:
     """One worker, both phases: prefill every request that has arrived, else one batched decode step."""
     pending = sorted(requests, key=lambda r: r.arrival_ms)
     batch = BatchedDecoder(session.model, session.device, session.facts)
     served = {r.index: Served(r.index, len(r.ids), r.arrival_ms) for r in requests}
-    spans: list[Span] = []
     idle_ms = 0.0
     t0 = time.perf_counter()
     with torch.inference_mode():
@@ -132,16 +117,13 @@ def colocated(session: Any, requests: Sequence[Request], cancel: threading.Event
                 s.prefill_end_ms = _ms(t0)
                 s.token_ms.append(s.prefill_end_ms)
                 batch.release_finished()
-                spans.append(Span("worker", "prefill", s.prefill_start_ms, s.prefill_end_ms, request.index))
             elif batch.rows:
-                _decode_step(batch, served, t0, spans, "worker")
+                _decode_step(batch, served, t0)
             else:
                 waited = time.perf_counter()
                 cancel.wait(min(POLL_S, max(pending[0].arrival_ms - now, 0.0) / 1000.0))
                 idle_ms += (time.perf_counter() - waited) * 1000.0
-            if on_span is not None and spans:
-                on_span(spans[-1])
-    return Outcome(list(served.values()), spans, complete=not (pending or batch.rows), idle_ms=idle_ms)
+    return Outcome(list(served.values()), complete=not (pending or batch.rows), idle_ms=idle_ms)
 
 
 # --- the prefill worker, in its own process -------------------------------------------------------------------
@@ -337,12 +319,11 @@ class _Receiver:
 
 
 def disaggregated(session: Any, worker: PrefillWorker, requests: Sequence[Request], cancel: threading.Event,
-                  silent_s: float, on_span: Callable[[Span], None] | None = None) -> Outcome:
+                  silent_s: float) -> Outcome:
     """The decode worker (this process): take each hand-over as it comes, then one decode round of everything
     running. ``silent_s``: how long the prefill worker may say nothing while requests wait on it."""
     by_index = {r.index: r for r in requests}
     served = {r.index: Served(r.index, len(r.ids), r.arrival_ms) for r in requests}
-    spans: list[Span] = []
     batch = BatchedDecoder(session.model, session.device, session.facts)
     waiting = {r.index for r in requests}
     t0 = time.perf_counter() + 0.05                        # the schedule starts once every request is sent
@@ -381,18 +362,12 @@ def disaggregated(session: Any, worker: PrefillWorker, requests: Sequence[Reques
                 s.token_ms.append(ms(ended))                # the first token leaves with the prefill
                 s.handover_ready_ms, s.handover_bytes = ms(ready), size
                 s.transfer_ms = (read - reading) * 1000.0
-                spans.append(Span("prefill worker", "prefill", ms(began), ms(ended), index))
-                spans.append(Span("hand-over", "hand-over", ms(ended), ms(ready), index, size))
                 waiting.discard(index)
                 batch.join(_batch_request(by_index[index], s), cache, token)
                 batch.release_finished()
-                if on_span is not None:
-                    on_span(spans[-1])
                 continue
             if batch.rows:
-                _decode_step(batch, served, t0, spans, "decode worker")
-                if on_span is not None:
-                    on_span(spans[-1])
+                _decode_step(batch, served, t0)
             elif waiting:
                 due = min(by_index[i].arrival_ms for i in waiting)
                 if ms(time.perf_counter()) > due and time.perf_counter() - last_heard > silent_s:
@@ -400,7 +375,7 @@ def disaggregated(session: Any, worker: PrefillWorker, requests: Sequence[Reques
                               "waiting: stopped"
                     break
     complete = not (waiting or batch.rows) and not failure
-    return Outcome(list(served.values()), spans, complete, failure)
+    return Outcome(list(served.values()), complete, failure)
 
 
 def worker_entry(argv: Sequence[str]) -> None:

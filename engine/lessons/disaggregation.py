@@ -25,8 +25,6 @@ from engine.fields import Bytes, Count, Items, Key, Message, Number, Range, Sett
 from engine.workloads import filler_ids, sample_texts
 
 MODES = ("colocated", "disaggregated")
-LANES = ("worker", "prefill worker", "hand-over", "decode worker")
-KINDS = ("prefill", "decode", "hand-over")
 # A 7B-class model's cache per token: Llama-3.1-8B's config.json (32 layers, 8 KV heads of 128), bfloat16.
 SEVEN_B = ("Llama-3.1-8B", 2 * 32 * 8 * 128 * 2)
 LINKS = (("PCIe 4.0 x16", 31.5e9, "PCI-SIG: 16 GT/s x 16 lanes, one direction"),
@@ -185,10 +183,6 @@ def run(experiment: Experiment, settings: DisaggregationSettings) -> Disaggregat
         outcome = outcomes.get(mode)
         if outcome is None:
             continue
-        for span in outcome.spans:
-            experiment.point("span", mode=float(m), lane=float(LANES.index(span.lane)),
-                             kind=float(KINDS.index(span.kind)), request=float(span.request),
-                             start_ms=span.start_ms, end_ms=span.end_ms, bytes=float(span.bytes))
         for s in outcome.served:
             if not s.token_ms:
                 continue

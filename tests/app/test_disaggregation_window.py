@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.engine.test_disaggregation import prefill_workers
+
 SCRIPT = """
 import sys, time
 from pathlib import Path
@@ -52,20 +54,6 @@ dispose(app, w)
 """
 
 
-def workers_of(model_dir: Path) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if proc.name.isdigit() and str(model_dir).encode() in cmdline and b"engine.disaggregation" in cmdline \
-                and state != "Z":
-            found.append(int(proc.name))
-    return found
-
-
 def test_closing_the_window_mid_run_ends_the_prefill_worker(tiny_model_dir, tmp_path):
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "KVSCOPE_SETTINGS": str(tmp_path / "s.ini"),
            "KVSCOPE_FAULTS": "handover:1:sleep=600"}                    # the worker is mid-run when the window goes
@@ -74,6 +62,6 @@ def test_closing_the_window_mid_run_ends_the_prefill_worker(tiny_model_dir, tmp_
     assert "closing" in r.stdout, (r.stdout, r.stderr[-2000:])
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
     deadline = time.monotonic() + 60                  # a killed process is reaped by init: give it the moment
-    while workers_of(tiny_model_dir) and time.monotonic() < deadline:
+    while prefill_workers(str(tiny_model_dir)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert workers_of(tiny_model_dir) == []
+    assert prefill_workers(str(tiny_model_dir)) == []

@@ -19,22 +19,26 @@ SMALL = {"requests": 4, "short_prompt": 8, "long_prompt": 96, "long_every": 2, "
          "arrive_every_ms": 20}
 
 
-def workers_alive() -> list[int]:
-    """This process's children still running the prefill worker."""
-    alive = []
+def prefill_workers(marker: str = "", parent: int | None = None) -> list[int]:
+    """Running prefill workers (not zombies) whose command line holds ``marker``, children of ``parent`` if
+    given."""
+    found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            stat = (proc / "stat").read_text()
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        state = stat.rsplit(")", 1)[1].split()[0]
-        if parent == os.getpid() and b"engine.disaggregation" in cmdline and state != "Z":
-            alive.append(int(proc.name))
-    return alive
+        if b"engine.disaggregation" in cmdline and marker.encode() in cmdline and stat[0] != "Z" \
+                and (parent is None or int(stat[1]) == parent):
+            found.append(int(proc.name))
+    return found
+
+
+def workers_alive() -> list[int]:
+    return prefill_workers(parent=os.getpid())
 
 
 def points(events, series):
