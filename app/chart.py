@@ -39,6 +39,8 @@ class Chart(TimedGraphics):
         self.theme = theme
         self.setBackground(theme.background)
         th.style_plot(self.plot, theme, x, x_unit, y, y_unit)
+        if self.empty_message is not None:                  # what will appear, said in this theme's type
+            self._write_empty_text()
         if self.legend is not None:
             self.legend.setLabelTextSize(f"{theme.base_pt:.0f}pt")
             for _sample, label in self.legend.items:
@@ -107,11 +109,15 @@ class Chart(TimedGraphics):
             self.plot.removeItem(self.empty_text)
             self.plot.enableAutoRange()
             return
-        self.empty_text.setHtml(f"<div style='text-align:center; color:{self.theme.foreground}'>"
-                                f"{escape(message)}</div>")
-        self.empty_text.setFont(self.theme.axis_font)
+        self._write_empty_text()
         if not was_empty:
             self.plot.addItem(self.empty_text, ignoreBounds=True)
+        self._place_empty_text()
+
+    def _write_empty_text(self) -> None:
+        self.empty_text.setHtml(f"<div style='text-align:center; color:{self.theme.foreground}'>"
+                                f"{escape(self.empty_message)}</div>")
+        self.empty_text.setFont(self.theme.axis_font)
         self._place_empty_text()
 
     def _place_empty_text(self) -> None:
