@@ -1,38 +1,62 @@
-"""Compiled decode graphs: one per static-cache length, built on a twin cache so decode never waits for one.
+"""Compiled decode graphs: one per static-cache length, built on a twin cache so decode never waits for one, and
+on a CPU saved, so a later launch reads its graph instead of compiling it again.
 
 ``torch.compile`` specialises a graph on the static cache's length, and building one took 30-90 s on a 2-core
-CPU the first time (11 s on a later launch, from torch's caches). Two choices follow from that. Lengths are
-rounded up to a power of two (at least 256), so runs with different prompts share a graph instead of each
-compiling its own. And a graph is built by one call of the
-compiled forward on a *twin* cache of the same length, not on the run's cache: the run can decode eagerly
-while the graph is built beside it (the window does this on a CPU) and switch at the first step boundary after
-it is ready, or wait for it before its first decode step (the CLI and benchmarks do, so every decode step of
-theirs is compiled). The build's wall time is the compile time; it is never inside a decode step.
+CPU the first time. Three choices follow from that. Lengths are rounded up to a power of two (at least 256), so
+runs with different prompts share a graph instead of each compiling its own. A graph is built by one call on a
+*twin* cache of the same length, not on the run's cache: the run can decode eagerly while the graph is built
+beside it (the window does this on a CPU) and switch at the first step boundary after it is ready, or wait for
+it before its first decode step (the CLI and benchmarks do, so every decode step of theirs is compiled). The
+build's wall time is the compile time; it is never inside a decode step.
 
-Freezing (inductor folding the weights into the graph as constants) is off: on one 2-core machine it decoded
-2-6% faster in bfloat16 (two runs), on another 24%, but it keeps inductor's caches from holding the graph, so
-every later launch built for 28 s instead of 11 s; ``freezing`` turns it on (the benchmarks compare
-both). On a GPU the graph is built in the calling thread (CUDA graphs are recorded per thread), with CUDA graphs
-replaying a decode step as one launch. The graphs are cached in KVScope's cache folder.
+And on a CPU the graph is compiled ahead of time (dynamo's ``aot_compile``, what vLLM does) over
+``decode_step``, a function of KVScope's own: transformers wraps its models' ``forward`` in decorators, so a
+saved graph of it names a function that cannot be found again, while ``decode_step`` can. The saved graph keeps
+no guards (a guard on the model object would never hold in another process); everything a guard would have
+checked is in the file's name instead (``graph_key``: the model's classes, config, weights' shapes and dtypes,
+the cache length, the CPU's instruction set, torch's and transformers' versions and this function's source).
+A later launch reads it in about a second where tracing the model again took 6 s (Sapphire Rapids, 2 vCPUs).
+
+Freezing (inductor folding the weights into the graph as constants) is off: it decoded 2-24% faster in
+bfloat16 on two machines but would put the weights inside every saved graph; ``freezing`` turns it on (the
+benchmarks compare both), compiled in-process like a GPU's graph. On a GPU the graph is built in the calling
+thread (CUDA graphs are recorded per thread), with CUDA graphs replaying a decode step as one launch.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
 import os
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from engine import kvcache
+from engine import kernels, kvcache  # kernels: registers the packed products' operators a graph calls
 from engine.paths import compiled_graphs_dir
 
 SHORTEST = 256          # the smallest static cache a compiled run allocates
 # One graph per length: with powers of two from 256 a 128k-token context needs 10, past dynamo's default of 8
 # (beyond which it silently decodes eagerly).
 RECOMPILE_LIMIT = 32
+SAVED = "kvscope-decode"     # the folder, among torch.compile's caches, of the saved graphs
+
+Step = Callable[[Any, torch.Tensor, torch.Tensor, Any], torch.Tensor]
+_READ: dict[str, Step] = {}      # graphs read or built in this process, by graph_key: a second session reuses one
+_READ_LOCK = threading.Lock()
+
+
+def decode_step(model: Any, token: torch.Tensor, position: torch.Tensor, cache: Any) -> torch.Tensor:
+    """What a compiled graph computes: one token (``[1, 1]``) at ``position`` (``[1, 1]``) through ``model``
+    over ``cache``, which it extends in place; the logits ``[1, 1, V]``."""
+    return kvcache.forward(model, token, cache, positions=position, logits_to_keep=0).logits
 
 
 def cache_length(needed: int, max_context: int) -> int:
@@ -46,18 +70,53 @@ def cache_length(needed: int, max_context: int) -> int:
     return min(length, max_context)
 
 
+def graph_key(model: Any, length: int) -> str:
+    """What a saved graph was compiled for, as a file name: everything its skipped guards would have checked.
+    Another model, cache length, instruction set, torch, transformers, KVScope's step or the source of a module
+    of KVScope's inside the model (a packed or quantized layer) gives another name."""
+    import transformers
+
+    params = [(name, tuple(t.shape), str(t.dtype)) for name, t in
+              [*model.named_parameters(), *model.named_buffers()]]
+    classes = {type(m) for m in model.modules()}
+    facts = {
+        "classes": sorted(f"{c.__module__}.{c.__qualname__}" for c in classes),
+        "ours": sorted(inspect.getsource(c) for c in classes if c.__module__.startswith("engine.")),  # no version
+        "kernels": sorted({m.kernel.name for m in model.modules() if isinstance(m, kernels.PackedLinear)}),
+        "config": model.config.to_dict(),
+        "attention": getattr(model.config, "_attn_implementation", None),
+        "params": params,
+        "length": length,
+        "isa": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version,
+        "step": inspect.getsource(decode_step) + inspect.getsource(kvcache.forward),
+    }
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return f"{type(model).__name__}-{length}-{digest}"
+
+
+def saved_graph(key: str) -> Path:
+    """Beside inductor's caches (``TORCHINDUCTOR_CACHE_DIR``), which a saved graph reads its kernels from (without
+    them reading it compiles its C++ again: 12 s instead of 1)."""
+    return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or compiled_graphs_dir()) / SAVED / f"{key}.bin"
+
+
 @dataclass
 class Graph:
-    """A compiled decode graph for one cache length: ``ready`` is set once it is built or its build failed."""
+    """A compiled decode graph for one cache length: ``ready`` is set once it is built or its build failed.
+    ``loaded``: read from a graph an earlier launch saved (``compile_ms`` is then the reading, not a build)."""
 
     length: int
     ready: threading.Event = field(default_factory=threading.Event)
     compile_ms: float = 0.0
     error: str | None = None        # why the build failed (decode then stays eager), first line
+    step: Step | None = None
+    loaded: bool = False
+    note: str = ""                  # why it was built although one was saved, or why it is not saved
 
 
 class CompiledDecode:
-    """The model's forward compiled once, and the graphs built for it, by cache length."""
+    """The model's decode step compiled once per cache length, and the graphs built for it."""
 
     def __init__(self, model: Any, device: torch.device) -> None:
         self.model, self.device = model, device
@@ -67,15 +126,20 @@ class CompiledDecode:
         self._lock = threading.Lock()           # guards _graphs
         self.build_lock = threading.Lock()      # one build at a time (held while a graph is built)
 
-    def forward(self) -> Any:
+    @property
+    def saves(self) -> bool:
+        """Whether graphs are compiled ahead of time and saved (a CPU, without freezing)."""
+        return self.device.type == "cpu" and not self.freezing
+
+    def forward(self) -> Step:
+        """``decode_step`` compiled in this process (a GPU's graphs, freezing, or a model dynamo cannot trace
+        whole): dynamo keeps one graph per cache length and checks its guards at every call."""
         if self._forward is None:
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compiled_graphs_dir()))
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            _configure()
             if self.device.type == "cuda":
-                self._forward = torch.compile(self.model.forward, mode="reduce-overhead", dynamic=False)
+                self._forward = torch.compile(decode_step, mode="reduce-overhead", dynamic=False)
             else:
-                self._forward = torch.compile(self.model.forward, dynamic=False,
-                                              options={"freezing": self.freezing})
+                self._forward = torch.compile(decode_step, dynamic=False, options={"freezing": self.freezing})
         return self._forward
 
     def graph(self, length: int, background: bool) -> tuple[Graph, bool]:
@@ -98,9 +162,14 @@ class CompiledDecode:
         with self._lock:
             return [self._graphs[length] for length in sorted(self._graphs)]
 
+    def run(self, graph: Graph, token: torch.Tensor, position: torch.Tensor, cache: Any) -> torch.Tensor:
+        """One decode step through ``graph`` (built, without error) over the run's own cache."""
+        assert graph.step is not None, "the graph is not built"
+        return graph.step(self.model, token, position, cache)
+
     def _build(self, graph: Graph) -> None:
-        """One compiled decode step on a twin cache of the graph's length (laid out by an eager first step),
-        with the arguments every compiled decode step passes, so the run's own calls find the graph built."""
+        """The graph for its length, read or compiled, then called once on a twin cache of that length (laid out
+        by an eager first step) with the arguments every compiled decode step passes."""
         with self.build_lock:
             started = time.perf_counter()
             try:
@@ -108,12 +177,65 @@ class CompiledDecode:
                     twin = kvcache.new_cache(self.model, graph.length)
                     token = torch.zeros((1, 1), dtype=torch.long, device=self.device)
                     kvcache.forward(self.model, token, twin)
-                    kvcache.forward(self.forward(), token, twin, positions=torch.ones((1, 1), dtype=torch.long,
-                                    device=self.device), logits_to_keep=0)
+                    args = (self.model, token, torch.ones((1, 1), dtype=torch.long, device=self.device), twin)
+                    if self.saves:
+                        graph.step, graph.loaded, graph.note = _ahead_of_time(args, graph.length)
+                    else:
+                        graph.step = self.forward()
+                    graph.step(*args)
                     del twin
             except Exception as exc:  # noqa: BLE001  (a failed build leaves decode eager; the run says why)
-                lines = str(exc).strip().splitlines()
-                graph.error = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+                graph.step, graph.error = None, _first_line(exc)
             finally:
                 graph.compile_ms = (time.perf_counter() - started) * 1000.0
                 graph.ready.set()
+
+
+def _configure() -> None:
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compiled_graphs_dir()))
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _ahead_of_time(args: tuple, length: int) -> tuple[Step, bool, str]:
+    """``decode_step`` for this model and length: already read in this process, read from the graph an earlier
+    launch saved (``loaded`` True), or compiled ahead of time and saved. A saved graph that cannot be read or
+    run is compiled again; a model dynamo cannot trace as one graph is compiled in-process, not saved."""
+    _configure()
+    key = graph_key(args[0], length)
+    with _READ_LOCK:
+        known = _READ.get(key)
+    if known is not None:
+        return known, False, ""
+    path, note = saved_graph(key), ""
+    if path.exists():
+        try:
+            with path.open("rb") as f:
+                step = torch.compiler.load_compiled_function(f, f_globals=globals())
+            step(*args)
+            with _READ_LOCK:
+                _READ[key] = step
+            return step, True, ""
+        except Exception as exc:  # noqa: BLE001  (a damaged or stale file is compiled again)
+            note = f"the saved graph could not be used ({_first_line(exc)}): compiled again"
+            path.unlink(missing_ok=True)
+    with torch._dynamo.config.patch(enable_aot_compile=True):
+        compiling = torch.compile(decode_step, fullgraph=True, dynamic=False,
+                                  options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
+    try:
+        step = compiling.aot_compile((args, {}))
+    except Exception as exc:  # noqa: BLE001  (graph breaks: compiled as usual, in this process only)
+        fallback = torch.compile(decode_step, dynamic=False)
+        return fallback, False, f"compiled for this launch only, not saved ({_first_line(exc)})"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        step.save_compiled_function(str(path))              # written atomically
+    except OSError as exc:
+        note = f"the graph could not be saved for a later launch ({exc.strerror or exc})"
+    with _READ_LOCK:
+        _READ[key] = step
+    return step, False, note

@@ -197,14 +197,16 @@ class Session:
         return out.logits[0, -1], cache
 
     def decode_step(self, token: torch.Tensor, position: int, cache: Any,
-                    sequence: torch.Tensor | None, compiled: bool = False) -> torch.Tensor:
+                    sequence: torch.Tensor | None, graph: Graph | None = None) -> torch.Tensor:
         """One new token. With the cache: feed one token at ``position`` (``[1, 1]``) and attend to the
-        cached keys and values (through the compiled graph when ``compiled``). Without: recompute the whole
-        ``sequence`` (``[1, position + 1]``)."""
+        cached keys and values (through the compiled ``graph`` of the cache's length when given). Without:
+        recompute the whole ``sequence`` (``[1, position + 1]``)."""
         if cache is not None:
-            forward = self.compiled.forward() if compiled else self.model
-            out = kvcache.forward(forward, token.view(1, 1), cache, positions=torch.tensor([[position]],
-                                  device=self.device), logits_to_keep=0, extra=self._capture_kwargs())
+            positions = torch.tensor([[position]], device=self.device)
+            if graph is not None:
+                return self.compiled.run(graph, token.view(1, 1), positions, cache)[0, -1]
+            out = kvcache.forward(self.model, token.view(1, 1), cache, positions=positions, logits_to_keep=0,
+                                  extra=self._capture_kwargs())
         else:
             out = kvcache.forward(self.model, sequence, None, extra=self._capture_kwargs())
         self._collect(out)
@@ -438,7 +440,8 @@ class Session:
             self._fault("decode", index)
             compiled_now = graph is not None and self._decode_compiled(graph, index, request, tally)
             start = clock.mark()
-            logits = self.decode_step(token, position, request.cache, sequence, compiled_now)
+            logits = self.decode_step(token, position, request.cache, sequence,
+                                      graph if compiled_now else None)
             if request.evictor is not None:
                 request.evictor.after_pass(request.cache, position + 1)
             forward_end = clock.mark()
@@ -473,6 +476,10 @@ class Session:
                 request.graph_noted = True
                 tally.notes.append(f"the compiled graph could not be built ({graph.error}): decoded eagerly")
             return False
+        if not request.switched:
+            if graph.note:
+                tally.notes.append(graph.note)
+            tally.compile_loaded = graph.loaded and request.graph_started
         if not request.switched and index > 1:
             tally.notes.append(
                 f"steps 1-{index - 1:,} decoded eagerly while the compiled graph was built beside them, on the "

@@ -23,6 +23,7 @@ class RunTally:
         self.decode_ms = 0.0
         self.waited_ms = 0.0
         self.compile_ms = 0.0
+        self.compile_loaded = False        # the compiled graph was read from a saved one, not built
         self.compiled_from_step = 0        # the first step decoded through the compiled graph; 0: none
         self.kv_tokens = 0
         self.kv_bytes = 0
@@ -89,5 +90,6 @@ class RunTally:
             decode_ms=self.decode_ms, total_ms=total, kv_tokens=self.kv_tokens, kv_bytes=self.kv_bytes,
             text=joined, token_ids=list(self.token_ids) if with_text else [], reused_tokens=self.reused_tokens,
             waited_ms=self.waited_ms, cpu_share=self.cpu_share, compile_ms=self.compile_ms,
+            compile_loaded=self.compile_loaded,
             notes=tuple(self.notes), compiled_from_step=self.compiled_from_step,
             kv_allocated_bytes=self.kv_allocated)

@@ -55,30 +55,30 @@ def generate_once(loaded, ids: list[int], n: int) -> dict:
 
 
 def bare_compiled_once(session, ids: list[int], n: int) -> dict:
-    """The compiled path with nothing around it: the session's own compiled forward (same graph, same static cache
+    """The compiled path with nothing around it: the session's own compiled graph (same graph, same static cache
     size, so nothing recompiles), an eager prefill as the session makes it, greedy argmax, no events, no reads."""
     import torch
 
     from engine import kvcache
     from engine.compiled import cache_length
 
-    forward = session.compiled.forward()
     device = session.device
+    length = cache_length(min(len(ids) + n, session.facts.max_context), session.facts.max_context)
+    graph = session.compiled.graph(length, background=False)[0]
     stamps: list[float] = []
     tokens: list[int] = []
     t0 = time.perf_counter()
     with torch.inference_mode():
-        cache = kvcache.new_cache(session.model, cache_length(min(len(ids) + n, session.facts.max_context),
-                                                              session.facts.max_context))
-        out = kvcache.forward(session.model, torch.tensor([ids], device=device), cache)
+        cache = kvcache.new_cache(session.model, length)
+        logits = kvcache.forward(session.model, torch.tensor([ids], device=device), cache).logits
         for i in range(n):
-            token = int(out.logits[0, -1].argmax())
+            token = int(logits[0, -1].argmax())
             tokens.append(token)
             stamps.append(time.perf_counter())
             if i == n - 1 or token in session.eos_ids:
                 break
-            out = kvcache.forward(forward, torch.tensor([[token]], device=device), cache,
-                                  positions=torch.tensor([[len(ids) + i]], device=device), logits_to_keep=0)
+            logits = session.compiled.run(graph, torch.tensor([[token]], device=device),
+                                          torch.tensor([[len(ids) + i]], device=device), cache)
     return {"wall_s": time.perf_counter() - t0, "decode_tok_s": _rate(stamps), "tokens": tokens}
 
 

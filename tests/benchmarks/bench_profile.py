@@ -34,8 +34,7 @@ def profile_steps(session, compiled: bool, steps: int, warmup: int = 4) -> dict:
 
     ids = session.encode(PROMPT)
     length = cache_length(len(ids) + warmup + steps + 1, session.facts.max_context)
-    if compiled:
-        session.compiled.graph(length, background=False)
+    graph = session.compiled.graph(length, background=False)[0] if compiled else None
     device = session.device
     with torch.inference_mode():
         cache = kvcache.new_cache(session.model, length)
@@ -45,7 +44,7 @@ def profile_steps(session, compiled: bool, steps: int, warmup: int = 4) -> dict:
         def step() -> None:
             nonlocal logits, position
             token = logits.argmax().view(1)
-            logits = session.decode_step(token, position, cache, None, compiled)
+            logits = session.decode_step(token, position, cache, None, graph)
             position += 1
 
         for _ in range(warmup):

@@ -1,5 +1,6 @@
 """Compiled decode: the same arithmetic as eager (float32 greedy tokens equal), a graph per cache length shared
-by runs, built before the first decode step or beside an eager decode that switches when it is ready."""
+by runs, built before the first decode step or beside an eager decode that switches when it is ready, saved
+and read again by a later launch."""
 
 from __future__ import annotations
 
@@ -48,19 +49,24 @@ def test_cache_length_rounds_up_to_a_power_of_two_within_the_context():
 def test_waiting_for_the_graph_compiles_every_decode_step_with_eagers_float32_tokens_and_the_build_apart(
         model, monkeypatch):
     """The CLI's way: the graph is built before the first decode step (timed as compile, in no step), every
-    decode step is compiled and its greedy tokens are eager's; the graphs land in KVScope's cache folder."""
+    decode step is compiled and its greedy tokens are eager's; the graph is saved in KVScope's cache folder."""
+    from engine import compiled
     from engine.paths import compiled_graphs_dir
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(compiled, "_READ", {})                # nothing compiled before counts: this run builds
+    compiled._configure()
+    compiled.saved_graph(compiled.graph_key(model.model, SHORTEST)).unlink(missing_ok=True)
     eager, _ = _run(Session(model), "hello world")
     session = Session(model)
     result, steps = _run(session, "hello world", compiled=True)
     s = result.summary
     assert s.token_ids == eager.summary.token_ids
-    assert s.compiled_from_step == 1 and s.compile_ms > 0
+    assert s.compiled_from_step == 1 and s.compile_ms > 0 and not s.compile_loaded
     assert all(step.compiled for step in steps) and s.decode_runs == eager.summary.decode_runs
     assert max(step.latency_ms for step in steps) < s.compile_ms      # the build is in no step
-    assert any(compiled_graphs_dir().iterdir())
+    saved = compiled.saved_graph(compiled.graph_key(model.model, SHORTEST))
+    assert saved.parent.parent == compiled_graphs_dir() and saved.stat().st_size > 0
     text = report(session.facts, s)
     assert f"building the compiled decode graph took {s.compile_ms:,.0f} ms, before the first decode step" in text
     assert "decode compiled from step 1" in text.splitlines()
@@ -100,14 +106,12 @@ def test_built_in_the_background_decode_starts_eager_and_switches_at_the_boundar
 
 
 def test_a_graph_that_cannot_be_built_leaves_decode_eager_and_the_run_says_why(model, monkeypatch):
-    from engine.compiled import CompiledDecode
+    from engine import compiled
 
-    def broken(self):
-        def forward(**_kwargs):
-            raise RuntimeError("no C++ compiler on this machine")
-        return forward
+    def broken(_args, _length):
+        raise RuntimeError("no C++ compiler on this machine")
 
-    monkeypatch.setattr(CompiledDecode, "forward", broken)
+    monkeypatch.setattr(compiled, "_ahead_of_time", broken)
     eager, _ = _run(Session(model), "hello world")
     result, steps = _run(Session(model), "hello world", compiled=True)
     s = result.summary
@@ -115,3 +119,72 @@ def test_a_graph_that_cannot_be_built_leaves_decode_eager_and_the_run_says_why(m
     assert not any(step.compiled for step in steps)
     assert any("could not be built (RuntimeError: no C++ compiler on this machine): decoded eagerly" in n
                for n in s.notes)
+
+
+def test_a_saved_graph_is_named_by_what_it_was_compiled_for(tiny_model_dir, model):
+    from engine.compiled import graph_key
+    from engine.models import load
+
+    again = load(str(tiny_model_dir), "cpu", "float32")
+    halved = load(str(tiny_model_dir), "cpu", "bfloat16")
+    assert graph_key(model.model, 256) == graph_key(again.model, 256)       # another load of the same model
+    assert graph_key(model.model, 256) != graph_key(model.model, 512)
+    assert graph_key(model.model, 256) != graph_key(halved.model, 256)
+
+
+LAUNCH = """
+import json, sys
+from engine.models import load
+from engine.params import GenerationParams
+from engine.session import Session
+params = GenerationParams(max_new_tokens=8, temperature=0.0, static_cache=True, compiled=True)
+s = Session(load(sys.argv[1], "cpu", "float32")).run("hello world", params).summary
+print(json.dumps({"loaded": s.compile_loaded, "tokens": s.token_ids, "from": s.compiled_from_step,
+                  "notes": s.notes}))
+"""
+
+
+def test_a_damaged_saved_graph_is_compiled_again_and_a_later_launch_reads_it_with_eagers_float32_tokens(
+        model, tiny_model_dir, monkeypatch):
+    """The graph a run compiles is saved; a damaged file is compiled again (the run says so) and saved again;
+    a fresh process then reads it instead of compiling, and decodes eager's greedy tokens through it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from engine import compiled
+    from engine.paths import compiled_graphs_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(compiled_graphs_dir()))
+    monkeypatch.setattr(compiled, "_READ", {})
+    eager, _ = _run(Session(model), "hello world")
+    _run(Session(model), "hello world", compiled=True)          # read, or built and saved
+    path = compiled.saved_graph(compiled.graph_key(model.model, SHORTEST))
+    assert path.stat().st_size > 0
+    path.write_bytes(b"not a graph")
+    monkeypatch.setattr(compiled, "_READ", {})                # as a new process: nothing read yet
+    result, steps = _run(Session(model), "hello world", compiled=True)
+    s = result.summary
+    assert not s.compile_loaded and s.token_ids == eager.summary.token_ids and all(x.compiled for x in steps)
+    assert any(n.startswith("the saved graph could not be used (") and n.endswith("): compiled again")
+               for n in s.notes)
+    assert path.read_bytes() != b"not a graph"
+    child = subprocess.run([sys.executable, "-c", LAUNCH, str(tiny_model_dir)], capture_output=True, text=True,
+                           timeout=600, env=dict(os.environ))
+    assert child.returncode == 0, child.stderr[-2000:]
+    launch = json.loads(child.stdout.strip().splitlines()[-1])
+    assert launch == {"loaded": True, "tokens": eager.summary.token_ids, "from": 1, "notes": []}
+    text = report(model.facts, s)
+    assert "compile: building the compiled decode graph took" in text
+
+
+def test_a_graph_read_from_an_earlier_launch_is_reported_as_read_not_built(model):
+    from engine.events import RunSummary
+
+    s = RunSummary(prompt_tokens=4, generated_tokens=3, decode_runs=2, compile_ms=1_234.0, compile_loaded=True,
+                   compiled_from_step=1)
+    text = report(model.facts, s)
+    assert ("compile: reading the compiled decode graph an earlier launch saved took 1,234 ms, before the first "
+            "decode step (not in eval time)") in text
+    assert "building" not in text
