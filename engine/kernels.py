@@ -1,13 +1,15 @@
 """Which kernel computes a model's matrix products on this CPU, measured once per machine and model shape.
 
 A decode step is some two hundred matrix-vector products, one per linear layer, and reads every weight once;
-how near it gets to the memory bandwidth depends on the kernel. Two candidates: ATen's ``linear`` (what
-``nn.Linear`` calls) and oneDNN's linear over weights reordered once into its blocked layout
-(``torch.ops.mkldnn._linear_pointwise``, what inductor's weight prepacking uses). Which is faster differs by CPU
-and dtype (on a Sapphire Rapids VM, oneDNN took bfloat16 decode from 28.5 to 37.0 tok/s and float32 from 30.6
-down to 24.9), so the choice is measured at the model's own shapes, the winner kept only if a short greedy probe
-gives the same tokens as before, and the decision cached (``kernels.json``) per device, torch version, thread
-count, dtype and shapes. ``KVSCOPE_LINEAR=aten|onednn|auto`` overrides it (the tests pin ``aten``).
+how near it gets to the memory bandwidth depends on the kernel. The candidates (``CANDIDATES``): ATen's
+``linear`` (what ``nn.Linear`` calls), oneDNN's linear over weights reordered once into its blocked layout
+(``torch.ops.mkldnn._linear_pointwise``, what inductor's weight prepacking uses) and, for float32, MKL's GEMM
+over weights packed once for one row (``torch.ops.mkl._mkl_linear``). Which is fastest differs by CPU and dtype
+(on a Sapphire Rapids VM, oneDNN took bfloat16 decode from 28.5 to 37.0 tok/s and float32 from 30.6 down to
+24.9), so every candidate is timed at the model's own shapes, the fastest kept only if a short greedy probe gives
+ATen's tokens, and the decision cached (``kernels.json``) per CPU, torch version, thread count, dtype and shapes.
+``KVSCOPE_LINEAR=aten|onednn|mkl|auto`` overrides it (the tests pin ``aten``). Quantized weights keep their own
+kernels (``engine.quantize``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,46 +27,114 @@ from torch import nn
 from engine import machine_cache
 from engine.contention import LoadMeter, busy
 
-KERNELS = ("aten", "onednn")
 ENV = "KVSCOPE_LINEAR"
 CACHE = "kernels.json"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ROUNDS = 5                       # interleaved rounds of every candidate; the median of each is compared
 PROBE_TOKENS = 8
+TIMING = 2                       # how the candidates are timed: a new way makes old entries stale
+MEASURED_BYTES = 512 << 20       # at most this much of the model's weights is timed (and packed twice meanwhile)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One way to compute ``x @ weight.T + bias``: ``pack`` turns a weight into the kernel's layout once, at
+    load; ``product`` multiplies by it at every call."""
+
+    name: str
+    title: str
+    dtypes: tuple[torch.dtype, ...]
+    pack: Callable[[torch.Tensor], torch.Tensor]
+    product: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    available: Callable[[], bool]
+
+
+def _onednn_product(x: torch.Tensor, packed: torch.Tensor, _weight: torch.Tensor,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _mkl_product(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, 1)     # other row counts multiply by ``weight``
+
+
+CANDIDATES: dict[str, Kernel] = {k.name: k for k in (
+    Kernel("aten", "ATen's linear", DTYPES, lambda w: w,
+           lambda x, _packed, w, b: torch.nn.functional.linear(x, w, b), lambda: True),
+    Kernel("onednn", "oneDNN with prepacked weights", DTYPES, torch.ops.mkldnn._reorder_linear_weight,
+           _onednn_product, torch.backends.mkldnn.is_available),
+    # MKL's packed GEMM, packed for one row: a decode step's shape (float32 only)
+    Kernel("mkl", "MKL's packed GEMM", (torch.float32,), lambda w: torch.ops.mkl._mkl_reorder_linear_weight(w, 1),
+           _mkl_product, torch.backends.mkl.is_available),
+)}
+KERNELS = tuple(CANDIDATES)
+
+
+def candidates(dtype: torch.dtype) -> list[Kernel]:
+    """The kernels this torch has for weights in ``dtype``, ATen's first."""
+    return [k for k in CANDIDATES.values() if dtype in k.dtypes and k.available()]
 
 
 @dataclass(frozen=True)
 class KernelChoice:
-    kernel: str                                   # "aten" or "onednn"
+    kernel: str                                   # a name in CANDIDATES
     step_ms: dict[str, float] = field(default_factory=dict)   # one decode step's products, by kernel (measured)
     reason: str = ""
     cached: bool = False
+    weight_bytes: int = 0                         # what those products read: every linear layer's weight once
 
     def words(self) -> str:
         """For the model's status line."""
         if not self.step_ms:
             return self.reason
         timing = ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(self.step_ms.items()))
-        name = "oneDNN with prepacked weights" if self.kernel == "onednn" else "ATen's linear"
         how = "measured earlier on this machine" if self.cached else "measured"
-        return f"products through {name} ({timing} a decode step's products, {how})"
+        return f"products through {CANDIDATES[self.kernel].title} ({timing} a decode step's products, {how})"
+
+    def reached_bytes_per_s(self) -> dict[str, float]:
+        """Each candidate's bandwidth over the weights it reads, by kernel: computed over a measured time."""
+        if not self.weight_bytes:
+            return {}
+        return {k: self.weight_bytes / (ms / 1000.0) for k, ms in self.step_ms.items() if ms > 0}
+
+
+def _graph_op(kernel: Kernel) -> Any:
+    """``kernel``'s product as an operator of its own (``torch.ops.kvscope.<name>_linear``), for compiled graphs:
+    inductor cannot lower oneDNN's linear over a weight packed outside the graph, but calls an operator it does
+    not know as it is, so the graph fuses the small operators around the products and leaves the products to the
+    kernel. Eager calls skip it: its dispatch costs microseconds a call, two hundred calls a step."""
+
+    @torch.library.custom_op(f"kvscope::{kernel.name}_linear", mutates_args=())
+    def op(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return kernel.product(x, packed, weight, bias)
+
+    @op.register_fake
+    def _shape(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    return op
+
+
+GRAPH_OPS = {name: _graph_op(k) for name, k in CANDIDATES.items() if name != "aten"}
 
 
 class PackedLinear(nn.Module):
-    """``nn.Linear``'s product through oneDNN over its weight reordered once. The original weight is kept: a
-    compiled graph multiplies through it (inductor packs weights its own way), and the model's facts count it."""
+    """``nn.Linear``'s product through another kernel over its weight packed once. The original weight is kept:
+    MKL's kernel multiplies a prefill's many rows by it, and the model's facts count it."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, kernel: Kernel) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach()),
-                             persistent=False)
+        self.kernel = kernel
+        self.register_buffer("packed", kernel.pack(linear.weight.detach()), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            return torch.nn.functional.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            return GRAPH_OPS[self.kernel.name](x, self.packed, self.weight, self.bias)
+        return self.kernel.product(x, self.packed, self.weight, self.bias)
 
 
 def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
@@ -73,9 +143,7 @@ def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
 
 
 def usable(model: nn.Module) -> str | None:
-    """Why oneDNN's packed linear cannot stand in for this model's layers, or None."""
-    if not torch.backends.mkldnn.is_available():
-        return "this torch has no oneDNN"
+    """Why no other kernel can stand in for ATen's in this model's layers, or None."""
     linears = _linears(model)
     if not linears:
         return "no plain linear layers (quantized weights keep their own kernels)"
@@ -84,8 +152,11 @@ def usable(model: nn.Module) -> str | None:
         return "its layers are not all on the CPU"
     if getattr(model, "hf_device_map", None) and len(set(model.hf_device_map.values())) > 1:
         return "it is split across devices or disk"
-    if {child.weight.dtype for _p, _n, child in linears} - set(DTYPES):
-        return "its weights are not in a float format"
+    dtypes = {child.weight.dtype for _p, _n, child in linears}
+    if dtypes - set(DTYPES) or len(dtypes) > 1:
+        return "its weights are not all in one float format"
+    if len(candidates(dtypes.pop())) < 2:
+        return "this torch has no other kernel for its format"
     from engine.memory import available_bytes
 
     extra = sum(child.weight.nbytes for _p, _n, child in linears)
@@ -96,30 +167,29 @@ def usable(model: nn.Module) -> str | None:
     return None
 
 
-def _step_ms(linears: list[tuple[nn.Module, str, nn.Linear]]) -> dict[str, float]:
-    """One decode step's products at the model's shapes (each shape as often as the model has it), by kernel:
-    candidates interleaved, the median of ``ROUNDS`` rounds each."""
-    shapes = Counter((child.out_features, child.in_features, child.weight.dtype) for _p, _n, child in linears)
-    cases = []
-    for (out, inp, dtype), count in shapes.items():
-        weight = torch.randn(out, inp, dtype=dtype)
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-        x = torch.randn(1, inp, dtype=dtype)
-        cases.append((count, x, weight, packed))
-    runs = {"aten": lambda x, w, p: torch.nn.functional.linear(x, w),
-            "onednn": lambda x, w, p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")}
-    times: dict[str, list[float]] = {k: [] for k in runs}
+def _step_ms(linears: list[tuple[nn.Module, str, nn.Linear]], kernels: list[Kernel]) -> dict[str, float]:
+    """One decode step's products by kernel, over the model's own weights: candidates interleaved, the median
+    of ``ROUNDS`` rounds each. Distinct weights, as decode reads them: one weight per shape multiplied many
+    times stays in the CPU's cache and times the cache, not the memory (it put float32's products at 64 GB/s
+    here, three times the copy bandwidth). A model larger than ``MEASURED_BYTES`` is timed on every k-th layer
+    and the time scaled by the bytes."""
+    total = sum(child.weight.nbytes for _p, _n, child in linears)
+    stride = max(1, -(-total // MEASURED_BYTES))
+    sample = [child for _p, _n, child in linears][::stride]
+    scale = total / sum(child.weight.nbytes for child in sample)
+    cases = [(torch.randn(1, child.in_features, dtype=child.weight.dtype), child.weight.detach(),
+              {k.name: k.pack(child.weight.detach()) for k in kernels}) for child in sample]
+    times: dict[str, list[float]] = {k.name: [] for k in kernels}
     with torch.inference_mode():
-        for count, x, w, p in cases:                         # warm each kernel at each shape
-            for run in runs.values():
-                run(x, w, p)
+        for x, w, packed in cases[:8]:                       # warm each kernel
+            for k in kernels:
+                k.product(x, packed[k.name], w, None)
         for _ in range(ROUNDS):
-            for name, run in runs.items():
+            for k in kernels:
                 start = time.perf_counter()
-                for count, x, w, p in cases:
-                    for _ in range(count):
-                        run(x, w, p)
-                times[name].append((time.perf_counter() - start) * 1000.0)
+                for x, w, packed in cases:
+                    k.product(x, packed[k.name], w, None)
+                times[k.name].append((time.perf_counter() - start) * 1000.0 * scale)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -140,11 +210,12 @@ def _probe(model: nn.Module) -> list[int]:
     return tokens
 
 
-def _swap(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
-    """Every plain linear layer replaced by its packed form; returns what was replaced, to put back."""
+def _swap(model: nn.Module, kernel: Kernel) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """Every plain linear layer replaced by its packed form for ``kernel``; returns what was replaced, to put
+    back."""
     linears = _linears(model)
     for parent, name, child in linears:
-        setattr(parent, name, PackedLinear(child))
+        setattr(parent, name, PackedLinear(child, kernel))
     return linears
 
 
@@ -154,39 +225,53 @@ def _restore(replaced: list[tuple[nn.Module, str, nn.Linear]]) -> None:
 
 
 def choose(model: nn.Module, device_name: str, measuring: Any = lambda: None) -> KernelChoice:
-    """Put the faster kernel in place for ``model`` (on a CPU, in a float format) and say which, and why;
-    ``measuring`` is called before anything is measured (a cached decision measures nothing)."""
+    """Put the fastest kernel that keeps the greedy tokens in place for ``model`` (on a CPU, in a float format)
+    and say which, and why; ``measuring`` is called before anything is measured (a cached decision measures
+    nothing)."""
     wanted = os.environ.get(ENV, "auto").strip().lower()
     why = usable(model)
     if why is not None or wanted == "aten":
         return KernelChoice("aten", reason=f"products through ATen's linear ({why or f'{ENV}=aten'})")
     linears = _linears(model)
-    if wanted == "onednn":
-        _swap(model)
-        return KernelChoice("onednn", reason=f"products through oneDNN with prepacked weights ({ENV}=onednn)")
+    weight_bytes = sum(child.weight.nbytes for _p, _n, child in linears)
+    offered = candidates(linears[0][2].weight.dtype)
+    if wanted in CANDIDATES:
+        kernel = CANDIDATES[wanted]
+        if kernel not in offered:
+            return KernelChoice("aten", reason=f"products through ATen's linear ({ENV}={wanted}: that kernel has "
+                                               "nothing for this format here)")
+        _swap(model, kernel)
+        return KernelChoice(wanted, reason=f"products through {kernel.title} ({ENV}={wanted})")
     shapes = sorted({(c.out_features, c.in_features) for _p, _n, c in linears})
     dtype = str(linears[0][2].weight.dtype).removeprefix("torch.")
-    key = f"{device_name}|torch {torch.__version__}|threads {torch.get_num_threads()}|{dtype}|{shapes}"
+    key = (f"{device_name}|torch {torch.__version__}|threads {torch.get_num_threads()}|{dtype}|{shapes}"
+           f"|timed {TIMING}")
     entry = machine_cache.entry(CACHE, key)
-    if entry is not None and entry.get("kernel") in KERNELS:
-        if entry["kernel"] == "onednn":
-            _swap(model)
-        return KernelChoice(entry["kernel"], dict(entry.get("step_ms") or {}), entry.get("reason", ""), cached=True)
+    names = {k.name for k in offered}       # an entry that timed other candidates (another KVScope) is redone
+    if entry is not None and entry.get("kernel") in names and set(entry.get("step_ms") or {}) == names:
+        if entry["kernel"] != "aten":
+            _swap(model, CANDIDATES[entry["kernel"]])
+        return KernelChoice(entry["kernel"], dict(entry.get("step_ms") or {}), entry.get("reason", ""), cached=True,
+                            weight_bytes=weight_bytes)
     measuring()
     meter = LoadMeter()
     meter.start()
-    step_ms = _step_ms(linears)
+    step_ms = _step_ms(linears, offered)
     meter.stop()
-    kernel, reason = "aten", ""
-    if step_ms["onednn"] < step_ms["aten"]:
+    kernel, refused = "aten", []
+    faster = sorted((k for k in offered if step_ms[k.name] < step_ms["aten"]), key=lambda k: step_ms[k.name])
+    if faster:
         before = _probe(model)
-        replaced = _swap(model)
-        if _probe(model) == before:
-            kernel = "onednn"
-        else:
+        for candidate in faster:                     # the fastest whose greedy tokens are ATen's
+            replaced = _swap(model, candidate)
+            if _probe(model) == before:
+                kernel = candidate.name
+                break
             _restore(replaced)
-            reason = "oneDNN was faster but its greedy tokens differed from ATen's: kept ATen's"
-    choice = KernelChoice(kernel, step_ms, reason)
+            refused.append(candidate.title)
+    reason = (f"{' and '.join(refused)} {'was' if len(refused) == 1 else 'were'} faster but gave other greedy "
+              "tokens than ATen's: not used") if refused else ""
+    choice = KernelChoice(kernel, step_ms, reason, weight_bytes=weight_bytes)
     if not busy(meter.share()):                      # a busy machine's comparison is not kept
         machine_cache.remember(CACHE, key, {"kernel": kernel, "step_ms": step_ms, "reason": reason})
     return choice

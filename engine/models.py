@@ -78,6 +78,7 @@ class LoadedModel:
     dtype_reason: str = ""
     offload_folder: Path | None = None     # where accelerate wrote the layers that fit nowhere (None: none)
     converted_from: Path | None = None     # the GGUF whose converted copy in the cache this is (None: a folder)
+    kernel: Any = None                     # engine.kernels.KernelChoice on a CPU: the products' kernel and timings
 
     def loaded_event(self) -> ModelLoaded:
         return ModelLoaded(model=self.facts, load_ms=self.load_ms, converted=self.converted,
@@ -214,6 +215,7 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
     name = embedded.DISPLAY_NAME if source.kind == "embedded" else source.display
     facts = model_facts(model, name=name, source=spec or embedded.SPEC, device=input_device, weights=weights_text,
                         weight_format=weights or str(torch_dtype).removeprefix("torch."))
+    kernel = None
     if torch_device.type == "cpu" and "offload_folder" not in placement:   # after the facts: they count weights
         from engine import kernels
         from engine.hardware import device_name
@@ -225,7 +227,8 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
     report(LoadProgress("done", f"Loaded {name} on {facts.device} in {load_ms / 1000:.1f} s", 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, device=input_device, facts=facts, load_ms=load_ms,
                        converted=converted, warnings=warnings, dtype_reason=reason, converted_from=gguf_path,
-                       offload_folder=Path(placement["offload_folder"]) if "offload_folder" in placement else None)
+                       offload_folder=Path(placement["offload_folder"]) if "offload_folder" in placement else None,
+                       kernel=kernel)
 
 
 def _checked_sizes(folder: str) -> config_facts.Sizes:

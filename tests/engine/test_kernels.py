@@ -1,5 +1,6 @@
-"""The matrix-product kernel: oneDNN's packed linear gives ATen's greedy tokens, the per-machine choice is measured
-once and cached per torch version, a faster kernel with other tokens is refused, a busy comparison is not kept."""
+"""The matrix-product kernel: every candidate gives ATen's greedy tokens, the per-machine choice is measured once
+and cached per torch version and CPU, a faster kernel with other tokens is refused, a busy comparison is not
+kept."""
 
 from __future__ import annotations
 
@@ -17,22 +18,36 @@ def fresh(tiny_model_dir, dtype: str):
     return load(str(tiny_model_dir), device="cpu", dtype=dtype)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_packed_onednn_products_give_atens_greedy_tokens(tiny_model_dir, monkeypatch, dtype):
+KERNEL_FORMATS = [(k, d) for k in kernels.KERNELS if k != "aten" for d in ("float32", "bfloat16")
+                  if getattr(torch, d) in kernels.CANDIDATES[k].dtypes]
+
+
+@pytest.mark.parametrize(("kernel", "dtype"), KERNEL_FORMATS)
+def test_each_packed_kernel_gives_atens_greedy_tokens(tiny_model_dir, monkeypatch, kernel, dtype):
     plain = fresh(tiny_model_dir, dtype)
-    monkeypatch.setenv(kernels.ENV, "onednn")
+    monkeypatch.setenv(kernels.ENV, kernel)
     packed = fresh(tiny_model_dir, dtype)
-    assert any(isinstance(m, kernels.PackedLinear) for m in packed.model.modules())
+    layers = [m for m in packed.model.modules() if isinstance(m, kernels.PackedLinear)]
+    assert layers and all(m.kernel.name == kernel for m in layers)
     assert not any(isinstance(m, kernels.PackedLinear) for m in plain.model.modules())
     params = GenerationParams(max_new_tokens=16)
     a = Session(plain).run("the cache keeps what attention read", params).summary.token_ids
     b = Session(packed).run("the cache keeps what attention read", params).summary.token_ids
     assert a == b and len(a) == 16
-    assert "oneDNN" in packed.dtype_reason
+    assert kernels.CANDIDATES[kernel].title in packed.dtype_reason
 
 
-def test_packed_layers_keep_their_weights_for_the_facts_and_a_compiled_graph(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv(kernels.ENV, "onednn")
+def test_a_kernel_without_this_format_leaves_atens_and_says_so(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv(kernels.ENV, "mkl")
+    loaded = fresh(tiny_model_dir, "bfloat16")
+    assert not any(isinstance(m, kernels.PackedLinear) for m in loaded.model.modules())
+    assert "KVSCOPE_LINEAR=mkl: that kernel has nothing for this format here" in loaded.dtype_reason
+
+
+@pytest.mark.parametrize("kernel", [k for k in kernels.KERNELS if k != "aten"])
+def test_packed_layers_keep_their_weights_for_the_facts_and_multiply_a_step_through_the_packed_copy(
+        tiny_model_dir, monkeypatch, kernel):
+    monkeypatch.setenv(kernels.ENV, kernel)
     loaded = fresh(tiny_model_dir, "float32")
     packed = [m for m in loaded.model.modules() if isinstance(m, kernels.PackedLinear)]
     assert packed and all(isinstance(m.weight, torch.nn.Parameter) for m in packed)
@@ -42,11 +57,37 @@ def test_packed_layers_keep_their_weights_for_the_facts_and_a_compiled_graph(tin
     x = torch.randn(2, 3, layer.in_features)                         # a prefill's shape: [batch, tokens, in]
     expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
     torch.testing.assert_close(layer(x), expected)                    # the packed product, eagerly
-    layer.packed.zero_()                                              # from here, only the weight gives it
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert torch.equal(layer(x), expected)                            # what a compiled graph traces
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
-    assert not torch.allclose(layer(x), expected)
+    step = torch.randn(1, 1, layer.in_features)                      # a decode step's shape: one row
+    step_expected = torch.nn.functional.linear(step, layer.weight, layer.bias)
+    torch.testing.assert_close(layer(step), step_expected)
+    layer.packed = layer.kernel.pack(torch.zeros_like(layer.weight))  # from here, only the weight gives it
+    assert not torch.allclose(layer(step), step_expected)             # the step went through the packed copy
+
+
+@pytest.mark.parametrize("kernel", [k for k in kernels.KERNELS if k != "aten"])
+def test_a_compiled_decode_multiplies_through_the_packed_kernel_with_atens_float32_tokens(
+        tiny_model_dir, monkeypatch, kernel):
+    """The graph calls the kernel's own operator over the packed weights (not ATen's product it would trace
+    otherwise), and decodes ATen's eager greedy tokens."""
+    from torch.profiler import profile
+
+    params = GenerationParams(max_new_tokens=8, static_cache=True)
+    plain = Session(fresh(tiny_model_dir, "float32")).run("hello world", params).summary.token_ids
+    monkeypatch.setenv(kernels.ENV, kernel)
+    session = Session(fresh(tiny_model_dir, "float32"))
+    result = session.run("hello world", params.with_(compiled=True)).summary
+    assert result.token_ids == plain and result.compiled_from_step == 1
+    [graph] = session.compiled.graphs()
+    from engine import kvcache
+
+    with torch.inference_mode():
+        cache = kvcache.new_cache(session.model, graph.length)
+        kvcache.forward(session.model, torch.tensor([[1, 2, 3]]), cache)
+        with profile() as prof:
+            session.compiled.run(graph, torch.tensor([[4]]), torch.tensor([[3]]), cache)
+    calls = {e.key: e.count for e in prof.key_averages()}
+    linears = sum(isinstance(m, kernels.PackedLinear) for m in session.model.modules())
+    assert calls.get(f"kvscope::{kernel}_linear") == linears
 
 
 def test_the_choice_is_measured_once_and_again_under_another_torch(tiny_model_dir, monkeypatch):
@@ -55,14 +96,19 @@ def test_the_choice_is_measured_once_and_again_under_another_torch(tiny_model_di
     monkeypatch.setattr(kernels, "busy", lambda share: False)
     measured = []
     real = kernels._step_ms
-    monkeypatch.setattr(kernels, "_step_ms", lambda linears: measured.append(1) or real(linears))
+    monkeypatch.setattr(kernels, "_step_ms", lambda linears, offered: measured.append(1) or real(linears, offered))
     first = kernels.choose(fresh_model(tiny_model_dir), "this cpu")
     second = kernels.choose(fresh_model(tiny_model_dir), "this cpu")
     assert len(measured) == 1 and not first.cached and second.cached and second.kernel == first.kernel
-    assert set(first.step_ms) == set(kernels.KERNELS) and all(v > 0 for v in first.step_ms.values())
+    offered = {k.name for k in kernels.candidates(torch.float32)}
+    assert set(first.step_ms) == offered and len(offered) > 1 and all(v > 0 for v in first.step_ms.values())
+    assert first.reached_bytes_per_s()[first.kernel] == pytest.approx(
+        first.weight_bytes / first.step_ms[first.kernel] * 1000.0)
+    another = kernels.choose(fresh_model(tiny_model_dir), "another cpu")
+    assert len(measured) == 2 and not another.cached
     monkeypatch.setattr(torch, "__version__", "9.9.9")
     third = kernels.choose(fresh_model(tiny_model_dir), "this cpu")
-    assert len(measured) == 2 and not third.cached
+    assert len(measured) == 3 and not third.cached
 
 
 def fresh_model(tiny_model_dir):
@@ -79,12 +125,18 @@ def fresh_model(tiny_model_dir):
 def test_a_faster_kernel_whose_tokens_differ_is_refused_and_the_layers_put_back(tiny_model_dir, monkeypatch):
     monkeypatch.setenv(kernels.ENV, "auto")
     machine_cache.forget(kernels.CACHE)
-    monkeypatch.setattr(kernels, "_step_ms", lambda linears: {"aten": 2.0, "onednn": 1.0})
-    answers = iter([[1, 2, 3], [1, 2, 4]])
+    monkeypatch.setattr(kernels, "_step_ms", lambda linears, offered: {"aten": 2.0, "onednn": 1.0, "mkl": 1.5})
+    answers = iter([[1, 2, 3], [1, 2, 4], [1, 2, 3]])                 # ATen's, oneDNN's, MKL's
     monkeypatch.setattr(kernels, "_probe", lambda model: next(answers))
     model = fresh_model(tiny_model_dir)
     choice = kernels.choose(model, "this cpu")
-    assert choice.kernel == "aten" and "differed" in choice.reason
+    assert choice.kernel == "mkl"                                     # the fastest whose tokens are ATen's
+    assert choice.reason == "oneDNN with prepacked weights was faster but gave other greedy tokens than ATen's: not used"
+    assert {m.kernel.name for m in model.modules() if isinstance(m, kernels.PackedLinear)} == {"mkl"}
+    answers = iter([[1, 2, 3], [1, 2, 4], [1, 2, 5]])
+    machine_cache.forget(kernels.CACHE)
+    model = fresh_model(tiny_model_dir)
+    assert kernels.choose(model, "this cpu").kernel == "aten"
     assert not any(isinstance(m, kernels.PackedLinear) for m in model.modules())
 
 
