@@ -104,6 +104,27 @@ def peaks(device: torch.device, dtype: torch.dtype, remeasure: bool = False,
                          cached=False, cpu_share=share, measured=today)
 
 
+def quiet_peaks(device: torch.device, dtype: torch.dtype, attempts: int = 3) -> HardwarePeaks | None:
+    """Peaks a ceiling may be computed from: the quiet ones kept, or measured again (at most ``attempts`` times)
+    until a measurement is quiet; None when the machine stayed busy throughout (no ceiling is then shown)."""
+    found = peaks(device, dtype)
+    for _ in range(attempts):
+        if found is not None and found.quiet:
+            return found
+        found = peaks(device, dtype, remeasure=True)
+    return found if found is not None and found.quiet else None
+
+
+def share_of_ceiling(rate: float, ceiling: float | None) -> str:
+    """``rate`` as a share of ``ceiling`` for a table: never above 100% (a rate above its ceiling shows the
+    ceiling is wrong, and says so instead), and nothing where there is no ceiling."""
+    if ceiling is None or ceiling <= 0:
+        return "no quiet ceiling"
+    if rate > ceiling:
+        return "above the ceiling (ceiling wrong)"
+    return f"{rate / ceiling:.0%}"
+
+
 def _cached(key: str, dtype: torch.dtype) -> HardwarePeaks | None:
     entry = machine_cache.entry(CACHE, key)
     if entry is None:

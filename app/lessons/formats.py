@@ -40,9 +40,12 @@ class FormatsView(LessonView):
         if not points:
             return
         x = np.arange(len(points))
-        self.chart.add(pg.BarGraphItem(x=x, height=[v["decode_ceiling_tok_s"] for v in points], width=0.7, brush=None,
-                                       pen=pg.mkPen(th.FORMULA, width=2, style=Qt.PenStyle.DashLine)),
-                       "bandwidth ceiling (computed)")
+        ceilings = [(i, v["decode_ceiling_tok_s"]) for i, v in enumerate(points) if "decode_ceiling_tok_s" in v]
+        if ceilings:                                # none from a busy machine's measurement
+            self.chart.add(pg.BarGraphItem(x=[i for i, _ in ceilings], height=[c for _, c in ceilings], width=0.7,
+                                           brush=None, pen=pg.mkPen(th.FORMULA, width=2,
+                                                                    style=Qt.PenStyle.DashLine)),
+                           "bandwidth ceiling (computed)")
         self.chart.add(pg.BarGraphItem(x=x, height=[v["decode_tok_s"] for v in points], width=0.45, brush=th.DECODE,
                                        pen=None), "decode (measured)")
         self.plot.getAxis("bottom").setTicks([[(i, name_of(record.settings, v["index"])) for i, v in
@@ -65,9 +68,13 @@ def name_of(settings: FormatsSettings, index: float | None) -> str:
 
 def format_line(name: str, v: dict) -> str:
     diverges = "" if v["diverges_at"] < 0 else f", greedy tokens leave float32's at step {int(v['diverges_at'])}"
+    ceiling = (f" of a {v['decode_ceiling_tok_s']:,.0f} tok/s ceiling" if "decode_ceiling_tok_s" in v else
+               " (no ceiling: the machine was busy when its bandwidth was measured)")
+    kernels = formats.kernel_words(v)
     return (f"<b>{escape(name)}</b>: {v['bytes_per_token'] / 2**20:,.0f} MiB read per token, "
-            f"<b>{v['decode_tok_s']:,.1f} tok/s</b> of a {v['decode_ceiling_tok_s']:,.0f} tok/s ceiling, prefill "
-            f"{v['prefill_tok_s']:,.0f} tok/s, perplexity {v['perplexity']:,.2f}{diverges}")
+            f"<b>{v['decode_tok_s']:,.1f} tok/s</b>{ceiling}, prefill "
+            f"{v['prefill_tok_s']:,.0f} tok/s, perplexity {v['perplexity']:,.2f}{diverges}"
+            + (f"; {escape(kernels)}" if kernels else ""))
 
 
 def caption(record: ExperimentRecord | None, context: object = None) -> str:

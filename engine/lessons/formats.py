@@ -2,7 +2,9 @@
 which is arithmetic, does not. Per format (float32, bfloat16, int8, int4 weights), on the loaded model:
 
 - bytes read per token (the weights as stored plus the KV cache) and measured decode tok/s beside the ceiling
-  this machine's measured bandwidth allows for those bytes;
+  this machine's measured bandwidth allows for those bytes (only from a measurement on a quiet machine);
+- for the float formats, each candidate kernel's bandwidth over the weights in a decode step's products (timed
+  at load, ``engine.kernels``), so the lesson shows which kernel this CPU uses and how near the copy it gets;
 - prefill tok/s on a longer prompt beside the ceiling the measured matmul peak allows;
 - TTFT, the first step where greedy tokens leave float32's, and the mean negative log-likelihood (and
   perplexity) of a held paragraph, so what the smaller bytes cost in quality is on the same screen.
@@ -131,8 +133,7 @@ def _measure(session, settings: FormatsSettings,
     from engine import hardware
 
     facts = session.facts
-    peaks = hardware.peaks(session.device, session.model.dtype)
-    device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
+    peaks = hardware.quiet_peaks(session.device, session.model.dtype, attempts=1)    # None: only busy ones
     cost = ModelCost(facts)
     params = GenerationParams(max_new_tokens=settings.new_tokens)
     session.run(PROMPT, GenerationParams(max_new_tokens=4), cancel=cancel)        # warm-up
@@ -154,15 +155,45 @@ def _measure(session, settings: FormatsSettings,
     nll = session.negative_log_likelihood(HELD_PARAGRAPH)
     values = {"weight_bytes": float(facts.weight_bytes), "bytes_per_token": step.bytes,
               "decode_tok_s": statistics.median(s.decode_tok_s for s in runs),
-              "decode_ceiling_tok_s": device.bytes_per_s / step.bytes,
               "ttft_ms": statistics.median(s.ttft_ms for s in runs),
               "prefill_tok_s": settings.prefill_tokens / (prefill_ms / 1000.0),
-              "prefill_ceiling_tok_s":
-                  settings.prefill_tokens / cost.prefill(settings.prefill_tokens).compute_s(device),
-              "nll": nll, "perplexity": math.exp(nll), "bandwidth_gb_s": peaks.bytes_per_s / 1e9,
-              "peak_gflop_s": peaks.flops_per_s / 1e9}
+              "nll": nll, "perplexity": math.exp(nll)}
+    if peaks is not None:                       # ceilings only from a quiet machine's measurement
+        device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
+        values.update({"decode_ceiling_tok_s": device.bytes_per_s / step.bytes,
+                       "prefill_ceiling_tok_s":
+                           settings.prefill_tokens / cost.prefill(settings.prefill_tokens).compute_s(device),
+                       "bandwidth_gb_s": peaks.bytes_per_s / 1e9, "peak_gflop_s": peaks.flops_per_s / 1e9})
+    values.update(_kernel_values(session.loaded.kernel))
     shares = [s.cpu_share for s in runs if s.cpu_share is not None]
     return values, runs[0].token_ids, min(shares) if shares else None
+
+
+def _kernel_values(choice) -> dict:
+    """The products' kernels timed at load (``engine.kernels``): each candidate's bandwidth over the weights
+    (achieved) as ``products_gb_s_<kernel>``, and which was chosen (``products_chosen_<kernel>`` = 1)."""
+    if choice is None or not choice.step_ms:
+        return {}
+    out = {f"products_gb_s_{k}": v / 1e9 for k, v in choice.reached_bytes_per_s().items()}
+    out[f"products_chosen_{choice.kernel}"] = 1.0
+    return out
+
+
+def kernel_figures(values: dict) -> list[tuple[str, float, bool]]:
+    """(kernel, achieved GB/s, chosen) per candidate timed for a format, fastest first."""
+    found = [(key.removeprefix("products_gb_s_"), v) for key, v in values.items() if key.startswith("products_gb_s_")]
+    return [(k, v, f"products_chosen_{k}" in values) for k, v in sorted(found, key=lambda kv: -kv[1])]
+
+
+def kernel_words(values: dict) -> str:
+    """One format's products by kernel, for a table or a caption; empty where none were timed (quantized)."""
+    figures = kernel_figures(values)
+    if not figures:
+        return ""
+    parts = ", ".join(f"{k} {v:,.1f} GB/s{' (chosen)' if chosen else ''}" for k, v, chosen in figures)
+    copy = values.get("bandwidth_gb_s")
+    beside = f" beside a {copy:,.1f} GB/s copy (measured)" if copy else ""
+    return f"a step's products through {parts} (achieved){beside}"
 
 
 def table(points: Sequence[ExperimentPoint], result: FormatsResult) -> str:
@@ -174,19 +205,27 @@ def table(points: Sequence[ExperimentPoint], result: FormatsResult) -> str:
         v = p.values
         diverges = "never" if v["diverges_at"] < 0 else f"step {int(v['diverges_at'])}"
         lines.append(f"{figures.name:>7} | {v['bytes_per_token'] / 2**20:8.1f} MiB | "
-                     f"{v['decode_tok_s']:12.1f} | {v['decode_ceiling_tok_s']:7.0f} | {v['prefill_tok_s']:13.0f} | "
-                     f"{v['prefill_ceiling_tok_s']:7.0f} | {v['ttft_ms']:7.1f} | {diverges:>8} | "
-                     f"{v['nll']:.3f} ({v['perplexity']:.1f})")
+                     f"{v['decode_tok_s']:12.1f} | {_ceiling(v, 'decode_ceiling_tok_s')} | "
+                     f"{v['prefill_tok_s']:13.0f} | {_ceiling(v, 'prefill_ceiling_tok_s')} | {v['ttft_ms']:7.1f} | "
+                     f"{diverges:>8} | {v['nll']:.3f} ({v['perplexity']:.1f})")
+    kernels = [(f.name, kernel_words(p.values)) for p, f in
+               zip((p for p in points if p.series == "format"), result.measured)]
+    lines += [f"{name}: {words}" for name, words in kernels if words]
     compared = [f for f in result.measured if f.name != "float32" and f.bytes_x is not None]
     if compared:
         lines += ["", *(f"{f.name}: {f.bytes_x:.2f}x the bytes per token of float32, {f.decode_x:.2f}x its decode "
                         "tok/s (measured)" for f in compared),
                   "ceilings: this machine's measured bandwidth over the bytes read per token (decode) and its "
-                  "measured matmul peak over the FLOPs per token (prefill), computed"]
+                  "measured matmul peak over the FLOPs per token (prefill), computed; none where the machine was "
+                  "busy whenever they were measured"]
     lines += [f"skipped {s}" for s in result.skipped]
     if busy_note(result.lowest_cpu_share):
         lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
     return "\n".join(lines)
+
+
+def _ceiling(values: dict, key: str) -> str:
+    return f"{values[key]:7.0f}" if key in values else "      -"
 
 
 LESSON = Lesson(kind="dtype", title="Weight formats", settings=FormatsSettings, result=FormatsResult, run=run,

@@ -136,7 +136,8 @@ def launch_child(dtype: str, freezing: bool) -> None:
     session = Session(load("embedded", "cpu", dtype))
     session.compiled.freezing = freezing
     s = session.run(PROMPT, GenerationParams(max_new_tokens=32, **COMPILED)).summary
-    print(json.dumps({"compile_ms": s.compile_ms, "decode_tok_s": s.decode_tok_s}))
+    print(json.dumps({"compile_ms": s.compile_ms, "decode_tok_s": s.decode_tok_s, "loaded": s.compile_loaded,
+                      "token_ids": s.token_ids}))
 
 
 def all_launches() -> dict[str, list[dict]]:
@@ -147,10 +148,47 @@ def all_launches() -> dict[str, list[dict]]:
 def print_launches(launches: dict[str, list[dict]]) -> dict:
     for name, runs in launches.items():
         print(f"compile, fresh processes over one graph cache ({name}): "
-              + ", then ".join(f"{x['compile_ms'] / 1000:,.1f} s" for x in runs)
+              + ", then ".join(f"{x['compile_ms'] / 1000:,.1f} s"
+                               + (" (read the saved graph)" if x.get("loaded") else " (built)") for x in runs)
               + " (first launch, then later); decode " + ", ".join(f"{x['decode_tok_s']:.1f}" for x in runs)
-              + " tok/s")
+              + " tok/s; greedy tokens "
+              + ("the same in every launch" if len({tuple(x["token_ids"]) for x in runs}) == 1 else "DIFFER"))
     return {"compile_launches": launches}
+
+
+def kernel_of(loaded) -> str:
+    """The kernel a loaded model's products go through: the measured choice for float weights, the quantized
+    format's own packed kernel otherwise."""
+    names = {"int8": "_weight_int8pack_mm", "int4": "_weight_int4pack_mm_for_cpu"}
+    if loaded.facts.weight_format in names:
+        return names[loaded.facts.weight_format]
+    return loaded.kernel.kernel if loaded.kernel is not None else "aten"
+
+
+def print_kernels(rows: list[dict]) -> None:
+    """Per format: the chosen kernel and every candidate's products (achieved: the weights' bytes over the
+    measured time), the best decode's bandwidth (achieved: a step's bytes times the measured rate) beside the
+    copy bandwidth (measured), and llama.cpp's decode on the same values."""
+    print("| KVScope weights | products' kernel: chosen (each candidate's step, achieved GB/s) | best decode tok/s | "
+          "bandwidth reached | of copy bandwidth | llama.cpp tok/s | best / llama.cpp |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        best = max(r["kvscope_decode_tok_s"], r["compiled_decode_tok_s"])
+        reached = best * r["step_bytes"] / 1e9
+        timings = ", ".join(f"{k} {ms:.2f} ms = {r['kernel_gb_s'][k]:.1f} GB/s"
+                            for k, ms in sorted(r["kernel_step_ms"].items(), key=lambda kv: kv[1]))
+        copy = r["bandwidth_gb_s"]
+        theirs = r.get("llama_cpp_decode_tok_s")
+        print(f"| {r['kvscope']} | {r['kernel']}{f' ({timings})' if timings else ''} | {best:.1f} | "
+              f"{reached:.1f} GB/s | {copy_share(reached, copy)} | "
+              f"{f'{theirs:.1f}' if theirs else '-'} | {f'{best / theirs:.2f}' if theirs else '-'} |")
+
+
+def copy_share(reached_gb_s: float, copy_gb_s: float | None) -> str:
+    from engine.hardware import share_of_ceiling
+
+    text = share_of_ceiling(reached_gb_s, copy_gb_s)
+    return f"{text} of {copy_gb_s:.1f} GB/s" if copy_gb_s and text.endswith("%") else text
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -193,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
         session = Session(loaded)
         prompt = loaded.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}],
                                                       add_generation_prompt=True, tokenize=False)
-        peaks = hardware.peaks(loaded.device, loaded.model.dtype)
+        peaks = hardware.quiet_peaks(loaded.device, loaded.model.dtype)     # None: no quiet measurement
         step = ModelCost(loaded.facts).decode(64)
         llm = None
         if name in ggufs:
@@ -228,7 +266,11 @@ def main(argv: list[str] | None = None) -> dict:
                "compiled_ttft_ms": statistics.median(r["ttft_ms"] for r in compiled),
                "compile_ms_in_process": first["compile_ms"],
                "compiled_same_tokens": all(r["token_ids"] == o["token_ids"] for r, o in zip(compiled, ours)),
-               "decode_ceiling_tok_s": peaks.bytes_per_s / step.bytes, "bandwidth_gb_s": peaks.bytes_per_s / 1e9,
+               "decode_ceiling_tok_s": peaks.bytes_per_s / step.bytes if peaks else None,
+               "bandwidth_gb_s": peaks.bytes_per_s / 1e9 if peaks else None, "step_bytes": step.bytes,
+               "kernel": kernel_of(loaded), "kernel_step_ms": dict(loaded.kernel.step_ms) if loaded.kernel else {},
+               "kernel_gb_s": {k: v / 1e9 for k, v in loaded.kernel.reached_bytes_per_s().items()}
+               if loaded.kernel else {},
                "lowest_cpu_share": min((r["cpu_share"] for r in ours + compiled if r["cpu_share"]), default=None),
                "prefill": prefill_times(session, llm, PREFILL_LENGTHS, args.rounds)}
         if frozen_session is not None:
@@ -253,7 +295,8 @@ def main(argv: list[str] | None = None) -> dict:
         best = max(r["kvscope_decode_tok_s"], r["compiled_decode_tok_s"])
         same = "" if r["compiled_same_tokens"] else " (tokens differ)"
         line = (f"| {r['kvscope']} | {r['weights_mib']:.0f} | {r['kvscope_decode_tok_s']:.1f} | "
-                f"{r['compiled_decode_tok_s']:.1f}{same} | {best / r['decode_ceiling_tok_s']:.0%} | "
+                f"{r['compiled_decode_tok_s']:.1f}{same} | "
+                f"{hardware.share_of_ceiling(best, r['decode_ceiling_tok_s'])} | "
                 f"{r['kvscope_ttft_ms']:.0f} / {r['compiled_ttft_ms']:.0f} |")
         if "llama_cpp" in r:
             theirs = r["llama_cpp_decode_tok_s"]
@@ -267,6 +310,7 @@ def main(argv: list[str] | None = None) -> dict:
                               ("compiled with inductor's freezing", "frozen_decode_tok_s")):
                 ratio = f", {r[key] / theirs:.2f} of llama.cpp" if theirs else ""
                 print(f"{r['kvscope']}, {name}: {r[key]:.1f} tok/s{ratio}")
+    print_kernels(rows)
     print("prefill, one forward pass over the same text's first N tokens (KVScope forward / llama.cpp eval), "
           "tok/s and KVScope / llama.cpp:")
     print("| KVScope weights | llama.cpp | " + " | ".join(f"{n} tokens" for n in PREFILL_LENGTHS) + " |")
@@ -286,7 +330,8 @@ def main(argv: list[str] | None = None) -> dict:
               + (f"; with freezing {r['frozen_compile_ms'] / 1000:,.1f} s" if "frozen_compile_ms" in r
                  else ""))
     print_launches(launches)
-    print("ceiling: the measured copy bandwidth over the bytes one decode step reads (weights + KV), computed")
+    print("ceiling: the measured copy bandwidth over the bytes one decode step reads (weights + KV), computed; "
+          "a copy measured on a busy machine gives none")
     save("formats", result)
     return result
 

@@ -25,7 +25,22 @@ def machine() -> str:
     desc = f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads)"
     if torch.cuda.is_available():
         desc += f", GPU {torch.cuda.get_device_name()}"
-    return desc
+        return desc
+    return f"{desc}, {cpu_flags()}"
+
+
+def cpu_flags() -> str:
+    """The instruction sets a CPU figure depends on: torch's dispatch level and the vector and matrix flags."""
+    import torch
+
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_bf16", "amx_int8", "asimd", "sve")
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith(("flags", "Features"))), [])
+    except OSError:
+        flags = []
+    have = [f for f in wanted if f in flags]
+    return f"torch dispatches {torch.backends.cpu.get_cpu_capability()}; flags {' '.join(have) or 'unknown'}"
 
 
 def median(values: list[float]) -> float:

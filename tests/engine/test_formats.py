@@ -10,6 +10,7 @@ import torch
 
 from engine import calibrate, quantize
 from engine.costmodel import ModelCost
+from engine.events import HardwarePeaks
 from engine.models import load
 from engine.params import GenerationParams
 from engine.session import Session
@@ -108,17 +109,72 @@ def test_the_reason_names_the_measured_ratios():
     assert slow_bf16.reason().startswith("float32: the others were slower here (bf16 emulated on this CPU)")
 
 
-def test_the_format_sweep_measures_each_format_beside_its_ceiling(tiny):
+QUIET = HardwarePeaks("this cpu", "float32", 2e11, 2e10, cpu_share=0.98)
+
+
+def _sweep(tiny):
     from engine.events import ExperimentPoint
 
     events, finished = collect("dtype", tiny, formats=("float32", "int8"), new_tokens=6, repeats=1, prefill_tokens=32)
     points = [e.values for e in events if isinstance(e, ExperimentPoint) and e.series == "format"]
+    return events, finished, points
+
+
+def test_the_format_sweep_measures_each_format_beside_its_ceiling(tiny, monkeypatch):
+    from engine import hardware
+
+    monkeypatch.setattr(hardware, "quiet_peaks", lambda device, dtype, attempts=3: QUIET)
+    _events, finished, points = _sweep(tiny)
     assert len(points) == 2 and [f.name for f in finished.result.measured] == ["float32", "int8"]
     fp32, int8 = points
     assert int8["bytes_per_token"] < fp32["bytes_per_token"] / 2
-    assert all(p["decode_tok_s"] > 0 and p["decode_ceiling_tok_s"] > 0 and p["perplexity"] > 1 for p in points)
+    assert all(p["decode_tok_s"] > 0 and p["perplexity"] > 1 for p in points)
+    assert [p["decode_ceiling_tok_s"] for p in points] == pytest.approx(
+        [QUIET.bytes_per_s / p["bytes_per_token"] for p in points])
     assert fp32["diverges_at"] == -1.0                          # float32 is the reference
     assert finished.result.measured[1].bytes_x == pytest.approx(int8["bytes_per_token"] / fp32["bytes_per_token"])
+
+
+def test_a_machine_busy_at_every_bandwidth_measurement_gives_the_sweep_no_ceiling(tiny, monkeypatch):
+    from engine import hardware, lessons
+
+    monkeypatch.setattr(hardware, "quiet_peaks", lambda device, dtype, attempts=3: None)
+    events, finished, points = _sweep(tiny)
+    assert len(points) == 2 and all(p["decode_tok_s"] > 0 for p in points)
+    assert not any(key.endswith("ceiling_tok_s") or key == "bandwidth_gb_s" for p in points for key in p)
+    from engine.events import ExperimentPoint
+
+    text = lessons.lesson("dtype").table([e for e in events if isinstance(e, ExperimentPoint)], finished.result)
+    rows = [line for line in text.splitlines() if line.strip().startswith(("float32 |", "int8 |"))]
+    assert len(rows) == 2 and all(row.split("|")[3].strip() == "-" for row in rows)
+
+
+def test_quiet_peaks_measure_again_until_quiet_and_give_none_when_the_machine_stays_busy(monkeypatch):
+    from engine import hardware
+
+    busy = HardwarePeaks("this cpu", "float32", 2e11, 5e9, cpu_share=0.4)
+    answers = iter([busy, busy, QUIET])
+    calls = []
+    monkeypatch.setattr(hardware, "peaks", lambda device, dtype, remeasure=False: calls.append(remeasure)
+                        or next(answers))
+    assert hardware.quiet_peaks(torch.device("cpu"), torch.float32) is QUIET and calls == [False, True, True]
+    monkeypatch.setattr(hardware, "peaks", lambda device, dtype, remeasure=False: busy)
+    assert hardware.quiet_peaks(torch.device("cpu"), torch.float32) is None
+    assert hardware.share_of_ceiling(30.0, 40.0) == "75%"
+    assert hardware.share_of_ceiling(41.0, 40.0) == "above the ceiling (ceiling wrong)"     # never over 100%
+    assert hardware.share_of_ceiling(30.0, None) == "no quiet ceiling"
+
+
+def test_the_sweep_names_each_kernels_bandwidth_over_the_weights_and_the_chosen_one():
+    from engine.kernels import KernelChoice
+    from engine.lessons import formats
+
+    choice = KernelChoice("onednn", {"aten": 20.0, "onednn": 10.0}, weight_bytes=200_000_000)
+    values = {**formats._kernel_values(choice), "bandwidth_gb_s": 25.0}
+    assert values["products_gb_s_onednn"] == pytest.approx(20.0) and values["products_gb_s_aten"] == pytest.approx(10.0)
+    assert formats.kernel_words(values) == ("a step's products through onednn 20.0 GB/s (chosen), aten 10.0 GB/s "
+                                            "(achieved) beside a 25.0 GB/s copy (measured)")
+    assert formats._kernel_values(KernelChoice("aten", reason="KVSCOPE_LINEAR=aten")) == {}
 
 
 @pytest.mark.real
