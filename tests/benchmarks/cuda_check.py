@@ -10,6 +10,11 @@ CI has no GPU). Prints everything and writes JSON into ``$OUT`` (or ``bench-resu
 6. the engine benchmark (session vs generate) in bf16 and fp32;
 7. the lessons that show most on a GPU: the prefill sweep up to the full context, the cache on/off, batch sizes
    to 64, and offloading (layers on disk, and the KV cache offloaded to the CPU: measured only on a GPU).
+
+It ends with one table, a row per check (``checks``), and exits 1 if any check failed: greedy tokens against
+``generate()``, KV bytes against the formula, static, compiled and offloaded decode against the dynamic cache's
+tokens, and the instruments' ratio (the session's decode over ``generate()``'s, at least ``INSTRUMENTS_FREE``).
+Goals (compiled with CUDA graphs at least 5x eager) are rows too, reported, not failed.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import dataclasses
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,6 +38,8 @@ from tests.lessons import collect
 
 OUT = Path(os.environ.get("OUT", "bench-results"))
 PROMPT = "hey, what is continuous batching?"
+INSTRUMENTS_FREE = 0.95          # the instrumented session's decode over generate()'s, at least
+ALLOCATOR_SLACK = 2 << 20        # what CUDA's caching allocator may round a cache's allocation up by
 
 
 def parity(loaded) -> dict:
@@ -120,6 +128,63 @@ def decode_modes(loaded, tokens: int = 128, repeats: int = 3) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class Check:
+    name: str
+    figure: str
+    ok: bool | None              # None: a goal, reported and not failed
+
+
+def checks(report: dict, experiments: dict) -> list[Check]:
+    """Every check the report allows, in the order of the run; a part not run gives no row."""
+    rows: list[Check] = []
+    for name in ("bf16", "fp32"):
+        parity_of = report.get(f"parity_{name}") or {}
+        for kv in ("on", "off"):
+            if f"kv_{kv}_equal" in parity_of:
+                rows.append(Check(f"{name}: greedy tokens, cache {kv}, vs generate()",
+                                  f"{parity_of[f'kv_{kv}_tokens']} tokens", bool(parity_of[f"kv_{kv}_equal"])))
+        memory = report.get(f"kv_memory_{name}")
+        if memory:
+            read, formula, delta = memory["read_from_tensors"], memory["formula"], memory["cuda_allocated_delta"]
+            rows.append(Check(f"{name}: KV bytes in the tensors vs the formula ({memory['tokens']:,} tokens)",
+                              f"{read:,} / {formula:,} B", read == formula))
+            rows.append(Check(f"{name}: torch.cuda.memory_allocated growth vs the formula",
+                              f"{delta:,} B", formula <= delta <= formula + ALLOCATOR_SLACK))
+        modes = report.get(f"decode_modes_{name}")
+        if modes:
+            eager = modes["dynamic"]["decode_tok_s"]
+            for mode, words in (("static", "static cache"), ("compiled", "compiled over the static cache, CUDA graphs")):
+                rows.append(Check(f"{name}: {words}: tokens vs the dynamic cache's",
+                                  f"{modes[mode]['decode_tok_s']:,.1f} tok/s ({modes[mode]['decode_tok_s'] / eager:.2f}x "
+                                  f"eager)", bool(modes[mode]["same_tokens_as_dynamic"])))
+            ratio = modes["compiled"]["decode_tok_s"] / eager if eager else 0.0
+            rows.append(Check(f"{name}: goal, compiled with CUDA graphs at least 5x eager", f"{ratio:.2f}x", None))
+    for dtype, ratio in (report.get("instruments") or {}).items():
+        rows.append(Check(f"{dtype}: the instruments' ratio, session / generate() decode", f"{ratio:.3f}",
+                          ratio >= INSTRUMENTS_FREE))
+    offload = (experiments.get("offload") or {}).get("result") or {}
+    for split in offload.get("splits", ()):
+        rows.append(Check(f"offloading: {split.get('disk_layers', '?')} layers on disk: tokens vs all in memory",
+                          f"{split.get('decode_tok_s', 0):,.1f} tok/s", bool(split.get("tokens_match"))))
+    if "kv_offload_tokens_match" in offload:
+        rows.append(Check("offloading: the KV cache on the CPU between uses: tokens vs on the GPU",
+                          f"{offload.get('kv_offload_decode_tok_s', 0):,.1f} tok/s",
+                          bool(offload["kv_offload_tokens_match"])))
+    return rows
+
+
+def check_table(rows: list[Check]) -> str:
+    width = max((len(r.name) for r in rows), default=10)
+    verdict = {True: "ok", False: "MISMATCH", None: "goal"}
+    lines = [f"{'check':<{width}} | {'figure':<34} | verdict", "-" * (width + 48)]
+    lines += [f"{r.name:<{width}} | {r.figure:<34} | {verdict[r.ok]}" for r in rows]
+    failed = [r for r in rows if r.ok is False]
+    lines.append(f"{len(rows) - len(failed)} of {len(rows)} rows ok or reported; "
+                 + (f"{len(failed)} MISMATCH" if failed else "no mismatch"))
+    return "\n".join(lines)
+
+
 def main() -> None:
     import sys
 
@@ -145,8 +210,10 @@ def main() -> None:
     (OUT / ("cuda-report.json" if only is None else "cuda-recheck.json")).write_text(json.dumps(report, indent=1))
     del fp32
     torch.cuda.empty_cache()
+    report["instruments"] = {}
     for dtype in ("bfloat16", "float32") if only is None else ():
-        bench_engine.main(["--device", "cuda", "--dtype", dtype, "--rounds", "5"])
+        engine_figures = bench_engine.main(["--device", "cuda", "--dtype", dtype, "--rounds", "5"])
+        report["instruments"][dtype] = min(engine_figures["throughput_ratio_vs_reference"].values())
     session = Session(auto)
     experiments = {}
     for kind, settings in (("prefill", {"max_length": 8192, "repeats": 5}), ("cache", {"new_tokens": 128}),
@@ -163,6 +230,9 @@ def main() -> None:
         experiments[kind] = {"points": [p.values for p in points], "result": dataclasses.asdict(finished.result)}
     (OUT / ("cuda-experiments.json" if only is None else "cuda-recheck-experiments.json")).write_text(
         json.dumps(experiments, indent=1))
+    rows = checks(report, experiments)
+    print(f"\n== checks on {report['gpu']}, torch {report['torch']} ==\n{check_table(rows)}", flush=True)
+    sys.exit(1 if any(r.ok is False for r in rows) else 0)
 
 
 if __name__ == "__main__":
