@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.benchmarks.common import machine, save
+from tests.benchmarks.common import copy_words, machine, save
 
 PAIRS = (("float32", "F32", 0), ("bfloat16", "BF16", 32), ("int8", "Q8_0", 7), ("int4", "Q4_0", 2))
 PROMPT = "Explain in three sentences why decoding one token at a time is limited by memory bandwidth."
@@ -180,15 +180,8 @@ def print_kernels(rows: list[dict]) -> None:
         copy = r["bandwidth_gb_s"]
         theirs = r.get("llama_cpp_decode_tok_s")
         print(f"| {r['kvscope']} | {r['kernel']}{f' ({timings})' if timings else ''} | {best:.1f} | "
-              f"{reached:.1f} GB/s | {copy_share(reached, copy)} | "
+              f"{reached:.1f} GB/s | {copy_words(reached, copy)} | "
               f"{f'{theirs:.1f}' if theirs else '-'} | {f'{best / theirs:.2f}' if theirs else '-'} |")
-
-
-def copy_share(reached_gb_s: float, copy_gb_s: float | None) -> str:
-    from engine.hardware import share_of_ceiling
-
-    text = share_of_ceiling(reached_gb_s, copy_gb_s)
-    return f"{text} of {copy_gb_s:.1f} GB/s" if copy_gb_s and text.endswith("%") else text
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -154,10 +154,12 @@ def checks(report: dict, experiments: dict) -> list[Check]:
         modes = report.get(f"decode_modes_{name}")
         if modes:
             eager = modes["dynamic"]["decode_tok_s"]
-            for mode, words in (("static", "static cache"), ("compiled", "compiled over the static cache, CUDA graphs")):
+            for mode, words in (("static", "static cache"),
+                                ("compiled", "compiled over the static cache, CUDA graphs")):
+                rate = modes[mode]["decode_tok_s"]
                 rows.append(Check(f"{name}: {words}: tokens vs the dynamic cache's",
-                                  f"{modes[mode]['decode_tok_s']:,.1f} tok/s ({modes[mode]['decode_tok_s'] / eager:.2f}x "
-                                  f"eager)", bool(modes[mode]["same_tokens_as_dynamic"])))
+                                  f"{rate:,.1f} tok/s ({rate / eager:.2f}x eager)",
+                                  bool(modes[mode]["same_tokens_as_dynamic"])))
             ratio = modes["compiled"]["decode_tok_s"] / eager if eager else 0.0
             rows.append(Check(f"{name}: goal, compiled with CUDA graphs at least 5x eager", f"{ratio:.2f}x", None))
     for dtype, ratio in (report.get("instruments") or {}).items():

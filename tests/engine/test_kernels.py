@@ -131,7 +131,8 @@ def test_a_faster_kernel_whose_tokens_differ_is_refused_and_the_layers_put_back(
     model = fresh_model(tiny_model_dir)
     choice = kernels.choose(model, "this cpu")
     assert choice.kernel == "mkl"                                     # the fastest whose tokens are ATen's
-    assert choice.reason == "oneDNN with prepacked weights was faster but gave other greedy tokens than ATen's: not used"
+    assert choice.reason == ("oneDNN with prepacked weights was faster but gave other greedy tokens than ATen's: "
+                             "not used")
     assert {m.kernel.name for m in model.modules() if isinstance(m, kernels.PackedLinear)} == {"mkl"}
     answers = iter([[1, 2, 3], [1, 2, 4], [1, 2, 5]])
     machine_cache.forget(kernels.CACHE)
