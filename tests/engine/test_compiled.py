@@ -188,3 +188,28 @@ def test_a_graph_read_from_an_earlier_launch_is_reported_as_read_not_built(model
     assert ("compile: reading the compiled decode graph an earlier launch saved took 1,234 ms, before the first "
             "decode step (not in eval time)") in text
     assert "building" not in text
+
+
+def test_one_graph_shared_by_two_models_of_the_same_shapes_computes_each_ones_own_logits(tiny_model_dir, model):
+    """A saved graph is named by shapes, not by weights: the weights must be its inputs, never constants in it."""
+    import torch
+
+    from engine import kvcache
+    from engine.models import load
+
+    other = load(str(tiny_model_dir), "cpu", "float32")
+    with torch.no_grad():
+        for p in other.model.parameters():
+            p.mul_(0.5)
+    graphs = [Session(m).compiled.graph(SHORTEST, background=False)[0] for m in (model, other)]
+    assert graphs[0].step is graphs[1].step
+    for loaded, graph in zip((model, other), graphs):
+        session = Session(loaded)
+        with torch.inference_mode():
+            cache, twin = kvcache.new_cache(loaded.model, SHORTEST), kvcache.new_cache(loaded.model, SHORTEST)
+            for c in (cache, twin):
+                kvcache.forward(loaded.model, torch.tensor([[1, 2, 3]]), c)
+            compiled = session.compiled.run(graph, torch.tensor([[4]]), torch.tensor([[3]]), cache)
+            eager = kvcache.forward(loaded.model, torch.tensor([[4]]), twin, positions=torch.tensor([[3]]),
+                                    logits_to_keep=0).logits
+        torch.testing.assert_close(compiled, eager)
