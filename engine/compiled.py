@@ -223,12 +223,12 @@ def _ahead_of_time(args: tuple, length: int) -> tuple[Step, bool, str]:
         except Exception as exc:  # noqa: BLE001  (a damaged or stale file is compiled again)
             note = f"the saved graph could not be used ({_first_line(exc)}): compiled again"
             path.unlink(missing_ok=True)
-    with torch._dynamo.config.patch(enable_aot_compile=True):
-        compiling = torch.compile(decode_step, fullgraph=True, dynamic=False,
-                                  options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
     try:
+        with torch._dynamo.config.patch(enable_aot_compile=True):
+            compiling = torch.compile(decode_step, fullgraph=True, dynamic=False,
+                                      options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
         step = compiling.aot_compile((args, {}))
-    except Exception as exc:  # noqa: BLE001  (graph breaks: compiled as usual, in this process only)
+    except Exception as exc:  # noqa: BLE001  (graph breaks, or a torch without it: compiled in this process only)
         fallback = torch.compile(decode_step, dynamic=False)
         return fallback, False, f"compiled for this launch only, not saved ({_first_line(exc)})"
     try:

@@ -213,3 +213,24 @@ def test_one_graph_shared_by_two_models_of_the_same_shapes_computes_each_ones_ow
             eager = kvcache.forward(loaded.model, torch.tensor([[4]]), twin, positions=torch.tensor([[3]]),
                                     logits_to_keep=0).logits
         torch.testing.assert_close(compiled, eager)
+
+
+def test_a_decode_step_that_cannot_be_compiled_ahead_of_time_is_compiled_for_this_launch_and_says_so(
+        model, monkeypatch):
+    """A model dynamo cannot trace as one graph, or a torch without ``aot_compile``: compiled as usual, in this
+    process, with eager's tokens, and nothing saved."""
+    import torch
+
+    from engine import compiled
+
+    monkeypatch.setattr(compiled, "_READ", {})
+    monkeypatch.delattr(torch.compiler, "skip_all_guards_unsafe")
+    compiled._configure()
+    saved = compiled.saved_graph(compiled.graph_key(model.model, SHORTEST))
+    saved.unlink(missing_ok=True)
+    eager, _ = _run(Session(model), "hello world")
+    result, steps = _run(Session(model), "hello world", compiled=True)
+    s = result.summary
+    assert s.token_ids == eager.summary.token_ids and all(step.compiled for step in steps)
+    assert any(n.startswith("compiled for this launch only, not saved (AttributeError:") for n in s.notes)
+    assert not saved.exists() and not s.compile_loaded
