@@ -32,6 +32,7 @@ from engine.params import GenerationParams
 from engine.workloads import filler_ids
 
 FORMATS = ("float32", "bfloat16", "int8", "int4")
+KERNEL_NAMES = {"aten": "ATen", "onednn": "oneDNN", "mkl": "MKL"}      # engine.kernels' candidates, for words
 PROMPT = "Explain in three sentences why decoding one token at a time is limited by memory bandwidth."
 HELD_PARAGRAPH = ("The cache keeps the keys and values of every token the model has already read, so that each new "
                   "token attends to them without computing them again. Its size grows with the length of the "
@@ -190,7 +191,8 @@ def kernel_words(values: dict) -> str:
     figures = kernel_figures(values)
     if not figures:
         return ""
-    parts = ", ".join(f"{k} {v:,.1f} GB/s{' (chosen)' if chosen else ''}" for k, v, chosen in figures)
+    parts = ", ".join(f"{KERNEL_NAMES.get(k, k)} {v:,.1f} GB/s{' (chosen)' if chosen else ''}"
+                      for k, v, chosen in figures)
     copy = values.get("bandwidth_gb_s")
     beside = f" beside a {copy:,.1f} GB/s copy (measured)" if copy else ""
     return f"a step's products through {parts} (achieved){beside}"

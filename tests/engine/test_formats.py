@@ -172,7 +172,7 @@ def test_the_sweep_names_each_kernels_bandwidth_over_the_weights_and_the_chosen_
     choice = KernelChoice("onednn", {"aten": 20.0, "onednn": 10.0}, weight_bytes=200_000_000)
     values = {**formats._kernel_values(choice), "bandwidth_gb_s": 25.0}
     assert values["products_gb_s_onednn"] == pytest.approx(20.0) and values["products_gb_s_aten"] == pytest.approx(10.0)
-    assert formats.kernel_words(values) == ("a step's products through onednn 20.0 GB/s (chosen), aten 10.0 GB/s "
+    assert formats.kernel_words(values) == ("a step's products through oneDNN 20.0 GB/s (chosen), ATen 10.0 GB/s "
                                             "(achieved) beside a 25.0 GB/s copy (measured)")
     assert formats._kernel_values(KernelChoice("aten", reason="KVSCOPE_LINEAR=aten")) == {}
 
