@@ -104,7 +104,8 @@ def saved_graph(key: str) -> Path:
 @dataclass
 class Graph:
     """A compiled decode graph for one cache length: ``ready`` is set once it is built or its build failed.
-    ``loaded``: read from a graph an earlier launch saved (``compile_ms`` is then the reading, not a build)."""
+    ``loaded``: built earlier, read from the file an earlier launch saved or from another session of this
+    process (``compile_ms`` is then the reading, not a build)."""
 
     length: int
     ready: threading.Event = field(default_factory=threading.Event)
@@ -202,15 +203,15 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _ahead_of_time(args: tuple, length: int) -> tuple[Step, bool, str]:
-    """``decode_step`` for this model and length: already read in this process, read from the graph an earlier
-    launch saved (``loaded`` True), or compiled ahead of time and saved. A saved graph that cannot be read or
+    """``decode_step`` for this model and length: already read or built in this process, or read from the graph
+    an earlier launch saved (both ``loaded``), or compiled ahead of time and saved. A saved graph that cannot be read or
     run is compiled again; a model dynamo cannot trace as one graph is compiled in-process, not saved."""
     _configure()
     key = graph_key(args[0], length)
     with _READ_LOCK:
         known = _READ.get(key)
     if known is not None:
-        return known, False, ""
+        return known, True, ""
     path, note = saved_graph(key), ""
     if path.exists():
         try:

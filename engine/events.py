@@ -302,7 +302,7 @@ class RunSummary:
     notes: Notes = ()
     compiled_from_step: Count = 0   # the first step decoded by the compiled path (0: none was)
     kv_allocated_bytes: Bytes | None = None   # what the cache's tensors have allocated, where not kv_bytes
-    compile_loaded: bool = False    # compile_ms read a graph an earlier launch saved (it built nothing)
+    compile_loaded: bool = False    # compile_ms read a graph built earlier (it built nothing)
 
     @property
     def prefill_tok_s(self) -> float | None:

@@ -61,7 +61,7 @@ def report(model: ModelFacts, s: RunSummary, kv_on: bool = True, kv_method: str 
                  f"{kvformula.formula_text(model)} if it were on")
     if s.compile_ms:
         where = ("beside the eager steps before it" if s.compiled_from_step > 1 else "before the first decode step")
-        what = ("reading the compiled decode graph an earlier launch saved" if s.compile_loaded else
+        what = ("reading the compiled decode graph built earlier" if s.compile_loaded else
                 "building the compiled decode graph")
         lines.append(f"compile: {what} took {s.compile_ms:,.0f} ms, {where} (not in eval time)")
     if s.compiled_from_step:

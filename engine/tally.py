@@ -23,7 +23,7 @@ class RunTally:
         self.decode_ms = 0.0
         self.waited_ms = 0.0
         self.compile_ms = 0.0
-        self.compile_loaded = False        # the compiled graph was read from a saved one, not built
+        self.compile_loaded = False        # the compiled graph was built earlier and read, not built
         self.compiled_from_step = 0        # the first step decoded through the compiled graph; 0: none
         self.kv_tokens = 0
         self.kv_bytes = 0

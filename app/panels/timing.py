@@ -301,7 +301,7 @@ class TimingPanel(QWidget):
         text = " · ".join(t for t in (f"<b>#{run.number}</b> {escape(run.label)}", figures_text,
                                       escape(phase.words())) if t)
         if s.compiled_from_step:
-            how = "read from this machine's cache" if s.compile_loaded else "built"
+            how = "built earlier, read" if s.compile_loaded else "built"
             built = (f", its graph {how} in {s.compile_ms / 1000:,.1f} s (not decode time)" if s.compile_ms else "")
             text += f" · compiled from step {s.compiled_from_step:,}{built}"
         if s.waited_ms:

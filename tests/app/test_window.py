@@ -304,11 +304,19 @@ def test_the_mouse_over_a_token_names_that_token_and_a_click_pins_it(qtbot, wind
     assert text.token_at(QPoint(text.viewport().width() - 3, text.viewport().height() - 3)) == -1   # empty space
 
 
-def test_a_compiled_run_starts_at_once_and_the_charts_mark_the_step_where_decode_became_compiled(qtbot, window):
+def test_a_compiled_run_starts_at_once_and_the_charts_mark_the_step_where_decode_became_compiled(
+        qtbot, window, monkeypatch):
     """On a CPU the run does not wait for the compiled graph: it decodes eagerly while the graph is built beside
     it (held back here until steps 1 and 2 have run, stepping) and switches at the next step boundary; the
     timeline and the latency chart mark that step, the summary names it."""
-    compiled = window.client.worker.session.compiled
+    from engine import compiled as compiled_graphs
+
+    session = window.client.worker.session
+    monkeypatch.setattr(compiled_graphs, "_READ", {})          # built here, not read from an earlier test's
+    compiled_graphs._configure()
+    compiled_graphs.saved_graph(compiled_graphs.graph_key(session.model, compiled_graphs.SHORTEST)).unlink(
+        missing_ok=True)
+    compiled = session.compiled
     window.controls.max_tokens.setValue(8)
     window.controls.static_box.setChecked(True)
     window.controls.compile_box.setChecked(True)

@@ -185,12 +185,13 @@ def test_a_graph_read_from_an_earlier_launch_is_reported_as_read_not_built(model
     s = RunSummary(prompt_tokens=4, generated_tokens=3, decode_runs=2, compile_ms=1_234.0, compile_loaded=True,
                    compiled_from_step=1)
     text = report(model.facts, s)
-    assert ("compile: reading the compiled decode graph an earlier launch saved took 1,234 ms, before the first "
+    assert ("compile: reading the compiled decode graph built earlier took 1,234 ms, before the first "
             "decode step (not in eval time)") in text
     assert "building" not in text
 
 
-def test_one_graph_shared_by_two_models_of_the_same_shapes_computes_each_ones_own_logits(tiny_model_dir, model):
+def test_one_graph_shared_by_two_models_of_the_same_shapes_is_read_once_and_computes_each_ones_own_logits(
+        tiny_model_dir, model):
     """A saved graph is named by shapes, not by weights: the weights must be its inputs, never constants in it."""
     import torch
 
@@ -202,7 +203,7 @@ def test_one_graph_shared_by_two_models_of_the_same_shapes_computes_each_ones_ow
         for p in other.model.parameters():
             p.mul_(0.5)
     graphs = [Session(m).compiled.graph(SHORTEST, background=False)[0] for m in (model, other)]
-    assert graphs[0].step is graphs[1].step
+    assert graphs[0].step is graphs[1].step and graphs[1].loaded          # the second built nothing
     for loaded, graph in zip((model, other), graphs):
         session = Session(loaded)
         with torch.inference_mode():
