@@ -26,7 +26,6 @@ thread (CUDA graphs are recorded per thread), with CUDA graphs replaying a decod
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 import sys
@@ -81,7 +80,7 @@ def graph_key(model: Any, length: int) -> str:
     classes = {type(m) for m in model.modules()}
     facts = {
         "classes": sorted(f"{c.__module__}.{c.__qualname__}" for c in classes),
-        "ours": sorted(inspect.getsource(c) for c in classes if c.__module__.startswith("engine.")),  # no version
+        "ours": sorted(_code(c) for c in classes if c.__module__.startswith("engine.")),     # they have no version
         "kernels": sorted({m.kernel.name for m in model.modules() if isinstance(m, kernels.PackedLinear)}),
         "config": model.config.to_dict(),
         "attention": getattr(model.config, "_attn_implementation", None),
@@ -89,10 +88,23 @@ def graph_key(model: Any, length: int) -> str:
         "length": length,
         "isa": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version,
-        "step": inspect.getsource(decode_step) + inspect.getsource(kvcache.forward),
+        "step": _code(decode_step) + _code(kvcache.forward),
     }
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
     return f"{type(model).__name__}-{length}-{digest}"
+
+
+def _code(thing: Any) -> str:
+    """A function's or a class's compiled code, as text that is the same in every process: what it does, read
+    from its bytecode (a frozen app has no source files to read)."""
+    functions = [thing] if hasattr(thing, "__code__") else \
+        [f for _name, f in sorted(vars(thing).items()) if hasattr(f, "__code__")]
+    return "|".join(f"{f.__qualname__}:{_bytecode(f.__code__)}" for f in functions)
+
+
+def _bytecode(code: Any) -> str:
+    consts = ",".join(_bytecode(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts)
+    return f"{code.co_code.hex()}({consts})"
 
 
 def saved_graph(key: str) -> Path:

@@ -93,7 +93,7 @@ class KernelChoice:
         return f"products through {CANDIDATES[self.kernel].title} ({timing} a decode step's products, {how})"
 
     def reached_bytes_per_s(self) -> dict[str, float]:
-        """Each candidate's bandwidth over the weights it reads, by kernel: computed over a measured time."""
+        """Each candidate's bandwidth over the weights it reads, by kernel (achieved: bytes over a measured time)."""
         if not self.weight_bytes:
             return {}
         return {k: self.weight_bytes / (ms / 1000.0) for k, ms in self.step_ms.items() if ms > 0}

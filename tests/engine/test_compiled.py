@@ -121,9 +121,17 @@ def test_a_graph_that_cannot_be_built_leaves_decode_eager_and_the_run_says_why(m
                for n in s.notes)
 
 
-def test_a_saved_graph_is_named_by_what_it_was_compiled_for(tiny_model_dir, model):
+def test_a_saved_graph_is_named_by_what_it_was_compiled_for_without_reading_source_files(
+        tiny_model_dir, model, monkeypatch):
+    import inspect
+
     from engine.compiled import graph_key
     from engine.models import load
+
+    def no_source(_thing):
+        raise OSError("could not get source code")          # as in a frozen app
+
+    monkeypatch.setattr(inspect, "getsource", no_source)
 
     again = load(str(tiny_model_dir), "cpu", "float32")
     halved = load(str(tiny_model_dir), "cpu", "bfloat16")
