@@ -14,8 +14,9 @@ And on a CPU the graph is compiled ahead of time (dynamo's ``aot_compile``, what
 saved graph of it names a function that cannot be found again, while ``decode_step`` can. The saved graph keeps
 no guards (a guard on the model object would never hold in another process); everything a guard would have
 checked is in the file's name instead (``graph_key``: the model's classes, config, weights' shapes and dtypes,
-the cache length, the CPU's instruction set, torch's and transformers' versions and this function's source).
-A later launch reads it in about a second where tracing the model again took 6 s (Sapphire Rapids, 2 vCPUs).
+the cache length, the CPU's instruction set, torch's and transformers' versions, and the code of this function
+and of KVScope's own layers). A later launch reads it in about a second where tracing the model again took 6 s
+(Sapphire Rapids, 2 vCPUs).
 
 Freezing (inductor folding the weights into the graph as constants) is off: it decoded 2-24% faster in
 bfloat16 on two machines but would put the weights inside every saved graph; ``freezing`` turns it on (the
