@@ -194,7 +194,7 @@ class CompiledDecode:
                     args = (self.model, token, torch.ones((1, 1), dtype=torch.long, device=self.device), twin)
                     if self.saves:
                         graph.step, graph.loaded, graph.note = _ahead_of_time(args, graph.length)
-                    else:
+                    if graph.step is None:                  # a GPU, freezing, or not compiled ahead of time
                         graph.step = self.forward()
                     graph.step(*args)
                     del twin
@@ -215,10 +215,11 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
-def _ahead_of_time(args: tuple, length: int) -> tuple[Step, bool, str]:
+def _ahead_of_time(args: tuple, length: int) -> tuple[Step | None, bool, str]:
     """``decode_step`` for this model and length: already read or built in this process, or read from the graph
-    an earlier launch saved (both ``loaded``), or compiled ahead of time and saved. A saved graph that cannot be read or
-    run is compiled again; a model dynamo cannot trace as one graph is compiled in-process, not saved."""
+    an earlier launch saved (both ``loaded``), or compiled ahead of time and saved. A saved graph that cannot be
+    read or run is compiled again; for a model dynamo cannot trace as one graph it gives None and why (the caller
+    compiles in-process, not saved)."""
     _configure()
     key = graph_key(args[0], length)
     with _READ_LOCK:
@@ -243,8 +244,7 @@ def _ahead_of_time(args: tuple, length: int) -> tuple[Step, bool, str]:
                                       options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
         step = compiling.aot_compile((args, {}))
     except Exception as exc:  # noqa: BLE001  (graph breaks, or a torch without it: compiled in this process only)
-        fallback = torch.compile(decode_step, dynamic=False)
-        return fallback, False, f"compiled for this launch only, not saved ({_first_line(exc)})"
+        return None, False, f"compiled for this launch only, not saved ({_first_line(exc)})"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         step.save_compiled_function(str(path))              # written atomically

@@ -476,16 +476,16 @@ class Session:
                 request.graph_noted = True
                 tally.notes.append(f"the compiled graph could not be built ({graph.error}): decoded eagerly")
             return False
-        if not request.switched:
+        if not request.switched:                        # the first compiled step: what the run says of its graph
             if graph.note:
                 tally.notes.append(graph.note)
             tally.compile_loaded = graph.loaded and request.graph_started
-        if not request.switched and index > 1:
-            tally.notes.append(
-                f"steps 1-{index - 1:,} decoded eagerly while the compiled graph was built beside them, on the "
-                f"same cores (slower than a quiet eager run); compiled from step {index:,}")
-            if request.graph_started:
-                tally.compile_ms = graph.compile_ms
+            if index > 1:
+                tally.notes.append(
+                    f"steps 1-{index - 1:,} decoded eagerly while the compiled graph was built beside them, on the "
+                    f"same cores (slower than a quiet eager run); compiled from step {index:,}")
+                if request.graph_started:
+                    tally.compile_ms = graph.compile_ms
         request.switched = True
         return True
 

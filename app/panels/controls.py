@@ -172,7 +172,7 @@ class ControlsPanel(QWidget):
         row.addWidget(self.compile_box)
         row.addWidget(self.attention_box)
         pf.addRow(row)
-        pf.addRow(param_shape("kv_method").setting.label, self.kv_method_box)
+        pf.addRow(kv_shape.setting.label, self.kv_method_box)
 
         # --- run buttons ---
         self.run_button = QPushButton("Run  (Ctrl+Enter)")
