@@ -186,6 +186,9 @@ def _parse_text(text: str, shape: FieldShape) -> object:
     return tuple(parts)
 
 
+_NOTHING_SHOWN = object()   # what ``refresh`` last drew before its first call: unlike "no record", never equal
+
+
 class LessonView(QWidget):
     """The shell every lesson's tab shares. Subclasses set ``lesson`` and ``axes`` (x quantity, x unit, y
     quantity, y unit) and ``columns`` (point value, heading, format), and implement ``draw`` (the chart from the
@@ -249,7 +252,7 @@ class LessonView(QWidget):
         layout.addWidget(self.explain)
         layout.addWidget(self.table)
         self.build()
-        self._shown: tuple | None = None
+        self._shown: object = _NOTHING_SHOWN
         self.set_busy(False)
 
     # --- hooks a lesson's view fills in ---------------------------------------------------------------------
@@ -288,7 +291,7 @@ class LessonView(QWidget):
     def set_theme(self, theme: th.Theme) -> None:
         self.theme = theme
         self.style_charts(theme)
-        self._shown = None
+        self._shown = _NOTHING_SHOWN
         self.refresh()
 
     def latest(self) -> ExperimentRecord | None:

@@ -195,3 +195,14 @@ def test_a_ceiling_is_never_shown_below_a_rate_the_same_run_measured(qtbot, wind
     compute = bounds_text(run, s, HardwarePeaks("a CPU", "float32", flops_per_s=1e12, bytes_per_s=1e15,
                                                 cpu_share=0.97))
     assert "compute-bound (1,000.0 GFLOP/s ÷" in compute and "GB/s ÷" not in compute
+
+
+def test_every_lesson_view_before_its_first_run_shows_no_numbers_and_says_what_will_appear(qtbot, window):
+    from app.chart import Chart
+
+    window.refresh(force=True)
+    for kind, view in window.experiments.views.items():
+        assert window.store.latest_experiment(kind) is None
+        for chart in view.findChildren(Chart):
+            assert chart.empty_message is not None and chart.empty_message.startswith("Not run yet"), kind
+            assert not chart.plot.getAxis("left").style["showValues"], kind
