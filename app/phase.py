@@ -184,7 +184,8 @@ class ExperimentPhase:
         if self.name == NOTHING:
             return "not run yet"
         if self.name == RUNNING_EXPERIMENT:
-            return f"running: {self.done:,} of {self.total:,}" + (f" · {self.message}" if self.message else "")
+            where = f"{self.done:,} of {self.total:,}" if self.total else "starting"     # no progress reported yet
+            return f"running: {where}" + (f" · {self.message}" if self.message else "")
         if self.name == STOPPED:
             if not self.points:
                 return "stopped before its first measurement: nothing was measured"

@@ -190,3 +190,10 @@ def test_a_replayed_run_takes_no_ceiling_from_this_machines_peaks(qtbot, window,
     assert window.store.peaks is here                    # this machine's peaks are back for runs here
     window.controls.max_tokens.setValue(2)
     assert run_and_wait(qtbot, window).peaks is here
+
+
+def test_an_experiment_that_has_reported_no_progress_yet_says_starting_not_zero_of_zero():
+    from app.phase import RUNNING_EXPERIMENT, ExperimentPhase
+
+    assert ExperimentPhase(RUNNING_EXPERIMENT, 0, 0, 0).words() == "running: starting"
+    assert ExperimentPhase(RUNNING_EXPERIMENT, 1, 4, 1, "prompt 2").words() == "running: 1 of 4 · prompt 2"
