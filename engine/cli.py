@@ -26,6 +26,7 @@ from engine.command_line import (
     add_server_arguments,
     add_settings_flags,
     close_writer,
+    end_open_line,
     keep_partial,
     load_with_progress,
     program,
@@ -77,27 +78,37 @@ def main(argv: list[str] | None = None) -> int:
 
 def guarded(action: Callable[[], int]) -> int:
     """Run a command: a user's mistake is one line and status 2; Ctrl+C, SIGTERM and SIGHUP status 130 (the
-    command has already kept what it measured)."""
+    command has already kept what it measured). Each of those lines starts a line of its own, even after a
+    progress line left open."""
     previous = {name: _interrupt_on(name) for name in ("SIGTERM", "SIGHUP")}
     try:
-        return action()
-    except (EngineError, ValueError) as exc:
-        print(f"error: {safe_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except OSError as exc:      # the disk filled, a folder went away, no permission: one line, the user's to fix
-        print(f"error: {safe_line(getattr(exc, 'strerror', None) or exc)}"
-              f"{': ' + safe_line(exc.filename) if getattr(exc, 'filename', None) else ''}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except RecursionError:
-        print("error: something KVScope read was nested too deeply to be what it claimed", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _outcome(action)
     finally:
         for name, handler in previous.items():
             if handler is not None:
                 signal.signal(getattr(signal, name), handler)
+
+
+def _outcome(action: Callable[[], int]) -> int:
+    try:
+        return action()
+    except (EngineError, ValueError) as exc:
+        end_open_line()
+        print(f"error: {safe_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:      # the disk filled, a folder went away, no permission: one line, the user's to fix
+        end_open_line()
+        print(f"error: {safe_line(getattr(exc, 'strerror', None) or exc)}"
+              f"{': ' + safe_line(exc.filename) if getattr(exc, 'filename', None) else ''}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except RecursionError:
+        end_open_line()
+        print("error: something KVScope read was nested too deeply to be what it claimed", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        end_open_line()
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _interrupt_on(name: str):

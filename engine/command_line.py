@@ -108,6 +108,16 @@ def byte_size(text: str) -> int:
     return int(size)
 
 
+OPEN_LINE = [False]          # a progress line on the terminal waits for its end (updated in place)
+
+
+def end_open_line() -> None:
+    """End a progress line left open, so what is printed next (an error, "interrupted") has a line of its own."""
+    if OPEN_LINE[0]:
+        print(file=sys.stderr, flush=True)
+        OPEN_LINE[0] = False
+
+
 def load_with_progress(args: argparse.Namespace) -> Any:
     """The model the arguments name, loaded with one progress line on stderr (updated in place on a
     terminal, one line per stage in a log)."""
@@ -119,8 +129,10 @@ def load_with_progress(args: argparse.Namespace) -> Any:
     def progress(p: LoadProgress) -> None:
         pct = f"{p.fraction * 100:3.0f}% " if p.fraction is not None else ""
         if tty:
-            print(f"\r[{pct}{safe_line(p.message)}]"[:100].ljust(100), end="\n" if p.stage == "done" else "",
+            done = p.stage == "done"
+            print(f"\r[{pct}{safe_line(p.message)}]"[:100].ljust(100), end="\n" if done else "",
                   file=sys.stderr, flush=True)
+            OPEN_LINE[0] = not done
         elif p.stage != last_stage[0] or p.stage == "done":
             print(f"[{pct}{safe_line(p.message)}]", file=sys.stderr, flush=True)
         last_stage[0] = p.stage
@@ -198,8 +210,8 @@ def add_settings_flags(p: argparse.ArgumentParser, cls: type) -> None:
         if shape.base is bool:
             way = ("off", "on") if default else ("on", "off")
             p.add_argument(setting.flag, dest=shape.name, action="store_const", const=not default, default=None,
-                           help=f"{setting.help} (this flag turns it {way[0]}; {way[1]} by default)"
-                           .replace("%", "%%"))
+                           help=f"turns {setting.label.lower()} {way[0]} ({way[1]} by default). "
+                           f"{setting.label}: {setting.help}".replace("%", "%%"))
             continue
         shown = setting.none if default is None and setting.none else _shown(default)
         help_text = setting.help + (f" (default {shown})" if default not in (None, "") or

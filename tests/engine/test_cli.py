@@ -139,3 +139,35 @@ def test_the_installed_script_names_itself_in_its_usage(monkeypatch):
     assert generate_parser().format_usage().startswith("usage: kvscope-cli ")
     monkeypatch.setattr("sys.argv", ["/x/engine/__main__.py"])
     assert generate_parser().format_usage().startswith("usage: python -m engine ")
+
+
+def test_a_flag_that_turns_a_setting_off_says_so_before_what_the_setting_does():
+    from engine.cli import generate_parser
+
+    helps = {a.option_strings[0]: a.help for a in generate_parser()._actions if a.option_strings}
+    assert helps["--raw"].startswith("turns chat template off (on by default). Chat template: wrap the prompt")
+    assert helps["--no-kv-cache"].startswith("turns kv cache off (on by default). KV cache: keep each layer's")
+    assert helps["--static-cache"].startswith("turns static on (off by default).")
+
+
+def test_an_unknown_kv_cache_method_is_refused_offering_only_what_a_run_takes(tiny_model_dir, capsys):
+    from engine import cli
+
+    for method, words in (("int3", "Unknown KV cache method 'int3'"), ("h2o:64", "a run does not record")):
+        with pytest.raises(SystemExit) as ended:
+            cli.main(["--model", str(tiny_model_dir), "--prompt", "hi", "--kv-cache", method])
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and words in err and "sinks:S+W" in err and "h2o:N" not in err
+
+
+def test_an_interrupt_after_a_progress_line_is_said_on_a_line_of_its_own(capsys):
+    from engine import cli, command_line
+
+    def interrupted_mid_line() -> int:
+        print("\r[100% Loaded tiny in 0.1 s]", end="", file=sys.stderr)
+        command_line.OPEN_LINE[0] = True
+        raise KeyboardInterrupt
+
+    assert cli.guarded(interrupted_mid_line) == command_line.EXIT_INTERRUPTED
+    assert capsys.readouterr().err.endswith("0.1 s]\ninterrupted\n")
+    assert not command_line.OPEN_LINE[0]
