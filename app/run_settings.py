@@ -136,6 +136,27 @@ class RunSettings(Observable):
     def as_dict(self) -> dict:
         return dataclasses.asdict(self.choices)
 
+    def differences(self, shown: GenerationParams | None) -> list[str]:
+        """The settings the next run would take that differ from those ``shown`` ran with, in words ("temperature
+        0.9 (ran 0.7)"); [] when they agree or there is no run to compare with."""
+        if shown is None:
+            return []
+        try:
+            upcoming = self.params()
+        except ParameterError:
+            return []
+        out = []
+        for field in dataclasses.fields(GenerationParams):
+            name = field.name
+            if name == "seed" and self.choices.random_seed:
+                continue                                 # a fresh seed every run: no value to compare
+            now, ran = getattr(upcoming, name), getattr(shown, name)
+            if now != ran:
+                shape = shape_of(GenerationParams, name)
+                label = shape.setting.label.lower() if shape.setting is not None else name.replace("_", " ")
+                out.append(f"{label} {_value(now)} (ran {_value(ran)})")
+        return out
+
     def restore(self, stored: Mapping[str, object]) -> None:
         """Take remembered values, each checked: a wrong type or a value out of its declared range is replaced
         by the default, and ``notes`` says which."""
@@ -154,6 +175,14 @@ class RunSettings(Observable):
         self.notes = notes
         self.choices = replace(defaults, **values)
         self.changed("choices")
+
+
+def _value(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
 
 
 def notch(shape: FieldShape, value: float, direction: int, bounds: tuple[float, float]) -> float:
@@ -176,7 +205,7 @@ def _known_method(name: str) -> bool:
     from engine.kv_methods import parse_method
 
     try:
-        parse_method(name)
+        parse_method(name, for_run=True)               # a remembered value must be one a run takes
     except ParameterError:
         return False
     return True

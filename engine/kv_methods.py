@@ -44,8 +44,10 @@ class Method:
         return f"StreamingLLM: {self.sinks} sinks + {self.recent} recent"
 
 
-def parse_method(text: str) -> Method:
-    """A method from its name; one line naming what is wrong otherwise."""
+def parse_method(text: str, for_run: bool = False) -> Method:
+    """A method from its name; one line naming what is wrong otherwise. ``for_run``: what a run can keep its
+    cache as (H2O needs the attention every step paid, which only the compression lesson records), so a refusal
+    never offers what the run would refuse next."""
     name = text.strip().lower()
     if name == "full":
         return Method(name, "full")
@@ -58,7 +60,7 @@ def parse_method(text: str) -> Method:
             if sinks < 0 or recent < 1:
                 raise ValueError
             return Method(name, "evicted", sinks=sinks, recent=recent)
-        if name.startswith("h2o:"):
+        if name.startswith("h2o:") and not for_run:
             budget = int(name.removeprefix("h2o:"))
             if budget < 2 * SINKS + 2:
                 raise ValueError
@@ -66,8 +68,14 @@ def parse_method(text: str) -> Method:
             return Method(name, "evicted", sinks=SINKS, recent=recent, heavy=budget - SINKS - recent)
     except ValueError:
         pass
-    raise ParameterError(f"Unknown KV cache method {text!r}: use full, {', '.join(QUANTIZED)}, sinks:S+W (S sinks, "
-                         f"W recent positions, W >= 1) or h2o:N (N >= {2 * SINKS + 2} positions)")
+    if for_run and name.startswith("h2o:"):
+        raise ParameterError(f"{text.strip()} keeps the positions attention paid most for, which a run does not "
+                             f"record: compare it in the KV compression lesson; a run keeps its cache as full, "
+                             f"{', '.join(QUANTIZED)} or sinks:S+W")
+    evicted = ("sinks:S+W (S sinks, W recent positions, W >= 1)" if for_run else
+               f"sinks:S+W (S sinks, W recent positions, W >= 1) or h2o:N (N >= {2 * SINKS + 2} positions)")
+    raise ParameterError(f"Unknown KV cache method {text!r}: use full, {', '.join(QUANTIZED)}"
+                         + (f" or {evicted}" if for_run else f", {evicted}"))
 
 
 def available(method: Method) -> str | None:

@@ -90,12 +90,8 @@ class GenerationParams:
             raise ParameterError("attention cannot be captured from a compiled decode: turn one of them off")
         from engine.kv_methods import parse_method
 
-        method = parse_method(self.kv_method)
+        method = parse_method(self.kv_method, for_run=True)           # H2O refused here, in one line
         object.__setattr__(self, "kv_method", method.name)           # one spelling: "FP8 " is "fp8"
-        if method.heavy:
-            raise ParameterError(f"{method.name} keeps the positions attention paid most for, which a run does not "
-                                 "record: compare it in the KV compression lesson; a run keeps its cache as full, "
-                                 "fp8, quanto4, quanto2, hqq4 or sinks:S+W")
         if method.kind != "full" and (not self.kv_cache or self.static_cache or self.compiled):
             raise ParameterError(f"a cache kept as {method.name} is a dynamic one: not with the KV cache off, the "
                                  "static cache or compiled decode")
