@@ -48,6 +48,17 @@ class LoadMeter:
             self.wall_s += self.wall_clock() - self._wall
             self._running = False
 
+    def share_so_far(self, idle_ms: float = 0.0) -> float | None:
+        """``share`` including the interval still being measured: a run's figure while it runs."""
+        cpu, wall = self.cpu_s, self.wall_s
+        if self._running:
+            cpu += self.cpu_clock() - self._cpu
+            wall += self.wall_clock() - self._wall
+        wall -= idle_ms / 1000.0
+        if wall < 0.05:
+            return None
+        return cpu / (wall * compute_threads())
+
     def share(self, idle_ms: float = 0.0) -> float | None:
         """The CPU share over the measured wall time minus ``idle_ms`` spent waiting on purpose (pauses).
         None when too little was measured to say."""

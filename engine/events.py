@@ -246,6 +246,7 @@ class TokenStep:
     candidates_cut: Count = 0
     kv_storage_per_layer: Annotated[list[Bytes], Items(MAX_LAYERS)] = field(default_factory=list)
     compiled: bool = False          # decoded through the compiled graph (the timeline marks the first)
+    cpu_share: Share | None = None  # the run's CPU share so far (``RunSummary.cpu_share``): busy said mid-run too
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Fault injection, so failure handling can be tested on a CPU and shown on stage.
 
-``KVSCOPE_FAULTS`` lists faults as ``phase:step:action`` separated by commas: phase ``prefill`` or ``decode``,
-the step at which to fire (0 for the prefill), and the action ``oom`` (raise the out-of-memory error of the
-device: ``MemoryError`` on CPU), ``error`` (a generic ``RuntimeError``) or ``sleep=SECONDS`` (a forward pass
-that takes that long). Example: ``KVSCOPE_FAULTS=decode:3:oom`` fails every run at its third decode step.
+``KVSCOPE_FAULTS`` lists faults as ``phase:step:action`` separated by commas: phase ``prefill``, ``first`` (after
+the prefill's pass, before its token is chosen) or ``decode``, the step at which to fire (0 for the prefill),
+and the action ``oom`` (raise the out-of-memory error of the device: ``MemoryError`` on CPU), ``error`` (a
+generic ``RuntimeError``) or ``sleep=SECONDS`` (a forward pass that takes that long). Example:
+``KVSCOPE_FAULTS=decode:3:oom`` fails every run at its third decode step.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ def parse(spec: str) -> FaultHook | None:
             key = (phase, int(step))
         except ValueError:
             raise ParameterError(f"KVSCOPE_FAULTS: {item!r} is not phase:step:action") from None
-        if phase not in ("prefill", "decode") or not (action in ("oom", "error") or action.startswith("sleep=")):
-            raise ParameterError(f"KVSCOPE_FAULTS: {item!r}: phase is prefill|decode, action oom|error|sleep=S")
+        if phase not in ("prefill", "first", "decode") or not (action in ("oom", "error")
+                                                              or action.startswith("sleep=")):
+            raise ParameterError(f"KVSCOPE_FAULTS: {item!r}: phase is prefill|first|decode, action "
+                                 "oom|error|sleep=S")
         faults[key] = action
     if not faults:
         return None

@@ -339,7 +339,7 @@ class Session:
         except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
             failure = ("out_of_memory",
                        f"Out of memory after {tally.generated} tokens ({_first_line(exc)}). Memory was "
-                       "released: try fewer tokens, a shorter prompt, the KV cache on, or a smaller dtype.")
+                       f"released: try {memory_advice(params, self.facts.dtype)}.")
         except Exception as exc:  # noqa: BLE001  (the run must end with an event whatever broke)
             log.exception("run failed")
             failure = (type(exc).__name__, _first_line(exc))
@@ -426,6 +426,7 @@ class Session:
         forward_end = clock.mark()
         cached = self._read_cache(request.cache)
         yield Prefilled(clock.elapsed_ms(start, forward_end), *cached)      # measured, whatever the choice does
+        self._fault("first", 0)
         choice = choose(logits, params, generator)
         end = clock.mark()
         position = len(ids)
@@ -605,7 +606,10 @@ class _Observer:
                          forward_ms=step.forward_ms, prob=choice.prob, raw_prob=choice.raw_prob,
                          candidates=candidates, kv_bytes_per_layer=step.kv, kv_positions_per_layer=step.held,
                          waited_ms=self.waited_ms, kept=choice.kept, kv_storage_per_layer=step.storage,
-                         compiled=step.compiled)
+                         compiled=step.compiled, cpu_share=self._share_so_far())
+
+    def _share_so_far(self) -> float | None:
+        return self.meter.share_so_far(self.tally.waited_ms + self.waited_ms)
 
     def _attention_step(self, step: Step) -> AttentionStep:
         capture = self.session.attention_capture()
@@ -648,6 +652,18 @@ def eos_ids(model: Any, tokenizer: Any) -> set[int]:
         elif isinstance(value, (list, tuple)):
             ids.update(int(v) for v in value)
     return ids
+
+
+def memory_advice(params: GenerationParams, dtype: str) -> str:
+    """What would need less memory than this run did: only what differs from what it already did."""
+    options = ["fewer tokens", "a shorter prompt"]
+    if not params.kv_cache:
+        options.append("the KV cache on (without it every step recomputes the whole sequence)")
+    elif params.kv_method == "full":
+        options.append("the KV cache kept as fp8 or quanto4")
+    if dtype == "float32":
+        options.append("a smaller dtype (bfloat16)")
+    return ", ".join(options[:-1]) + " or " + options[-1]
 
 
 def _cancelled(cancel: threading.Event | None) -> Callable[[], bool]:

@@ -68,10 +68,21 @@ def test_out_of_memory_at_prefill_or_decode(tiny, phase, step):
     assert isinstance(session.run("hello world", GenerationParams(max_new_tokens=3)), RunFinished)
 
 
+@pytest.mark.parametrize("kv_cache", [True, False])
+def test_out_of_memory_advice_names_only_what_the_run_did_not_do(tiny, kv_cache):
+    session = Session(tiny, fault_hook=parse("decode:2:oom"))
+    result = session.run("hello world", GenerationParams(max_new_tokens=8, kv_cache=kv_cache))
+    assert "Memory was released: try fewer tokens, a shorter prompt" in result.message
+    assert ("the KV cache on" in result.message) is not kv_cache          # never "the cache on" while it was on
+    assert ("kept as fp8 or quanto4" in result.message) is kv_cache
+    assert "a smaller dtype (bfloat16)" in result.message                 # the tiny model runs in float32
+
+
 def test_fault_specs_from_the_environment(monkeypatch, tiny):
     monkeypatch.setenv("KVSCOPE_FAULTS", "decode:1:error")
     result = Session(tiny).run("hello", GenerationParams(max_new_tokens=5))
     assert isinstance(result, RunFailed) and result.error == "RuntimeError" and "injected" in result.message
+    assert parse("first:0:error") is not None                             # after the prefill's pass
     for bad in ("nonsense", "decode:x:oom", "middle:1:oom", "decode:1:explode"):
         with pytest.raises(ParameterError, match="KVSCOPE_FAULTS"):
             parse(bad)
