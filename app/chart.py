@@ -11,6 +11,8 @@ import pyqtgraph as pg
 from app import theme as th
 from app.paint import TimedGraphics
 
+MIN_HEIGHT_PX = 190          # title, an axis with its label and 100 px of data; a legend adds its own height
+
 
 class Chart(TimedGraphics):
     def __init__(self, title: str = "", legend: bool = True, legend_columns: int = 3,
@@ -18,9 +20,12 @@ class Chart(TimedGraphics):
         """``legend_beside``: the legend in a column right of the plot, not in a row above it (a short chart
         keeps its height for the data)."""
         super().__init__()
+        self._least = MIN_HEIGHT_PX
+        self.setMinimumHeight(self._least)        # a short panel scrolls (its dock does) rather than crush the data
         self.title = title
         self.legend: pg.LegendItem | None = None
         self.legend_columns = 1 if legend_beside else legend_columns
+        self.legend_beside = legend_beside
         if legend:
             self.legend = pg.LegendItem(colCount=self.legend_columns, labelTextSize="9pt")
             self.addItem(self.legend, row=1 if legend_beside else 0, col=1 if legend_beside else 0)
@@ -37,6 +42,7 @@ class Chart(TimedGraphics):
 
     def style(self, theme: th.Theme, x: str, x_unit: str | None, y: str, y_unit: str | None) -> None:
         self.theme = theme
+        self._set_least(self._least)
         self.setBackground(theme.background)
         th.style_plot(self.plot, theme, x, x_unit, y, y_unit)
         if self.empty_message is not None:                  # what will appear, said in this theme's type
@@ -94,6 +100,7 @@ class Chart(TimedGraphics):
         self.point_labels = []
         if self.legend is not None:
             self.legend.clear()
+            self._set_least(MIN_HEIGHT_PX)
         if self.empty_message is not None:               # plot.clear() took the words off too
             self.plot.addItem(self.empty_text, ignoreBounds=True)
 
@@ -105,6 +112,8 @@ class Chart(TimedGraphics):
         was_empty, self.empty_message = self.empty_message is not None, message
         for side in ("bottom", "left"):
             self.plot.getAxis(side).setStyle(showValues=message is None)
+        if self.title and self.plot.titleLabel.text:         # "(measured)" over empty axes would claim data
+            self.set_title_visible(True)
         if message is None:
             self.plot.removeItem(self.empty_text)
             self.plot.enableAutoRange()
@@ -147,7 +156,15 @@ class Chart(TimedGraphics):
                       for sample, label in self.legend.items]
             rows = [widths[i:i + columns] for i in range(0, len(widths), columns)]
             if max(sum(row) for row in rows) <= room:
-                return
+                break
+        if not self.legend_beside:                           # a legend row above the data: the chart grows by it
+            self._set_least(int(MIN_HEIGHT_PX + self.legend.layout.preferredHeight()))
+
+    def _set_least(self, pixels: int) -> None:
+        """The least height the workbench gives this chart (its dock scrolls below it); a lecture scene lays its
+        charts out to fill the screen it has, so there the scene decides."""
+        self._least = pixels
+        self.setMinimumHeight(0 if self.theme.lecture else pixels)
 
     def prune_legend(self) -> None:
         """Take out of the legend every series that has no data: "(measured)" never labels an empty line."""
@@ -158,12 +175,14 @@ class Chart(TimedGraphics):
                 self.legend.removeItem(sample.item)
 
     def set_title_visible(self, visible: bool) -> None:
-        """A lecture scene states the claim in its caption; its charts drop their titles for the room it takes."""
+        """A lecture scene states the claim in its caption; its charts drop their titles for the room it takes.
+        An empty chart's title leaves out "(measured)": there is nothing measured under it yet."""
         if not (visible and self.title):
             self.plot.titleLabel.setText("")       # a hidden title still holds the layout as wide as its text
         self.plot.setTitle(self.title if visible and self.title else None)
         if visible and self.title:
-            self.plot.setTitle(self.title, size=f"{self.theme.base_pt + 1:.0f}pt", color=self.theme.foreground)
+            title = self.title.replace(" (measured)", "") if self.empty_message is not None else self.title
+            self.plot.setTitle(title, size=f"{self.theme.base_pt + 1:.0f}pt", color=self.theme.foreground)
 
     def legend_names(self) -> list[str]:
         return [label.text for _sample, label in self.legend.items] if self.legend is not None else []
@@ -195,8 +214,12 @@ def label_offsets(points: list[tuple[float, float]], sizes: list[tuple[float, fl
         costs = [sum(overlap(b, other) for other in placed + markers)
                  + (w * h - overlap(b, bounds) if bounds is not None else 0.0) for b in boxes]
         side = min(range(8), key=lambda s: (costs[s] > 0, costs[s], s))
-        placed.append(boxes[side])
-        x0, y0, _x1, _y1 = boxes[side]
+        x0, y0, x1, y1 = boxes[side]
+        if bounds is not None:                  # never cut off at the edge: shifted inside, over a point if it must
+            dx = max(bounds[0] - x0, 0.0) - max(x1 - bounds[2], 0.0)
+            dy = max(bounds[1] - y0, 0.0) - max(y1 - bounds[3], 0.0)
+            x0, y0, x1, y1 = x0 + dx, y0 + dy, x1 + dx, y1 + dy
+        placed.append((x0, y0, x1, y1))
         anchors.append((x0 - point[0], y0 - point[1]))
     return anchors
 

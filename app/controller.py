@@ -55,6 +55,7 @@ class Surface(Protocol):
     def loading(self, progress: LoadProgress) -> None: ...
     def model_loaded(self, loaded: ModelLoaded) -> None: ...
     def busy_changed(self, busy: str | None) -> None: ...
+    def show_steering(self, steering: str) -> None: ...
     def show_memory(self, rss: int, gpu: tuple[int, int] | None) -> None: ...
     def show_experiment(self, kind: str) -> None: ...
     def clear_banner(self) -> None: ...
@@ -91,6 +92,7 @@ class Controller:
         self._load_failed = ""                  # "Could not load X." until the next load starts
         self._live_peaks = None                 # this machine's peaks, put aside while a trace replays
         self._queued: Callable[[], None] | None = None
+        self._steering_next = ""                # how the next run starts: "stepping" after Step with nothing running
         self._run_after_load: Callable[[], None] | None = None
         client.events_ready.connect(self.on_events)
 
@@ -134,7 +136,7 @@ class Controller:
         self.surface.show_progress(f"Loading {shown}…", None)
         self.surface.show_model_status(f"Loading {shown}…")
         self.client.submit(request)
-        self.surface.busy_changed(self.client.busy)
+        self._busy_changed()
 
     def run(self, paused: bool = False, attention: bool = False) -> None:
         """Run the prompt with the run settings (``attention``: record attention whatever they say)."""
@@ -156,8 +158,9 @@ class Controller:
             self.surface.show_error(str(exc))
             return
         self.client.control.delay_s = self.run_settings.choices.slow_ms / 1000.0
+        self._steering_next = "stepping" if paused else ""
         self.client.submit(rq.Run(prompt, params), paused=paused)
-        self.surface.busy_changed(self.client.busy)
+        self._busy_changed()
         pending = self.model_choice.pending_text()
         if pending:
             self.surface.show_status(f"Running the loaded model; not yet applied: {pending}", 8000)
@@ -178,6 +181,7 @@ class Controller:
         """Running: let exactly one more token through. Idle: start a run that pauses after the prefill."""
         if self.client.busy == "run":
             self.client.control.step()
+            self._steer("stepping")
         elif self.client.busy:
             self._refused("Step")
         else:
@@ -192,9 +196,23 @@ class Controller:
             self.client.control.pause()
         else:
             self.client.control.resume()
+        self._steer("paused" if paused else "")
         return True
 
+    def _steer(self, steering: str) -> None:
+        """The run in progress is held (paused, single steps) or let go: the store says so to every view, and the
+        Pause control follows what the run is doing, not which button was pressed."""
+        live = self.store.current
+        if live is not None and not live.finished and not live.started.experiment:
+            self.store.steer(live.run_id, steering)
+        self.surface.show_steering(steering)
+
+    def _busy_changed(self) -> None:
+        self.store.set_activity(self.client.busy)
+        self.surface.busy_changed(self.client.busy)
+
     def toggle_pause(self) -> bool:
+        """F9: pause a running run, resume a paused or single-stepped one."""
         return self.set_paused(not self.client.control.paused)
 
     def set_slow_motion(self, ms: int) -> None:
@@ -215,7 +233,7 @@ class Controller:
             return False
         self.client.control.delay_s = self.run_settings.choices.slow_ms / 1000.0
         self.client.submit(rq.Chat(tuple((m["role"], m["content"]) for m in messages), params, reuse))
-        self.surface.busy_changed(self.client.busy)
+        self._busy_changed()
         return True
 
     def start_lesson(self, kind: str) -> bool:
@@ -230,7 +248,7 @@ class Controller:
             self.surface.show_error(str(exc))
             return False
         self.client.submit(rq.Lesson(kind, settings))
-        self.surface.busy_changed(self.client.busy)
+        self._busy_changed()
         self.surface.show_experiment(kind)
         return True
 
@@ -239,7 +257,7 @@ class Controller:
             return False
         self.begin_replay()
         self.client.submit(rq.Replay(tuple(paths), self.replay_speed))
-        self.surface.busy_changed(self.client.busy)
+        self._busy_changed()
         return True
 
     def begin_replay(self) -> None:
@@ -260,7 +278,7 @@ class Controller:
         if self._refused("Measuring the peaks"):
             return
         self.client.submit(rq.Remeasure())
-        self.surface.busy_changed(self.client.busy)
+        self._busy_changed()
 
     def run_when_loaded(self) -> None:
         """Run the prompt once the model is in (``kvscope --run``: a demo that needs no click)."""
@@ -335,6 +353,10 @@ class Controller:
                 self.state.select(event.run_id, f"{owner.kind} sweep")     # the heatmap fills as it runs
             return
         self.surface.clear_banner()                  # a new run started: an earlier failure's words are stale
+        if not self.replaying:
+            self.store.steer(event.run_id, self._steering_next)
+            self.surface.show_steering(self._steering_next)
+            self._steering_next = ""
         if style.group == CHAT:
             self.conversation.started(event.run_id)
             if event.run_id in self.conversation.turn_runs:
@@ -389,7 +411,7 @@ class Controller:
             if self.loading is None:
                 current = describe_loaded(self.client.model) if self.client.model else "No model is loaded."
                 self.surface.show_model_status(f"{self._load_failed} {current}".strip())
-        self.surface.busy_changed(self.client.busy)
+        self._busy_changed()
         if isinstance(note, Idle):
             self._after_idle()
 

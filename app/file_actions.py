@@ -118,7 +118,8 @@ class FileActions:
             if run is None:
                 self.show_error("There is no run to save yet.")
                 return
-            events = run.events
+            # The peaks the run was judged with go first, so its replay says what the live run said of them.
+            events = ([run.peaks] if run.peaks is not None else []) + run.events
         try:
             written = write_checked(path, events)
         except (OSError, TraceError, ValueError) as exc:

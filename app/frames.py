@@ -56,6 +56,7 @@ class FrameScheduler(QObject):
         self.refresh()
 
     def refresh(self, force: bool = False) -> None:
+        self.store.new_frame()
         run = self.store.find(self.state.selected) if self.state.selected else None
         # A prefill sends nothing until its pass ends: its clock and growing bar are redrawn ten times a second,
         # so a long prompt never looks hung.

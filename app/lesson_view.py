@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 
 from app import theme as th
 from app.chart import Chart
-from app.phase import experiment_phase
+from app.phase import experiment_phase, plural
 from app.run_settings import LessonChoices
 from app.setting_widgets import control, int_range
 from app.store import ExperimentRecord, RunStore
@@ -231,7 +231,8 @@ class LessonView(QWidget):
         self.plot = self.chart.plot
         self.plot.getViewBox().setDefaultPadding(0.08)       # room for point labels at the edges
         self.charts = QWidget()
-        self.charts.setMinimumHeight(340)                # a short dock scrolls instead of squashing the charts
+        # No height of its own: each chart's least height adds up here, and a short dock scrolls instead of
+        # squashing them (a fixed minimum below their sum squeezed a three-chart tab to nothing).
         self.charts_layout = QVBoxLayout(self.charts)
         self.charts_layout.setContentsMargins(0, 0, 0, 0)
         self.charts_layout.addWidget(self.chart, 3)
@@ -348,7 +349,10 @@ def end_text(record: ExperimentRecord) -> str:
     """How it ended, and the settings it ran with (a replayed experiment's are not the form's)."""
     end = record.end
     if hasattr(end, "reason"):
-        text = "Finished." if end.reason == "done" else "Cancelled: the points measured so far are kept."
+        points = experiment_phase(record).points
+        text = ("Finished." if end.reason == "done" else
+                f"Stopped: {plural(points, 'point')} so far, kept." if points else
+                "Stopped before its first point: nothing was measured.")
     else:
         text = f"Failed: {getattr(end, 'message', '')}"
     shown = settings_words(record.started.settings)
@@ -379,7 +383,9 @@ def token_note(result: object) -> str:
 
 def busy_badge(result: LessonResult | None) -> str:
     """What a scene caption adds when its numbers were measured on a busy machine."""
-    return " · measured on a busy machine" if result is not None and busy(result.lowest_cpu_share) else ""
+    if result is None or not busy(result.lowest_cpu_share):
+        return ""
+    return f" · on a busy machine (down to {result.lowest_cpu_share:.0%} CPU)"
 
 
 def add_labels(chart: Chart, points: list[tuple[float, float, str]]) -> None:

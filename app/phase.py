@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from app.store import ExperimentRecord, RunRecord
 from engine.events import RunFailed, RunFinished
 
-NOTHING, PREFILL, DECODING, STOPPED, FINISHED, FAILED, INCOMPLETE = (
-    "nothing", "prefill", "decoding", "stopped", "finished", "failed", "incomplete")
+NOTHING, PREFILL, PREFILLED, DECODING, PAUSED, STEPPING, STOPPED, FINISHED, FAILED, INCOMPLETE = (
+    "nothing", "prefill", "prefilled", "decoding", "paused", "stepping", "stopped", "finished", "failed",
+    "incomplete")
 ENDED = (STOPPED, FINISHED, FAILED, INCOMPLETE)
+LIVE = (PREFILL, PREFILLED, DECODING, PAUSED, STEPPING)
 
 
 def plural(count: int, one: str, many: str | None = None) -> str:
@@ -86,7 +88,7 @@ def figures(run: RunRecord | None) -> RunFigures:
         decode_ms=s.decode_ms if decoded else None,
         decode_tok_s=s.decode_tok_s if decoded else None,
         kv_bytes=s.kv_bytes if prefilled else None,
-        cpu_share=s.cpu_share if run.finished else None)
+        cpu_share=s.cpu_share if run.finished else (run.steps[-1].cpu_share if run.steps else None))
 
 
 FINISH_WORDS = {"eos": "the model ended its answer (end-of-sequence token)",
@@ -97,7 +99,9 @@ FINISH_WORDS = {"eos": "the model ended its answer (end-of-sequence token)",
 @dataclass(frozen=True)
 class RunPhase:
     """Where a run is. ``tokens``: generated so far (the first from the prefill); ``limit``: its max new tokens;
-    ``reason``: a finished run's reason, a failed one's message; ``elapsed_ms``: since it started."""
+    ``reason``: a finished run's reason, a failed one's message; ``elapsed_ms``: since it started;
+    ``released``: a failed run's memory was given back (its cache is gone); ``replayed``: the trace it was read
+    from ("" for a run of this session)."""
 
     name: str
     tokens: int = 0
@@ -106,6 +110,10 @@ class RunPhase:
     elapsed_ms: float = 0.0
     prompt_tokens: int = 0
     context: int = 0
+    released: bool = False
+    replayed: str = ""
+    prefill_ms: float | None = None
+    steering: str = ""
 
     @property
     def ended(self) -> bool:
@@ -113,21 +121,36 @@ class RunPhase:
 
     @property
     def running(self) -> bool:
-        return self.name in (PREFILL, DECODING)
+        return self.name in LIVE
+
+    @property
+    def held(self) -> bool:
+        """Paused, or waiting for the next single step: no token comes until the user asks."""
+        return self.name in (PAUSED, STEPPING)
 
     def words(self) -> str:
         """The phase in a few words, as a status line or a caption's end says it."""
         if self.name == NOTHING:
             return "no run yet"
         if self.name == PREFILL:
+            then = {"paused": "; it pauses after its first token", "stepping": "; then one token per F10"}.get(
+                self.steering, "")
             return (f"prefill running: {plural(self.prompt_tokens, 'prompt token')} in one forward pass, "
-                    f"{self.elapsed_ms / 1000:,.1f} s so far")
+                    f"{elapsed(self.elapsed_ms)} so far{then}")
+        if self.name == PREFILLED:
+            return (f"prefill done in {duration(self.prefill_ms or 0.0)}: choosing the first token")
         if self.name == DECODING:
             return f"decoding: token {self.tokens:,} of at most {self.limit:,}"
+        if self.name == PAUSED:
+            return (f"paused after token {self.tokens:,} of at most {self.limit:,} (F9 resumes, F10 steps one "
+                    "token)")
+        if self.name == STEPPING:
+            return (f"step by step: token {self.tokens:,} of at most {self.limit:,}, waiting for F10 (F9 runs "
+                    "on)")
         if self.name == STOPPED:
             if not self.tokens:
                 return "stopped during the prefill: nothing was measured"
-            return f"stopped after {plural(self.tokens, 'token')}; what was measured is kept"
+            return f"stopped after {plural(self.tokens, 'token')}; its figures are kept"
         if self.name == FINISHED:
             why = FINISH_WORDS.get(self.reason, self.reason).format(limit=f"{self.limit:,}",
                                                                     context=f"{self.context:,}")
@@ -139,23 +162,45 @@ class RunPhase:
         return self.name
 
 
+def held_line(phase: RunPhase) -> str:
+    """A held run's state in the words every view of it uses (empty for any other phase): a panel that shows a
+    step or the cache of a paused run says it is paused, as the strip and the captions do."""
+    return phase.words() if phase.held else ""
+
+
+def elapsed(ms: float) -> str:
+    """A running clock's reading, always in tenths of a second, so it reads the same wherever it is shown."""
+    return f"{ms / 1000:,.1f} s"
+
+
 def run_phase(run: RunRecord | None, now: float | None = None) -> RunPhase:
     """The phase of ``run`` (None: nothing yet). ``now``: the run's clock by default, for the elapsed time."""
     if run is None:
         return RunPhase(NOTHING)
     params = run.started.params
     context = getattr(run.model, "max_context", None) or getattr(run.model, "context", None) or 0
-    base = dict(tokens=run.n_steps, limit=params.max_new_tokens, prompt_tokens=run.prompt_tokens, context=context)
+    prefill_ms = run.prefill.forward_ms if run.prefill is not None and not run.remote else None
+    base = dict(tokens=run.n_steps, limit=params.max_new_tokens, prompt_tokens=run.prompt_tokens, context=context,
+                replayed=run.source, prefill_ms=prefill_ms, steering=run.steering)
     if run.incomplete:
         return RunPhase(INCOMPLETE, **base)
     end = run.end
     if isinstance(end, RunFailed):
-        return RunPhase(FAILED, reason=end.message, elapsed_ms=end.t_ms, **base)
+        released = end.error == "out_of_memory" or "Memory was released" in end.message
+        return RunPhase(FAILED, reason=end.message, elapsed_ms=end.t_ms, released=released, **base)
     if isinstance(end, RunFinished):
         name = STOPPED if end.reason == "stopped" else FINISHED
         return RunPhase(name, reason=end.reason, elapsed_ms=end.t_ms, **base)
-    elapsed = ((now if now is not None else run.clock()) - run.arrived) * 1000.0 + run.started.t_ms
-    return RunPhase(DECODING if run.n_steps else PREFILL, elapsed_ms=elapsed, **base)
+    elapsed_ms = ((now if now is not None else run.clock()) - run.arrived) * 1000.0 + run.started.t_ms
+    if not run.n_steps:
+        name = PREFILLED if run.prefill is not None else PREFILL
+    elif run.steering == "paused":
+        name = PAUSED
+    elif run.steering == "stepping":
+        name = STEPPING
+    else:
+        name = DECODING
+    return RunPhase(name, elapsed_ms=elapsed_ms, **base)
 
 
 RUNNING_EXPERIMENT = "running"

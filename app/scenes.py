@@ -57,6 +57,7 @@ from app.setting_widgets import setting_text
 from app.store import RunRecord, RunStore
 from app.viewstate import Conversation, ViewState
 from engine import kvformula, report
+from engine import lessons as engine_lessons
 from engine.contention import busy
 
 RUN_SCENES = ("prefill", "kv", "sampling", "attention")
@@ -368,14 +369,31 @@ def scene_claim(name: str, context: Context) -> str:
                                                             f"{joined[1].key} for {joined[1].words}"]
         return "; ".join(p for p in parts if p)
     run = context.store.find(context.state.selected) if context.state.selected else None
-    return run_claim(name, run, context.state)
+    return run_claim(name, run, context.state, context.store.activity)
 
 
 def lesson_claim(module, record, context: Context) -> str:
     """A lesson's caption, true to where its experiment is: a stopped or failed one says so and how far it got
     first; "measured on a busy machine" only beside something measured."""
     if record is None:
+        busy_now = elsewhere(context.store)
+        if busy_now:                              # R would be refused: say what runs instead of inviting it
+            return f"{busy_now}; R starts {module.LESSON.title.lower()} when it is done"
         return module.caption(None, context)
+    return _finished_claim(module, record, context)
+
+
+def elsewhere(store: RunStore) -> str:
+    """What the engine is busy with, in words, naming a running experiment and how far it is ("" when idle)."""
+    if store.activity == "experiment":
+        running = next((e for e in reversed(store.experiments) if not e.finished), None)
+        if running is not None:
+            title = engine_lessons.lesson(running.kind).title
+            return f"{title} is running ({experiment_phase(running).words()}; Ctrl+. stops it)"
+    return BUSY_WORDS.get(store.activity, store.activity or "")
+
+
+def _finished_claim(module, record, context: Context) -> str:
     phase = experiment_phase(record)
     if record.result is None:                 # running: where it is, never the "press R" of no experiment
         return phase.words()
@@ -386,48 +404,62 @@ def lesson_claim(module, record, context: Context) -> str:
     return caption + badge
 
 
-def run_claim(name: str, run: RunRecord | None, state: ViewState) -> str:
+def run_claim(name: str, run: RunRecord | None, state: ViewState, activity: str | None = None) -> str:
     """A run scene's claim from what is known now (``app.phase``): nothing before the prefill ends, "measured"
-    only beside a measured figure, a stopped run said stopped, and the step the scene's chart shows."""
+    only beside a measured figure, a run that is held or has ended said so, and the step the scene's chart shows.
+    ``activity``: what the engine is busy with (no run to show: R waits for it)."""
     if run is None:
+        if activity:
+            return f"{BUSY_WORDS.get(activity, activity)}: R runs the prompt when it is done"
         return "press R (or Ctrl+Enter) to run the prompt"
     phase, f = run_phase(run), figures(run)
-    ended = f" · {phase.words()}" if phase.ended and phase.name != FINISHED else ""
+    where = f" · {phase.words()}" if phase.name != FINISHED else ""
     if run.remote:
         if f.ttft_ms is None:
             return f"through {run.model.engine}: {phase.words()}"
         rate_text = f" and {decode_rate(f.decode_tok_s)}" if f.decode_tok_s is not None else ""
         return (f"through {run.model.engine}: TTFT {f.ttft_ms:,.0f} ms{rate_text} as this client measured them; a "
-                f"server reveals no per-layer cache, no prefill pass, no attention{ended}")
+                f"server reveals no per-layer cache, no prefill pass, no attention{where}")
     if phase.name == PREFILL or (phase.ended and not run.prefilled):
         return phase.words()
-    busy_words = " · measured on a busy machine" if busy(f.cpu_share) else ""
+    busy_words = f" · {busy_clause(f.cpu_share, phase.running)}" if busy(f.cpu_share) else ""
     if name == "prefill":
-        decode = (f"decode made {plural(f.decode_runs, 'token')} one pass each, "
-                  f"{per_token(f.decode_ms / f.decode_runs)}" if f.decode_runs and f.decode_ms else
-                  "decode starts")
-        return (f"prefill read {plural(f.prompt_tokens, 'prompt token')} in one pass ({f.prefill_ms:,.0f} ms, TTFT "
-                f"{f.ttft_ms:,.0f} ms); {decode} (measured){busy_words}{ended}")
+        ttft = f", TTFT {f.ttft_ms:,.0f} ms" if f.ttft_ms is not None else ""
+        prefill = (f"prefill read {plural(f.prompt_tokens, 'prompt token')} in one pass ({f.prefill_ms:,.0f} ms"
+                   f"{ttft}, measured)")
+        if f.decode_runs and f.decode_ms:
+            decode = (f"; decode made {plural(f.decode_runs, 'token')} one pass each, "
+                      f"{per_token(f.decode_ms / f.decode_runs)} (measured)")
+        elif phase.running and f.ttft_ms is not None:
+            decode = "; decode follows, one pass per token"
+        elif phase.ended:
+            decode = "; no decode step ran"
+        else:
+            decode = ""
+        return f"{prefill}{decode}{busy_words}{where}"
     if name == "kv":
         m, seen = run.model, run.kv_tokens
         held = sum(map(sum, run.kv_bytes_per_layer))
         if not run.started.params.kv_cache:
-            return f"this run kept no KV cache: every step recomputed all positions{ended}"
+            return f"this run kept no KV cache: every step recomputed all positions{where}"
         predicted = kvformula.predicted_kv_bytes(m, seen)
         check = "= the formula ✓" if held == predicted else f"≠ the formula's {kvformula.format_bytes(predicted)} ✗"
         allocated = run.kv_storage_bytes()
         storage = f"; {kvformula.format_bytes(allocated)} allocated" if allocated and allocated != held else ""
-        return (f"{kvformula.bytes_per_token(m):,} B per position (formula) × {seen:,} positions: the cache holds "
-                f"{kvformula.format_bytes(held)} (measured) {check}{storage}{ended}")
+        released = "; released when the run failed" if phase.released else ""
+        return (f"{kvformula.bytes_per_token(m):,} B per position (formula) × {seen:,} positions: the cache held "
+                f"{kvformula.format_bytes(held)} (measured) {check}{storage}{released}{where}")
     if name == "sampling":
         index = state.shown_step(run.run_id, run.n_steps)
         if index is None:
-            return "the candidates appear with the first token"
-        return _plain(sampling_caption(run.steps[index], run.started.params, getattr(run.model, "vocab_size", 0)))
+            return f"the candidates appear with the first token{where}"
+        return _plain(sampling_caption(run.steps[index], run.started.params,
+                                       getattr(run.model, "vocab_size", 0))) + where
     if name == "attention":
         if not run.attention:
-            return ("this run did not record attention: press R to run the prompt recording it" if phase.ended else
-                    "the attention appears with the first recorded pass")
+            if phase.ended:
+                return f"this run did not record attention: press R to run the prompt recording it{where}"
+            return f"the attention appears with the first recorded pass{where}"
         step = run.attention[state.shown_step(run.run_id, len(run.attention))]
         sink, recent = attention_shares(step)
         sink_text = f"{sink:.0%} of its attention on the first token (the sink), " if sink is not None else ""
@@ -435,8 +467,17 @@ def run_claim(name: str, run: RunRecord | None, state: ViewState) -> str:
         mean = sum(costs) / len(costs)
         return (f"the newest token reads all {step.position + 1:,} cached positions: {sink_text}{recent:.0%} on the "
                 f"newest {RECENT}; recording costs {mean:,.1f} ms per pass ({min(costs):,.1f}-{max(costs):,.1f} over "
-                f"{len(costs)} passes, measured){ended}")
+                f"{len(costs)} passes, measured){where}")
     return ""
+
+
+BUSY_WORDS = {"load": "a model is loading", "run": "a run is in progress", "experiment": "an experiment is running",
+              "replay": "a trace is replaying", "peaks": "this machine's peaks are being measured"}
+
+
+def busy_clause(cpu_share: float, running: bool) -> str:
+    """The busy note beside figures, with the share that makes it one: "so far" while the run goes on."""
+    return f"on a busy machine ({cpu_share:.0%} CPU{' so far' if running else ''})"
 
 
 def console_lines(run: RunRecord | None) -> list[str]:

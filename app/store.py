@@ -91,6 +91,7 @@ class RunRecord:
         self.norm_positions = 0       # positions whose norms have arrived (they come in batches)
         self.incomplete = False       # a replayed trace ended before this run did
         self.source = ""              # the trace it was replayed from ("": run in this session)
+        self.steering = ""            # "paused" or "stepping" (single steps) while the user holds it, else ""
         self.arrived = clock()        # when the window heard it start (a prefill's elapsed time counts from it)
 
     # --- identity -----------------------------------------------------------------------------------------
@@ -287,6 +288,8 @@ class RunStore:
 
     def __init__(self, max_runs: int = 20, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock            # what "now" is for the runs' elapsed times (a render sets a virtual one)
+        self._frame: float | None = None     # "now" for every view of one frame (``new_frame``)
+        self.activity: str | None = None     # what the engine is busy with ("run", "load", ...), None when idle
         self.source = ""              # the trace the events now arriving come from ("": this session's own)
         self.runs: list[RunRecord] = []
         self.experiments: list[ExperimentRecord] = []
@@ -296,6 +299,26 @@ class RunStore:
         self.version = 0
         self._count = 0
         self._listeners: list[Callable[[str, RunRecord], None]] = []
+
+    def new_frame(self) -> None:
+        """Every view drawn from now until the next frame reads the same "now": a running prefill's clock says one
+        time on one screen, however long the views take to draw."""
+        self._frame = self.clock()
+
+    def now(self) -> float:
+        return self._frame if self._frame is not None else self.clock()
+
+    def set_activity(self, busy: str | None) -> None:
+        if busy != self.activity:
+            self.activity = busy
+            self.version += 1
+
+    def steer(self, run_id: str | None, steering: str) -> None:
+        """The user paused a run (``"paused"``), holds it to single steps (``"stepping"``) or let it run (``""``)."""
+        record = self.find(run_id) if run_id else None
+        if record is not None and record.steering != steering:
+            record.steering = steering
+            self.version += 1
 
     def subscribe(self, listener: Callable[[str, RunRecord], None]) -> None:
         """``listener(kind, run)`` with kind ``"started"`` or ``"ended"``."""
@@ -337,7 +360,7 @@ class RunStore:
             return
         if isinstance(event, RunStarted):
             self._count += 1
-            record = RunRecord(event, self._count, self.peaks, self.clock)
+            record = RunRecord(event, self._count, self.peaks, self.now)
             record.source = self.source
             self.runs.append(record)
             self.trim()

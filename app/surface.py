@@ -113,11 +113,14 @@ class WindowSurface:
     def busy_changed(self, busy: str | None) -> None:
         self.controls.set_running(busy == "run", busy=bool(busy))
         if not busy:
-            self.controls.set_paused(False)
+            self.controls.show_steering("")
         self.experiments.set_busy(busy)
         self.chat.set_busy(busy)
         if not busy:
             self.work_ended()
+
+    def show_steering(self, steering: str) -> None:
+        self.controls.show_steering(steering)
 
     def show_experiment(self, kind: str) -> None:
         """Bring the experiment's view forward: the chat comparison in the Chat tab, the others in Experiments

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 from app import lessons as app_lessons
 from app import theme as th
 from app import window_settings
+from app.audit import EXPERIMENT, OTHER, RUN, SETTINGS, Known, ScreenAudit
 from app.controller import Controller
 from app.dialogs import AboutDialog
 from app.file_actions import FileActions
@@ -42,9 +43,10 @@ from app.panels.kv_heatmap import KVHeatmapPanel
 from app.panels.sampling import SamplingPanel
 from app.panels.timing import TimingPanel
 from app.panels.tokens import TokensPanel
+from app.phase import experiment_phase, figures, run_phase
 from app.run_settings import LessonChoices, ModelChoice, RunSettings
 from app.scene_list import BY_NAME, SCENES
-from app.scenes import Context, SceneView
+from app.scenes import RUN_SCENES, Context, SceneView, scene_lesson
 from app.settings import open_settings
 from app.status import StatusStrip
 from app.store import RunStore
@@ -116,6 +118,8 @@ class MainWindow(QMainWindow):
         self.setStatusBar(self.status)
         self.surface = WindowSurface(self, self.banner, self.status, self.controls, self.experiments, self.chat,
                                      self.docks)
+        self.audit = ScreenAudit()
+        self._register_views()
         self.resize(1600, 1000)
         self._default_layout()
         self._default_state = self.saveState()
@@ -145,7 +149,7 @@ class MainWindow(QMainWindow):
         c.run_requested.connect(controller.run)
         c.stop_requested.connect(controller.stop)
         c.step_requested.connect(controller.step)
-        c.pause_toggled.connect(lambda paused: c.set_paused(paused if controller.set_paused(paused) else False))
+        c.pause_toggled.connect(lambda paused: controller.set_paused(paused) or c.show_steering(""))
         c.load_requested.connect(controller.load_model)
         c.slow.valueChanged.connect(controller.set_slow_motion)
         c.changed.connect(self.settings_changed)
@@ -159,6 +163,8 @@ class MainWindow(QMainWindow):
             self.store, self.state,
             text=[("Drawing the token stream", self.tokens.refresh),
                   ("Updating the status strip", lambda: self.status.show_run(self.selected_run())),
+                  ("Marking the next run's settings", self._show_next_run),
+                  ("Writing the timing header", self.timing.refresh_summary),
                   ("Writing the scene caption", self.scene_view.refresh)],
             charts=[("Drawing the KV heatmap", self.kv), ("Drawing the timing charts", self.timing),
                     ("Drawing the sampling chart", self.sampling), ("Drawing the attention view", self.attention),
@@ -270,6 +276,34 @@ class MainWindow(QMainWindow):
     # --- what the window itself does ----------------------------------------------------------------------
     def selected_run(self):
         return self.store.find(self.state.selected) if self.state.selected else None
+
+    def _show_next_run(self) -> None:
+        run = self.selected_run()
+        shown = run.started.params if run is not None and not run.remote else None
+        self.controls.show_next_run(run.number if run is not None else None, self.run_settings.differences(shown))
+
+    def known(self) -> Known:
+        """What is known now, as the screen audit judges it."""
+        run = self.selected_run()
+        shown = run.started.params if run is not None and not run.remote else None
+        scene = self.state.scene if self.lecture.active else None
+        return Known(run_phase(run), figures(run),
+                     {r.kind: experiment_phase(r) for r in self.store.experiments},
+                     self.client.busy, tuple(self.run_settings.differences(shown)), scene, scene_lesson(scene))
+
+    def _register_views(self) -> None:
+        """Every view the screen audit reads: the panels, the status strip, the scene and each lesson's tab."""
+        audit = self.audit
+        for name, widget, about in (("status strip", self.status, RUN), ("token stream", self.tokens, RUN),
+                                    ("timing", self.timing, RUN), ("KV heatmap", self.kv, RUN),
+                                    ("sampling", self.sampling, RUN), ("attention", self.attention, RUN),
+                                    ("chat", self.chat, OTHER), ("controls", self.controls, SETTINGS),
+                                    ("banner", self.banner, OTHER)):
+            audit.register(name, widget, about)
+        for kind, view in self.experiments.views.items():
+            audit.register(f"tab {kind}", view, EXPERIMENT, kind)
+        audit.register("status message", self.status, OTHER, texts=lambda: [self.status.currentMessage()])
+        audit.register("scene", self.scene_view, lambda: RUN if self.scene_view.shown in RUN_SCENES else EXPERIMENT)
 
     def send_chat(self) -> None:
         self.chat.send()

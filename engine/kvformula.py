@@ -86,7 +86,7 @@ def full_context_kv_bytes(model: ModelFacts, batch: int = 1) -> int:
 def context_text(model: ModelFacts) -> str:
     """The full context in words: its positions, or that the model declares none (and the cap runs have here)."""
     if getattr(model, "context_declared", True):
-        return f"{full_context_positions(model):,} positions"
+        return f"{model.max_context:,}-position window, {full_context_positions(model):,} positions cached"
     return f"not declared by the model; runs here stop at {model.max_context:,} positions"
 
 

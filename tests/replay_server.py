@@ -111,7 +111,9 @@ def endless(send: Callable[[bytes], None]) -> None:
 
 
 def drip(send: Callable[[bytes], None]) -> None:
-    """A stream that sends one byte every 20 ms, forever: a token now and then, never the end."""
+    """A stream that sends its first token whole, then one byte every 20 ms, forever: a token now and then, never
+    the end. (The first is whole so that however busy the machine, one token arrives before any deadline.)"""
+    send(chunk("slow "))
     for byte in itertools.cycle(chunk("slow ")):
         send(bytes([byte]))
         time.sleep(0.02)

@@ -70,11 +70,8 @@ class ArchitecturesView(LessonView):
         measured = [math.log2(max(p["measured"], 1)) for p in points]
         self.chart.add(pg.BarGraphItem(x0=[0] * len(points), width=measured, y=rows, height=0.6,
                                        brush=th.DECODE, pen=None), "KV per token, every layer (measured)")
-        for value, row, p in zip(measured, rows, points):
-            label = pg.TextItem(kvformula.format_bytes(p["measured"]), color=self.theme.foreground, anchor=(0, 0.5))
-            label.setFont(self.theme.axis_font)
-            label.setPos(value, row)
-            self.chart.add(label)
+        for value, row, p in zip(measured, rows, points):          # at the bar's end, inside the plot
+            self.chart.label_point(kvformula.format_bytes(p["measured"]), value, row, marker=4.0)
         self.plot.getAxis("left").setTicks([[(row, names[row]) for row in rows], []])
         self.plot.getAxis("bottom").setTicks([log_ticks(min(2 ** v for v in measured), max(2 ** v for v in measured),
                                                         most=4), []])
@@ -104,11 +101,11 @@ class ArchitecturesView(LessonView):
             state = f" + a fixed {fmt(d.state_bytes)} of state" if d.state_bytes else ""
             lines.append(f"<b>{escape(d.name)}</b> ({escape(d.design)}): {fmt(d.kv_bytes_per_token_measured)} per "
                          f"token {check}{state}")
-        return ("Each bar is one layer of each kind the model has, built with its published attention dimensions "
-                "and random weights, its cache read after a prompt (measured); the whole model follows from the "
-                "published layer counts (computed). Fewer KV heads (GQA, MQA), windows that stop growing, a "
-                "compressed latent instead of K and V (MLA) and layers with a fixed state instead of a cache "
-                "(linear attention) each cut what a token costs.<br>" + "<br>".join(lines) +
+        return (f"Each bar is one layer of each kind the {len(r.designs)} models have, built with its published "
+                "attention dimensions and random weights, its cache read after a prompt (measured); the whole model "
+                "follows from the published layer counts (computed). Fewer KV heads (GQA, MQA), windows that stop "
+                "growing, a compressed latent instead of K and V (MLA) and layers with a fixed state instead of a "
+                "cache (linear attention) each cut what a token costs.<br>" + "<br>".join(lines) +
                 "<br><i>Dimensions: each model's config.json on the Hugging Face hub (" +
                 "; ".join(escape(BY_NAME[d.name].source) for d in r.designs if d.name in BY_NAME) + ").</i>")
 

@@ -35,7 +35,7 @@ class DisaggregationView(LessonView):
                ("handover_bytes", "bytes handed over", "{}")]
 
     def build(self) -> None:
-        self.gaps_chart = Chart("Inter-token gaps of one short request (measured)")
+        self.gaps_chart = Chart("Inter-token gaps of one short request (measured)", legend_beside=True)
         self.cost_chart = Chart("Each hand-over: time against bytes")
         self.charts_layout.removeWidget(self.chart)
         self.charts_layout.addWidget(self.chart, 2)
@@ -95,11 +95,8 @@ class DisaggregationView(LessonView):
                 shown.add("token")
             for r in rows:                         # the long requests' hand-overs carry their bytes
                 if r.get("handover_bytes") and r["prompt_tokens"] > min(q["prompt_tokens"] for q in rows):
-                    label = pg.TextItem(kvformula.format_bytes(int(r["handover_bytes"])),
-                                        color=self.theme.foreground, anchor=(0, 0.5))
-                    label.setFont(self.theme.axis_font)
-                    label.setPos(r["handover_ready_ms"], offset + r["index"])
-                    self.chart.add(label)
+                    self.chart.label_point(kvformula.format_bytes(int(r["handover_bytes"])),
+                                           r["handover_ready_ms"], offset + r["index"], marker=6.0)
             if result is not None and result.colocated_threads:
                 workers = (f"one worker, {result.colocated_threads} threads" if m == 0 else
                            f"{result.prefill_threads} + {result.decode_threads} threads")

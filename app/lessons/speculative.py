@@ -81,7 +81,8 @@ class SpeculativeView(LessonView):
             return ""
         same = ("the same tokens as plain greedy decode ✓" if r.tokens_match else
                 f"tokens DIFFER from plain decode from token {r.first_difference} ✗{token_note(r)}")
-        busy = " Measured on a busy machine." if contention.busy(r.lowest_cpu_share) else ""
+        busy = (f" Measured on a busy machine (down to {r.lowest_cpu_share:.0%} CPU)."
+                if contention.busy(r.lowest_cpu_share) else "")
         return (f"{escape(r.drafter)} guessed {r.drafted} tokens, the model kept <b>{r.accepted} ({r.acceptance:.0%})"
                 f"</b>: <b>{r.tokens_per_pass:.1f} tokens per forward pass</b> instead of 1, decode "
                 f"<b>{r.speedup:.2f}x</b> as fast ({r.plain_decode_ms:,.0f} → {r.speculative_decode_ms:,.0f} ms, "

@@ -19,22 +19,27 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidge
 from app import theme as th
 from app.paint import TimedGraphics
 from app.panels.tokens import escaped
+from app.phase import held_line, run_phase
 from app.store import RunRecord, RunStore
 from app.viewstate import ViewState
 from engine.events import AttentionStep
 
+HOW_BUSY = ("tick <b>record attention</b> under Generation and run once the work in progress is done: each step then "
+            "keeps its newest token's weights over the cache")
 RECENT = 8        # "recent" positions in the caption: the newest token and the seven before it
 HOW = ("tick <b>record attention</b> under Generation (or press R in the attention scene) and run: each step then "
        "keeps its newest token's weights over the cache")
 
 
-def empty_text(run: RunRecord | None) -> str:
-    """What the view says when it has no attention to draw, true to the run shown (or to there being none)."""
+def empty_text(run: RunRecord | None, busy: str | None = None) -> str:
+    """What the view says when it has no attention to draw, true to the run shown (or to there being none); while
+    the engine is busy, no invitation to start something it would refuse."""
+    how = HOW_BUSY if busy else HOW
     if run is None:
-        return f"No run yet. To see attention here, {HOW}."
+        return f"No run yet. To see attention here, {how}."
     if run.started.params.capture_attention and not run.finished:
         return "Recording attention: the first pass's weights appear when its forward pass ends."
-    return f"Run #{run.number} did not record attention. To see it, {HOW}."
+    return f"Run #{run.number} did not record attention. To see it, {how}."
 
 
 def layer_grid(step: AttentionStep, num_layers: int) -> tuple[np.ndarray, int]:
@@ -173,7 +178,7 @@ class AttentionPanel(QWidget):
     def refresh(self) -> None:
         run, step = self.current()
         key = (run.run_id if run else None, step.step if step else None, run is not None and run.finished,
-               self.theme.lecture)
+               self.theme.lecture, self.store.activity, run_phase(run).name)
         if key == self._shown:
             return
         self._shown = key
@@ -189,8 +194,15 @@ class AttentionPanel(QWidget):
         visible = step is not None and bool(step.layers)
         for item in (self.layers_image, self.heads_image, self.layer_mark):
             item.setVisible(visible)
+        for plot in (self.layers_plot, self.heads_plot):       # no numbers on axes with nothing drawn against them
+            for side in ("bottom", "left"):
+                plot.getAxis(side).setStyle(showValues=visible)
+        self.colorbar.getAxis("right").setStyle(showValues=visible)
+        held_now = held_line(run_phase(run)) if run is not None else ""
+        held_words = f"<b>Run #{run.number} {escape(held_now)}.</b> " if held_now else ""
         if not visible:
-            self.caption.setText(empty_text(run))
+            self.heads_plot.setTitle(None)
+            self.caption.setText(held_words + empty_text(run, self.store.activity))
             return
         layers = run.model.num_layers
         grid, first = layer_grid(step, layers)
@@ -217,4 +229,4 @@ class AttentionPanel(QWidget):
         self.colorbar.getAxis("right").setTicks([[(v, f"{v:.2f}") for v in (0.0, high / 2, high)]])
         self.layers_plot.getAxis("left").setTicks([row_ticks(layers)])
         self.heads_plot.getAxis("left").setTicks([row_ticks(heads.shape[0])])
-        self.caption.setText(caption(step, run))
+        self.caption.setText(held_words + caption(step, run))

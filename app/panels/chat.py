@@ -206,6 +206,10 @@ class ChatPanel(QWidget):
             chat_lesson.draw(self.chart, record, width)
             if record.result is not None:
                 self.explain.setText(chat_lesson.explanation(record.result))
+        drawn = any(item.getData()[0] is not None and len(item.getData()[0]) for item in self.plot.listDataItems())
+        self.chart.set_empty(None if drawn else "TTFT per turn appears when the first turn has been answered")
+        if not drawn:
+            return
         self.plot.getAxis("bottom").setTicks([[(t, str(t)) for t in range(1, max(turns, 1) + 1)]])
         self.plot.setXRange(0.7, max(turns, 1) + 0.3, padding=0)
         # From zero: a single point's axis would otherwise span a few microseconds around it (20.4244…20.4252 s)

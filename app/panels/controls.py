@@ -157,6 +157,12 @@ class ControlsPanel(QWidget):
 
         params_group = QGroupBox("Generation")
         pf = QFormLayout(params_group)
+        self.next_run = QLabel()           # the settings here that differ from the run shown: they are the next run's
+        self.next_run.setTextFormat(Qt.TextFormat.PlainText)
+        self.next_run.setWordWrap(True)
+        self.next_run.setStyleSheet("font-weight: bold;")
+        self.next_run.hide()
+        pf.addRow(self.next_run)
         for name, box in (("max_new_tokens", self.max_tokens), ("temperature", self.temperature),
                           ("top_k", self.top_k), ("top_p", self.top_p)):
             pf.addRow(param_shape(name).setting.label, box)
@@ -332,10 +338,22 @@ class ControlsPanel(QWidget):
             self.pause_button.setChecked(False)
             self.pause_button.blockSignals(False)
 
-    def set_paused(self, paused: bool) -> None:
+    def show_next_run(self, number: int | None, differences: list[str]) -> None:
+        """Settings that differ from those the run shown (``#number``) used apply to the next run: said so, with
+        what the shown run used, so a reader never takes them for the shown run's."""
+        text = (f"For the next run; run #{number} shown used other settings: {'; '.join(differences)}"
+                if number is not None and differences else "")
+        if self.next_run.text() != text:
+            self.next_run.setText(text)
+        self.next_run.setVisible(bool(text))
+
+    def show_steering(self, steering: str) -> None:
+        """The Pause control says what pressing it does to the run as it is now: a paused or single-stepped run is
+        resumed, a running one paused."""
+        held = bool(steering)
         self.pause_button.blockSignals(True)
-        self.pause_button.setChecked(paused)
-        self.pause_button.setText("Resume  (F9)" if paused else "Pause  (F9)")
+        self.pause_button.setChecked(held)
+        self.pause_button.setText("Resume  (F9)" if held else "Pause  (F9)")
         self.pause_button.blockSignals(False)
 
     # --- settings -----------------------------------------------------------------------------------------
@@ -390,7 +408,6 @@ class ControlsPanel(QWidget):
         self.load_requested.emit()
 
     def _pause_toggled(self, paused: bool) -> None:
-        self.set_paused(paused)
         self.pause_toggled.emit(paused)
 
     def _slow_changed(self, ms: int) -> None:

@@ -15,10 +15,12 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QPen
 from PySide6.QtWidgets import (
     QComboBox,
+    QFrame,
     QGraphicsRectItem,
     QHBoxLayout,
     QLabel,
     QPushButton,
+    QScrollArea,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -27,6 +29,7 @@ from PySide6.QtWidgets import (
 from app import theme as th
 from app.glossary import tip
 from app.paint import TimedGraphics
+from app.phase import held_line, run_phase
 from app.store import RunRecord, RunStore
 from app.viewstate import ViewState
 from engine import kvformula
@@ -119,8 +122,11 @@ class KVHeatmapPanel(QWidget):
         self.boundary = pg.InfiniteLine(angle=90, pen=pg.mkPen(th.PREFILL, width=2, style=Qt.PenStyle.DashLine))
         self.plot.addItem(self.boundary)
         self.boundary.setVisible(False)
-        self.strip_text = pg.TextItem(anchor=(0, 1))
-        self.plot.addItem(self.strip_text)
+        # What the strip above the layers shows, in words with its colours: a label of its own, so it wraps on a
+        # narrow panel instead of running off the plot's edge.
+        self.strip_label = QLabel()
+        self.strip_label.setTextFormat(Qt.TextFormat.RichText)
+        self.strip_label.setWordWrap(True)
         # The per-layer bars sit right beside the heatmap, each layer's bar level with its row (the plots share
         # the y range and have no titles, so their data areas are the same height); the colour bar, which keys
         # the heatmap's cells, stands at the far right.
@@ -152,14 +158,20 @@ class KVHeatmapPanel(QWidget):
         self.info.setTextFormat(Qt.TextFormat.RichText)
         self.info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.info.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        # The arithmetic scrolls where the panel is short (a 720p workbench), never cut off mid-line.
+        self.info_box = QScrollArea()
+        self.info_box.setWidgetResizable(True)
+        self.info_box.setFrameShape(QFrame.Shape.NoFrame)
+        self.info_box.setWidget(self.info)
         split = self.split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(self.graphics)
-        split.addWidget(self.info)
+        split.addWidget(self.info_box)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(top)
+        layout.addWidget(self.strip_label)
         layout.addWidget(split, 1)
         self._shown: tuple[str, int] | None = None
         self._range_for: str | None = None
@@ -188,8 +200,6 @@ class KVHeatmapPanel(QWidget):
         th.style_ticks(bar_axis, theme)
         bar_axis.setStyle(hideOverlappingLabels=False)  # its three labels sit at the ends: keep them
         self.empty.setBrush(QBrush(QColor("#3A3A3A" if theme.dark else "#E4E4E4")))
-        self.strip_text.setColor(theme.foreground)
-        self.strip_text.setFont(theme.axis_font)
         self._shown = None
         self.refresh()
 
@@ -211,6 +221,7 @@ class KVHeatmapPanel(QWidget):
             self.split.setSizes([3000, 1000])           # a splitter shows a child it hid at no height at all
         else:
             self.graphics.setVisible(drawn)
+        self.strip_label.setVisible(drawn)
         if run is None or remote:
             self.image.setVisible(False)
             self.info.setText(REMOTE if remote else no_run_text(self.store.loaded))
@@ -246,7 +257,11 @@ class KVHeatmapPanel(QWidget):
         self.allocation.setRect(QRectF(0, 0, run.kv_allocated, layers))
         self.allocation.setVisible(bool(run.kv_allocated))
         grid = self.grid(run)
-        if grid.shape[1]:
+        drawn = bool(grid.shape[1]) and bool(np.isfinite(grid).any())
+        for axis in (self.plot.getAxis("bottom"), self.plot.getAxis("left"), self.colorbar.getAxis("right"),
+                     self.bars_plot.getAxis("bottom")):
+            axis.setStyle(showValues=drawn)       # no numbers on axes with nothing drawn against them
+        if drawn:
             high = float(np.nanmax(grid)) if np.isfinite(grid).any() else 0.0
             high = high or 1.0
             self.image.setImage(grid, levels=(0.0, high), autoLevels=False)
@@ -267,16 +282,19 @@ class KVHeatmapPanel(QWidget):
         self.strip_decode.setRect(QRectF(n_prompt, layers + 0.2, max(used - n_prompt, 0), strip))
         self.boundary.setValue(n_prompt)
         self.boundary.setVisible(used > 0)
-        earlier = f"earlier turns (reused): {reused:,}   " if reused else ""
         decoded = max(used - n_prompt, 0)
         if used:
-            caption = f"{earlier}prefill: {n_prompt - reused:,} positions   decode: {decoded:,}"
-        elif run.started.params.kv_cache:
+            parts = ([(th.REUSED, f"earlier turns (reused) {reused:,}")] if reused else []) + [
+                (th.PREFILL, f"prefill {n_prompt - reused:,}"), (th.DECODE, f"decode {decoded:,} positions")]
+            caption = " &nbsp; ".join(f"<span style='color:{colour}'>■</span> {words}" for colour, words in parts)
+        elif run.started.params.kv_cache and not run.finished:
             caption = "prefill running: the cache fills when the prompt's forward pass ends"
+        elif run.started.params.kv_cache:
+            caption = "the cache held nothing this run could show"
         else:
             caption = "KV cache off: nothing is held; every step recomputes all positions"
-        self.strip_text.setText(caption)
-        self.strip_text.setPos(0, layers + 0.3 + strip)
+        if self.strip_label.text() != caption:
+            self.strip_label.setText(caption)
         self.plot.getAxis("left").setTicks([[(i + 0.5, str(i)) for i in range(0, layers, max(1, layers // 10))]])
         self._draw_bars(run)
         self._apply_range()
@@ -340,8 +358,11 @@ class KVHeatmapPanel(QWidget):
         full = kvformula.full_context_positions(m)
         if not run.started.params.kv_cache:
             measured = "<b>Measured</b>: 0 B: the KV cache is off for this run (every step recomputes all positions)"
+        elif run.prefill is None and not run.finished:
+            measured = ("<b>Not measured yet</b>: the prefill is running; the cache fills when the prompt's forward "
+                        "pass ends")
         elif run.prefill is None:
-            measured = "<b>Measured</b>: the prefill is running; the cache fills when the prompt's forward pass ends"
+            measured = "<b>Not measured</b>: the run ended before its prompt's forward pass did"
         else:
             method = run.started.params.kv_method
             if method != "full":                # smaller on purpose: what it keeps, against the full cache
@@ -363,12 +384,18 @@ class KVHeatmapPanel(QWidget):
             measured = (f"<b>Measured</b> (read from the cache tensors): {fmt(held)} after {seen:,} positions "
                         f"({parts[0]} {fmt(k_total)} + {parts[1]} {fmt(v_total)}; the bars per layer: "
                         f"{escape(self.bars_key)}) {agree}{static}{allocated}")
+        if run_phase(run).released:
+            measured += "<br><b>Released</b>: the run failed and its cache's memory was given back"
+        held_now = held_line(run_phase(run))
+        if held_now:
+            measured = f"<b>Run #{run.number} {escape(held_now)}</b><br>{measured}"
         notes = "".join(f"<br>{escape(note)}" for note in kvformula.layer_notes(m))
         notes += f"<br>{escape(concurrency_text(m))}"
         return (f"{measured}<br><b>Formula</b> (computed): {escape(kvformula.formula_text(m))}; for "
                 f"{run.kv_allocated or seen:,} positions "
                 f"{fmt(predicted)}<br>" + (
-                    f"<b>Full context</b> ({full:,} positions, computed): {fmt(kvformula.full_context_kv_bytes(m))}"
+                    f"<b>Full context</b> ({escape(kvformula.context_text(m))}, computed): "
+                    f"{fmt(kvformula.full_context_kv_bytes(m))}"
                     f" — {seen / max(full, 1):.1%} used<br>" if m.context_declared else
                     f"<b>Full context</b>: {escape(kvformula.context_text(m))}<br>") +
                 f"{escape(kvformula.heads_text(m))}{notes}<br>Devices: {escape(layer_ranges(m.layer_devices))} · "

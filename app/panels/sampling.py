@@ -16,11 +16,13 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 from app import theme as th
 from app.chart import Chart
 from app.panels.tokens import escaped
+from app.phase import held_line, run_phase
 from app.store import RunStore
 from app.viewstate import ViewState
 from engine.events import TokenStep
 
 CUT = "#BBBBBB"
+EMPTY = "The candidates for the next token, before and after the filters, appear with the first token"
 
 
 def candidate_rows(step: TokenStep) -> list[tuple[str, float, float, bool]]:
@@ -59,7 +61,7 @@ class SamplingPanel(QWidget):
         self.chart.add(self.chosen, "token drawn")
         self.chart.add(self.cut_line)
         self.cut_line.setVisible(False)
-        self.chart.setVisible(False)                     # no empty axes before there is a step to show
+        self.chart.set_empty(EMPTY)                      # no numbers on the axes before there is a step to show
         self.plot.invertY(True)
         self.plot.enableAutoRange(x=False)
         layout = QVBoxLayout(self)
@@ -88,7 +90,8 @@ class SamplingPanel(QWidget):
 
     def refresh(self) -> None:
         step = self.current_step()
-        key = (step.run_id, step.step) if step is not None else None
+        run = self.store.find(step.run_id) if step is not None else None
+        key = (step.run_id, step.step, run_phase(run).name) if step is not None else None
         if key == self._shown:
             return
         self._shown = key
@@ -97,10 +100,11 @@ class SamplingPanel(QWidget):
                 bars.setOpts(x0=[], y=[], width=[])
             self.chosen.setData([], [])
             self.cut_line.setVisible(False)
-            self.chart.setVisible(False)
+            self.chart.set_empty(EMPTY)
             self.caption.setText("The candidates for the next token appear here during a run.")
             return
-        self.chart.setVisible(True)
+        self.chart.set_empty(None)
+        self.plot.setXRange(0, 1.1, padding=0)          # probabilities: always the whole 0-1 scale
         rows = candidate_rows(step)
         y = np.arange(len(rows))
         raw = np.array([r[1] for r in rows])
@@ -122,7 +126,9 @@ class SamplingPanel(QWidget):
         self.chosen.setData([max(raw[i], final[i]) + 0.04 for i in chosen], chosen)
         self.plot.getAxis("left").setTicks([[(i, _label(r[0])) for i, r in enumerate(rows)]])
         self.plot.setYRange(-0.6, len(rows) - 0.4, padding=0)
-        self.caption.setText(caption(step, params, getattr(run.model, "vocab_size", 0) if run is not None else 0))
+        held_now = held_line(run_phase(run)) if run is not None else ""
+        self.caption.setText((f"<b>Run #{run.number} {escape(held_now)}.</b> " if held_now else "")
+                             + caption(step, params, getattr(run.model, "vocab_size", 0) if run is not None else 0))
 
 
 def caption(step: TokenStep, params, vocab: int) -> str:

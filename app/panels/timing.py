@@ -26,7 +26,7 @@ from engine.costmodel import Device, ModelCost
 from engine.events import HardwarePeaks, RunSummary
 
 WAIT_GAP_MS = 1.0           # waits shorter than this are not drawn apart
-TIMELINE_ROW_PX, TIMELINE_AXES_PX = 26, 70      # each overlaid run keeps a readable row; the axes their room
+TIMELINE_ROW_PX, TIMELINE_AXES_PX = 26, 110     # each overlaid run keeps a readable row; title and axes their room
 
 
 class _RunItems:
@@ -85,9 +85,9 @@ class _RunItems:
             self.prefill_bar.setOpts(x0=[0.0], y=[row], width=[phase.elapsed_ms], height=0.6)
         self.prefill_edge.setData([phase.elapsed_ms] if running else [], [row] if running else [])
         self.prefill_words.setVisible(running)
-        if running:
-            self.prefill_words.setText(f" {plural(run.prompt_tokens, 'prompt token')} in one pass · "
-                                       f"{phase.elapsed_ms / 1000:,.1f} s")
+        if running:                          # its time is the bar's length; the words say what it is, once
+            self.prefill_words.setText(f" prefill: {plural(run.prompt_tokens, 'prompt token')} in one pass")
+            self.prefill_words.setTextWidth(max(self.panel.timeline.plot.getViewBox().width() * 0.9, 60))
             self.prefill_words.setPos(0.0, row)
         if n > 1:
             ends, starts = t[1:], t[1:] - lat[1:]
@@ -166,6 +166,7 @@ class TimingPanel(QWidget):
         grid.addWidget(self.cumulative, 2, 0, 1, 2)
         for row, stretch in enumerate((3, 2, 2)):          # the timeline, where runs are told apart, gets most
             grid.setRowStretch(row, stretch)
+
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(top)
@@ -238,10 +239,21 @@ class TimingPanel(QWidget):
         self.ttft_line.setVisible(selected is not None and bool(selected.n_steps))
         summary = selected.summary(with_text=False) if selected is not None else None
         self._mark_compiled(selected, summary.compiled_from_step if summary is not None else 0)
-        if selected is not None:
-            self._update_summary(selected, summary, [r for r in runs if r is not selected])
+        if selected is not None and selected.n_steps:
+            self.ttft_line.setValue(selected.steps[0].t_ms)
+        self.refresh_summary()
+
+    def refresh_summary(self) -> None:
+        """The header in words: refreshed with the text views every frame (a chart waits its turn), so its
+        figures and clock read the same as the status strip's and the caption's."""
+        selected = self.selected()
+        if selected is None:
+            text = ""
         else:
-            self.summary.setText("")
+            others = [r for r in self.visible_runs() if r is not selected]
+            text = self._summary_text(selected, selected.summary(with_text=False), others)
+        if self.summary.text() != text:
+            self.summary.setText(text)
 
     def _frame_prefill(self, selected: RunRecord | None, runs: list[RunRecord]) -> None:
         """While the prompt's pass runs, the time axis holds still (a round span the bar grows into, the next
@@ -267,7 +279,7 @@ class TimingPanel(QWidget):
         first = ("Prefill running: its bar appears when the prompt's forward pass ends" if prefill else
                  "The first run draws here: one prefill bar, then one bar per decode step")
         self.timeline.set_empty(None if timed else first)
-        self.cumulative.set_empty(None if timed else "Appears as tokens are generated")
+        self.cumulative.set_empty(None if any(r.n_steps for r in runs) else "Appears as tokens are generated")
         for chart in (self.latency, self.rate):
             chart.set_empty(None if decoded else "Appears with the first decode step")
 
@@ -281,19 +293,16 @@ class TimingPanel(QWidget):
             self.compiled_lines[0].setValue(step.t_ms - step.latency_ms)
             self.compiled_lines[1].setValue(first)
 
-    def _update_summary(self, run: RunRecord, s: RunSummary, others: list[RunRecord]) -> None:
+    def _summary_text(self, run: RunRecord, s: RunSummary, others: list[RunRecord]) -> str:
         """The selected run in numbers, each figure only once it exists (``app.phase``), then where the run is."""
-        if run.n_steps:
-            self.ttft_line.setValue(run.steps[0].t_ms)
         phase, f = run_phase(run), figures(run)
         if run.remote:
-            self.summary.setText(remote_summary(run, s) + f" · {escape(phase.words())}")
-            return
+            return remote_summary(run, s) + f" · {escape(phase.words())}"
         parts = []
         if f.ttft_ms is not None:
-            parts.append(f"TTFT <b>{f.ttft_ms:,.1f} ms</b>")
+            parts.append(f"TTFT <b>{f.ttft_ms:,.0f} ms</b>")
         if f.prefill_ms is not None:
-            parts.append(f"prefill {plural(f.prompt_tokens, 'token')} in {f.prefill_ms:,.1f} ms "
+            parts.append(f"prefill {plural(f.prompt_tokens, 'token')} in {f.prefill_ms:,.0f} ms "
                          f"({rate(f.prefill_tok_s)} tok/s)" if f.prefill_tok_s is not None else "")
         if f.decode_tok_s is not None:
             parts.append(f"decode {plural(f.decode_runs, 'step')}, <b>{escape(decode_rate(f.decode_tok_s))}</b>")
@@ -312,10 +321,10 @@ class TimingPanel(QWidget):
             text += f"<br><b>{escape(comparison)}</b>"
         note = contention.busy_note(f.cpu_share)
         if note:
-            text += f"<br><b>Note:</b> {escape(note)}"
+            text += f"<br><b>Note:</b> {escape(note)}" + (" (so far)" if phase.running else "")
         if f.prefill_ms:
             text += "<br>" + bounds_text(run, s, run.peaks)
-        self.summary.setText(text)
+        return text
 
 
 def remote_summary(run: RunRecord, s) -> str:

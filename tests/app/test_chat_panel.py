@@ -20,7 +20,7 @@ def test_turns_reuse_the_cache_and_the_view_says_so(qtbot, window):
     assert second.started.kind == "chat" and second.reused_tokens > 0
     assert f"reused {second.reused_tokens:,} (cache_n)" in chat.view.toHtml()
     assert second.kv_tokens == len(second.started.prompt_ids) + second.n_steps - 1   # the whole conversation
-    assert "earlier turns (reused)" in window.kv.strip_text.toPlainText()
+    assert "earlier turns (reused)" in window.kv.strip_label.text()
     assert len(chat.plot.listDataItems()[0].getData()[0]) == 2                      # TTFT of both turns
     assert chat.chart.legend_names() == ["this conversation (measured)"]
 

@@ -87,7 +87,8 @@ def test_cancel_keeps_the_points_measured_so_far(qtbot, window, monkeypatch):
     wait_idle(qtbot, window)
     record = window.store.latest_experiment("prefill")
     assert record.end.reason == "stopped" and 1 <= len(record.points) < 4
-    qtbot.waitUntil(lambda: "Cancelled" in view.status.text(), timeout=5_000)      # at the next chart refresh
+    qtbot.waitUntil(lambda: "Stopped: " in view.status.text() and "so far, kept" in view.status.text(),
+                    timeout=5_000)      # at the next chart refresh
 
 
 def test_timing_panel_labels_measured_computed_and_achieved_figures(qtbot, window):

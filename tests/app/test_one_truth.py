@@ -14,7 +14,7 @@ import pytest
 from PySide6.QtCore import QRect
 
 from app import lecture
-from app.phase import DECODING, FAILED, FINISHED, NOTHING, PREFILL, STOPPED, figures, run_phase
+from app.phase import FAILED, FINISHED, NOTHING, PREFILL, STEPPING, STOPPED, figures, run_phase
 from app.scenes import RUN_SCENES, scene_claim
 from engine.faults import parse
 from tests.app.conftest import close_and_dispose, open_replayed, run_and_wait, wait_idle
@@ -95,16 +95,16 @@ def test_every_view_says_only_what_is_known_in_every_phase_of_a_live_run(qtbot, 
     wait_idle(qtbot, w)
     w.client.worker.session.fault_hook = None
 
-    # decoding: a run paused after its prefill, then let through two steps
+    # step by step: a run held after its prefill, then let through two steps
     w.controller.run(paused=True)
     qtbot.waitUntil(lambda: w.store.current.n_steps == 1 and w.client.control.paused)
-    assert_true_to(w, DECODING)
+    assert_true_to(w, STEPPING)
     for _ in range(2):
         before = w.store.current.n_steps
         w.controller.step()
         qtbot.waitUntil(lambda: w.store.current.n_steps == before + 1)
-    shown = assert_true_to(w, DECODING)
-    assert "decoding: token 3 of at most 12" in shown["run line"]
+    shown = assert_true_to(w, STEPPING)
+    assert "step by step: token 3 of at most 12" in shown["run line"]
     assert RATE.search(shown["status decode"]) and w.timing.latency.empty_message is None
 
     # stopped there: what was measured is kept, and every view says it stopped

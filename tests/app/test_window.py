@@ -13,11 +13,12 @@ from tests.app.conftest import close_and_dispose, load, make_window, run_and_wai
 
 
 def test_a_run_fills_every_panel(qtbot, window):
-    assert not window.sampling.chart.isVisible()                    # no empty axes before the first step
+    sampling = window.sampling.chart
+    assert sampling.empty_message and not sampling.plot.getAxis("left").style["showValues"]   # no numbers yet
     assert not window.timing.ttft_line.isVisible()                  # no TTFT marker without a run
     window.controls.max_tokens.setValue(20)
     run = run_and_wait(qtbot, window)
-    assert window.sampling.chart.isVisible() and window.timing.ttft_line.isVisible()
+    assert sampling.empty_message is None and window.timing.ttft_line.isVisible()
     n = run.n_steps
     assert run.reason in ("max_tokens", "eos") and n >= 1
     # token stream: every prompt and generated token is in the document
@@ -210,7 +211,7 @@ def test_the_heatmap_says_the_prefill_is_running_before_the_cache_fills(qtbot, w
     window.controller.on_events([RunStarted("r1", "x", tiny.facts, params, "hi", [1, 2], ["a", "b"], "now")])
     window.refresh(force=True)
     assert "prefill is running" in window.kv.info.text() and "KV cache is off" not in window.kv.info.text()
-    assert "prefill running" in window.kv.strip_text.toPlainText()
+    assert "prefill running" in window.kv.strip_label.text()
     window.controller.on_events([RunStarted("r2", "x", tiny.facts, params.with_(kv_cache=False), "hi", [1, 2],
                                             ["a", "b"], "now")])
     window.refresh(force=True)

@@ -14,7 +14,8 @@ def test_llama_cpp_vocabulary_and_arithmetic():
     assert lines[2] == "      total time =    6600.00 ms /   101 tokens"
     text = report(smol_facts(), s)
     assert ("KV cache: 30 layers x 3 KV heads x 64 dims x 2 (K,V) x 4 B = 46,080 B/token; after 101 positions the "
-            "tensors hold 4.44 MiB (measured, = the formula); at full context (8,191 positions) = 360 MiB (computed)"
+            "tensors hold 4.44 MiB (measured, = the formula); at full context (8,192-position window, 8,191 positions "
+            "cached) = 360 MiB (computed)"
             ) in text
 
 
