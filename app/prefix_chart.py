@@ -12,6 +12,7 @@ from html import escape
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import Qt
 
 from app import theme as th
 from app.chart import Chart
@@ -39,11 +40,21 @@ def layout(tree: PrefixTree) -> dict[str, tuple[float, float]]:
 
 
 def hit_words(tree: PrefixTree) -> str:
+    """The hit rate in tokens: the server's own answers where it gave them, the tree's send-time prediction
+    beside them, as what it is."""
     reused, prompted = tree.hit_rate()
     if not prompted:
         return ""
-    return (f"{reused:,} of {prompted:,} prompt tokens came from blocks already held ({reused / prompted:.0%}, "
-            "weighted by tokens)")
+    served = tree.served()
+    predicted = (f"predicted at send from the blocks stored then: {reused:,} of {prompted:,} prompt tokens "
+                 f"({reused / prompted:.0%})")
+    if served is None:
+        return predicted + " (the server's answers did not say what they served)"
+    cached, asked = served
+    differ = tree.mispredicted()
+    return (f"the server served {cached:,} of {asked:,} prompt tokens from its cache ({cached / max(asked, 1):.0%}, "
+            f"its answers); {predicted}" + (f"; requests {', '.join(f'#{i}' for i in differ[:8])} otherwise, "
+                                           "dashed" if differ else ""))
 
 
 class PrefixChart(Chart):
@@ -87,6 +98,13 @@ class PrefixChart(Chart):
             if kinds[kind]:
                 x, y = zip(*kinds[kind])
                 self.add(pg.BarGraphItem(x0=list(x), y=list(y), width=0.8, height=0.6, brush=colour, pen=None), name)
+        late = [key for index in tree.mispredicted() for key in self._beyond_prediction(tree, index)]
+        points = [self.place[k] for k in late if k in self.place]
+        if points:                      # blocks the server reused that were not stored yet when the request left
+            x, y = zip(*points)
+            self.add(pg.BarGraphItem(x0=list(x), y=list(y), width=0.8, height=0.6, brush=None,
+                                     pen=pg.mkPen(th.CACHE_OFF, width=width * 1.5, style=Qt.PenStyle.DashLine)),
+                     "reused, but stored after its request was sent")
         request = highlight if highlight is not None else max(tree.requests, default=None)
         path = tree.requests[request].keys if request in tree.requests else []
         points = [self.place[k] for k in path if k in self.place]
@@ -98,6 +116,11 @@ class PrefixChart(Chart):
         self.tip.setColor(self.theme.foreground)
         self.add(self.tip)
         self.tip.setVisible(False)
+
+    @staticmethod
+    def _beyond_prediction(tree: PrefixTree, index: int) -> list[str]:
+        walked = tree.requests[index]
+        return walked.keys[walked.reused_tokens // max(walked.block_size, 1):]
 
     def _hover(self, position) -> None:
         if not self.blocks or not self.plot.sceneBoundingRect().contains(position):

@@ -490,9 +490,12 @@ class KVBlocks:
 
 @dataclass(frozen=True)
 class RequestBlocks:
-    """One request's prompt matched against the engine's prefix tree when it was sent: the blocks it walks
-    (``keys``, from the root), how many of its ``prompt_tokens`` those blocks already held (``reused_tokens``:
-    what the prefix cache can give back), and the block size."""
+    """One request's prompt against the engine's prefix cache: the blocks it walks in the tree once it was
+    answered (``keys``, from the root), how many of its ``prompt_tokens`` the tree's blocks held when it was sent
+    (``reused_tokens``: a *prediction*, made before the server decided; a request sent while the blocks it needs
+    are still being computed for another is predicted short), and how many the server says it served from its
+    cache in its answer (``server_cached_tokens``: vLLM's and SGLang's ``usage.prompt_tokens_details
+    .cached_tokens``, llama-server's ``timings.cache_n``; None when the answer did not say)."""
 
     exp_id: Ident
     t_ms: Ms
@@ -501,6 +504,12 @@ class RequestBlocks:
     reused_tokens: Count
     block_size: Annotated[int, Range(1, 1 << 16)]
     keys: BlockKeys = field(default_factory=list)
+    server_cached_tokens: Count | None = None
+
+    @property
+    def mispredicted(self) -> bool:
+        """The server served a different number of cached tokens than the tree predicted at send."""
+        return self.server_cached_tokens is not None and self.server_cached_tokens != self.reused_tokens
 
 
 @dataclass(frozen=True)

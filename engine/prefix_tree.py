@@ -143,9 +143,23 @@ class PrefixTree:
         return out
 
     def hit_rate(self) -> tuple[int, int]:
-        """(reused prompt tokens, prompt tokens) over every request seen: the rate weighted by tokens."""
+        """(prompt tokens the tree predicted at send, prompt tokens) over every request seen: weighted by tokens.
+        A prediction: what the blocks stored then could give; the server decides when it schedules the request."""
         requests = self.requests.values()
         return sum(r.reused_tokens for r in requests), sum(r.prompt_tokens for r in requests)
+
+    def served(self) -> tuple[int, int] | None:
+        """(prompt tokens the server says it served from its cache, prompt tokens) over the requests whose answers
+        said; None when no answer did."""
+        told = [r for r in self.requests.values() if r.server_cached_tokens is not None]
+        if not told:
+            return None
+        return sum(r.server_cached_tokens for r in told), sum(r.prompt_tokens for r in told)
+
+    def mispredicted(self) -> list[int]:
+        """Requests whose answer differs from the tree's prediction at send (sent before the blocks they needed
+        were stored, or after blocks they would have used were evicted)."""
+        return sorted(i for i, r in self.requests.items() if r.mispredicted)
 
     def _unlink(self, block: Block) -> None:
         siblings = self.children.get(block.parent, [])

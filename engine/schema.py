@@ -340,6 +340,8 @@ class Checker:
         self._experiment(event)
         if event.reused_tokens > event.prompt_tokens:
             raise SchemaError(f"reused_tokens must be at most the {event.prompt_tokens:,} prompt tokens")
+        if event.server_cached_tokens is not None and event.server_cached_tokens > event.prompt_tokens:
+            raise SchemaError(f"server_cached_tokens must be at most the {event.prompt_tokens:,} prompt tokens")
         if len(event.keys) * event.block_size > event.prompt_tokens + event.block_size:
             raise SchemaError("keys must be at most the blocks the prompt fills")
         return event

@@ -25,7 +25,9 @@ class ServerLoadView(LessonView):
     columns = [("index", "request", "{:,.0f}"), ("arrival_ms", "sent at ms", "{:,.0f}"),
                ("ttft_ms", "TTFT ms (client)", "{:,.1f}"), ("server_prompt_ms", "prompt ms (server)", "{:,.1f}"),
                ("generated", "tokens", "{:,.0f}"), ("decode_tok_s", "tok/s (client)", "{:,.1f}"),
-               ("e2e_ms", "end-to-end ms", "{:,.0f}")]
+               ("e2e_ms", "end-to-end ms", "{:,.0f}"), ("prompt_tokens", "prompt tokens (server)", "{:,.0f}"),
+               ("cached_tokens", "from its cache (server)", "{:,.0f}"),
+               ("predicted_tokens", "predicted at send (events)", "{:,.0f}")]
     table_series = ("request",)                          # /metrics polls are charted, not tabled
 
     def build(self) -> None:
@@ -99,7 +101,8 @@ class ServerLoadView(LessonView):
         elif not getattr(self, "polled", False):
             text += f" {engine} has no /metrics here (llama-server needs --metrics)."
         if r.metrics_error:
-            text += f" /metrics stopped: {escape(r.metrics_error)}"
+            text += (f" {r.metrics_failed:,} /metrics poll(s) failed, each tried again at the next: "
+                     f"{escape(r.metrics_error)}")
         if r.notes:
             text += f" Not read from /metrics: {escape('; '.join(r.notes))}."
         text += "".join(f" {escape(line)}." for line in server_load.prefix_lines(r))
@@ -111,14 +114,19 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
     if r is None or r.mean_ttft_ms is None:
         return "requests sharing a system prompt, fired at a serving engine: its KV blocks drawn as a tree"
     engine = getattr(record.started.model, "engine", "the server")
+    parts = [f"{r.completed} requests to {engine}"]
+    if r.server_cached_tokens is not None and r.server_prompt_tokens:
+        parts.append(f"{r.server_cached_tokens:,} of {r.server_prompt_tokens:,} prompt tokens came from its prefix "
+                     f"cache ({r.server_cached_tokens / r.server_prompt_tokens:.0%}, the server's answers)")
     if r.tree_prompt_tokens:
-        counters = (f"; its own counters: {r.cached_prompt_tokens_during:,.0f} of {r.prefix_queries_during:,.0f}"
-                    if r.prefix_queries_during and r.cached_prompt_tokens_during is not None else "")
-        return (f"{r.completed} requests to {engine}: {r.tree_reused_tokens:,} of {r.tree_prompt_tokens:,} prompt "
-                f"tokens ({r.tree_reused_tokens / r.tree_prompt_tokens:.0%}) came from blocks its prefix cache already "
-                f"held (its KV events, measured){counters}; mean TTFT {r.mean_ttft_ms:,.0f} ms (client)")
-    return (f"{r.completed} of {r.requested} requests: mean TTFT {r.mean_ttft_ms:,.0f} ms, {r.total_tok_s:,.1f} tok/s "
-            "in all (measured by this client)")
+        differ = f", {r.mispredicted_requests:,} requests otherwise" if r.mispredicted_requests else ""
+        share = r.tree_reused_tokens / r.tree_prompt_tokens
+        parts.append(f"predicted at send from its KV events: {r.tree_reused_tokens:,} ({share:.0%}{differ})")
+    parts.append(f"mean TTFT {r.mean_ttft_ms:,.0f} ms (client)")
+    if len(parts) == 2:
+        parts[1] = (f"mean TTFT {r.mean_ttft_ms:,.0f} ms, {r.total_tok_s:,.1f} tok/s in all (measured by this "
+                    "client)")
+    return "; ".join(parts)
 
 
 LESSON = server_load.LESSON

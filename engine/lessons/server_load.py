@@ -3,10 +3,13 @@ seconds, each timed by this client (TTFT, tokens per second), while ``/metrics``
 seconds for what the server says it is doing (requests running and queued, KV cache in use, prefix-cache hits).
 
 With ``shared_prefix`` most requests share a system prompt of that many words (every fourth has one of its
-own), so a prefix cache has something to reuse; with ``kv_events`` (a ZMQ address) the engine's KV events are
-subscribed to (``engine.kv_events``), every block it stores or evicts is recorded, and each request's prompt
-(the server's own tokens, from its ``/tokenize``) is walked through the tree of blocks when it is sent: the
-prefix hit rate weighted by tokens, from the events, beside the server's own prefix-cache counters.
+own), so a prefix cache has something to reuse. The prompt tokens each request got from the server's cache are
+the server's own answer (``usage.prompt_tokens_details.cached_tokens``, llama-server's ``timings.cache_n``).
+With ``kv_events`` (a ZMQ address) the engine's KV events are subscribed to (``engine.kv_events``), every block
+it stores or evicts is recorded, and each request's prompt (the server's own tokens, from its ``/tokenize``) is
+walked through the tree of blocks when it is sent: a *prediction*, shown as one beside the answer (a request
+sent while another is still computing the blocks it needs is predicted short). The server's counters are read
+before the first request and after the last, and what other clients moved in them is said.
 
 Bounded in count and time: at most ``MAX_REQUESTS`` requests, and the whole test stops by itself after
 ``limit_s`` seconds (requests still streaming are cancelled, and their runs are kept, marked). It only talks to
@@ -75,16 +78,23 @@ class ServerLoadResult(LessonResult):
     peak_running: Number | None = None               # /metrics
     peak_waiting: Number | None = None
     peak_kv_usage: Number | None = None
-    cached_prompt_tokens_during: Number | None = None
-    prompt_tokens_during: Number | None = None
+    cached_prompt_tokens_during: Number | None = None     # /metrics counters: after the last request less
+    prompt_tokens_during: Number | None = None            # before the first (every client's requests)
     generated_tokens_during: Number | None = None
     metrics_polls: Count = 0
-    metrics_error: Annotated[str, Text(300)] = ""
+    metrics_failed: Count = 0                             # polls that got no page (slow, refused): retried
+    metrics_error: Annotated[str, Text(300)] = ""         # the first failure's words
     prefix_queries_during: Number | None = None      # /metrics: prompt tokens looked up in the prefix cache
+    own_prompt_tokens: Number | None = None          # this test's prompt tokens, as the server counted them
+    other_prompt_tokens: Number | None = None        # what the counters moved beyond them: other clients
+    server_cached_tokens: Count | None = None        # the server's answers: prompt tokens served from its cache
+    server_prompt_tokens: Count | None = None        # ... of these prompt tokens
+    server_answered: Count = 0                       # requests whose answers said
     kv_events: Count = 0                              # KV events received
     blocks_stored: Count = 0
-    tree_reused_tokens: Count = 0                     # from the events: prompt tokens the tree already held
+    tree_reused_tokens: Count = 0                     # predicted at send, from the blocks the events had stored
     tree_prompt_tokens: Count = 0
+    mispredicted_requests: Count = 0                  # requests whose answer differs from the prediction
     kv_events_error: Annotated[str, Text(300)] = ""
 
 
@@ -107,25 +117,29 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
         params = GenerationParams(max_new_tokens=settings.new_tokens, temperature=0.0, seed=index)
         messages = conversation(settings, index, experiment.exp_id)
         prompt_ids = remote.tokenize(session.address, session.facts.name, messages) if subscriber else None
-        with lock:
+        with lock:                          # what the blocks stored so far could give: a prediction, not the answer
             size = events_seen["block_size"]
-            reused = tree.reused_tokens(prompt_ids, size) if prompt_ids and size else 0
+            predicted = tree.reused_tokens(prompt_ids, size) if prompt_ids and size else 0
         result = session.chat(messages, params, locked, stop)
+        s = result.summary
+        cached = s.reused_tokens                            # the server's own answer (None: it did not say)
         if prompt_ids is not None:
             stop.wait(0.3)                                 # the engine publishes its blocks as it stores them
             with lock:
                 size = events_seen["block_size"] or 1
-                walked = RequestBlocks(experiment.exp_id, experiment.ms(), index, len(prompt_ids), reused, size,
-                                       tree.walk(prompt_ids, size))
+                walked = RequestBlocks(experiment.exp_id, experiment.ms(), index, len(prompt_ids), predicted, size,
+                                       tree.walk(prompt_ids, size), cached)
                 tree.add(walked)
                 locked(walked)
-        s = result.summary
         decode_s = s.decode_ms / 1000.0
         results[index] = {
             "index": index, "arrival_ms": arrival, "ttft_ms": s.ttft_ms, "e2e_ms": (time.perf_counter() - start) * 1000,
             "generated": s.generated_tokens,
             "ok": float(isinstance(result, RunFinished) and result.reason != "stopped"),
             "decode_tok_s": s.decode_runs / decode_s if decode_s > 0 else 0.0,
+            **({"cached_tokens": cached} if cached is not None else {}),
+            **({"predicted_tokens": predicted} if prompt_ids is not None else {}),
+            **({"prompt_tokens": sent} if (sent := prompt_size(s.server_timings)) is not None else {}),
             **{f"server_{k.split('.')[-1]}": v for k, v in s.server_timings.items()
                if k in ("timings.prompt_ms", "timings.predicted_ms", "timings.prompt_n", "timings.cache_n")}}
         with lock:
@@ -136,40 +150,50 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
     poll_error: list[str] = []
     poll_notes: list[str] = []                          # what a page gave that could not be true, said once
     seen: dict[str, list[float]] = {}                   # quantity -> every value polled
+    polls = {"failed": 0}
+
+    def read_metrics() -> metrics.Reading | None:
+        """One poll, recorded; a slow or broken answer is counted and said, and the next poll tries again."""
+        try:
+            reading = metrics.read(get_text(session.address, "/metrics", timeout=max(settings.poll_s, 2.0)))
+        except (RemoteError, metrics.MetricsError) as exc:
+            with lock:
+                polls["failed"] += 1
+                if not poll_error:
+                    poll_error.append(str(exc))
+            experiment.progress(sum(1 for r in results if r), count,
+                                f"a /metrics poll failed ({polls['failed']:,} so far): {exc}; polling goes on")
+            return None
+        with lock:
+            now = experiment.ms()
+            experiment.point("metrics", t_ms=now, **reading.values)
+            for key, values in reading.engines.items():          # data-parallel engines: each apart
+                experiment.point(f"metrics engine {key}"[:64], t_ms=now, **values)
+            for note in reading.notes:
+                if note not in poll_notes:
+                    poll_notes.append(note)
+            for quantity, value in reading.values.items():
+                seen.setdefault(quantity, []).append(value)
+        return reading
 
     def poll() -> None:
-        if not session.facts.metrics:
-            return
         while not stop.is_set():
-            try:
-                reading = metrics.read(get_text(session.address, "/metrics", timeout=max(settings.poll_s, 2.0)))
-                with lock:
-                    now = experiment.ms()
-                    experiment.point("metrics", t_ms=now, **reading.values)
-                    for key, values in reading.engines.items():          # data-parallel engines: each apart
-                        experiment.point(f"metrics engine {key}"[:64], t_ms=now, **values)
-                    for note in reading.notes:
-                        if note not in poll_notes:
-                            poll_notes.append(note)
-                    for quantity, value in reading.values.items():
-                        seen.setdefault(quantity, []).append(value)
-            except (RemoteError, metrics.MetricsError) as exc:
-                poll_error.append(str(exc))
-                experiment.progress(sum(1 for r in results if r), count, f"metrics stopped: {exc}")
-                return
+            read_metrics()
             stop.wait(settings.poll_s)
 
     subscriber = None
-    events_error: list[str] = []
     if settings.kv_events:
         subscriber = kv_events.Subscriber(settings.kv_events)     # a bad address or a port in use: refused here
 
     def listen() -> None:
-        """The engine's KV events, as they come: each recorded, the tree kept for the requests' walks."""
+        """The engine's KV events, as they come: each recorded in the order received, the tree kept for the
+        requests' walks. The blocks' text is asked of the server first; the event is stamped when it is written,
+        so a trace's clock never goes back."""
         while not stop.is_set():
             for fact in subscriber.read(0.2):
-                event = _blocks_event(experiment, session, fact)
+                texts = _texts(session, fact)
                 with lock:
+                    event = _blocks_event(experiment, fact, texts)
                     events_seen["events"] += 1
                     if isinstance(fact, kv_events.Stored):
                         events_seen["stored"] += len(fact.keys)
@@ -181,8 +205,10 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
     if listener is not None:
         listener.start()
         time.sleep(0.3)                                   # a SUB socket misses what is sent before it joined
+    before = read_metrics() if session.facts.metrics else None      # the counters before the first request
     poller = threading.Thread(target=poll, name="kvscope-metrics", daemon=True)
-    poller.start()
+    if session.facts.metrics:
+        poller.start()
     began = time.perf_counter()
     plural = "s" if count != 1 else ""
     experiment.progress(0, count, f"{count} request{plural} to {session.url}, one every {settings.every_s:g} s")
@@ -204,27 +230,54 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
             stop.set()                                  # over time or cancelled: the streams stop, runs are kept
             thread.join(10.0)
     stop.set()
-    poller.join(max(settings.poll_s, 2.0) + 1.0)
-    if session.facts.metrics and not poll_error:
-        try:                                              # one more poll, so the counters cover the last request
-            final = metrics.read(get_text(session.address, "/metrics", timeout=max(settings.poll_s, 2.0)))
-            with lock:
-                experiment.point("metrics", t_ms=experiment.ms(), **final.values)
-                for quantity, value in final.values.items():
-                    seen.setdefault(quantity, []).append(value)
-        except (RemoteError, metrics.MetricsError):
-            pass
-    figures: dict = {}
+    if poller.is_alive():
+        poller.join(max(settings.poll_s, 2.0) + 1.0)
+    after = read_metrics() if session.facts.metrics else None        # ... and after the last one ended
+    figures: dict = counter_figures(before, after, [r for r in results if r])
     if subscriber is not None:
         listener.join(2.0)
         subscriber.close()
-        reused, prompted = tree.hit_rate()
-        figures = {"kv_events": events_seen["events"], "blocks_stored": events_seen["stored"],
-                   "tree_reused_tokens": reused, "tree_prompt_tokens": prompted}
-        events_error = subscriber.notes[:1] or events_error
+        predicted, prompted = tree.hit_rate()
+        figures.update(kv_events=events_seen["events"], blocks_stored=events_seen["stored"],
+                       tree_reused_tokens=predicted, tree_prompt_tokens=prompted,
+                       mispredicted_requests=len(tree.mispredicted()))
+        if subscriber.notes:
+            figures["kv_events_error"] = subscriber.notes[0][:300]
         poll_notes.extend(subscriber.notes[1:4])
-    return summarize([r for r in results if r], count, seen, poll_error, poll_notes, figures,
-                     events_error[0][:300] if events_error else "")
+    figures["metrics_polls"] = max((len(v) for v in seen.values()), default=0)
+    figures["metrics_failed"] = polls["failed"]
+    if poll_error:
+        figures["metrics_error"] = poll_error[0][:300]
+    return summarize([r for r in results if r], count, seen, poll_notes, figures)
+
+
+def prompt_size(timings: dict) -> float | None:
+    """A request's whole prompt as the server counted it: vLLM's and SGLang's usage, or llama-server's evaluated
+    plus cached tokens."""
+    if "usage.prompt_tokens" in timings:
+        return timings["usage.prompt_tokens"]
+    if "timings.prompt_n" in timings:
+        return timings["timings.prompt_n"] + timings.get("timings.cache_n", 0)
+    return None
+
+
+def counter_figures(before, after, done: list[dict]) -> dict:
+    """The server's counters over the test: what moved between a poll before the first request and one after the
+    last ended (none when either could not be read: a figure not read is not shown), and how much of that this
+    test's own requests account for (the rest came from other clients)."""
+    if before is None or after is None:
+        return {}
+    out: dict = {}
+    for quantity in ("cached_prompt_tokens", "prompt_tokens", "generated_tokens", "prefix_queries"):
+        if quantity in before.values and quantity in after.values:
+            out[f"{quantity}_during"] = after.values[quantity] - before.values[quantity]
+    own = [r["prompt_tokens"] for r in done if "prompt_tokens" in r]
+    if own and len(own) == len(done):
+        out["own_prompt_tokens"] = sum(own)
+        moved = out.get("prefix_queries_during", out.get("prompt_tokens_during"))
+        if moved is not None and moved > sum(own):
+            out["other_prompt_tokens"] = moved - sum(own)
+    return out
 
 
 def conversation(settings: ServerLoadSettings, index: int, test: str = "") -> list[dict]:
@@ -244,12 +297,18 @@ def conversation(settings: ServerLoadSettings, index: int, test: str = "") -> li
     return [{"role": "system", "content": system}, question]
 
 
-def _blocks_event(experiment: Experiment, session: object, fact: kv_events.Fact) -> KVBlocks:
-    """A KV event as the trace keeps it, a stored block with the text the server makes of its tokens."""
+def _texts(session: object, fact: kv_events.Fact) -> list[str]:
+    """Each stored block's tokens as the server's own tokenizer decodes them (the slow part, outside any lock)."""
+    if not isinstance(fact, kv_events.Stored) or len(fact.tokens) > 64:
+        return []
+    return [remote.detokenize(session.address, session.facts.name, list(tokens), timeout=2.0) for tokens in fact.tokens]
+
+
+def _blocks_event(experiment: Experiment, fact: kv_events.Fact, texts: list[str]) -> KVBlocks:
+    """A KV event as the trace keeps it, stamped now (the caller writes it at once), a stored block with its
+    text."""
     t = experiment.ms()
     if isinstance(fact, kv_events.Stored):
-        texts = [remote.detokenize(session.address, session.facts.name, list(tokens), timeout=2.0)
-                 for tokens in fact.tokens[:64]] if len(fact.tokens) <= 64 else []
         return KVBlocks(experiment.exp_id, t, "stored", list(fact.keys), fact.parent,
                         [list(tokens) for tokens in fact.tokens], texts)
     if isinstance(fact, kv_events.Removed):
@@ -257,36 +316,32 @@ def _blocks_event(experiment: Experiment, session: object, fact: kv_events.Fact)
     return KVBlocks(experiment.exp_id, t, "cleared")
 
 
-def summarize(done: list[dict], requested: int, seen: dict[str, list[float]],
-              poll_error: list[str], poll_notes: list[str] = (), events: dict | None = None,
-              events_error: str = "") -> ServerLoadResult:
+def summarize(done: list[dict], requested: int, seen: dict[str, list[float]], poll_notes: Sequence[str] = (),
+              figures: dict | None = None) -> ServerLoadResult:
     ok = [r for r in done if r["ok"]]
-    figures: dict = {"requested": requested, "completed": len(ok), "failed": len(done) - len(ok)}
+    out: dict = {"requested": requested, "completed": len(ok), "failed": len(done) - len(ok)}
     if ok:
         span_s = (max(r["arrival_ms"] + r["e2e_ms"] for r in ok) - min(r["arrival_ms"] for r in ok)) / 1000.0
-        figures.update(
+        out.update(
             mean_ttft_ms=statistics.fmean(r["ttft_ms"] for r in ok),
             median_ttft_ms=statistics.median(r["ttft_ms"] for r in ok),
             mean_decode_tok_s=statistics.fmean(r["decode_tok_s"] for r in ok),
             total_tok_s=sum(r["generated"] for r in ok) / span_s if span_s > 0 else 0.0)
         server = [r for r in ok if "server_prompt_ms" in r]
         if server:
-            figures["mean_server_prompt_ms"] = statistics.fmean(r["server_prompt_ms"] for r in server)
-            figures["mean_client_minus_server_ms"] = statistics.fmean(r["ttft_ms"] - r["server_prompt_ms"]
-                                                                      for r in server)
+            out["mean_server_prompt_ms"] = statistics.fmean(r["server_prompt_ms"] for r in server)
+            out["mean_client_minus_server_ms"] = statistics.fmean(r["ttft_ms"] - r["server_prompt_ms"]
+                                                                  for r in server)
+    told = [r for r in done if "cached_tokens" in r and "prompt_tokens" in r]
+    if told:
+        out["server_cached_tokens"] = sum(r["cached_tokens"] for r in told)
+        out["server_prompt_tokens"] = sum(r["prompt_tokens"] for r in told)
+        out["server_answered"] = len(told)
     for quantity in ("running", "waiting", "kv_usage"):
         if seen.get(quantity):
-            figures[f"peak_{quantity}"] = max(seen[quantity])
-    for quantity in ("cached_prompt_tokens", "prompt_tokens", "generated_tokens", "prefix_queries"):
-        if len(seen.get(quantity, [])) >= 2:
-            figures[f"{quantity}_during"] = seen[quantity][-1] - seen[quantity][0]
-    figures.update(events or {})
-    if events_error:
-        figures["kv_events_error"] = events_error
-    figures["metrics_polls"] = max((len(v) for v in seen.values()), default=0)
-    if poll_error:
-        figures["metrics_error"] = poll_error[0][:300]
-    return ServerLoadResult(**figures, incomplete=len(done) < requested,
+            out[f"peak_{quantity}"] = max(seen[quantity])
+    out.update(figures or {})
+    return ServerLoadResult(**out, incomplete=len(done) < requested,
                             notes=tuple(note[:4096] for note in list(poll_notes)[:8]))
 
 
@@ -303,13 +358,23 @@ def timeline(point: ExperimentPoint) -> list[Span | Counter]:
 
 
 def table(points: Sequence[ExperimentPoint], result: ServerLoadResult) -> str:
-    lines = ["request | arrived ms | TTFT ms (client) | prompt ms (server) | tokens | decode tok/s | end-to-end ms",
-             "--------+------------+------------------+--------------------+--------+--------------+--------------"]
-    for p in (p for p in points if p.series == "request"):
-        v = p.values
+    rows = [p.values for p in points if p.series == "request"]
+    cached = any("cached_tokens" in v for v in rows)
+    predicted = any("predicted_tokens" in v for v in rows)
+    head = ("request | arrived ms | TTFT ms (client) | prompt ms (server) | tokens | decode tok/s | end-to-end ms"
+            + (" | prompt | cached (server)" if cached else "") + (" | predicted at send" if predicted else ""))
+    lines = [head, "-" * len(head)]
+    for v in rows:
         server = f"{v['server_prompt_ms']:18.1f}" if "server_prompt_ms" in v else f"{'not reported':>18}"
-        lines.append(f"{int(v['index']):7d} | {v['arrival_ms']:10.1f} | {v['ttft_ms']:16.1f} | {server} | "
-                     f"{int(v['generated']):6d} | {v['decode_tok_s']:12.1f} | {v['e2e_ms']:13.1f}")
+        line = (f"{int(v['index']):7d} | {v['arrival_ms']:10.1f} | {v['ttft_ms']:16.1f} | {server} | "
+                f"{int(v['generated']):6d} | {v['decode_tok_s']:12.1f} | {v['e2e_ms']:13.1f}")
+        if cached:
+            line += (f" | {int(v['prompt_tokens']):6d} | {int(v['cached_tokens']):15d}" if "cached_tokens" in v
+                     and "prompt_tokens" in v else f" | {'':6} | {'not reported':>15}")
+        if predicted:
+            differs = " ≠" if "cached_tokens" in v and v["cached_tokens"] != v.get("predicted_tokens") else ""
+            line += f" | {int(v.get('predicted_tokens', 0)):16d}{differs}"
+        lines.append(line)
     r = result
     if r.mean_ttft_ms is not None:
         lines += ["", f"{r.completed} of {r.requested} requests completed; mean TTFT {r.mean_ttft_ms:,.1f} ms, median "
@@ -322,27 +387,42 @@ def table(points: Sequence[ExperimentPoint], result: ServerLoadResult) -> str:
         peaks = [f"{q.replace('_', ' ')} {getattr(r, 'peak_' + q):g}" for q in ("running", "waiting", "kv_usage")
                  if getattr(r, "peak_" + q) is not None]
         if peaks:
-            lines.append(f"/metrics ({r.metrics_polls} polls): peak " + ", ".join(peaks)
-                         + (f"; {r.cached_prompt_tokens_during:g} prompt tokens from the prefix cache"
-                            if r.cached_prompt_tokens_during is not None else ""))
+            lines.append(f"/metrics ({r.metrics_polls} polls): peak " + ", ".join(peaks))
     if r.metrics_error:
-        lines.append(f"/metrics: {r.metrics_error}")
+        lines.append(f"/metrics: {r.metrics_failed:,} poll(s) failed, each tried again at the next; the first: "
+                     f"{r.metrics_error}")
     lines += prefix_lines(r)
     return "\n".join(lines)
 
 
 def prefix_lines(r: ServerLoadResult) -> list[str]:
-    """The prefix cache two ways: from the KV events (the tree each request walked) and from the server's own
-    counters over the same requests, both weighted by tokens."""
+    """The prefix cache three ways, weighted by tokens: what the server said it served in each answer (the
+    figure), what the tree of its KV events predicted when each request was sent (a prediction: the server had
+    not decided yet), and what its counters moved over the test (every client's requests, said when others
+    moved them too)."""
     lines = []
+    if r.server_cached_tokens is not None and r.server_prompt_tokens:
+        lines.append(f"prefix cache, from the server's answers: {r.server_cached_tokens:,} of "
+                     f"{r.server_prompt_tokens:,} prompt tokens served from its cache "
+                     f"({r.server_cached_tokens / r.server_prompt_tokens:.1%}, as {r.server_answered:,} answers said)")
     if r.tree_prompt_tokens:
-        lines.append(f"prefix cache, from the KV events ({r.kv_events:,} events, {r.blocks_stored:,} blocks stored): "
-                     f"{r.tree_reused_tokens:,} of {r.tree_prompt_tokens:,} prompt tokens reused "
-                     f"({r.tree_reused_tokens / r.tree_prompt_tokens:.1%}, measured)")
+        differ = (f"; {r.mispredicted_requests:,} request(s) differ from the server's answer (sent before the blocks "
+                  "they needed were stored)" if r.mispredicted_requests else "")
+        lines.append(f"prefix cache, predicted at send from the KV events ({r.kv_events:,} events, "
+                     f"{r.blocks_stored:,} blocks stored; the blocks stored then): {r.tree_reused_tokens:,} of "
+                     f"{r.tree_prompt_tokens:,} prompt tokens ({r.tree_reused_tokens / r.tree_prompt_tokens:.1%})"
+                     f"{differ}")
     if r.prefix_queries_during and r.cached_prompt_tokens_during is not None:
-        lines.append(f"prefix cache, from the server's counters: {r.cached_prompt_tokens_during:,.0f} of "
-                     f"{r.prefix_queries_during:,.0f} prompt tokens hit "
-                     f"({r.cached_prompt_tokens_during / r.prefix_queries_during:.1%}, as reported)")
+        others = (f"; other clients sent {r.other_prompt_tokens:,.0f} of them" if r.other_prompt_tokens else
+                  "; all of them this test's" if r.own_prompt_tokens is not None else "")
+        lines.append(f"prefix cache, from the server's counters over the test: {r.cached_prompt_tokens_during:,.0f} "
+                     f"of {r.prefix_queries_during:,.0f} prompt tokens hit "
+                     f"({r.cached_prompt_tokens_during / r.prefix_queries_during:.1%}, as reported){others}")
+    elif r.cached_prompt_tokens_during is not None:
+        others = f" (other clients' requests among them: {r.other_prompt_tokens:,.0f} prompt tokens)" \
+            if r.other_prompt_tokens else ""
+        lines.append(f"prefix cache, from the server's counters over the test: {r.cached_prompt_tokens_during:,.0f} "
+                     f"prompt tokens from its cache{others}")
     if r.kv_events_error:
         lines.append(f"KV events: {r.kv_events_error}")
     return lines

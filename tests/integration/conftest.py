@@ -90,7 +90,8 @@ def vllm_server(tmp_path_factory):
             [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--served-model-name",
              "smollm2", "--dtype", "bfloat16", "--max-model-len", str(VLLM_CONTEXT), "--block-size", str(VLLM_BLOCK),
              "--gpu-memory-utilization", "0.2", "--host", "127.0.0.1", "--port", str(port),
-             "--kv-events-config", config], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(log.parent))
+             "--enable-prompt-tokens-details", "--kv-events-config", config],
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(log.parent))
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     wait_until_up(url + "/health", process, log, VLLM_START_S, "vLLM")

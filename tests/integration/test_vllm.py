@@ -1,20 +1,24 @@
 """KVScope against a real vLLM (its CPU build from PyPI) on the embedded model: found by its answers, a streamed run
 that is the server's own greedy answer, every metric KVScope reads present on its live /metrics page, a
-concurrent load the server sees, and its KV events drawn as a prefix tree whose hit rate (weighted by tokens)
-matches the server's own prefix-cache counters within one request; the window does the same through it."""
+concurrent load the server sees, each request's cached prompt tokens as the server's answer said (with requests
+overlapping) summing to its own counters, its KV events drawn as a prefix tree beside them as a prediction; the
+window does the same through it."""
 
 from __future__ import annotations
 
+import html
 import json
 import urllib.request
 
 import pytest
 
 from engine import metrics, remote
-from engine.events import KVBlocks, RequestBlocks, RunFinished, TokenStep
+from engine.events import ExperimentPoint, KVBlocks, RequestBlocks, RunFinished, TokenStep
+from engine.lessons import server_load
 from engine.params import GenerationParams
 from engine.prefix_tree import tree_of
 from engine.remote import RemoteSession, probe
+from engine.trace import read_trace, write_trace
 from tests.integration.conftest import VLLM_CONTEXT
 from tests.lessons import collect
 
@@ -58,22 +62,42 @@ def test_every_metric_kvscope_reads_is_on_the_live_page_of_the_pinned_vllm(vllm_
         reading.values))
 
 
-def test_the_prefix_tree_from_its_kv_events_matches_the_servers_own_counters(vllm_server):
+def test_every_requests_cached_tokens_are_the_servers_own_answer_with_requests_overlapping(vllm_server, tmp_path):
+    """Several requests in flight at once, each longer than the gap to the next: each request's prompt tokens
+    from the prefix cache are what vLLM's answer said (usage.prompt_tokens_details.cached_tokens), their sum is
+    what its own counters moved, and the CLI's table and the replayed trace say the same per request; the tree's
+    walk at send is kept as a prediction beside them."""
     url, events_at = vllm_server
-    events, end = collect("server load", RemoteSession(probe(url)), requests=8, every_s=0.5, new_tokens=8,
-                          poll_s=0.25, limit_s=300, shared_prefix=150, kv_events=events_at)
+    events, end = collect("server load", RemoteSession(probe(url)), requests=8, every_s=0.3, new_tokens=48,
+                          poll_s=0.25, limit_s=600, shared_prefix=150, kv_events=events_at)
     r = end.result
     assert r.completed == 8 and r.kv_events_error == "" and r.blocks_stored > 0
-    walked = [e for e in events if isinstance(e, RequestBlocks)]
-    assert len(walked) == 8 and r.tree_prompt_tokens == sum(w.prompt_tokens for w in walked)
-    assert r.tree_reused_tokens > 0                      # the shared system prompt came back from the cache
-    one_request = max(w.prompt_tokens for w in walked)
-    assert abs(r.tree_reused_tokens - r.cached_prompt_tokens_during) <= one_request
-    assert abs(r.tree_prompt_tokens - r.prefix_queries_during) <= one_request
-    tree = tree_of(events)
+    rows = sorted((p.values for p in events if isinstance(p, ExperimentPoint) and p.series == "request"),
+                  key=lambda v: v["index"])
+    in_flight = max(sum(1 for b in rows if b["arrival_ms"] <= a["arrival_ms"] < b["arrival_ms"] + b["e2e_ms"])
+                    for a in rows)
+    assert in_flight >= 2, "the requests did not overlap"
+    assert all("cached_tokens" in v and "prompt_tokens" in v for v in rows)
+    assert r.server_cached_tokens == sum(v["cached_tokens"] for v in rows) > 0      # the shared system prompt
+    assert r.server_cached_tokens == r.cached_prompt_tokens_during                 # = the server's own counters
+    assert r.server_prompt_tokens == r.prefix_queries_during and r.other_prompt_tokens is None
+    walked = {e.index: e for e in events if isinstance(e, RequestBlocks)}
+    assert [walked[v["index"]].server_cached_tokens for v in rows] == [v["cached_tokens"] for v in rows]
+    assert r.mispredicted_requests == len(tree_of(events).mispredicted())
+    table = server_load.table([p for p in events if isinstance(p, ExperimentPoint)], r).splitlines()
+    for v in rows:                                       # the CLI prints each request's answer as it came
+        line = next(x for x in table if x.split("|")[0].strip() == str(int(v["index"])))
+        assert int(line.split("|")[8]) == v["cached_tokens"]
+    replayed = read_trace(write_trace(tmp_path / "load.kvscope.jsonl", events))
+    assert [e.server_cached_tokens for e in replayed if isinstance(e, RequestBlocks)] == [
+        e.server_cached_tokens for e in events if isinstance(e, RequestBlocks)]
+    tree = tree_of(replayed)
     shared = [b for b in tree.blocks.values() if len(b.requests) > 1]
     assert shared and all(b.text for b in tree.blocks.values())          # blocks carry the server's own text
     assert any(isinstance(e, KVBlocks) and e.action == "stored" for e in events)
+    print(f"\nserved from the cache (the server's answers): {r.server_cached_tokens:,} of "
+          f"{r.server_prompt_tokens:,}; predicted at send: {r.tree_reused_tokens:,}; {r.mispredicted_requests} "
+          f"of 8 requests differ; {in_flight} in flight at most")
 
 
 def test_a_concurrent_load_is_seen_on_metrics(vllm_server):
@@ -102,6 +126,10 @@ def test_the_window_draws_the_tree_through_vllm(qtbot, vllm_server, tmp_path, mo
         record = window.store.latest_experiment("server load")
         assert record.result.completed == 4 and record.blocks
         assert view.tree_chart.isVisibleTo(window) and view.tree_chart.blocks
-        assert "prompt tokens reused" in view.explain.text()
+        assert "from the server's answers" in html.unescape(view.explain.text())
+        cached = [view.table.item(row, [c[0] for c in view.columns].index("cached_tokens")).text()
+                  for row in range(view.table.rowCount())]
+        points = sorted((p.values for p in record.points if p.series == "request"), key=lambda v: v["arrival_ms"])
+        assert sorted(cached) == sorted(f"{v['cached_tokens']:,.0f}" for v in points)
     finally:
         close_and_dispose(window)
