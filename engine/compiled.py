@@ -18,6 +18,11 @@ the cache length, the CPU's instruction set, torch's and transformers' versions,
 and of KVScope's own layers). A later launch reads it in about a second where tracing the model again took 6 s
 (Sapphire Rapids, 2 vCPUs).
 
+Nothing read from these folders runs unless this user's KVScope wrote it (``engine.sealed``): a saved graph is a
+pickle, so it is read only with a valid seal, and inductor's cache folder (pickles and shared libraries, which
+inductor trusts as they are) is checked against a sealed record of every file before the first compile of a
+process; what fails is moved aside, named, and built again.
+
 Freezing (inductor folding the weights into the graph as constants) is off: it decoded 2-24% faster in
 bfloat16 on two machines but would put the weights inside every saved graph; ``freezing`` turns it on (the
 benchmarks compare both), compiled in-process like a GPU's graph. On a GPU the graph is built in the calling
@@ -27,6 +32,7 @@ thread (CUDA graphs are recorded per thread), with CUDA graphs replaying a decod
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import sys
@@ -39,7 +45,7 @@ from typing import Any
 
 import torch
 
-from engine import kernels, kvcache  # kernels: registers the packed products' operators a graph calls
+from engine import kernels, kvcache, sealed  # kernels: registers the packed products' operators a graph calls
 from engine.paths import compiled_graphs_dir
 
 SHORTEST = 256          # the smallest static cache a compiled run allocates
@@ -47,6 +53,9 @@ SHORTEST = 256          # the smallest static cache a compiled run allocates
 # (beyond which it silently decodes eagerly).
 RECOMPILE_LIMIT = 32
 SAVED = "kvscope-decode"     # the folder, among torch.compile's caches, of the saved graphs
+GRAPH = "a saved compiled graph"
+INDUCTOR = "torch.compile's cache folder"
+_CHECKED: dict[str, str] = {}    # inductor folders checked in this process, and what the check found
 
 Step = Callable[[Any, torch.Tensor, torch.Tensor, Any], torch.Tensor]
 _READ: dict[str, Step] = {}      # graphs read or built in this process, by graph_key: a second session reuses one
@@ -111,7 +120,32 @@ def _bytecode(code: Any) -> str:
 def saved_graph(key: str) -> Path:
     """Beside inductor's caches (``TORCHINDUCTOR_CACHE_DIR``), which a saved graph reads its kernels from (without
     them reading it compiles its C++ again: 12 s instead of 1)."""
-    return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or compiled_graphs_dir()) / SAVED / f"{key}.bin"
+    return inductor_dir() / SAVED / f"{key}.bin"
+
+
+def inductor_dir() -> Path:
+    return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or compiled_graphs_dir())
+
+
+def trusted_inductor_cache() -> str:
+    """Check inductor's cache folder once per process, before anything is compiled or read from it: every file
+    one KVScope sealed after its last compile (else the folder is moved aside and said, and inductor starts an
+    empty one). Returns what the check said ("" when all was well)."""
+    folder = inductor_dir()
+    key = str(folder)
+    if key in _CHECKED:
+        return ""                               # said once, by the compile that found it
+    _CHECKED[key] = sealed.check_folder(folder, INDUCTOR, skip=(SAVED,)) or ""
+    sealed.private_folder(folder)
+    return _CHECKED[key]
+
+
+def seal_inductor_cache() -> None:
+    """After a compile in this process: record what inductor wrote, so the next launch trusts it."""
+    try:
+        sealed.seal_folder(inductor_dir(), INDUCTOR, skip=(SAVED,))
+    except OSError:
+        pass                                  # a cache that cannot be sealed is checked, refused and rebuilt
 
 
 @dataclass
@@ -195,9 +229,12 @@ class CompiledDecode:
                     if self.saves:
                         graph.step, graph.loaded, graph.note = _ahead_of_time(args, graph.length)
                     if graph.step is None:                  # a GPU, freezing, or not compiled ahead of time
+                        refused = _configure()
                         graph.step = self.forward()
+                        graph.note = "; ".join(n for n in (graph.note, refused) if n)
                     graph.step(*args)
                     del twin
+                seal_inductor_cache()
             except Exception as exc:  # noqa: BLE001  (a failed build leaves decode eager; the run says why)
                 graph.step, graph.error = None, _first_line(exc)
             finally:
@@ -205,9 +242,11 @@ class CompiledDecode:
                 graph.ready.set()
 
 
-def _configure() -> None:
+def _configure() -> str:
+    """Point inductor at KVScope's cache folder, once it is checked; what the check said ("" when all was well)."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compiled_graphs_dir()))
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return trusted_inductor_cache()
 
 
 def _first_line(exc: BaseException) -> str:
@@ -220,24 +259,28 @@ def _ahead_of_time(args: tuple, length: int) -> tuple[Step | None, bool, str]:
     an earlier launch saved (both ``loaded``), or compiled ahead of time and saved. A saved graph that cannot be
     read or run is compiled again; for a model dynamo cannot trace as one graph it gives None and why (the caller
     compiles in-process, not saved)."""
-    _configure()
+    refused_folder = _configure()
     key = graph_key(args[0], length)
     with _READ_LOCK:
         known = _READ.get(key)
     if known is not None:
         return known, True, ""
-    path, note = saved_graph(key), ""
+    path, note = saved_graph(key), refused_folder
     if path.exists():
         try:
-            with path.open("rb") as f:
-                step = torch.compiler.load_compiled_function(f, f_globals=globals())
-            step(*args)
-            with _READ_LOCK:
-                _READ[key] = step
-            return step, True, ""
-        except Exception as exc:  # noqa: BLE001  (a damaged or stale file is compiled again)
-            note = f"the saved graph could not be used ({_first_line(exc)}): compiled again"
-            path.unlink(missing_ok=True)
+            data = sealed.read_sealed(path, GRAPH)          # checked before any byte reaches the unpickler
+        except sealed.Refused as exc:
+            note = f"{exc}: compiled again"
+        else:
+            try:
+                step = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=globals())
+                step(*args)
+                with _READ_LOCK:
+                    _READ[key] = step
+                return step, True, note
+            except Exception as exc:  # noqa: BLE001  (sealed, but it no longer loads: kept aside, compiled again)
+                note = sealed.put_aside(path, f"the saved graph {path} could not be used ({_first_line(exc)})") \
+                    + ": compiled again"
     try:
         with torch._dynamo.config.patch(enable_aot_compile=True):
             compiling = torch.compile(decode_step, fullgraph=True, dynamic=False,
@@ -246,10 +289,11 @@ def _ahead_of_time(args: tuple, length: int) -> tuple[Step | None, bool, str]:
     except Exception as exc:  # noqa: BLE001  (graph breaks, or a torch without it: compiled in this process only)
         return None, False, f"compiled for this launch only, not saved ({_first_line(exc)})"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        sealed.private_folder(path.parent)
         step.save_compiled_function(str(path))              # written atomically
-    except OSError as exc:
-        note = f"the graph could not be saved for a later launch ({exc.strerror or exc})"
+        sealed.seal(path, GRAPH)
+    except (OSError, sealed.Refused) as exc:
+        note = f"the graph could not be saved for a later launch ({getattr(exc, 'strerror', None) or exc})"
     with _READ_LOCK:
         _READ[key] = step
     return step, False, note

@@ -19,6 +19,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -29,11 +30,14 @@ try:
 except ImportError:                 # Windows: abandoned folders are found by their age instead
     fcntl = None
 
+from engine import sealed
 from engine.errors import ModelSourceError
 from engine.events import LoadProgress
 from engine.paths import converted_models_dir, remove_tree
 
 MARKER = "kvscope-converted.json"
+RECORD = "KVScope's record of a converted model"
+UNTRUSTED = "untrusted: "
 FORMAT = 1
 Progress = Callable[[LoadProgress], None]
 
@@ -69,14 +73,14 @@ def ensure_converted(gguf_path: Path, progress: Progress | None = None,
 
 def _convert_into(gguf_path: Path, target: Path, report: Progress, stop: Callable[[], bool]) -> Path:
     _check_gguf_header(gguf_path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    sealed.private_folder(target.parent)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".converting-") as tmp, _owned(Path(tmp)):
         staging = Path(tmp) / "model"
         _convert(gguf_path, staging, report, stop)
-        (staging / MARKER).write_text(json.dumps({
+        sealed.write_sealed(staging / MARKER, RECORD, json.dumps({
             "format": FORMAT, "source": str(gguf_path.resolve()),
-            "seconds": round(time.perf_counter() - started, 1), "files": _file_records(staging)}))
+            "seconds": round(time.perf_counter() - started, 1), "files": _file_records(staging)}).encode())
         try:
             staging.rename(target)
         except OSError:
@@ -124,7 +128,7 @@ def remove_abandoned(parent: Path) -> list[Path]:
 def _file_records(folder: Path) -> dict[str, dict]:
     """Each file's size and SHA-256, as the marker keeps them."""
     return {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(folder.iterdir())
-            if p.is_file() and p.name != MARKER}
+            if p.is_file() and p.name not in (MARKER, MARKER + sealed.SEAL)}
 
 
 def _sha256(path: Path) -> str:
@@ -137,14 +141,17 @@ def _sha256(path: Path) -> str:
 
 def damage(folder: Path, thorough: bool = False) -> str | None:
     """What is wrong with a converted copy, in words, or None: every file the marker lists is there with its
-    size and (for ``.safetensors``) a readable header; ``thorough`` compares the SHA-256 too."""
+    size and (for ``.safetensors``) a readable header; ``thorough`` compares the SHA-256 too. A record this
+    user's KVScope did not seal is not trusted at all (the folder is then moved aside, not deleted)."""
     try:
-        marker = json.loads((folder / MARKER).read_text())
+        marker = json.loads(sealed.read_sealed(folder / MARKER, RECORD))
+    except sealed.Refused as exc:
+        return f"{UNTRUSTED}{exc}"
     except (OSError, ValueError):
         return "its marker cannot be read"
     files = marker.get("files") if isinstance(marker, dict) else None
     if not isinstance(files, dict):
-        return None                                  # converted by an earlier version: nothing recorded to check
+        return "its marker lists no files"
     for name, record in files.items():
         path = folder / name
         try:
@@ -157,6 +164,9 @@ def damage(folder: Path, thorough: bool = False) -> str | None:
             return f"{name}'s header is damaged"
         if thorough and _sha256(path) != record.get("sha256"):
             return f"{name}'s contents changed since it was written (its checksum differs)"
+    extra = sorted({p.name for p in folder.iterdir() if p.is_file()} - set(files) - {MARKER, MARKER + sealed.SEAL})
+    if extra:
+        return f"{extra[0]} is not a file the conversion wrote"
     return None
 
 
@@ -173,7 +183,15 @@ def _header_readable(path: Path) -> bool:
 
 
 def discard(target: Path, broken: str, report: Progress) -> None:
-    """A damaged converted copy goes, and the line that says why goes to the user."""
+    """A damaged converted copy goes, and the line that says why goes to the user; one this user's KVScope did
+    not write is moved aside instead (kept for inspection)."""
+    if broken.startswith(UNTRUSTED):
+        kept = target.with_name(f"{target.name}.refused-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(target, kept)
+        report(LoadProgress("convert", f"The converted copy {target} in KVScope's cache is not one this user's "
+                                       f"KVScope wrote ({broken.removeprefix(UNTRUSTED)}); moved aside as {kept}: "
+                                       "converting it again", 0.0))
+        return
     report(LoadProgress("convert", f"The converted copy in KVScope's cache was damaged ({broken}): converting it "
                                    "again", 0.0))
     remove_tree(target)

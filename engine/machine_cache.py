@@ -2,8 +2,10 @@
 (``hardware.json``: peak FLOP/s and bandwidth; ``dtypes.json``: which float is fastest): one entry per key (the
 device, torch version, thread count and what was measured), read and written here only.
 
-A damaged file reads as empty (it is measured again); writes are atomic (``engine.files``). A measurement taken
-on a busy machine is not kept: its callers decide that, and say so.
+A damaged file reads as empty (it is measured again); writes are atomic (``engine.files``) and sealed
+(``engine.sealed``): a table this user's KVScope did not write is not read at all (moved aside, said in
+``refused``) and its entries are measured again. A measurement taken on a busy machine is kept marked busy or
+not at all: its callers decide that, and say so.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ from __future__ import annotations
 import json
 import time
 
-from engine.files import write_text
+from engine import sealed
 from engine.paths import cache_dir
+
+PURPOSE = "KVScope's record of this machine"
+refused: list[str] = []           # tables refused in this process, one line each (a load says them)
 
 
 def entry(name: str, key: str) -> dict | None:
@@ -26,21 +31,29 @@ def remember(name: str, key: str, value: dict) -> None:
     the next launch measures again."""
     table = _table(name)
     table[key] = {**value, "measured": value.get("measured") or time.strftime("%Y-%m-%d")}
-    folder = cache_dir()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        write_text(folder / name, json.dumps(table, indent=1), what="the machine cache")
-    except OSError:
+        folder = sealed.private_folder(cache_dir())
+        sealed.write_sealed(folder / name, PURPOSE, json.dumps(table, indent=1).encode())
+    except (OSError, sealed.Refused):
         pass
 
 
 def forget(name: str) -> None:
-    (cache_dir() / name).unlink(missing_ok=True)
+    path = cache_dir() / name
+    path.unlink(missing_ok=True)
+    path.with_name(name + sealed.SEAL).unlink(missing_ok=True)
 
 
 def _table(name: str) -> dict:
+    path = cache_dir() / name
+    if not path.exists():
+        return {}
     try:
-        table = json.loads((cache_dir() / name).read_text(encoding="utf-8"))
+        table = json.loads(sealed.read_sealed(path, PURPOSE).decode("utf-8"))
+    except sealed.Refused as exc:
+        if str(exc) not in refused:
+            refused.append(str(exc))
+        return {}
     except (OSError, ValueError):
         return {}
     return table if isinstance(table, dict) else {}

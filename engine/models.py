@@ -221,8 +221,12 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
         from engine.hardware import device_name
 
         kernel = kernels.choose(model, device_name(torch_device), measuring=lambda: report(LoadProgress(
-            "kernels", "Measuring which kernel multiplies fastest on this CPU (once)", None)))
+            "kernels", "Measuring which kernel multiplies fastest on this CPU (kept for later launches)", None)))
         reason = f"{reason}; {kernel.words()}" if reason else kernel.words()
+    from engine import machine_cache
+
+    warnings += machine_cache.refused                 # a record of this machine refused: measured again, said
+    machine_cache.refused.clear()
     load_ms = (time.perf_counter() - started) * 1000.0
     report(LoadProgress("done", f"Loaded {name} on {facts.device} in {load_ms / 1000:.1f} s", 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, device=input_device, facts=facts, load_ms=load_ms,

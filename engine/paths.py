@@ -1,5 +1,5 @@
-"""Where KVScope keeps files. ``KVSCOPE_CACHE_DIR`` overrides the per-user cache (tests point it at a
-temporary folder so a user's real cache is never touched)."""
+"""Where KVScope keeps files. ``KVSCOPE_CACHE_DIR`` overrides the per-user cache and ``KVSCOPE_CONFIG_DIR`` the
+folder of its key (tests point them at temporary folders so a user's real cache is never touched)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,17 @@ def cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))
+
+
+def config_dir() -> Path:
+    """Where KVScope keeps what must not live in its cache folder (the key that seals the cache's files):
+    ``KVSCOPE_CONFIG_DIR``, else the user's config folder."""
+    override = os.environ.get("KVSCOPE_CONFIG_DIR")
+    if override:
+        return Path(override)
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
 
 
 def converted_models_dir() -> Path:

@@ -41,16 +41,19 @@ def cache_root(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _isolated_cache(cache_root):
+def _isolated_cache(cache_root, tmp_path_factory):
     """Set for the whole session, not per test: a module- or session-scoped fixture (a lesson run once for a
-    file's tests) runs before any per-test setting and would otherwise write into the user's real cache."""
-    before = os.environ.get("KVSCOPE_CACHE_DIR")
-    os.environ["KVSCOPE_CACHE_DIR"] = str(cache_root)
+    file's tests) runs before any per-test setting and would otherwise write into the user's real cache (or seal
+    it with the user's real key)."""
+    wanted = {"KVSCOPE_CACHE_DIR": str(cache_root), "KVSCOPE_CONFIG_DIR": str(tmp_path_factory.mktemp("config"))}
+    before = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
     yield
-    if before is None:
-        os.environ.pop("KVSCOPE_CACHE_DIR", None)
-    else:
-        os.environ["KVSCOPE_CACHE_DIR"] = before
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

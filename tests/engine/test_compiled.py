@@ -152,12 +152,24 @@ print(json.dumps({"loaded": s.compile_loaded, "tokens": s.token_ids, "from": s.c
 """
 
 
-def test_a_damaged_saved_graph_is_compiled_again_and_a_later_launch_reads_it_with_eagers_float32_tokens(
-        model, tiny_model_dir, monkeypatch):
-    """The graph a run compiles is saved; a damaged file is compiled again (the run says so) and saved again;
-    a fresh process then reads it instead of compiling, and decodes eager's greedy tokens through it."""
+class Planted:
+    """A pickle that writes a file when it is unpickled: what an attacker would put where a graph is read."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_crafted_saved_graph_never_runs_is_kept_aside_and_a_later_launch_reads_the_rebuilt_one(
+        model, tiny_model_dir, monkeypatch, tmp_path):
+    """The graph a run compiles is saved and sealed; a file replaced by a crafted pickle is refused before any
+    byte of it is unpickled (nothing it asks for runs), kept aside and named, and the graph is compiled again and
+    saved; a fresh process then reads that one instead of compiling, and decodes eager's greedy tokens."""
     import json
     import os
+    import pickle
     import subprocess
     import sys
 
@@ -169,15 +181,20 @@ def test_a_damaged_saved_graph_is_compiled_again_and_a_later_launch_reads_it_wit
     eager, _ = _run(Session(model), "hello world")
     _run(Session(model), "hello world", compiled=True)          # read, or built and saved
     path = compiled.saved_graph(compiled.graph_key(model.model, SHORTEST))
-    assert path.stat().st_size > 0
-    path.write_bytes(b"not a graph")
+    assert path.stat().st_size > 0 and path.with_name(path.name + ".seal").exists()
+    marker = tmp_path / "the planted pickle ran"
+    crafted = pickle.dumps(Planted(str(marker)))
+    path.write_bytes(crafted)
     monkeypatch.setattr(compiled, "_READ", {})                # as a new process: nothing read yet
     result, steps = _run(Session(model), "hello world", compiled=True)
     s = result.summary
+    assert not marker.exists()                               # never unpickled
     assert not s.compile_loaded and s.token_ids == eager.summary.token_ids and all(x.compiled for x in steps)
-    assert any(n.startswith("the saved graph could not be used (") and n.endswith("): compiled again")
-               for n in s.notes)
-    assert path.read_bytes() != b"not a graph"
+    said = [n for n in s.notes if "is refused" in n]
+    assert said and said[0].startswith(f"a saved compiled graph {path} is refused: its seal does not match")
+    assert said[0].endswith(f"kept aside as {path}.refused: compiled again")
+    assert path.with_name(path.name + ".refused").read_bytes() == crafted        # kept for inspection
+    assert path.read_bytes() != crafted
     child = subprocess.run([sys.executable, "-c", LAUNCH, str(tiny_model_dir)], capture_output=True, text=True,
                            timeout=600, env=dict(os.environ))
     assert child.returncode == 0, child.stderr[-2000:]
