@@ -34,6 +34,8 @@ ROUNDS = 5                       # interleaved rounds of every candidate; the me
 PROBE_TOKENS = 8
 TIMING = 2                       # how the candidates are timed: a new way makes old entries stale
 MEASURED_BYTES = 512 << 20       # at most this much of the model's weights is timed (and packed twice meanwhile)
+MEASURE_BOUND_S = 30.0           # the timing's rounds stop after this long (a busy laptop: fewer rounds, said)
+QUIET_PROBE_S = 0.3              # a kept measurement from a busy machine is redone only if this probe is quiet
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class KernelChoice:
     reason: str = ""
     cached: bool = False
     weight_bytes: int = 0                         # what those products read: every linear layer's weight once
+    busy: bool = False                            # measured while the machine was busy (kept, marked)
 
     def words(self) -> str:
         """For the model's status line."""
@@ -90,7 +93,10 @@ class KernelChoice:
             return self.reason
         timing = ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(self.step_ms.items()))
         how = "measured earlier on this machine" if self.cached else "measured"
-        return f"products through {CANDIDATES[self.kernel].title} ({timing} a decode step's products, {how})"
+        if self.busy:
+            how += " while it was busy; measured again at a launch when it is quiet"
+        extra = f"; {self.reason}" if self.reason else ""
+        return f"products through {CANDIDATES[self.kernel].title} ({timing} a decode step's products, {how}){extra}"
 
     def reached_bytes_per_s(self) -> dict[str, float]:
         """Each candidate's bandwidth over the weights it reads, by kernel (achieved: bytes over a measured time)."""
@@ -183,11 +189,14 @@ def _step_ms(linears: list[tuple[nn.Module, str, nn.Linear]], kernels: list[Kern
     cases = [(torch.randn(1, child.in_features, dtype=child.weight.dtype), child.weight.detach(),
               {k.name: k.pack(child.weight.detach()) for k in kernels}) for child in sample]
     times: dict[str, list[float]] = {k.name: [] for k in kernels}
+    bound = time.perf_counter() + MEASURE_BOUND_S
     with torch.inference_mode():
         for x, w, packed in cases[:8]:                       # warm each kernel
             for k in kernels:
                 k.product(x, packed[k.name], w, None)
-        for _ in range(ROUNDS):
+        for done in range(ROUNDS):
+            if done and time.perf_counter() > bound:         # a slow (busy) machine: the rounds it had time for
+                break
             for k in kernels:
                 start = time.perf_counter()
                 for x, w, packed in cases:
@@ -232,6 +241,10 @@ def choose(model: nn.Module, device_name: str, measuring: Any = lambda: None) ->
     and say which, and why; ``measuring`` is called before anything is measured (a cached decision measures
     nothing)."""
     wanted = os.environ.get(ENV, "auto").strip().lower()
+    unknown = ""
+    if wanted not in CANDIDATES and wanted != "auto":
+        unknown = f"{ENV}={wanted[:20]} is not one of {', '.join(CANDIDATES)} or auto: chosen as auto"
+        wanted = "auto"
     why = usable(model)
     if why is not None or wanted == "aten":
         return KernelChoice("aten", reason=f"products through ATen's linear ({why or f'{ENV}=aten'})")
@@ -249,13 +262,12 @@ def choose(model: nn.Module, device_name: str, measuring: Any = lambda: None) ->
     dtype = str(linears[0][2].weight.dtype).removeprefix("torch.")
     key = (f"{device_name}|torch {torch.__version__}|threads {torch.get_num_threads()}|{dtype}|{shapes}"
            f"|timed {TIMING}")
-    entry = machine_cache.entry(CACHE, key)
-    names = {k.name for k in offered}       # an entry that timed other candidates (another KVScope) is redone
-    if entry is not None and entry.get("kernel") in names and set(entry.get("step_ms") or {}) == names:
+    entry = _kept(machine_cache.entry(CACHE, key), {k.name for k in offered})
+    if entry is not None and not (entry["busy"] and _quiet(linears[0][2])):
         if entry["kernel"] != "aten":
             _swap(model, CANDIDATES[entry["kernel"]])
-        return KernelChoice(entry["kernel"], dict(entry.get("step_ms") or {}), entry.get("reason", ""), cached=True,
-                            weight_bytes=weight_bytes)
+        return KernelChoice(entry["kernel"], entry["step_ms"], _joined(entry["reason"], unknown), cached=True,
+                            weight_bytes=weight_bytes, busy=entry["busy"])
     measuring()
     meter = LoadMeter()
     meter.start()
@@ -274,7 +286,38 @@ def choose(model: nn.Module, device_name: str, measuring: Any = lambda: None) ->
             refused.append(candidate.title)
     reason = (f"{' and '.join(refused)} {'was' if len(refused) == 1 else 'were'} faster but gave other greedy "
               "tokens than ATen's: not used") if refused else ""
-    choice = KernelChoice(kernel, step_ms, reason, weight_bytes=weight_bytes)
-    if not busy(meter.share()):                      # a busy machine's comparison is not kept
-        machine_cache.remember(CACHE, key, {"kernel": kernel, "step_ms": step_ms, "reason": reason})
-    return choice
+    loaded = busy(meter.share())          # a busy machine's comparison is kept, marked, and redone when quiet
+    machine_cache.remember(CACHE, key, {"kernel": kernel, "step_ms": step_ms, "reason": reason, "busy": loaded})
+    return KernelChoice(kernel, step_ms, _joined(reason, unknown), weight_bytes=weight_bytes, busy=loaded)
+
+
+def _joined(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def _kept(entry: dict | None, names: set[str]) -> dict | None:
+    """A cached decision as it must be to be used: its kernel one of the candidates here, a time for each of them
+    (another KVScope's entry timed other candidates), every field of its kind; else None (measured again)."""
+    if entry is None:
+        return None
+    step_ms = entry.get("step_ms")
+    if not (entry.get("kernel") in names and isinstance(step_ms, dict) and set(step_ms) == names
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e9 for v in step_ms.values())
+            and isinstance(entry.get("reason", ""), str) and isinstance(entry.get("busy", False), bool)):
+        return None
+    return {"kernel": entry["kernel"], "step_ms": {k: float(v) for k, v in step_ms.items()},
+            "reason": entry.get("reason", ""), "busy": entry.get("busy", False)}
+
+
+def _quiet(linear: nn.Linear) -> bool:
+    """Whether the machine is quiet now: ``QUIET_PROBE_S`` of this model's products, and this process's share of
+    the CPU over them."""
+    x = torch.randn(1, linear.in_features, dtype=linear.weight.dtype)
+    meter = LoadMeter()
+    meter.start()
+    end = time.perf_counter() + QUIET_PROBE_S
+    with torch.inference_mode():
+        while time.perf_counter() < end:
+            torch.nn.functional.linear(x, linear.weight)
+    meter.stop()
+    return not busy(meter.share())

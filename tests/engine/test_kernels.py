@@ -141,10 +141,38 @@ def test_a_faster_kernel_whose_tokens_differ_is_refused_and_the_layers_put_back(
     assert not any(isinstance(m, kernels.PackedLinear) for m in model.modules())
 
 
-def test_a_comparison_made_on_a_busy_machine_is_used_but_not_kept(tiny_model_dir, monkeypatch):
+def test_a_comparison_made_on_a_busy_machine_is_kept_marked_and_measured_again_only_when_quiet(tiny_model_dir,
+                                                                                                  monkeypatch):
     monkeypatch.setenv(kernels.ENV, "auto")
     machine_cache.forget(kernels.CACHE)
     monkeypatch.setattr(kernels, "busy", lambda share: True)
+    measured = []
+    real = kernels._step_ms
+    monkeypatch.setattr(kernels, "_step_ms", lambda linears, offered: measured.append(1) or real(linears, offered))
     choice = kernels.choose(fresh_model(tiny_model_dir), "this cpu")
-    assert choice.kernel in kernels.KERNELS and choice.step_ms               # used for this load
-    assert machine_cache._table(kernels.CACHE) == {}                         # and not kept for the next
+    assert choice.busy and choice.step_ms and "while it was busy" in choice.words()
+    monkeypatch.setattr(kernels, "_quiet", lambda linear: False)       # still busy: the kept one, no minutes lost
+    again = kernels.choose(fresh_model(tiny_model_dir), "this cpu")
+    assert len(measured) == 1 and again.cached and again.busy and again.kernel == choice.kernel
+    monkeypatch.setattr(kernels, "_quiet", lambda linear: True)        # quiet now: measured again, kept unmarked
+    monkeypatch.setattr(kernels, "busy", lambda share: False)
+    quiet = kernels.choose(fresh_model(tiny_model_dir), "this cpu")
+    assert len(measured) == 2 and not quiet.cached and not quiet.busy
+    assert kernels.choose(fresh_model(tiny_model_dir), "this cpu").cached and len(measured) == 2
+
+
+def test_a_kept_choice_that_is_not_one_is_measured_again_and_an_unknown_kernel_name_is_said(tiny_model_dir,
+                                                                                             monkeypatch):
+    monkeypatch.setenv(kernels.ENV, "auto")
+    machine_cache.forget(kernels.CACHE)
+    monkeypatch.setattr(kernels, "busy", lambda share: False)
+    kernels.choose(fresh_model(tiny_model_dir), "this cpu")
+    table = machine_cache._table(kernels.CACHE)
+    key = next(iter(table))
+    table[key]["step_ms"] = {name: "fast" for name in table[key]["step_ms"]}     # sealed, but not numbers
+    machine_cache.remember(kernels.CACHE, key, table[key])
+    choice = kernels.choose(fresh_model(tiny_model_dir), "this cpu")
+    assert not choice.cached and all(isinstance(v, float) for v in choice.step_ms.values())
+    monkeypatch.setenv(kernels.ENV, "fastest")
+    said = kernels.choose(fresh_model(tiny_model_dir), "this cpu")
+    assert "KVSCOPE_LINEAR=fastest is not one of aten, onednn, mkl or auto: chosen as auto" in said.words()
