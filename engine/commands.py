@@ -233,7 +233,9 @@ def _run(lesson: Lesson, target: Any, settings: Any, args: argparse.Namespace, w
             print(f"({finished.reason})")
     if not close_writer(writer):
         return EXIT_BAD_INPUT
-    return 0 if finished.reason == "done" else 1
+    # Stopped, or ended early (a worker that died, requests that failed): what was measured is printed and kept,
+    # and the status says it is not the whole experiment.
+    return 0 if finished.reason == "done" and not finished.result.incomplete else 1
 
 
 def experiment_json(lesson: Lesson, target: Any, points: list[ExperimentPoint], finished: ExperimentFinished) -> dict:

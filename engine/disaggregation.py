@@ -15,6 +15,7 @@ through request N's bytes; ``handover:N:sleep=S`` makes it silent for S seconds 
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import socket
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing import BufferTooShort
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +39,48 @@ from engine.scheduler import Request as BatchRequest
 
 READY_TIMEOUT_S = 180.0           # loading the model in the worker (torch's import and the weights)
 POLL_S = 0.02
+MAX_MESSAGE = 1 << 22             # bytes of one message between the two processes (a 4k-token prompt's ids)
+DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "int8", "uint8")
+SHAPES = {"ready": (int,), "failed": (str,), "stop": (), "prefill": (int, list, float),
+          "prefilled": (int, int, float, float, list, int)}
+
+
+class BadMessage(ValueError):
+    """What arrived on the socket between KVScope's two processes is not one of their messages."""
+
+
+def say(channel: Connection, *message: object) -> None:
+    """One message to the other process, as JSON: data that cannot run code. (A pickle runs whatever the other end,
+    or anything else that reached the socket, put in it.)"""
+    channel.send_bytes(json.dumps(message).encode())
+
+
+def heard(channel: Connection) -> tuple:
+    """The next message, checked against the few KVScope's two processes send (``SHAPES``); anything else raises
+    ``BadMessage`` with one line."""
+    try:
+        message = json.loads(channel.recv_bytes(MAX_MESSAGE))
+    except (ValueError, UnicodeDecodeError):
+        raise BadMessage("something that is not one of its messages arrived on its socket") from None
+    except OSError as exc:
+        if "bad message length" in str(exc):
+            raise BadMessage(f"a message of more than {MAX_MESSAGE:,} bytes arrived on its socket") from None
+        raise
+    word = message[0] if isinstance(message, list) and message and isinstance(message[0], str) else None
+    shape = SHAPES.get(word)
+    if shape is None or len(message) != len(shape) + 1 or not all(
+            isinstance(v, t) or (t is float and isinstance(v, int)) for v, t in zip(message[1:], shape)):
+        raise BadMessage(f"a message it does not know arrived on its socket ({str(message)[:60]})")
+    if word == "prefill" and not all(isinstance(i, int) and 0 <= i < 1 << 24 for i in message[2]):
+        raise BadMessage("a prompt that is not token ids arrived on its socket")
+    if word == "prefilled" and not all(_layer(entry) for entry in message[5]):
+        raise BadMessage("a hand-over whose tensors are not described arrived on its socket")
+    return tuple(message)
+
+
+def _layer(entry: object) -> bool:
+    return (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], list) and len(entry[0]) <= 8
+            and all(isinstance(n, int) and 0 <= n < 1 << 31 for n in entry[0]) and entry[1] in DTYPES)
 
 
 @dataclass
@@ -139,15 +183,18 @@ def _worker_main(source: str, dtype: str, threads: int, channel: Connection) -> 
     try:
         model = load(source, device="cpu", dtype=dtype).model
     except Exception as exc:                                # noqa: BLE001  (said to the lesson, one line)
-        outbox.send(("failed", f"the prefill worker could not load the model: {exc}"))
+        say(outbox, "failed", f"the prefill worker could not load the model: {exc}")
         return
     hook = faults.handover_hook()
-    outbox.send(("ready", threads))
+    say(outbox, "ready", threads)
     with torch.inference_mode():
         while True:
             try:
-                message = inbox.recv()
+                message = heard(inbox)
             except (EOFError, OSError):                      # the lesson's process is gone: so are we
+                return
+            except BadMessage as exc:                        # not the lesson: said once, and this worker ends
+                say(outbox, "failed", f"the prefill worker stopped: {exc}")
                 return
             if message[0] == "stop":
                 return
@@ -164,19 +211,19 @@ def _worker_main(source: str, dtype: str, threads: int, channel: Connection) -> 
             action = hook(index) if hook is not None else None      # (a test's fault: silent, dying, no room)
             free = 0 if action == "oom" else memory.available_bytes("cpu")
             if free is not None and size > free:
-                outbox.send(("failed", f"request {index}'s cache is {size:,} B, more than the {free:,} B of free "
-                                       "memory a hand-over needs"))
+                say(outbox, "failed", f"request {index}'s cache is {size:,} B, more than the {free:,} B of free "
+                                      "memory a hand-over needs")
                 return
-            layout = [(tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in tensors]
+            layout = [[list(t.shape), str(t.dtype).removeprefix("torch.")] for t in tensors]
             payload = torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in tensors]) if tensors else None
-            outbox.send(("prefilled", index, token, began, ended, layout, size))
+            say(outbox, "prefilled", index, token, began, ended, layout, size)
             if action == "exit":                            # half-way through the bytes
                 outbox.send_bytes(payload.numpy()[: size // 2].tobytes())
                 os._exit(3)
             outbox.send_bytes(payload.numpy() if payload is not None else b"")
 
 
-def _receive_cache(model: Any, layout: list[tuple[tuple[int, ...], str]], buffer: bytearray) -> Any:
+def _receive_cache(model: Any, layout: list[list], buffer: bytearray) -> Any:
     """The handed-over bytes as the decode worker's own cache (its tensors are views of them, no copy)."""
     cache = kvcache.new_cache(model)
     offset, tensors = 0, []
@@ -211,15 +258,26 @@ class PrefillWorker:
         self.channel = Connection(mine.detach())
         self.inbox = self.channel
 
-    def wait_ready(self, cancel: threading.Event, timeout_s: float = READY_TIMEOUT_S) -> str:
-        """'' when the worker has loaded the model; else why not, in one line."""
+    def wait_ready(self, cancel: threading.Event, timeout_s: float = READY_TIMEOUT_S, idle_s: float = 0.0) -> str:
+        """'' when the worker has loaded the model; else why not, in one line. ``idle_s``: a worker that has used
+        no CPU for this long while loading is not loading (stopped, or stuck): it is given up on then, not at
+        ``timeout_s`` (a loading worker keeps a core busy)."""
         deadline = time.monotonic() + timeout_s
+        busy_at, ticks = time.monotonic(), _cpu_ticks(self.process.pid)
         while time.monotonic() < deadline and not cancel.is_set():
+            now_ticks = _cpu_ticks(self.process.pid)
+            if now_ticks is None or now_ticks != ticks:
+                busy_at, ticks = time.monotonic(), now_ticks
+            elif idle_s and time.monotonic() - busy_at > idle_s:
+                return (f"the prefill worker used no CPU for {idle_s:g} s while loading the model (stopped or "
+                        "stuck): given up on")
             if self.inbox.poll(POLL_S * 5):
                 try:
-                    message = self.inbox.recv()
-                except EOFError:
+                    message = heard(self.inbox)
+                except (EOFError, OSError):
                     return f"the prefill worker ended while loading the model{self.said()}"
+                except BadMessage as exc:
+                    return f"the prefill worker's socket: {exc}"
                 return "" if message[0] == "ready" else message[1]
             if self.process.poll() is not None:
                 return f"the prefill worker ended while loading the model{self.said()}"
@@ -239,11 +297,11 @@ class PrefillWorker:
         return f" (exit code {code}{tail})"
 
     def send(self, request: Request, start_at: float) -> None:
-        self.channel.send(("prefill", request.index, request.ids, start_at))
+        say(self.channel, "prefill", request.index, list(request.ids), start_at)
 
     def close(self) -> None:
         try:
-            self.channel.send(("stop",))
+            say(self.channel, "stop")
         except (BrokenPipeError, OSError):
             pass
         try:
@@ -257,6 +315,15 @@ class PrefillWorker:
                 self.process.wait()
         self.channel.close()
         self._stderr.close()
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """The CPU time a process has used, in clock ticks (Linux's /proc); None where it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])                    # utime, stime
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _die_with_parent() -> None:
@@ -292,9 +359,12 @@ class _Receiver:
         channel = self.worker.inbox
         while True:
             try:
-                message = channel.recv()
+                message = heard(channel)
             except (EOFError, OSError):
                 self.items.put(("ended", ""))
+                return
+            except BadMessage as exc:
+                self.items.put(("ended", f"the prefill worker's socket: {exc}"))
                 return
             if message[0] != "prefilled":
                 self.items.put(message)

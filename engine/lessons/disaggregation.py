@@ -156,7 +156,7 @@ def run(experiment: Experiment, settings: DisaggregationSettings) -> Disaggregat
     outcomes: dict[str, object] = {}
     failure, share = "", None
     try:
-        failure = worker.wait_ready(experiment.cancel)
+        failure = worker.wait_ready(experiment.cancel, idle_s=settings.silent_s)
         if failure == "stopped":
             failure = ""
         if not failure and not experiment.cancelled:

@@ -128,3 +128,63 @@ def test_a_model_off_the_cpu_or_a_prompt_past_the_context_is_refused_before_anyt
         disaggregation.check(on_gpu, settings)
     with pytest.raises(ParameterError, match="past"):
         disaggregation.check(tiny, replace(settings, long_prompt=tiny.facts.max_context))
+
+
+def test_the_workers_socket_carries_data_never_code_and_anything_else_is_one_line(tmp_path):
+    """A pickle that would write a file if it were unpickled arrives on the socket: it is refused as a message,
+    nothing runs."""
+    import pickle
+    import socket
+    from multiprocessing.connection import Connection
+
+    from engine import disaggregation as dg
+
+    class Planted:
+        def __reduce__(self):
+            return (open, (str(tmp_path / "ran"), "w"))
+
+    mine, theirs = socket.socketpair()
+    ours, other = Connection(mine.detach()), Connection(theirs.detach())
+    try:
+        for garbage in (pickle.dumps(("ready", Planted())), b"\x00\xff not json", b'["ready", "two"]',
+                        b'["prefilled", 0, 1, 0.0, 1.0, [[[2, 3], "load"]], 24]', b'{"ready": 1}'):
+            other.send_bytes(garbage)
+            with pytest.raises(dg.BadMessage) as refused:
+                dg.heard(ours)
+            assert "\n" not in str(refused.value) and "socket" in str(refused.value)
+        assert not (tmp_path / "ran").exists()
+        dg.say(other, "prefill", 3, [1, 2, 3], 1.5)
+        assert dg.heard(ours) == ("prefill", 3, [1, 2, 3], 1.5)
+    finally:
+        ours.close()
+        other.close()
+
+
+def test_a_worker_stopped_while_it_loads_is_given_up_on_after_the_silent_seconds(tiny):
+    import signal
+    import time
+
+    from engine import disaggregation as dg
+
+    worker = dg.PrefillWorker(tiny.facts.source, tiny.facts.dtype, 1)
+    try:
+        os.kill(worker.process.pid, signal.SIGSTOP)
+        began = time.monotonic()
+        said = worker.wait_ready(threading.Event(), idle_s=1)
+        assert "used no CPU for 1 s while loading the model" in said
+        assert time.monotonic() - began < dg.READY_TIMEOUT_S / 2        # not the fixed bound
+    finally:
+        worker.close()
+    assert workers_alive() == []
+
+
+def test_the_cli_exits_non_zero_when_a_worker_ended_the_lesson_early(tiny_model_dir, monkeypatch, capsys):
+    from engine import cli
+
+    monkeypatch.setenv("KVSCOPE_FAULTS", "handover:1:exit")
+    code = cli.main(["sweep", "disaggregation", "--model", str(tiny_model_dir), "--device", "cpu", "--dtype",
+                     "float32", "--requests", "4", "--short", "8", "--long", "96", "--long-every", "2", "--tokens",
+                     "5", "--arrive-every-ms", "20"])
+    out = capsys.readouterr().out
+    assert code == 1 and "ended early: the prefill worker ended during a hand-over" in out
+    assert workers_alive() == []
