@@ -110,29 +110,31 @@ class Walk:
 
     # --- the table --------------------------------------------------------------------------------------------
     def table(self) -> str:
-        """View x phase: ✓ every reading of the view in that phase kept every rule, the rules broken otherwise,
-        · the view was not on screen in that phase."""
+        """Phase x view, the lessons' tabs in one column: ✓ every reading of the view in that phase kept every
+        rule, the rules broken otherwise, · the view was not on screen in that phase."""
+        def column(view: str) -> str:
+            return "lesson tabs" if view.startswith("tab ") else view
+
         phases = list(dict.fromkeys(c.phase for c in self.cells))
-        views = list(self.window.audit.views)
+        views = list(dict.fromkeys(column(v) for v in self.window.audit.views))
         broken: dict[tuple[str, str], set[str]] = {}
         shown: set[tuple[str, str]] = set()
         for cell in self.cells:
             for view in cell.views:
-                shown.add((view, cell.phase))
+                shown.add((column(view), cell.phase))
             for finding in cell.findings:
                 for view in finding.view.split(" / "):
-                    broken.setdefault((view, cell.phase), set()).add(finding.rule)
-        width = max(len(v) for v in views) + 2
-        lines = ["| view | " + " | ".join(phases) + " |", "|---|" + "---|" * len(phases)]
-        for view in views:
+                    broken.setdefault((column(view), cell.phase), set()).add(finding.rule)
+        lines = ["| phase | " + " | ".join(views) + " |", "|---|" + "---|" * len(views)]
+        for phase in phases:
             cells = []
-            for phase in phases:
+            for view in views:
                 rules = broken.get((view, phase))
                 cells.append(", ".join(sorted(rules)) if rules else "✓" if (view, phase) in shown else "·")
-            lines.append(f"| {view:<{width}}| " + " | ".join(cells) + " |")
+            lines.append(f"| {phase} | " + " | ".join(cells) + " |")
         readings = sum(len(c.views) for c in self.cells)
         lines.append("")
-        lines.append(f"{len(views)} views x {len(phases)} phases, {len(self.cells)} screens read "
+        lines.append(f"{len(self.window.audit.views)} views x {len(phases)} phases: {len(self.cells)} screens read "
                      f"({readings:,} view readings) at {', '.join(f'{a}x{b}' for a, b in self.sizes)}; rules: "
                      + ", ".join(RULES))
         return "\n".join(lines)
