@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from engine.errors import EngineError
 
 MAX_MESSAGE = 4 << 20            # bytes in one message: a batch of block events is kilobytes
+QUEUED = 64                      # messages ZMQ holds for KVScope at most (64 x 4 MiB bounds its memory)
 MAX_PER_SECOND = 2000            # messages read a second; beyond that a publisher floods
 MAX_TOKENS = 4096                # token ids in one stored block
 MAX_BLOCKS = 4096                # blocks in one event
@@ -140,6 +141,8 @@ class Subscriber:
     bind: bool = False
     skipped: int = 0
     dropped: int = 0
+    cut_off: int = 0                  # times ZMQ dropped the publisher's connection (a message over MAX_MESSAGE)
+    lost: int = 0                     # messages the publisher numbered that never arrived (a queue that was full)
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -155,7 +158,7 @@ class Subscriber:
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.SUB)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
-        self._socket.setsockopt(zmq.RCVHWM, 10_000)
+        self._socket.setsockopt(zmq.RCVHWM, QUEUED)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SUBSCRIBE, b"")
         try:
@@ -165,6 +168,8 @@ class Subscriber:
             reason = "the port is in use" if exc.errno == zmq.EADDRINUSE else str(exc)
             raise KVEventsError(f"Cannot {'bind' if self.bind else 'connect'} {self.address} for KV events: "
                                 f"{reason}") from None
+        # ZMQ refuses a message over MAXMSGSIZE by dropping the connection, and says so only to a monitor.
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._window_start, self._in_window = time.monotonic(), 0
 
     def read(self, timeout_s: float) -> Iterator[Fact]:
@@ -172,6 +177,7 @@ class Subscriber:
         import zmq
 
         deadline = time.monotonic() + timeout_s
+        self._watch()
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self._socket.poll(max(int(left * 1000), 1)):
@@ -186,15 +192,46 @@ class Subscriber:
                 self._say(f"the publisher at {self.address} sent more than {MAX_PER_SECOND:,} messages a second: "
                           "the rest were dropped")
                 continue
+            self._count_gap(parts)
             facts, skipped, why = decode(parts[-1])
             self.skipped += skipped
             for problem in why:
                 self._say(f"{problem} from {self.address}: skipped")
             yield from facts
 
+    def _count_gap(self, parts: list[bytes]) -> None:
+        """vLLM numbers its messages (topic, an 8-byte sequence number, the payload): a number skipped is a message
+        ZMQ dropped because KVScope's queue was full (``QUEUED``), counted and said once."""
+        if len(parts) < 3 or len(parts[-2]) != 8:
+            return
+        number = int.from_bytes(parts[-2], "big")
+        last = getattr(self, "_last", None)
+        if last is not None and number > last + 1:
+            self.lost += number - last - 1
+            self._say(f"the publisher at {self.address} sent faster than KVScope reads: messages it numbered never "
+                      f"arrived (ZMQ keeps {QUEUED} waiting at most); the tree misses their blocks")
+        self._last = number
+
+    def _watch(self) -> None:
+        """Count the times ZMQ cut the publisher off, and say why once."""
+        import zmq
+
+        while self._monitor.poll(0):
+            try:
+                event = self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                return
+            if int.from_bytes(event[0][:2], "little") == zmq.EVENT_DISCONNECTED:
+                self.cut_off += 1
+                self._say(f"ZMQ dropped the connection to the publisher at {self.address}: it does that when a "
+                          f"message is larger than {MAX_MESSAGE // 2**20} MiB (KVScope's bound), and what was in "
+                          "flight is lost until the publisher is connected again")
+
     def _say(self, note: str) -> None:
         if note not in self.notes and len(self.notes) < 16:
             self.notes.append(note)
 
     def close(self) -> None:
+        self._socket.disable_monitor()
+        self._monitor.close(0)
         self._socket.close(0)

@@ -167,7 +167,9 @@ class PrefixTree:
             siblings.remove(block.key)
 
     def _bound(self) -> None:
-        if len(self.blocks) <= MAX_NODES:
+        """Past a tenth over ``MAX_NODES`` (so a flood sorts once per thousands of blocks, not per event), the
+        oldest removed blocks go first, then the oldest."""
+        if len(self.blocks) <= MAX_NODES * 1.1:
             return
         order = sorted(self.blocks.values(), key=lambda b: (b.live, b.stored_ms))
         for block in order[:len(self.blocks) - MAX_NODES]:

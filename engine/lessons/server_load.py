@@ -35,6 +35,7 @@ from engine.remote import RemoteError, get_text
 from engine.workloads import sample_texts
 
 MAX_REQUESTS = 64
+MAX_RECORDED_BLOCKS = 20_000     # blocks whose events a test records (as many as the tree keeps); the rest counted
 PROMPTS = ("Explain the KV cache of a transformer in three sentences.",
            "Write a short story about a lighthouse keeper, in five sentences.",
            "List five facts about the Moon, one per line.",
@@ -95,6 +96,8 @@ class ServerLoadResult(LessonResult):
     tree_reused_tokens: Count = 0                     # predicted at send, from the blocks the events had stored
     tree_prompt_tokens: Count = 0
     mispredicted_requests: Count = 0                  # requests whose answer differs from the prediction
+    blocks_unrecorded: Count = 0                      # past MAX_RECORDED_BLOCKS: counted, not kept in the trace
+    kv_messages_lost: Count = 0                       # numbered by the publisher, never arrived (ZMQ's queue full)
     kv_events_error: Annotated[str, Text(300)] = ""
 
 
@@ -110,7 +113,7 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
             experiment.emit(event)
 
     tree = PrefixTree()
-    events_seen = {"events": 0, "stored": 0, "block_size": 0}
+    events_seen = {"events": 0, "stored": 0, "block_size": 0, "recorded": 0, "unrecorded": 0}
 
     def one(index: int) -> None:
         start, arrival = time.perf_counter(), experiment.ms()
@@ -191,15 +194,22 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
         so a trace's clock never goes back."""
         while not stop.is_set():
             for fact in subscriber.read(0.2):
-                texts = _texts(session, fact)
+                blocks = len(getattr(fact, "keys", ()))
+                with lock:
+                    recording = events_seen["recorded"] + blocks <= MAX_RECORDED_BLOCKS or not blocks
+                texts = _texts(session, fact) if recording else []
                 with lock:
                     event = _blocks_event(experiment, fact, texts)
                     events_seen["events"] += 1
                     if isinstance(fact, kv_events.Stored):
                         events_seen["stored"] += len(fact.keys)
                         events_seen["block_size"] = fact.block_size
-                    tree.add(event)
-                    locked(event)
+                    tree.add(event)                     # bounded: it keeps MAX_NODES blocks
+                    if recording:
+                        events_seen["recorded"] += blocks
+                        locked(event)
+                    else:                               # a flood: counted, not kept (memory stays bounded)
+                        events_seen["unrecorded"] += blocks
 
     listener = threading.Thread(target=listen, name="kvscope-kv-events", daemon=True) if subscriber else None
     if listener is not None:
@@ -240,7 +250,8 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
         predicted, prompted = tree.hit_rate()
         figures.update(kv_events=events_seen["events"], blocks_stored=events_seen["stored"],
                        tree_reused_tokens=predicted, tree_prompt_tokens=prompted,
-                       mispredicted_requests=len(tree.mispredicted()))
+                       mispredicted_requests=len(tree.mispredicted()), blocks_unrecorded=events_seen["unrecorded"],
+                       kv_messages_lost=subscriber.lost)
         if subscriber.notes:
             figures["kv_events_error"] = subscriber.notes[0][:300]
         poll_notes.extend(subscriber.notes[1:4])
@@ -423,6 +434,12 @@ def prefix_lines(r: ServerLoadResult) -> list[str]:
             if r.other_prompt_tokens else ""
         lines.append(f"prefix cache, from the server's counters over the test: {r.cached_prompt_tokens_during:,.0f} "
                      f"prompt tokens from its cache{others}")
+    if r.blocks_unrecorded:
+        lines.append(f"KV events: the first {MAX_RECORDED_BLOCKS:,} blocks' events are kept in the trace and drawn; "
+                     f"{r.blocks_unrecorded:,} more blocks were counted, not kept (memory stays bounded)")
+    if r.kv_messages_lost:
+        lines.append(f"KV events: {r.kv_messages_lost:,} messages the publisher numbered never arrived (it sent "
+                     "faster than they were read): the tree misses their blocks")
     if r.kv_events_error:
         lines.append(f"KV events: {r.kv_events_error}")
     return lines

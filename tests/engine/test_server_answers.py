@@ -225,3 +225,88 @@ def test_a_load_tests_trace_replays_its_tree_and_a_request_predicted_short_is_ma
     replayed = read_trace(write_trace(tmp_path / "load.jsonl", events))     # the clock never goes back
     assert len(replayed) == len(events)
     assert tree_of(replayed).mispredicted() == [walked[1].index] and tree_of(replayed).blocks
+
+
+FLOOD = """
+import sys, time, msgpack, zmq
+pub = zmq.Context.instance().socket(zmq.PUB)
+pub.setsockopt(zmq.LINGER, 0)
+pub.bind(sys.argv[1])
+n = number = 0
+tokens = [7] * (250 * 16)
+while True:
+    events = []
+    for _ in range(60):
+        events.append({"type": "BlockStored", "block_hashes": list(range(n, n + 250)), "parent_block_hash": None,
+                       "token_ids": tokens, "block_size": 16})
+        n += 250
+    pub.send_multipart([b"", number.to_bytes(8, "big"), msgpack.packb([time.time(), events])])
+    number += 1
+"""
+
+
+def test_a_flood_of_kv_events_is_counted_not_kept_and_memory_stays_bounded(monkeypatch):
+    """A publisher in a process of its own sending valid BlockStored batches as fast as it can (60 events of 250
+    blocks a message, as a large engine's cache would) while a load test runs: the tree and the recorded events
+    stay bounded, the rest is counted and said, and the messages ZMQ could not queue are counted from their
+    numbers."""
+    import subprocess
+    import sys
+    import tracemalloc
+
+    from engine.events import KVBlocks
+    from tests.engine.test_kv_events import free_port
+
+    monkeypatch.setattr(server_load, "MAX_RECORDED_BLOCKS", 2_000)
+    port = free_port()
+    publisher = subprocess.Popen([sys.executable, "-c", FLOOD, f"tcp://127.0.0.1:{port}"])
+    engine = Engine()
+    routes = engine.routes()
+    answer = routes["POST /v1/chat/completions"].stream
+
+    def chat_for_a_while(send) -> None:
+        time.sleep(3.0)                                # the flood runs meanwhile
+        answer(send)
+
+    routes["POST /v1/chat/completions"] = Route(stream=chat_for_a_while, content_type="text/event-stream")
+    tracemalloc.start()
+    try:
+        with ReplayServer(routes) as server:
+            events, end = collect("server load", RemoteSession(probe(server.url)), requests=2, every_s=0.5,
+                                  new_tokens=3, poll_s=0.2, limit_s=60, kv_events=f"tcp://127.0.0.1:{port}")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        publisher.kill()
+        publisher.wait()
+    r = end.result
+    recorded = sum(len(e.keys) for e in events if isinstance(e, KVBlocks))
+    print(f"\nflood: {r.blocks_stored:,} blocks stored, {recorded:,} recorded, {r.kv_messages_lost:,} messages lost, "
+          f"peak {peak / 2**20:.0f} MiB")
+    assert r.blocks_stored > 10 * 2_000 and recorded <= 2_000 and r.blocks_unrecorded == r.blocks_stored - recorded
+    said = "\n".join(server_load.prefix_lines(r))
+    assert "more blocks were counted, not kept" in said
+    assert r.kv_messages_lost == 0 or "messages the publisher numbered never arrived" in said
+    assert peak < 400 << 20, f"{peak / 2**20:.0f} MiB"
+
+
+def test_a_message_larger_than_the_bound_is_said_not_silently_lost():
+    import zmq
+
+    from engine import kv_events
+    from tests.engine.test_kv_events import free_port
+
+    port = free_port()
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    subscriber = kv_events.Subscriber(f"tcp://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + 30
+        while not subscriber.cut_off and time.monotonic() < deadline:
+            pub.send_multipart([b"", b"\0" * 8, b"x" * (kv_events.MAX_MESSAGE + 1)])
+            list(subscriber.read(0.3))
+        assert subscriber.cut_off and "larger than 4 MiB" in subscriber.notes[0]
+    finally:
+        subscriber.close()
+        pub.close(0)
