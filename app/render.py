@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from PySide6.QtCore import QRect, Qt
@@ -295,12 +298,16 @@ def _seconds(s: float) -> str:
 
 
 class _Encoder:
-    """Frames into an MP4 (H.264, yuv420p: what every player and slide tool opens) or a GIF (one palette for the
-    whole clip, made from all its frames: a UI's few colours come out clean)."""
+    """Frames into an MP4 (H.264, yuv420p: what every player and slide tool opens) or a GIF: one palette made from
+    every frame (a UI's few colours come out clean, the file small), in two passes so memory holds one frame, not
+    the clip. The first pass counts every frame's colours (palettegen keeps a histogram) and spools the frame to a
+    temporary file, compressed; the second reads them back through the palette into the GIF. (One palette filter
+    over the clip in one pass held every frame until the end: 5 GiB by frame 797 of a 1080p render.)"""
 
     def __init__(self, path: Path, fmt: str, settings: RenderSettings) -> None:
         self.path, self.format, self.settings = path, fmt, settings
-        self._graph = None
+        self._colours = None                  # the first pass's palettegen (a GIF)
+        self._spool: IO[bytes] | None = None
         self._pts = 0
 
     def __enter__(self) -> _Encoder:
@@ -316,50 +323,91 @@ class _Encoder:
         else:
             self.stream = self.container.add_stream("gif", rate=s.fps)
             self.stream.pix_fmt = "pal8"
-            graph = av.filter.Graph()
-            source = graph.add_buffer(width=s.width, height=s.height, format="rgb24", time_base=Fraction(1, s.fps))
-            split, palette = graph.add("split"), graph.add("palettegen", "stats_mode=full")
-            use, sink = graph.add("paletteuse", "dither=none"), graph.add("buffersink")
-            source.link_to(split)
-            split.link_to(palette, 0, 0)
-            split.link_to(use, 1, 0)
-            palette.link_to(use, 0, 1)
-            use.link_to(sink)
-            graph.configure()
-            self._graph = graph
+            self._colours, _source = self._graph(("palettegen", "stats_mode=full"))
+            self._spool = tempfile.TemporaryFile(prefix="kvscope-render-")
         self.stream.width, self.stream.height = s.width, s.height
         return self
 
+    def _graph(self, *filters: tuple[str, str], palette: object | None = None) -> tuple[object, object]:
+        """A filter graph from rgb24 frames through ``filters`` (and, for paletteuse, a second input: ``palette``),
+        and its source."""
+        av, s = self._av, self.settings
+        graph = av.filter.Graph()
+        source = graph.add_buffer(width=s.width, height=s.height, format="rgb24", time_base=Fraction(1, s.fps))
+        chain = [graph.add(name, args) for name, args in filters]
+        sink = graph.add("buffersink")
+        for a, b in zip([source, *chain], [*chain, sink]):
+            a.link_to(b, 0, 0)
+        if palette is not None:
+            side = graph.add_buffer(width=palette.width, height=palette.height, format=palette.format.name,
+                                    time_base=Fraction(1, s.fps))
+            side.link_to(chain[0], 0, 1)
+            graph.configure()
+            palette.pts, palette.time_base = 0, Fraction(1, s.fps)
+            side.push(palette)
+            side.push(None)
+        else:
+            graph.configure()
+        return graph, source
+
     def add(self, image: QImage) -> None:
-        frame = self._av.VideoFrame.from_ndarray(_pixels(image), format="rgb24")
-        frame.pts, frame.time_base = self._pts, Fraction(1, self.settings.fps)
+        pixels = _pixels(image)
+        frame = self._frame(pixels, self._pts)
         self._pts += 1
-        if self._graph is not None:
-            self._graph.push(frame)
+        if self._colours is not None:
+            self._colours.push(frame)
+            for _nothing in self._pulled(self._colours):        # drives the graph: the frame is counted, let go
+                pass
+            packed = zlib.compress(pixels.tobytes(), 1)
+            self._spool.write(len(packed).to_bytes(8, "little") + packed)
             return
         for packet in self.stream.encode(frame):
             self.container.mux(packet)
 
-    def _drain_graph(self) -> Iterator[object]:
+    def _frame(self, pixels: np.ndarray, pts: int) -> object:
+        frame = self._av.VideoFrame.from_ndarray(pixels, format="rgb24")
+        frame.pts, frame.time_base = pts, Fraction(1, self.settings.fps)
+        return frame
+
+    def _pulled(self, graph: object) -> Iterator[object]:
         av = self._av
-        self._graph.push(None)
         while True:
             try:
-                yield self._graph.pull()
+                yield graph.pull()
             except (av.error.EOFError, av.error.BlockingIOError):
                 return
+
+    def _write_gif(self) -> None:
+        """The second pass: every spooled frame through the one palette, one at a time."""
+        self._colours.push(None)
+        palette = next(self._pulled(self._colours))
+        graph, source = self._graph(("paletteuse", "dither=none:new=0"), palette=palette)
+        s = self.settings
+        self._spool.seek(0)
+        for pts in range(self._pts):
+            size = int.from_bytes(self._spool.read(8), "little")
+            pixels = np.frombuffer(zlib.decompress(self._spool.read(size)), dtype=np.uint8)
+            source.push(self._frame(pixels.reshape(s.height, s.width, 3), pts))
+            self._mux(self._pulled(graph))
+        source.push(None)
+        self._mux(self._pulled(graph))
+
+    def _mux(self, frames: Iterator[object]) -> None:
+        for frame in frames:
+            for packet in self.stream.encode(frame):
+                self.container.mux(packet)
 
     def __exit__(self, kind, value, traceback) -> None:
         try:
             if kind is None:
-                if self._graph is not None:
-                    for frame in self._drain_graph():
-                        for packet in self.stream.encode(frame):
-                            self.container.mux(packet)
+                if self._colours is not None and self._pts:
+                    self._write_gif()
                 for packet in self.stream.encode():
                     self.container.mux(packet)
         finally:
             self.container.close()
+            if self._spool is not None:
+                self._spool.close()
 
 
 def _pixels(image: QImage) -> np.ndarray:

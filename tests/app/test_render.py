@@ -193,6 +193,38 @@ def test_the_render_command_writes_a_video_and_refuses_bad_input_in_one_line(tmp
     assert not (tmp_path / "x.mp4").exists()
 
 
+PEAK_RSS = """
+import sys
+from app.main import main
+try:
+    code = main(sys.argv[1:])
+finally:                    # VmHWM: this program's own peak (ru_maxrss keeps the parent's from before exec)
+    peak = next(line for line in open("/proc/self/status") if line.startswith("VmHWM"))
+    print("peak", peak.split()[1], file=sys.stderr)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the peak from Linux's /proc")
+def test_a_gifs_memory_does_not_grow_with_its_frames(tmp_path, run_events, cache_root):
+    """Three times the frames, the same peak memory (within a frame's worth of noise): frames are spooled to disk
+    between the GIF's two passes, never held together (one palette over the clip in one pass held them all)."""
+    env = {**os.environ, "KVSCOPE_CACHE_DIR": str(cache_root)}
+    env.pop("QT_QPA_PLATFORM", None)
+    peaks = []
+    for step_ms in (100, 300):                                  # 3x the video's length at the same fps
+        trace = trace_file(tmp_path, paced(run_events, prefill_ms=200, step_ms=step_ms), f"run{step_ms}")
+        out = tmp_path / f"clip{step_ms}.gif"
+        done = subprocess.run([sys.executable, "-c", PEAK_RSS, "--render", str(out), "--scene", "kv", "--size",
+                               "1280x720", "--fps", "20", str(trace)], capture_output=True, text=True, timeout=300,
+                              env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        peaks.append(int(done.stderr.rsplit("peak", 1)[1]) * 1024)
+        frames = int(done.stdout.split(": ", 1)[1].split(" frames")[0])
+        assert len(decoded(out)) == frames
+    frame = 1280 * 720 * 3
+    assert peaks[1] - peaks[0] < 20 * frame, [p / 2**20 for p in peaks]      # 2x more frames: no 2x-frames growth
+
+
 def test_a_lecture_file_round_trips_and_is_refused_in_one_line_when_wrong(tmp_path, run_events):
     trace = trace_file(tmp_path, run_events)
     path = write_lecture(tmp_path / "talk.kvscope-lecture.json", [LectureScene("prefill", (trace,)),
