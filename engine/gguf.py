@@ -81,6 +81,8 @@ def _convert_into(gguf_path: Path, target: Path, report: Progress, stop: Callabl
         sealed.write_sealed(staging / MARKER, RECORD, json.dumps({
             "format": FORMAT, "source": str(gguf_path.resolve()),
             "seconds": round(time.perf_counter() - started, 1), "files": _file_records(staging)}).encode())
+        if target.exists() and not (target / MARKER).is_file():      # a copy without its record: never trusted
+            os.replace(target, target.with_name(f"{target.name}.refused-{time.strftime('%Y%m%d-%H%M%S')}"))
         try:
             staging.rename(target)
         except OSError:
@@ -144,7 +146,7 @@ def damage(folder: Path, thorough: bool = False) -> str | None:
     size and (for ``.safetensors``) a readable header; ``thorough`` compares the SHA-256 too. A record this
     user's KVScope did not seal is not trusted at all (the folder is then moved aside, not deleted)."""
     try:
-        marker = json.loads(sealed.read_sealed(folder / MARKER, RECORD))
+        marker = json.loads(sealed.read_sealed(folder / MARKER, RECORD, aside=False))
     except sealed.Refused as exc:
         return f"{UNTRUSTED}{exc}"
     except (OSError, ValueError):

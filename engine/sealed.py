@@ -117,12 +117,14 @@ def write_sealed(path: Path, purpose: str, data: bytes) -> None:
     seal(path, purpose, data)
 
 
-def read_sealed(path: Path, purpose: str) -> bytes:
+def read_sealed(path: Path, purpose: str, aside: bool = True) -> bytes:
     """``path``'s bytes, once checked: sealed by this user's KVScope for ``purpose``, in folders only this user can
-    write. Anything else raises ``Refused`` (the file moved aside, named in the message)."""
+    write. Anything else raises ``Refused`` naming the file, moved aside unless ``aside`` is False (the caller
+    puts aside what holds it: a converted model's whole folder)."""
     data, problem = _checked(path, purpose)
     if problem:
-        raise Refused(put_aside(path, f"{purpose} {path} {problem}"))
+        why = f"{purpose} {path} {problem}"
+        raise Refused(put_aside(path, why) if aside else why)
     return data
 
 
