@@ -65,6 +65,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="a wait longer than S seconds (at --speed) is fast-forwarded, and the frame says so "
                              "(default 3)")
     render.add_argument("--stills", metavar="FOLDER", help="also save each scene's final frame as a PNG here")
+    render.add_argument("--force", action="store_true",
+                        help="replace OUT if it exists (only once the new video is complete)")
     p.add_argument("--self-test", action="store_true",
                    help="offscreen: load the model, generate a few tokens, print the timing report, exit 0")
     return p.parse_args(argv)
@@ -183,7 +185,16 @@ def self_test(args: argparse.Namespace, started: float) -> int:
 def render_video(args: argparse.Namespace) -> int:
     """``--render``: offscreen, on a screen the video's size (so lecture type is sized as on that screen), with
     throwaway settings; progress on stderr; one line and exit 2 for what cannot be rendered, 130 when stopped."""
-    from app.render import Cancelled, Renderer, RenderSettings, parse_size, plan_scenes
+    from app.render import (
+        Cancelled,
+        Renderer,
+        RenderError,
+        RenderSettings,
+        check_output,
+        missing_data,
+        parse_size,
+        plan_scenes,
+    )
     from engine.errors import EngineError
 
     stop = []
@@ -192,8 +203,14 @@ def render_video(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="kvscope-render-") as tmp:
         try:
             width, height = parse_size(args.size)
-            settings = RenderSettings(width, height, args.fps, args.speed or 1.0, args.max_wait)
-            scenes = plan_scenes(([args.trace] if args.trace else []) + args.trace_files, args.scene)
+            settings = RenderSettings(width, height, args.fps, args.speed, args.max_wait)
+            inputs = ([args.trace] if args.trace else []) + args.trace_files
+            scenes = plan_scenes(inputs, args.scene)
+            check_output(args.render, [*inputs, *(t for s in scenes for t in s.traces)], args.force)
+            for scene in scenes:                          # before the window: a scene without data is one line
+                why = missing_data(scene)
+                if why is not None:
+                    raise RenderError(why)
         except EngineError as exc:
             print(f"kvscope: {exc}", file=sys.stderr)
             return 2

@@ -65,6 +65,9 @@ class RenderSettings:
             raise RenderError(f"--size {self.width}x{self.height}: H.264 needs an even width and height")
         if not 1 <= self.fps <= 60:
             raise RenderError(f"--fps {self.fps}: from 1 to 60")
+        if self.speed == 0:
+            raise RenderError("--speed 0 replays at once in the window; a video needs a pace: from 0.05 to 100 "
+                              "(1: as recorded)")
         if not 0.05 <= self.speed <= 100:
             raise RenderError(f"--speed {self.speed:g}: from 0.05 to 100 for a render (1: as recorded)")
         if not 0.2 <= self.max_wait_s <= 600:
@@ -84,6 +87,66 @@ def video_format(path: str | os.PathLike) -> str:
     if suffix not in FORMATS:
         raise RenderError(f"{path}: a render is an .mp4 (H.264) or a .gif")
     return FORMATS[suffix]
+
+
+def check_output(path: str | os.PathLike, inputs: Sequence[str | os.PathLike], force: bool = False) -> Path:
+    """The file a render will write, checked before anything is drawn: an .mp4 or a .gif, in a folder that exists
+    and takes a new file (a regular file's "folder", /proc, a read-only disk are named now, not after the frames),
+    never one of the traces it draws, and not an existing file unless ``force`` (the old one is then replaced
+    only when the new one is complete)."""
+    from engine.files import WriteRefused, writable_target
+
+    video_format(path)
+    given = Path(path).expanduser()
+    try:
+        target = writable_target(given, "the video", "scene.mp4")
+    except WriteRefused as exc:
+        raise RenderError(str(exc)) from None
+    if any(Path(p).exists() and target.resolve() == Path(p).resolve() for p in inputs):
+        raise RenderError(f"{given} is one of the traces to draw: give the video another name")
+    if target.exists() and not force:
+        raise RenderError(f"{given} exists: give another name, or --force to replace it (it is replaced only once "
+                          "the new video is complete)")
+    try:
+        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".probe"):
+            pass
+    except OSError as exc:
+        raise RenderError(f"Cannot write the video to {given}: {exc.strerror or exc}") from None
+    return target
+
+
+def missing_data(scene: LectureScene) -> str | None:
+    """Why ``scene`` has nothing to draw from its traces (one line naming the scene and the trace it needs), or
+    None. Checked before the first frame: a scene without its data would render as an empty chart saying
+    "press R"."""
+    from app import lessons
+    from app.scene_list import BY_NAME
+    from engine import lessons as engine_lessons
+    from engine.events import ExperimentStarted, RunStarted
+    from engine.trace import read_traces
+
+    entry = BY_NAME[scene.scene]
+    events = [e for trace in read_traces([str(t) for t in scene.traces]) for e in trace]
+    if entry.lesson is not None:
+        kinds = {entry.lesson} | {kind for name, (kind, _key) in lessons.joins().items() if name == scene.scene}
+        if any(isinstance(e, ExperimentStarted) and e.kind in kinds for e in events):
+            return None
+        if entry.lesson == "chat" and any(isinstance(e, RunStarted) and e.kind == "chat" for e in events):
+            return None                                   # the scene draws a conversation's turns too
+        titles = " or ".join(engine_lessons.lesson(k).title.lower() for k in sorted(kinds))
+        return (f"scene {entry.key} ({entry.title}) has no {titles} experiment in its traces: record one (python "
+                f"-m engine sweep {entry.lesson.replace(' ', '-')} --trace FILE, or R in the scene) and give "
+                "that trace")
+    runs = [e for e in events if isinstance(e, RunStarted) and not e.experiment and e.kind != "chat"]
+    if scene.scene == "attention":
+        runs = [e for e in runs if e.params.capture_attention]
+        if not runs:
+            return (f"scene {entry.key} ({entry.title}) has no run that recorded attention in its traces: record one "
+                    "(python -m engine --attention --trace FILE) and give that trace")
+    if not runs:
+        return (f"scene {entry.key} ({entry.title}) has no plain run in its traces: record one (python -m engine "
+                "--prompt TEXT --trace FILE) and give that trace")
+    return None
 
 
 def plan_scenes(paths: Sequence[str], scene: str | None) -> list[LectureScene]:
@@ -184,7 +247,6 @@ class Renderer:
             events = [e for trace in read_traces(entry.traces) for e in trace]
             plans.append(schedule(events, self.settings))
         self.total = frame_count(plans, self.settings)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_name(f".{self.path.name}.partial")
         stills: list[Path] = []
         self._prepare()

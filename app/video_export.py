@@ -23,7 +23,8 @@ def render_command(out: Path, scene: str, size: str, fps: int, trace: Path) -> l
     """The render as a command line: this same program (frozen by PyInstaller, or the interpreter with
     ``-m app``)."""
     program = [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, "-m", "app"]
-    return [*program, "--render", str(out), "--scene", scene, "--size", size, "--fps", str(fps), str(trace)]
+    return [*program, "--render", str(out), "--scene", scene, "--size", size, "--fps", str(fps), "--force",
+            str(trace)]     # the save dialog asked before replacing a file
 
 
 class VideoExport(QObject):

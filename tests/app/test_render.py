@@ -8,6 +8,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import av
 import numpy as np
@@ -157,6 +158,7 @@ def test_a_wait_longer_than_the_limit_is_fast_forwarded_and_the_frames_say_so(qt
 def test_a_cancelled_render_leaves_no_file(qtbot, tmp_path, run_events):
     trace = trace_file(tmp_path, paced(run_events, prefill_ms=500, step_ms=300))
     out = tmp_path / "videos"
+    out.mkdir()
     window = make_window(qtbot)
     counted = []
     try:
@@ -363,3 +365,43 @@ def test_export_scene_as_video_cancelled_leaves_no_file(qtbot, tmp_path, run_eve
     out, said = export_from_the_window(qtbot, tmp_path, run_events, monkeypatch, cancel=True, step_ms=3000)
     assert said == ["The export was cancelled; no file was written."]
     assert list(out.parent.iterdir()) == []
+
+
+def test_an_output_that_cannot_or_must_not_be_written_and_a_scene_without_data_are_refused_before_any_frame(
+        tmp_path, run_events, cache_root):
+    trace = trace_file(tmp_path, paced(run_events, prefill_ms=200, step_ms=200))
+    env = {**os.environ, "KVSCOPE_CACHE_DIR": str(cache_root)}
+    env.pop("QT_QPA_PLATFORM", None)
+
+    def kvscope(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "app", "--render", *args], capture_output=True, text=True,
+                              timeout=120, env=env)
+
+    (tmp_path / "a file").write_text("x")
+    existing = tmp_path / "earlier.mp4"
+    existing.write_bytes(b"an earlier video")
+    for out, words in ((tmp_path / "a file" / "x.mp4", "Not a directory"),
+                       (tmp_path / "missing" / "x.mp4", "does not exist"),
+                       (Path("/proc") / "x.mp4", "Cannot write the video to /proc/x.mp4"),
+                       (existing, "exists: give another name, or --force to replace it"),
+                       (trace, "a render is an .mp4")):
+        done = kvscope(str(out), "--scene", "kv", str(trace))
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and words in lines[0] and str(out) in lines[0], lines
+    assert existing.read_bytes() == b"an earlier video" and not (tmp_path / "missing").exists()
+    same = tmp_path / "run.mp4"                                          # drawn from itself: never
+    trace.rename(same)
+    done = kvscope(str(same), "--force", "--scene", "kv", str(same))
+    assert done.returncode == 2 and "is one of the traces to draw" in done.stderr
+    same.rename(trace)
+    done = kvscope(str(tmp_path / "x.mp4"), "--scene", "cache", str(trace))
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "kvscope: scene 3 (KV cache on vs off) has no kv cache on vs off experiment in its traces: record one "
+        "(python -m engine sweep cache --trace FILE, or R in the scene) and give that trace"]
+    done = kvscope(str(tmp_path / "x.mp4"), "--scene", "attention", str(trace))
+    assert done.returncode == 2 and "no run that recorded attention" in done.stderr
+    done = kvscope(str(tmp_path / "x.mp4"), "--speed", "0", "--scene", "kv", str(trace))
+    assert done.returncode == 2 and "--speed 0 replays at once in the window" in done.stderr
+    assert not (tmp_path / "x.mp4").exists()
+    done = kvscope(str(existing), "--force", "--scene", "kv", "--size", "640x360", "--fps", "5", str(trace))
+    assert done.returncode == 0 and existing.read_bytes() != b"an earlier video"
