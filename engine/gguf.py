@@ -69,6 +69,11 @@ def ensure_converted(gguf_path: Path, progress: Progress | None = None,
         return _convert_into(gguf_path, target, report, cancelled or (lambda: False))
     except OSError as exc:
         raise ModelSourceError(_cache_problem(target.parent, exc)) from None
+    except Exception as exc:        # safetensors' writer says a full disk as its own error, not an OSError
+        if "No space left on device" in str(exc) or "StorageFull" in str(exc):
+            raise ModelSourceError(_cache_problem(target.parent, OSError(errno.ENOSPC, "No space left on "
+                                                                                       "device"))) from None
+        raise
 
 
 def _convert_into(gguf_path: Path, target: Path, report: Progress, stop: Callable[[], bool]) -> Path:

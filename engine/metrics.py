@@ -139,10 +139,16 @@ def detect(samples: Samples) -> str:
     return max(counts, key=counts.__getitem__)
 
 
+MOST = {"running": 1e7, "waiting": 1e7}             # requests in flight at once: past this, not a real server
+MOST_TOKENS = 1e18                                   # a token counter past this is not one either
+
+
 def _possible(quantity: str, value: float) -> bool:
     if value < 0:
         return False
-    return value <= 1.0 if quantity in SHARES else True
+    if quantity in SHARES:
+        return value <= 1.0
+    return value <= MOST.get(quantity, MOST_TOKENS)
 
 
 def read(text: str, engine: str | None = None) -> Reading:
@@ -168,7 +174,8 @@ def read(text: str, engine: str | None = None) -> Reading:
         totals = {key: sum(values) for key, values in found.items()}
         wrong = next((v for v in totals.values() if not _possible(quantity, v)), None)
         if wrong is not None:
-            what = "a share of 0 to 1" if quantity in SHARES else "a count, 0 or more"
+            what = ("a share of 0 to 1" if quantity in SHARES else
+                    f"a count of 0 to {MOST.get(quantity, MOST_TOKENS):g}")
             notes.append(f"{name} is {wrong:g}, which it cannot be ({what}): not read")
             continue
         for key, value in totals.items():

@@ -28,7 +28,7 @@ from typing import Annotated
 from engine import kv_events, metrics, remote
 from engine.events import ExperimentPoint, KVBlocks, LessonResult, LessonSettings, RequestBlocks, RunFinished
 from engine.experiment import SERVER, Counter, Experiment, Lesson, Span
-from engine.fields import Count, Key, Number, Range, Setting, Text
+from engine.fields import Count, Items, Key, Number, Range, Setting, Text
 from engine.params import GenerationParams
 from engine.prefix_tree import PrefixTree
 from engine.remote import RemoteError, get_text
@@ -78,7 +78,9 @@ class ServerLoadResult(LessonResult):
     mean_client_minus_server_ms: Number | None = None
     peak_running: Number | None = None               # /metrics
     peak_waiting: Number | None = None
-    peak_kv_usage: Number | None = None
+    peak_kv_usage: Number | None = None               # one engine's; several are each their own (below)
+    engines: Annotated[tuple[Annotated[str, Text(64)], ...], Items(64)] = ()      # data-parallel engines' labels
+    peak_kv_usage_by_engine: Annotated[tuple[Number, ...], Items(64)] = ()        # ... and each one's peak KV use
     cached_prompt_tokens_during: Number | None = None     # /metrics counters: after the last request less
     prompt_tokens_during: Number | None = None            # before the first (every client's requests)
     generated_tokens_during: Number | None = None
@@ -151,8 +153,10 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
         experiment.progress(done, count, f"{done} of {count} requests finished")
 
     poll_error: list[str] = []
-    poll_notes: list[str] = []                          # what a page gave that could not be true, said once
+    poll_notes: list[str] = [line for line in session.facts.reveals     # why it is not polled at all, if so
+                             if line.startswith("/metrics answered but was not read")]
     seen: dict[str, list[float]] = {}                   # quantity -> every value polled
+    kv_by_engine: dict[str, float] = {}                 # data-parallel engines: each one's peak KV use
     polls = {"failed": 0}
 
     def read_metrics() -> metrics.Reading | None:
@@ -172,6 +176,8 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
             experiment.point("metrics", t_ms=now, **reading.values)
             for key, values in reading.engines.items():          # data-parallel engines: each apart
                 experiment.point(f"metrics engine {key}"[:64], t_ms=now, **values)
+                if "kv_usage" in values:
+                    kv_by_engine[key] = max(kv_by_engine.get(key, 0.0), values["kv_usage"])
             for note in reading.notes:
                 if note not in poll_notes:
                     poll_notes.append(note)
@@ -256,6 +262,10 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
             figures["kv_events_error"] = subscriber.notes[0][:300]
         poll_notes.extend(subscriber.notes[1:4])
     figures["metrics_polls"] = max((len(v) for v in seen.values()), default=0)
+    if kv_by_engine:
+        names = sorted(kv_by_engine)[:64]
+        figures.update(engines=tuple(n[:64] for n in names), peak_kv_usage_by_engine=tuple(kv_by_engine[n]
+                                                                                          for n in names))
     figures["metrics_failed"] = polls["failed"]
     if poll_error:
         figures["metrics_error"] = poll_error[0][:300]
@@ -397,8 +407,11 @@ def table(points: Sequence[ExperimentPoint], result: ServerLoadResult) -> str:
                          "step)")
         peaks = [f"{q.replace('_', ' ')} {getattr(r, 'peak_' + q):g}" for q in ("running", "waiting", "kv_usage")
                  if getattr(r, "peak_" + q) is not None]
+        peaks += [f"KV usage of engine {name} {value:.0%}" for name, value in zip(r.engines,
+                                                                                 r.peak_kv_usage_by_engine)]
         if peaks:
             lines.append(f"/metrics ({r.metrics_polls} polls): peak " + ", ".join(peaks))
+    lines += [f"/metrics: {note}" for note in r.notes]
     if r.metrics_error:
         lines.append(f"/metrics: {r.metrics_failed:,} poll(s) failed, each tried again at the next; the first: "
                      f"{r.metrics_error}")

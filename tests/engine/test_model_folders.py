@@ -244,6 +244,8 @@ def test_flipped_bytes_pass_the_fast_check_and_are_found_by_the_thorough_one_whi
 
 @pytest.mark.parametrize("error, words", [
     (OSError(errno.ENOSPC, "No space left on device"), "is full: the built-in model needs about 520 MiB"),
+    (RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on '
+                  'device" })'), "is full: the built-in model needs about 520 MiB"),     # safetensors' own words
     (PermissionError(errno.EACCES, "Permission denied", "/cache/converted"), "permission denied for "
                                                                              "/cache/converted"),
 ])

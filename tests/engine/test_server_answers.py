@@ -11,6 +11,7 @@ import threading
 import time
 
 import msgpack
+import pytest
 
 from engine.events import ExperimentPoint, RequestBlocks
 from engine.lessons import server_load
@@ -310,3 +311,37 @@ def test_a_message_larger_than_the_bound_is_said_not_silently_lost():
     finally:
         subscriber.close()
         pub.close(0)
+
+
+@pytest.mark.parametrize("page, said", [
+    ("vllm:num_requests_running 1\n# " + "x" * (37 << 20) + "\n", "larger than the 8 MiB a metrics page may be"),
+    ("vllm:num_requests_running 1\nvllm:num_requests_waiting 1e300\n",
+     "vllm:num_requests_waiting is 1e+300, which it cannot be (a count of 0 to 1e+07): not read"),
+    ("vllm:num_requests_running 1\n" * 5000, "vllm:num_requests_running is given 5,000 times for the same labels"),
+], ids=["37 MiB", "1e300", "one gauge 5,000 times"])
+def test_a_metrics_page_that_cannot_be_true_is_said_in_the_result_and_its_table(page, said):
+    engine = Engine()
+    routes = engine.routes()
+    routes["GET /metrics"] = Route(body=page.encode(), content_type="text/plain")
+    with ReplayServer(routes) as server:
+        points, end = collect("server load", RemoteSession(probe(server.url)), requests=1, every_s=0.0,
+                              new_tokens=3, poll_s=0.2, limit_s=60)
+    r = end.result
+    table = server_load.table([p for p in points if isinstance(p, ExperimentPoint)], r)
+    assert said in table and r.completed == 1
+    assert "1e+300" not in str(r.peak_waiting)
+
+
+def test_two_data_parallel_engines_each_nearly_full_are_each_given_a_figure():
+    page = ('vllm:num_requests_running{engine="0"} 2\nvllm:num_requests_running{engine="1"} 2\n'
+            'vllm:kv_cache_usage_perc{engine="0"} 0.9\nvllm:kv_cache_usage_perc{engine="1"} 0.9\n')
+    engine = Engine()
+    routes = engine.routes()
+    routes["GET /metrics"] = Route(body=page.encode(), content_type="text/plain")
+    with ReplayServer(routes) as server:
+        points, end = collect("server load", RemoteSession(probe(server.url)), requests=1, every_s=0.0,
+                              new_tokens=3, poll_s=0.2, limit_s=60)
+    r = end.result
+    assert r.peak_kv_usage is None and r.engines == ("0", "1") and r.peak_kv_usage_by_engine == (0.9, 0.9)
+    table = server_load.table([p for p in points if isinstance(p, ExperimentPoint)], r)
+    assert "KV usage of engine 0 90%, KV usage of engine 1 90%" in table and "peak running 4" in table
