@@ -71,7 +71,11 @@ class KVLayer:
     layers) and no positions, ``"none"`` nothing (a layer that reuses another layer's keys and values).
     ``extra_bytes``: further bytes per position the cache holds (a sparse-attention indexer's keys).
     ``state_bytes`` is the fixed part, per sequence (a combined layer holds both). ``mha_width``: for a latent
-    layer, what full multi-head K and V would hold per position (``heads x (qk dims + v dims)``)."""
+    layer, what full multi-head K and V would hold per position (``heads x (qk dims + v dims)``). A layer whose
+    keys and values are one tensor (DeepSeek-V4's shared-KV attention) has ``v_dim`` 0. ``compressed``: series
+    the layer condenses the context into (DeepSeek-V4's compressor and indexer), each ``[rate, entry bytes,
+    buffer bytes per waiting token, overlap bytes]``: one entry every ``rate`` positions, the positions since
+    the last entry waiting in a buffer, and a fixed overlap kept once the first entry exists."""
 
     kind: Annotated[str, Text(16, LAYER_KINDS)]
     kv_heads: Heads = 0
@@ -82,6 +86,8 @@ class KVLayer:
     state_bytes: Annotated[int, Range(0, 1 << 40)] = 0
     extra_bytes: Annotated[int, Range(0, 1 << 24)] = 0
     mha_width: Annotated[int, Range(0, MAX_HEADS * MAX_HEAD_DIM)] = 0
+    compressed: Annotated[list[Annotated[list[Annotated[int, Range(0, 1 << 30)]], Items(4)]], Items(8)] = field(
+        default_factory=list)
 
 
 @dataclass(frozen=True)

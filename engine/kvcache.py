@@ -57,6 +57,21 @@ def new_cache(model: Any, static_positions: int = 0, offloading: bool = False) -
     return DynamicCache(config=model.config, offloading=offloading)
 
 
+def own_cache_class(model: Any) -> str | None:
+    """The name of a cache class the model's own code defines and insists on (MiniMax's ``MiniMaxCache``, whose
+    linear-attention state sits beside the per-layer cache), or None. KVScope builds, reads, crops and batches
+    transformers' per-layer caches; a class of the model's own is none of those."""
+    import sys
+
+    from transformers.cache_utils import Cache
+
+    module = sys.modules.get(type(model).__module__)
+    for value in vars(module).values() if module else ():
+        if isinstance(value, type) and issubclass(value, Cache) and value.__module__ == module.__name__:
+            return value.__name__
+    return None
+
+
 # --- facts from the cache the model builds ---------------------------------------------------------------------
 def probe_layers(model: Any) -> list[KVLayer]:
     """Run one token through ``model`` with a fresh cache and describe what each layer keeps: in the cache
@@ -103,8 +118,10 @@ def _describe(layer: Any, latent: tuple[int, int, int] | None) -> KVLayer:
     state = _state_bytes(layer)
     if not _held(keys):
         return KVLayer(STATE if state else NONE, state_bytes=state)
-    heads, k_dim, v_dim = int(keys.shape[1]), int(keys.shape[-1]), int(values.shape[-1])
+    heads, k_dim = int(keys.shape[1]), int(keys.shape[-1])
+    v_dim = 0 if _shared(keys, values) else int(values.shape[-1])      # one tensor: counted once
     extra = _extra_bytes_per_position(layer)
+    compressed = _series(layer)
     if latent is not None and heads == 1 and (k_dim, v_dim) == latent[:2]:
         return KVLayer(LATENT, kv_heads=1, k_dim=k_dim, v_dim=v_dim, dtype_bytes=int(keys.element_size()),
                        state_bytes=state, extra_bytes=extra, mha_width=latent[2])
@@ -113,7 +130,41 @@ def _describe(layer: Any, latent: tuple[int, int, int] | None) -> KVLayer:
         capacity = _measured_capacity(layer)
         kind = SLIDING if capacity is not None else FULL
     return KVLayer(kind, kv_heads=heads, k_dim=k_dim, v_dim=v_dim, dtype_bytes=int(keys.element_size()),
-                   capacity=capacity, state_bytes=state, extra_bytes=extra)
+                   capacity=capacity, state_bytes=state, extra_bytes=extra, compressed=compressed)
+
+
+def _shared(keys: Any, values: Any) -> bool:
+    """Keys and values are one tensor (DeepSeek-V4's shared-KV attention): held once, not twice."""
+    return values is keys or (_held(values) and values.untyped_storage().data_ptr() ==
+                              keys.untyped_storage().data_ptr() and values.shape == keys.shape)
+
+
+SERIES = ("compressed_kv", "buffer_kv", "buffer_gate", "overlap_kv", "overlap_gate")    # DeepSeek-V4's cache
+
+
+def _series(layer: Any) -> list[list[int]]:
+    """A layer's compressed series (DeepSeek-V4's compressor and indexer): per series its rate, the bytes of one
+    entry, of one waiting position in its buffers (K and gate), and of its overlap (once the first entry
+    exists: the last window's first halves, K and gate). Read from the cache layer after the probe's token."""
+    rate = getattr(layer, "compress_rate", None)
+    entries = getattr(layer, "compressed_kv", None)
+    if not isinstance(rate, int) or not isinstance(entries, dict):
+        return []
+    out = []
+    for name, entry in entries.items():
+        waiting = [getattr(layer, f, {}).get(name) for f in ("buffer_kv", "buffer_gate")]
+        if not isinstance(entry, torch.Tensor) or not all(isinstance(w, torch.Tensor) for w in waiting):
+            continue
+        size = int(entry.element_size())
+        overlaps = isinstance(getattr(layer, "overlap_kv", None), dict) and name in layer.overlap_kv
+        out.append([rate, int(entry.shape[-1]) * size, sum(int(w.shape[-1]) for w in waiting) * size,
+                    2 * rate * int(entry.shape[-1]) * size if overlaps else 0])
+    return out
+
+
+def _series_bytes(layer: Any) -> int:
+    return sum(int(t.nbytes) for name in SERIES if isinstance(getattr(layer, name, None), dict)
+               for t in getattr(layer, name).values() if isinstance(t, torch.Tensor))
 
 
 def _measured_capacity(layer: Any) -> int | None:
@@ -166,7 +217,8 @@ def held_per_layer(cache: Any, num_layers: int) -> tuple[list[list[int]], list[i
     for layer in cache.layers:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if keys is not None and keys.numel():
-            sizes.append([keys.nbytes + sum(t.nbytes for t in _extras(layer)), values.nbytes])
+            sizes.append([keys.nbytes + sum(t.nbytes for t in _extras(layer)) + _series_bytes(layer),
+                          0 if _shared(keys, values) else values.nbytes])
             if hasattr(layer, "max_cache_len"):           # static: allocated up front, filled from the left
                 seen = positions_seen(cache) if seen is None else seen
                 positions.append(min(seen, keys.shape[-2]))
@@ -187,7 +239,9 @@ def storage_per_layer(cache: Any, exposed: list[list[int]]) -> list[int]:
     allocated = []
     for layer in cache.layers:
         seen: dict[int, int] = {}
-        for t in (getattr(layer, "keys", None), getattr(layer, "values", None), *_extras(layer)):
+        series = [t for name in SERIES if isinstance(getattr(layer, name, None), dict)
+                  for t in getattr(layer, name).values() if isinstance(t, torch.Tensor)]
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None), *_extras(layer), *series):
             if t is not None and t.numel():
                 storage = t.untyped_storage()
                 seen[storage.data_ptr()] = storage.nbytes()

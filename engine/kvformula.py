@@ -64,9 +64,22 @@ def bytes_per_token(model: ModelFacts, batch: int = 1) -> int:
     return sum(bytes_per_position(layer, batch) for layer in attention_layers(model))
 
 
+def compressed_bytes(layer: KVLayer, positions: int, batch: int = 1) -> int:
+    """What a layer's compressed series hold after ``positions``: an entry per ``rate`` positions, the positions
+    since the last entry in a buffer, and a fixed overlap once the first entry exists."""
+    total = 0
+    for rate, entry, buffered, overlap in layer.compressed:
+        entries, waiting = divmod(positions, max(rate, 1))
+        total += entries * entry + waiting * buffered + (overlap if entries else 0)
+    return total * batch
+
+
 def predicted_kv_bytes_per_layer(model: ModelFacts, positions: int, batch: int = 1) -> list[int]:
-    """The formula per layer (K + V and extras) after ``positions`` positions, each layer's capacity honoured."""
-    return [bytes_per_position(layer, batch) * held_positions(layer, positions) for layer in model.kv_layers]
+    """The formula per layer (K + V and extras, and any compressed series) after ``positions`` positions, each
+    layer's capacity honoured."""
+    return [bytes_per_position(layer, batch) * held_positions(layer, positions) + compressed_bytes(layer, positions,
+                                                                                                   batch)
+            for layer in model.kv_layers]
 
 
 def predicted_kv_bytes(model: ModelFacts, positions: int, batch: int = 1) -> int:
@@ -104,6 +117,9 @@ def formula_text(model: ModelFacts) -> str:
     if uniform and first.kind == LATENT:
         text = (f"{len(attention)} layers x ({first.k_dim} latent + {first.v_dim} rope-key dims) x "
                 f"{first.dtype_bytes} B{extra} = {per_token:,} B/token")
+    elif uniform and not first.v_dim and not first.extra_bytes:
+        text = (f"{len(attention)} layers x {first.kv_heads} KV head{'s' if first.kv_heads > 1 else ''} x "
+                f"{first.k_dim} dims x 1 (K = V, one tensor) x {first.dtype_bytes} B = {per_token:,} B/token")
     elif uniform and first.k_dim == first.v_dim and not first.extra_bytes:
         text = (f"{len(attention)} layers x {first.kv_heads} KV heads x {first.k_dim} dims x 2 (K,V) x "
                 f"{first.dtype_bytes} B = {per_token:,} B/token")
@@ -133,6 +149,14 @@ def layer_notes(model: ModelFacts) -> list[str]:
         notes.append(f"{len(combined)} of {model.num_layers} layers also keep a fixed "
                      f"{format_bytes(sum(s.state_bytes for s in combined))} of convolution and SSM state per "
                      "sequence beside their keys and values")
+    shared = [layer for layer in attention_layers(model) if layer.kv_heads and not layer.v_dim]
+    if shared:
+        notes.append(f"{len(shared)} layers keep keys and values as one tensor (shared-KV attention): counted once")
+    series = [layer for layer in model.kv_layers if layer.compressed]
+    if series:
+        rates = sorted({rate for layer in series for rate, *_ in layer.compressed})
+        notes.append(f"{len(series)} layers also condense the context into compressed entries, one every "
+                     f"{' or '.join(str(r) for r in rates)} positions (plus the positions waiting for the next)")
     indexed = [layer for layer in model.kv_layers if layer.extra_bytes]
     if indexed:
         notes.append(f"{len(indexed)} layers also cache a sparse-attention indexer key "
@@ -208,6 +232,9 @@ def batching_refusal(model: ModelFacts) -> str | None:
     if any(layer.extra_bytes for layer in model.kv_layers):
         return ("this model's layers also cache a sparse-attention indexer, which KVScope cannot pad and stack, "
                 "so requests cannot join a running batch")
+    if any(layer.compressed for layer in model.kv_layers):
+        return ("this model's layers condense the context into compressed entries as it grows, which KVScope "
+                "cannot pad and stack, so requests cannot join a running batch")
     return None
 
 
@@ -218,6 +245,8 @@ def rollback_refusal_for(model: ModelFacts, seen: int, length: int) -> str | Non
     if state_layers(model):
         return "layers with a state-space state keep one running state, which cannot be rolled back to an " \
                "earlier position"
+    if any(layer.compressed for layer in model.kv_layers):
+        return "layers that condense the context into compressed entries cannot be rolled back to an earlier position"
     if any(layer.kind == SLIDING and seen > (layer.capacity or seen) for layer in model.kv_layers):
         return ("sliding-window layers past their window have already dropped the positions needed to roll back "
                 "to where the conversation changed")
@@ -229,6 +258,8 @@ def speculative_refusal(model: ModelFacts) -> str | None:
     if state_layers(model):
         return "layers with a state-space state keep one running state, which cannot be rolled back past " \
                "rejected guesses"
+    if any(layer.compressed for layer in model.kv_layers):
+        return "layers that condense the context into compressed entries cannot be rolled back past rejected guesses"
     if any(layer.kind == SLIDING for layer in model.kv_layers):
         return "sliding-window layers drop old positions, so the cache cannot be rolled back past rejected guesses"
     return None

@@ -490,6 +490,12 @@ def model_facts(model: Any, *, name: str, source: str, device: Any, weights: str
 
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     architecture = (config.architectures or [type(model).__name__])[0]
+    own = kvcache.own_cache_class(model)
+    if own:
+        raise ModelSourceError(f"{architecture} keeps its cache in a class of its own ({own}: its linear-attention "
+                               "layers' state sits beside the per-layer keys and values), which KVScope cannot "
+                               "measure, reuse or batch yet. Hybrids that use transformers' own cache load "
+                               "(Qwen3-Next, Jamba, Falcon-H1, Bailing)")
     try:
         kv_layers = kvcache.probe_layers(model)
     except Exception as exc:  # noqa: BLE001  (a model's own forward can fail in any way; say which)

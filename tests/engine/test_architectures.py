@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import cli, kvcache, kvformula
+from engine import cli, config_facts, kvcache, kvformula
 from engine.errors import ModelSourceError, ParameterError
 from engine.events import AttentionStep, PrefillDone, TokenStep
 from engine.models import load
@@ -60,6 +60,43 @@ def test_measured_bytes_equal_the_formula_after_every_step_past_the_window(arch)
     assert result.summary.kv_bytes == kvformula.predicted_kv_bytes(facts, result.summary.kv_tokens)
 
 
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def _tally(layer) -> tuple[int, int]:
+    """(cache bytes, state bytes) of every tensor a cache layer holds, each counted once however many names
+    point at it, read straight from the object (private bookkeeping scalars aside): a count independent of
+    KVScope's own reading."""
+    cache: dict = {}
+    state: dict = {}
+    for name, value in vars(layer).items():
+        if name.startswith("_"):
+            continue
+        into = state if name.rstrip("s").endswith("state") else cache
+        for tensor in _tensors(value):
+            into[(tensor.data_ptr(), tuple(tensor.shape))] = tensor.nbytes
+    return sum(cache.values()), sum(state.values())
+
+
+@pytest.mark.parametrize("positions", [5, 40])
+def test_every_tensor_the_cache_holds_is_counted_once(arch, positions):
+    _name, _folder, loaded = arch
+    cache = kvcache.new_cache(loaded.model)
+    with torch.inference_mode():
+        kvcache.forward(loaded.model, torch.arange(3, 3 + positions).unsqueeze(0), cache)
+    tallies = [_tally(layer) for layer in cache.layers]
+    assert [held for held, _ in tallies] == kvformula.predicted_kv_bytes_per_layer(loaded.facts, positions)
+    assert [state for _, state in tallies] == [layer.state_bytes for layer in loaded.facts.kv_layers]
+
+
 def test_full_context_figure_is_what_the_cache_holds_at_max_context_minus_one(arch):
     _name, _folder, loaded = arch
     facts = loaded.facts
@@ -104,7 +141,8 @@ def test_recorded_attention_equals_eager_output_attentions_or_is_refused(arch):
     name, folder, loaded = arch
     params = GenerationParams(max_new_tokens=NEW_TOKENS, chat_template=False)
     refused = {"falcon-mqa": "FalconForCausalLM", "falcon-new-decoder": "FalconForCausalLM",
-               "deepseek-v32-indexer": "DeepseekV32ForCausalLM: its indexer"}
+               "deepseek-v32-indexer": "DeepseekV32ForCausalLM: its indexer",
+               "deepseek-v4-compressed": "DeepseekV4ForCausalLM: its indexer"}
     if name in refused:
         events: list = []
         with pytest.raises(ParameterError, match=f"attention cannot be recorded for {refused[name]}"):
@@ -159,6 +197,8 @@ def test_chat_reuse_works_or_says_why_not(arch):
         return                                  # the new turn extends the whole kept cache: no rollback needed
     if kvformula.state_layers(facts):         # a running state cannot be rolled back to where the turns differ
         assert reused[1] == 0 and "state-space" in notes[1]
+    elif any(layer.compressed for layer in facts.kv_layers):       # nor can entries condensed from the context
+        assert reused[1] == 0 and "compressed entries" in notes[1]
     elif any(layer.kind == kvformula.SLIDING and layer.capacity < seen[0] for layer in facts.kv_layers):
         assert reused[1] == 0 and "sliding-window" in notes[1]     # the window dropped what a rollback needs
     else:
@@ -196,6 +236,29 @@ def test_a_model_without_attention_cache_is_refused_with_one_line(tmp_path):
     with pytest.raises(ModelSourceError, match="keeps no attention KV cache") as err:
         load(str(folder), device="cpu", dtype="float32")
     assert "\n" not in str(err.value)
+
+
+def test_a_model_with_a_cache_class_of_its_own_is_refused_naming_it(tmp_path):
+    from tests.architectures import build as build_shape
+
+    folder = build_shape("minimax", tmp_path / "minimax")
+    with pytest.raises(ModelSourceError, match="keeps its cache in a class of its own \\(MiniMaxCache") as err:
+        load(str(folder), device="cpu", dtype="float32")
+    assert "\n" not in str(err.value)
+
+
+def test_config_only_facts_equal_the_loaded_models(arch):
+    """One reading of a config for both paths: what ``costmodel --model`` computes from config.json alone is what
+    the loaded model's cache holds, layer by layer, and the context it declares."""
+    _name, folder, loaded = arch
+    from_config = config_facts.model_facts(folder, config_facts.read(folder), "float32")
+
+    def shape(facts):
+        return [(a.kind, a.kv_heads, a.k_dim, a.v_dim, a.capacity, a.compressed, a.state_bytes, a.extra_bytes)
+                for a in facts.kv_layers]
+    assert shape(from_config) == shape(loaded.facts)
+    assert (from_config.max_context, from_config.context_declared) == (loaded.facts.max_context,
+                                                                       loaded.facts.context_declared)
 
 
 def test_an_encoder_decoder_model_is_refused_with_one_line(tmp_path):

@@ -285,7 +285,7 @@ def test_two_data_parallel_engines_are_two_series_not_one_sum():
     ("\n".join(["vllm:num_requests_running 2"] * 5000), "vllm:num_requests_running is given 5,000 times for the "
                                                          "same labels: not read"),
     ("vllm:num_requests_running -5\nvllm:num_requests_waiting 1", "vllm:num_requests_running is -5, which it "
-                                                                   "cannot be (a count, 0 or more)"),
+                                                                   "cannot be (a count of 0 to 1e+07)"),
     ("vllm:kv_cache_usage_perc 7.5\nvllm:num_requests_waiting 1", "vllm:kv_cache_usage_perc is 7.5, which it cannot "
                                                                    "be (a share of 0 to 1)"),
 ])
