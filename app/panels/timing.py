@@ -27,6 +27,7 @@ from engine.events import HardwarePeaks, RunSummary
 
 WAIT_GAP_MS = 1.0           # waits shorter than this are not drawn apart
 TIMELINE_ROW_PX, TIMELINE_AXES_PX = 26, 110     # each overlaid run keeps a readable row; title and axes their room
+TIMELINE_LEAST_ROWS = 3                          # one run alone still gets a data area a bar can be read in
 
 
 class _RunItems:
@@ -133,6 +134,7 @@ class TimingPanel(QWidget):
         self.summary.setToolTip(tip("TTFT", "prefill", "decode", "bandwidth ceiling", "roofline"))
         self.summary.setTextFormat(Qt.TextFormat.RichText)
         self.summary.setWordWrap(True)
+        self.summary.setVisible(False)                    # shown with its first words
         top = QHBoxLayout()
         top.addWidget(self.overlay)
         top.addWidget(self.overlay_count)
@@ -232,9 +234,10 @@ class TimingPanel(QWidget):
             items.update(run, index)
         self.timeline.plot.getAxis("left").setTicks([[(i, f"#{r.number}") for i, r in enumerate(runs)]])
         self.legend.setText(legend_html(runs, self.state, selected))
+        self.legend.setVisible(bool(runs))
         self.timeline.plot.setYRange(-0.6, max(len(runs), 1) - 0.4, padding=0.02)
         self._frame_prefill(selected, runs)
-        self.timeline.setMinimumHeight(TIMELINE_AXES_PX + TIMELINE_ROW_PX * max(len(runs), 1))
+        self.timeline.setMinimumHeight(TIMELINE_AXES_PX + TIMELINE_ROW_PX * max(len(runs), TIMELINE_LEAST_ROWS))
         self._empty_states(runs, selected)
         self.ttft_line.setVisible(selected is not None and bool(selected.n_steps))
         summary = selected.summary(with_text=False) if selected is not None else None
@@ -254,6 +257,7 @@ class TimingPanel(QWidget):
             text = self._summary_text(selected, selected.summary(with_text=False), others)
         if self.summary.text() != text:
             self.summary.setText(text)
+            self.summary.setVisible(bool(text))           # an empty header would keep its lines' height
 
     def _frame_prefill(self, selected: RunRecord | None, runs: list[RunRecord]) -> None:
         """While the prompt's pass runs, the time axis holds still (a round span the bar grows into, the next

@@ -144,7 +144,7 @@ class TokensPanel(QWidget):
         colour = QLabel("Colour:")
         top.addWidget(colour)
         top.addWidget(self.mode_box)
-        top.addWidget(self.legend, 1)
+        top.addStretch(1)
         self._controls = [colour, self.mode_box]
         self.text = TokenText()
         self.run_line = QLabel()              # the run's figures and how it ended, under the reply
@@ -158,6 +158,7 @@ class TokensPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(top)
+        layout.addWidget(self.legend)           # its own row: a wrapped legend beside a combo box was cut short
         layout.addWidget(self.text, 1)
         layout.addWidget(self.run_line)
         layout.addWidget(self.detail)

@@ -74,18 +74,18 @@ class Walk:
 
     def look(self, phase: str, scenes: Iterable[str] = RUN_SCENES, dock: str | None = None,
              tabs: bool = False) -> None:
-        """Read every view at every size: the workbench (``dock`` raised, if given; with ``tabs``, every lesson's
-        tab in turn), then each of ``scenes``."""
+        """Read every view at every size: the workbench with the timing charts raised, then with ``dock`` raised
+        (with ``tabs``, every lesson's tab in turn), then each of ``scenes``."""
         w = self.window
         scenes = tuple(scenes)
         for width, height in self.sizes:
             self.size = (width, height)
             w.lecture.leave()
-            if dock is not None:
-                w.docks[dock].raise_()
             w.resize(width, height)
-            self.settle()
-            self._judge(phase, f"workbench {width}x{height}")
+            for raised in dict.fromkeys(("timing", dock or "timing")):     # the timing charts, then ``dock``
+                w.docks[raised].raise_()
+                self.settle()
+                self._judge(phase, f"workbench {width}x{height}, {raised} raised")
             for kind in w.experiments.views if tabs else ():
                 w.docks["experiments"].raise_()
                 w.experiments.show_lesson(kind)
