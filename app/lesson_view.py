@@ -35,18 +35,19 @@ from app.phase import experiment_phase, plural
 from app.run_settings import LessonChoices
 from app.setting_widgets import control, int_range
 from app.store import ExperimentRecord, RunStore
-from engine.contention import busy, busy_note
-from engine.errors import ParameterError
-from engine.events import LessonResult, LessonSettings
-from engine.experiment import Lesson
-from engine.validation import MISSING, FieldShape, shapes
+from engine.facts.contention import busy, busy_note
+from engine.facts.errors import ParameterError
+from engine.facts.events import LessonResult, LessonSettings
+from engine.facts.validation import MISSING, FieldShape, shapes
+from engine.run.experiment import Lesson
 
 
 @dataclass(frozen=True)
 class Scene:
     """A lecture scene: its ``name`` (``kvscope --scene NAME``), ``title``, place in the lecture (``order``), what
-    R does there in words (``action``), and ``key`` where it is not the number-row key of its place. A lesson's
-    scene runs that lesson on R; the registry fills in ``lesson``."""
+    R does there in words (``action``), ``key`` where it is not the number-row key of its place, and whether its
+    panels stand side by side (``side_by_side``) or stacked. A lesson's scene runs that lesson on R; the registry
+    fills in ``lesson``."""
 
     name: str
     title: str
@@ -54,6 +55,7 @@ class Scene:
     action: str
     lesson: str | None = None
     key: str = ""
+    side_by_side: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,29 @@ class Joins:
     scene: str
     key: str
     words: str
+
+
+@dataclass(frozen=True)
+class WindowLesson:
+    """A lesson's whole window side, one typed value (its module's ``WINDOW``): the engine lesson, its tab's view
+    (None when another panel draws it), its scene's caption, its scene (or ``joins``: shown in another lesson's
+    scene), the dock that draws it, a setting it takes from the window when it starts (``follows``: ``(field,
+    "conversation")``), the panels its scene shows beside its view (``beside``), and whether the runs it makes are
+    the ones the run panels show while it runs (``shows_runs``)."""
+
+    lesson: Lesson
+    view: type[LessonView] | None
+    caption: Callable[..., str]
+    scene: Scene | None = None
+    joins: Joins | None = None
+    dock: str = "experiments"
+    follows: tuple[str, str] | None = None
+    beside: tuple[str, ...] = ()
+    shows_runs: bool = False
+
+    @property
+    def kind(self) -> str:
+        return self.lesson.kind
 
 
 CONTROLS_PROMPT = object()          # a preset that means "the prompt in Controls, when the lesson starts"

@@ -129,9 +129,9 @@ def start(window: MainWindow, args: argparse.Namespace) -> None:
     if args.kv_events:
         from engine import lessons as engine_lessons
 
-        kind = "server load"
+        lesson = engine_lessons.server_lesson()
         choices = window.controller.choices
-        current = choices.settings.get(kind) or engine_lessons.lesson(kind).settings()
+        current = choices.settings.get(lesson.kind) or lesson.settings()
         choices.set(replace(current, kv_events=args.kv_events))
     if args.lecture or args.scene:
         window.lecture.enter(args.scene)
@@ -195,7 +195,7 @@ def render_video(args: argparse.Namespace) -> int:
         parse_size,
         plan_scenes,
     )
-    from engine.errors import EngineError
+    from engine.facts.errors import EngineError
 
     stop = []
     for name in ("SIGTERM", "SIGINT"):

@@ -89,8 +89,8 @@ def build_menus(window: WindowActions, controller: Controller, lecture: Lecture,
     _action(window, run, "Load model", controller.load_model, "Ctrl+L")
     _action(window, run, "Send chat message", window.send_chat, "Ctrl+Shift+Return")
     experiments = run.addMenu("Run experiment")
-    for kind, module in lessons.BY_KIND.items():
-        _action(window, experiments, module.LESSON.title, partial(controller.start_lesson, kind))
+    for kind, lesson in lessons.BY_KIND.items():
+        _action(window, experiments, lesson.lesson.title, partial(controller.start_lesson, kind))
     _action(window, run, "Measure this machine again (peaks, fastest float)", controller.remeasure_peaks)
     run.addSeparator()
     _action(window, run, "Clear runs", controller.clear_runs)

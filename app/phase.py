@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.store import ExperimentRecord, RunRecord
-from engine.events import RunFailed, RunFinished
+from engine.facts.events import RunFailed, RunFinished
 
 NOTHING, PREFILL, PREFILLED, DECODING, PAUSED, STEPPING, STOPPED, FINISHED, FAILED, INCOMPLETE = (
     "nothing", "prefill", "prefilled", "decoding", "paused", "stepping", "stopped", "finished", "failed",

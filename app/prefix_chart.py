@@ -2,7 +2,7 @@
 from each block to the one it follows, blocks two or more requests share in the shared colour, a request's path
 outlined, evicted blocks grey until they go, and the hit rate weighted by tokens beside it.
 
-One view, two producers (``engine.prefix_tree``): a real serving engine's KV events, in the server-load tab, and
+One view, two producers (``engine.serve.prefix_tree``): a real serving engine's KV events, in the server-load tab, and
 KVScope's own paged cache, in the paged-KV tab, so the two can be set side by side. Hovering a block shows its
 tokens as the producer decoded them."""
 
@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt
 
 from app import theme as th
 from app.chart import Chart
-from engine.prefix_tree import Block, PrefixTree
+from engine.serve.prefix_tree import Block, PrefixTree
 
 SHARED, OWN, REMOVED, PATH = "#CC79A7", "#0072B2", "#CCCCCC", "#000000"
 MAX_DRAWN = 2000          # blocks drawn at most (the newest); a tree past that is summarised in the title line

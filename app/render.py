@@ -33,7 +33,7 @@ from PySide6.QtWidgets import QApplication
 
 from app import theme as th
 from app.lecture_file import LectureScene
-from engine.errors import EngineError
+from engine.facts.errors import EngineError
 
 MIN_SIZE, MAX_SIZE = (320, 240), (3840, 2160)
 FORMATS = {".mp4": "mp4", ".gif": "gif"}
@@ -94,7 +94,7 @@ def check_output(path: str | os.PathLike, inputs: Sequence[str | os.PathLike], f
     and takes a new file (a regular file's "folder", /proc, a read-only disk are named now, not after the frames),
     never one of the traces it draws, and not an existing file unless ``force`` (the old one is then replaced
     only when the new one is complete)."""
-    from engine.files import WriteRefused, writable_target
+    from engine.store.files import WriteRefused, writable_target
 
     video_format(path)
     given = Path(path).expanduser()
@@ -122,8 +122,8 @@ def missing_data(scene: LectureScene) -> str | None:
     from app import lessons
     from app.scene_list import BY_NAME
     from engine import lessons as engine_lessons
-    from engine.events import ExperimentStarted, RunStarted
-    from engine.trace import read_traces
+    from engine.facts.events import ExperimentStarted, RunStarted
+    from engine.output.trace import read_traces
 
     entry = BY_NAME[scene.scene]
     events = [e for trace in read_traces([str(t) for t in scene.traces]) for e in trace]
@@ -131,8 +131,9 @@ def missing_data(scene: LectureScene) -> str | None:
         kinds = {entry.lesson} | {kind for name, (kind, _key) in lessons.joins().items() if name == scene.scene}
         if any(isinstance(e, ExperimentStarted) and e.kind in kinds for e in events):
             return None
-        if entry.lesson == "chat" and any(isinstance(e, RunStarted) and e.kind == "chat" for e in events):
-            return None                                   # the scene draws a conversation's turns too
+        if lessons.BY_KIND[entry.lesson].dock == "chat" and any(isinstance(e, RunStarted) and e.kind == "chat"
+                                                                for e in events):
+            return None                                   # drawn in the Chat panel: a conversation's turns too
         titles = " or ".join(engine_lessons.lesson(k).title.lower() for k in sorted(kinds))
         return (f"scene {entry.key} ({entry.title}) has no {titles} experiment in its traces: record one (python "
                 f"-m engine sweep {entry.lesson.replace(' ', '-')} --trace FILE, or R in the scene) and give "
@@ -187,9 +188,9 @@ class Wait:
 
 
 def schedule(events: Sequence[object], settings: RenderSettings) -> list[tuple[Wait, object]]:
-    """Each event with the wait before it, as the replay paces them (``engine.trace.replay``), and how long the
+    """Each event with the wait before it, as the replay paces them (``engine.output.trace.replay``), and how long the
     video shows that wait."""
-    from engine.trace import replay
+    from engine.output.trace import replay
 
     waits: list[float] = []
     out: list[tuple[Wait, object]] = []
@@ -238,7 +239,7 @@ class Renderer:
         self._stills = 0
 
     def render(self, scenes: Sequence[LectureScene]) -> RenderReport:
-        from engine.trace import read_traces
+        from engine.output.trace import read_traces
 
         if not scenes:
             raise RenderError("nothing to render: name a scene and its traces")

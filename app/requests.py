@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.events import LessonSettings
-from engine.params import GenerationParams
+from engine.facts.events import LessonSettings
+from engine.facts.params import GenerationParams
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Chat:
 
 @dataclass(frozen=True)
 class Lesson:
-    """Run one lesson's experiment with these settings (``engine.experiment.run_lesson``)."""
+    """Run one lesson's experiment with these settings (``engine.run.experiment.run_lesson``)."""
 
     kind: str
     settings: LessonSettings

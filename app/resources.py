@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.resources import resources_dir, sample_prompts
+from engine.store.resources import resources_dir, sample_prompts
 
 __all__ = ["icon_path", "resources_dir", "sample_prompts"]
 

@@ -3,7 +3,7 @@ panel and the lesson forms write them, the controller reads them, and a lecture 
 them (the controls follow).
 
 Every range, default and lecture-key step comes from the declarations on ``GenerationParams`` and the lessons'
-settings classes (``engine.fields``); the loaded model narrows two of them (top-k to its vocabulary, max new
+settings classes (``engine.facts.fields``); the loaded model narrows two of them (top-k to its vocabulary, max new
 tokens to its context) through ``set_model_limits``. A restored value is checked against the same bounds: one
 out of range (a hand-edited settings file, a file from another version) falls back to its default with a note.
 """
@@ -17,13 +17,13 @@ from dataclasses import dataclass, replace
 
 from app import requests as rq
 from app.viewstate import Observable
-from engine.errors import ParameterError
-from engine.events import LessonSettings
-from engine.fields import Key
-from engine.kvformula import format_bytes
-from engine.params import GenerationParams
-from engine.remote import without_credentials
-from engine.validation import FieldShape, shape_of, shapes
+from engine.facts.errors import ParameterError
+from engine.facts.events import LessonSettings
+from engine.facts.fields import Key
+from engine.facts.kvformula import format_bytes
+from engine.facts.params import GenerationParams
+from engine.facts.validation import FieldShape, shape_of, shapes
+from engine.serve.remote import without_credentials
 
 SLOW_MAX_MS = 1000
 PARAMS = GenerationParams()           # the declared defaults, shared with the CLI
@@ -202,7 +202,7 @@ def notch(shape: FieldShape, value: float, direction: int, bounds: tuple[float, 
 
 
 def _known_method(name: str) -> bool:
-    from engine.kv_methods import parse_method
+    from engine.facts.kv_methods import parse_method
 
     try:
         parse_method(name, for_run=True)               # a remembered value must be one a run takes

@@ -15,7 +15,7 @@ BASE = (
     Scene("prefill", "Prefill vs decode", order=1, action="run the prompt"),
     Scene("kv", "The KV cache filling", order=2, action="run (F10 steps)"),
     Scene("sampling", "Sampling", order=6, action="run the prompt"),
-    Scene("attention", "What the cache is read for", order=9, action="run, recording attention"),
+    Scene("attention", "What the cache is read for", order=9, action="run, recording attention", side_by_side=True),
 )
 
 

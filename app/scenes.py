@@ -35,7 +35,7 @@ from PySide6.QtWidgets import (
 
 from app import lessons
 from app import theme as th
-from app.lesson_view import busy_badge
+from app.lesson_view import WindowLesson, busy_badge
 from app.panels.attention import RECENT
 from app.panels.attention import shares as attention_shares
 from app.panels.sampling import caption as sampling_caption
@@ -56,9 +56,9 @@ from app.scene_list import BY_NAME, SCENES
 from app.setting_widgets import setting_text
 from app.store import RunRecord, RunStore
 from app.viewstate import Conversation, ViewState
-from engine import kvformula, report
 from engine import lessons as engine_lessons
-from engine.contention import busy
+from engine.facts import kvformula, report
+from engine.facts.contention import busy
 
 RUN_SCENES = ("prefill", "kv", "sampling", "attention")
 CAPTION_LINES = 2                     # a caption the back row reads at a glance; the rest goes below, smaller
@@ -197,7 +197,7 @@ class SceneView(QWidget):
         # way, which would make it a window of its own for a moment (and take the keyboard from the lecture).
         holder = QWidget(self.body)
         self.body_layout.addWidget(holder)
-        inner = QHBoxLayout(holder) if name in ("batch", "attention", "memory") else QVBoxLayout(holder)
+        inner = QHBoxLayout(holder) if BY_NAME[name].side_by_side else QVBoxLayout(holder)
         inner.setContentsMargins(0, 0, 0, 0)
         for widget, stretch in self.arrangements[name]:
             self._loans.append(_Loan(widget))
@@ -338,7 +338,7 @@ class SceneView(QWidget):
             parts = [f"{letter} {setting_text(param_shape(name), getattr(c, name), short=True)}"
                      for letter, name in PARAMETER_LETTERS]
             return " · ".join(parts) + " (Shift lowers)"
-        lesson = lessons.BY_KIND[scene.lesson].LESSON
+        lesson = lessons.BY_KIND[scene.lesson].lesson
         settings = self.context.choices.settings.get(scene.lesson) or lesson.settings()
         keyed = [(letter, self.context.choices.keyed(scene.lesson, lesson.settings, letter))
                  for letter, _name in PARAMETER_LETTERS]
@@ -360,27 +360,27 @@ def scene_claim(name: str, context: Context) -> str:
     kind = scene_lesson(name)
     if kind is not None:
         record = context.store.latest_experiment(kind)
-        module = lessons.BY_KIND[kind]
-        parts = [lesson_claim(module, record, context)]
+        window_lesson = lessons.BY_KIND[kind]
+        parts = [lesson_claim(window_lesson, record, context)]
         joined = lessons.joins().get(name)
         if joined is not None:
             other = lesson_claim(lessons.BY_KIND[joined[0]], context.store.latest_experiment(joined[0]), context)
-            parts = [p for p in (parts[0], other) if p] or [f"press R for the {module.LESSON.title.lower()}, "
+            parts = [p for p in (parts[0], other) if p] or [f"press R for the {window_lesson.lesson.title.lower()}, "
                                                             f"{joined[1].key} for {joined[1].words}"]
         return "; ".join(p for p in parts if p)
     run = context.store.find(context.state.selected) if context.state.selected else None
     return run_claim(name, run, context.state, context.store.activity)
 
 
-def lesson_claim(module, record, context: Context) -> str:
+def lesson_claim(window_lesson: WindowLesson, record, context: Context) -> str:
     """A lesson's caption, true to where its experiment is: a stopped or failed one says so and how far it got
     first; "measured on a busy machine" only beside something measured."""
     if record is None:
         busy_now = elsewhere(context.store)
         if busy_now:                              # R would be refused: say what runs instead of inviting it
-            return f"{busy_now}; R starts {module.LESSON.title.lower()} when it is done"
-        return module.caption(None, context)
-    return _finished_claim(module, record, context)
+            return f"{busy_now}; R starts {window_lesson.lesson.title.lower()} when it is done"
+        return window_lesson.caption(None, context)
+    return _finished_claim(window_lesson, record, context)
 
 
 def elsewhere(store: RunStore) -> str:
@@ -393,11 +393,11 @@ def elsewhere(store: RunStore) -> str:
     return BUSY_WORDS.get(store.activity, store.activity or "")
 
 
-def _finished_claim(module, record, context: Context) -> str:
+def _finished_claim(window_lesson: WindowLesson, record, context: Context) -> str:
     phase = experiment_phase(record)
     if record.result is None:                 # running: where it is, never the "press R" of no experiment
         return phase.words()
-    caption = module.caption(record, context)
+    caption = window_lesson.caption(record, context)
     if phase.name in (STOPPED, FAILED):
         caption = f"{phase.words()}" + (f"; {caption}" if caption else "")
     badge = busy_badge(record.result) if phase.measured else ""

@@ -14,8 +14,8 @@ from PySide6.QtWidgets import QApplication
 from app.requests import Load
 from app.window import MainWindow
 from app.worker import Failed, Idle
-from engine.events import RunFailed, RunFinished
-from engine.report import report
+from engine.facts.events import RunFailed, RunFinished
+from engine.facts.report import report
 
 PROMPT = "hey, what is continuous batching?"
 TOKENS = 8

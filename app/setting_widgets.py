@@ -1,4 +1,4 @@
-"""A control for a declared setting: a field's range, step, unit, special value and help (``engine.fields``) make
+"""A control for a declared setting: a field's range, step, unit, special value and help (``engine.facts.fields``) make
 its spin box or check box, so the Controls panel, every lesson's form, the CLI and the settings file agree by
 construction. Model-dependent limits (top-k's vocabulary, max tokens' context) narrow the range later
 (``narrow``); they never widen it past the declaration."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QSpinBox, QWidget
 
-from engine.validation import FieldShape
+from engine.facts.validation import FieldShape
 
 INT_LIMIT = 2**31 - 1               # what a spin box holds
 

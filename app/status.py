@@ -20,7 +20,7 @@ from app.phase import (
     run_phase,
 )
 from app.store import RunRecord
-from engine.kvformula import format_bytes
+from engine.facts.kvformula import format_bytes
 
 SLOW_TOK_S = 10.0          # below it the strip gives the time per token too (the strip's width is the window's)
 FIELDS = ("phase", "ttft", "prefill", "decode", "tokens", "context", "kv", "memory")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine.events import (
+from engine.facts.events import (
     AttentionStep,
     BlockTable,
     DraftPass,
@@ -38,7 +38,7 @@ from engine.events import (
     ServerFacts,
     TokenStep,
 )
-from engine.tally import RunTally
+from engine.facts.tally import RunTally
 
 STEP_FIELDS = ("t_ms", "latency_ms", "forward_ms", "prob", "raw_prob", "kv_bytes", "waited_ms")
 
@@ -180,7 +180,7 @@ class RunRecord:
 
     def summary(self, with_text: bool = True) -> RunSummary:
         """The final summary once finished; while running, the figures so far from the same builder the engine
-        uses (``engine.tally``), so nothing shown changes when the run ends. ``with_text=False`` skips the text
+        uses (``engine.facts.tally``), so nothing shown changes when the run ends. ``with_text=False`` skips the text
         and ids, which cost O(tokens): the status strip asks 30 times a second."""
         if self.end is not None:
             return self.end.summary

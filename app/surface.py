@@ -17,7 +17,7 @@ from app.panels.chat import ChatPanel
 from app.panels.controls import ControlsPanel
 from app.panels.experiments import ExperimentsPanel
 from app.status import StatusStrip
-from engine.events import LoadProgress, ModelLoaded
+from engine.facts.events import LoadProgress, ModelLoaded
 
 log = logging.getLogger(__name__)
 ERROR_STYLE = "background:#FBE3D6; color:#7A2600;"

@@ -14,7 +14,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QProcess, Qt
 from PySide6.QtWidgets import QProgressDialog, QWidget
 
-from engine.trace import write_checked
+from engine.output.trace import write_checked
 
 PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
 

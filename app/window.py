@@ -53,9 +53,9 @@ from app.store import RunStore
 from app.surface import ErrorBanner, WindowSurface
 from app.viewstate import Conversation, ViewState
 from app.worker import EngineClient
-from engine.gguf import remove_all_conversions
-from engine.kvformula import format_bytes
-from engine.paths import offloaded_models_dir, remove_tree
+from engine.facts.kvformula import format_bytes
+from engine.model.gguf import remove_all_conversions
+from engine.store.paths import offloaded_models_dir, remove_tree
 
 log = logging.getLogger(__name__)
 SAVE_DELAY_MS = 800        # settings are written this long after the last change (and at exit)
@@ -158,7 +158,7 @@ class MainWindow(QMainWindow):
         self.experiments.run_requested.connect(controller.start_lesson)
         self.experiments.cancel_requested.connect(controller.stop)
         self.chat.send_requested.connect(controller.send_chat)
-        self.chat.compare_requested.connect(lambda: controller.start_lesson("chat"))
+        self.chat.compare_requested.connect(lambda: controller.start_lesson(app_lessons.drawn_in("chat")))
         self.frames = FrameScheduler(
             self.store, self.state,
             text=[("Drawing the token stream", self.tokens.refresh),

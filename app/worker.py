@@ -23,9 +23,9 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app import requests as rq
 from app.run_control import RunControl
-from engine.errors import EngineError
-from engine.events import LoadProgress, ModelLoaded
-from engine.memory import device_memory_bytes, process_rss_bytes
+from engine.facts.errors import EngineError
+from engine.facts.events import LoadProgress, ModelLoaded
+from engine.model.memory import device_memory_bytes, process_rss_bytes
 
 log = logging.getLogger(__name__)
 MEMORY_EVERY_S = 0.5
@@ -143,13 +143,13 @@ class EngineWorker(QObject):
         return self.session
 
     def _load(self, request: rq.Load) -> None:
-        from engine.remote import is_server
+        from engine.serve.remote import is_server
 
         if is_server(request.model):
             self._attach_server(request)
             return
-        from engine.models import Offload, load
-        from engine.session import RunOptions, Session
+        from engine.model.models import Offload, load
+        from engine.run.session import RunOptions, Session
 
         loaded = load(request.model, request.device, request.dtype, trust_remote_code=request.trust_remote_code,
                       progress=self.push, cancelled=self.control.cancel.is_set,
@@ -163,7 +163,7 @@ class EngineWorker(QObject):
 
     def _attach_server(self, request: rq.Load) -> None:
         """A server "loads" when it answers: no weights here, no peaks to measure (they are the server's)."""
-        from engine.remote import RemoteSession, probe, without_credentials
+        from engine.serve.remote import RemoteSession, probe, without_credentials
 
         self.push(LoadProgress("connect", f"Connecting to {without_credentials(request.model)}", None))
         started = time.perf_counter()
@@ -183,7 +183,7 @@ class EngineWorker(QObject):
 
     def _lesson(self, request: rq.Lesson) -> None:
         from engine import lessons
-        from engine.experiment import run_lesson
+        from engine.run.experiment import run_lesson
 
         run_lesson(lessons.lesson(request.kind), self._session(), request.settings, self.push, self.control.cancel,
                    self.peaks)
@@ -191,7 +191,7 @@ class EngineWorker(QObject):
     def _replay(self, request: rq.Replay) -> None:
         """Replay traces, one after the other (a lecture prepared as several files): no model, no torch; paced
         by the recorded timestamps. Every file is read and checked before the first event is shown."""
-        from engine.trace import read_traces, replay
+        from engine.output.trace import read_traces, replay
 
         for path, events in zip(request.paths, read_traces(request.paths)):
             self.push(ReplayFile(str(path)))
@@ -204,7 +204,7 @@ class EngineWorker(QObject):
     def _measure_peaks(self, remeasure: bool = False, may_measure: bool = True) -> None:
         """This machine's peaks: cached, or measured now (once per machine, before the first run, said in the
         status bar); with ``may_measure`` False only a cached figure (none: the ceilings say they are not measured)."""
-        from engine.hardware import peaks_event
+        from engine.model.hardware import peaks_event
 
         session = self._session()
         try:
@@ -222,9 +222,9 @@ class EngineWorker(QObject):
         """A run that achieved more than the cached peak shows the peak is wrong: say so (once per model). It is
         not measured again here: a measurement keeps the CPU busy for a while, and must never start by itself
         after a run or a stop, in front of a room."""
-        from engine.costmodel import ModelCost
-        from engine.events import RunFinished
-        from engine.hardware import implausible
+        from engine.facts.costmodel import ModelCost
+        from engine.facts.events import RunFinished
+        from engine.model.hardware import implausible
 
         s = getattr(result, "summary", None)
         if self.peaks is None or not isinstance(result, RunFinished) or not s.prefill_ms or self._said_peaks_low:

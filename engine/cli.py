@@ -1,7 +1,7 @@
 """The headless CLI: ``python -m engine --prompt ...`` streams the text and prints the llama.cpp-style report.
 
 Bad input exits non-zero with one clear line on stderr, never a traceback. Subcommands (``costmodel``,
-``sweep``, ``load``, ``perfetto``: ``engine.commands``) are dispatched on the first word, so the plain form
+``sweep``, ``load``, ``perfetto``: ``engine.terminal.commands``) are dispatched on the first word, so the plain form
 needs no subcommand. SIGTERM and SIGHUP end a run as Ctrl+C does: what was measured is written to the trace,
 marked incomplete, before the process exits.
 """
@@ -16,8 +16,16 @@ import sys
 import threading
 from collections.abc import Callable
 
-from engine import commands, kvformula
-from engine.command_line import (
+from engine.facts import kvformula
+from engine.facts.contention import busy
+from engine.facts.errors import EngineError, ParameterError
+from engine.facts.events import AttentionStep, RunFailed, RunStarted, TokenStep, plain
+from engine.facts.params import GenerationParams
+from engine.facts.report import report
+from engine.facts.textstream import safe, safe_line
+from engine.serve.remote import RemoteSession, probe, remote_report
+from engine.terminal import commands
+from engine.terminal.command_line import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
     EXIT_RUN_FAILED,
@@ -34,13 +42,6 @@ from engine.command_line import (
     settings_from,
     trace_writer,
 )
-from engine.contention import busy
-from engine.errors import EngineError, ParameterError
-from engine.events import AttentionStep, RunFailed, RunStarted, TokenStep, plain
-from engine.params import GenerationParams
-from engine.remote import RemoteSession, probe, remote_report
-from engine.report import report
-from engine.textstream import safe, safe_line
 
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "costmodel": commands.costmodel_main, "sweep": commands.sweep_main, "load": commands.load_main,
@@ -60,7 +61,7 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     add_model_arguments(p)
     add_server_arguments(p)
-    add_settings_flags(p, GenerationParams)            # the run settings, declared once in engine.params
+    add_settings_flags(p, GenerationParams)            # the run settings, declared once in engine.facts.params
     p.add_argument("--trace", metavar="FILE", help="save the run's events as JSON lines")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary instead of text")
     return p
@@ -141,7 +142,7 @@ def run_generate(args: argparse.Namespace, params: GenerationParams) -> int:
     if params.top_k > loaded.facts.vocab_size:
         raise ParameterError(f"--top-k {params.top_k:,} is more than {loaded.facts.name}'s vocabulary of "
                              f"{loaded.facts.vocab_size:,} tokens (0 = off)")
-    from engine.session import Session  # torch loads only for a command that runs a model here
+    from engine.run.session import Session  # torch loads only for a command that runs a model here
 
     out = sys.stdout
     started: list[RunStarted] = []

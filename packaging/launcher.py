@@ -6,7 +6,7 @@ import sys
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--prefill-worker"]:
-        from engine.disaggregation import worker_entry
+        from engine.run.disaggregation import worker_entry
 
         worker_entry(sys.argv[2:])
         sys.exit(0)

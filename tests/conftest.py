@@ -66,7 +66,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def tiny(tiny_model_dir):
     """The tiny model loaded through the product's own loader, on CPU in float32."""
-    from engine.models import load
+    from engine.model.models import load
 
     return load(str(tiny_model_dir), device="cpu", dtype="float32")
 
@@ -74,6 +74,6 @@ def tiny(tiny_model_dir):
 @pytest.fixture(scope="session")
 def smol(cache_root):
     """The real embedded SmolLM2-135M-Instruct, converted into this run's cache."""
-    from engine.models import load
+    from engine.model.models import load
 
     return load("embedded", device="cpu", dtype="float32")

@@ -1,6 +1,7 @@
-"""The structure the code promises, checked: a lesson is named in its registry only (no ``kind ==`` switchboards
-elsewhere), both registries list the same lessons, the main window is a layout (at most 25 methods), and no
-engine function takes more than 8 parameters (the import-linter contracts in pyproject.toml check the layers)."""
+"""The structure the code promises, checked: a lesson is named in its registry only (no lesson or scene name
+written as a string elsewhere), both registries list the same lessons, the main window is a layout (at most 25
+methods), no engine function takes more than 8 parameters, and every engine module sits in a layer (the
+import-linter contracts in pyproject.toml check the layers)."""
 
 from __future__ import annotations
 
@@ -11,28 +12,80 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [p for folder in ("engine", "app") for p in (ROOT / folder).rglob("*.py")]
 
 
-def test_no_module_branches_on_a_lessons_kind():
-    """Code that varies by lesson asks the lesson (its module, its view): no comparison of something called
-    ``kind`` with a lesson's name outside the two registries. (``"chat"`` is also a kind of run, generate or
-    chat: comparing a run's ``.kind`` with it is a run's business.)"""
+LESSON_TAKERS = {"lesson", "start_lesson", "latest_experiment", "dock_of", "beside", "show", "enter", "BY_KIND",
+                 "BY_NAME"}      # the functions and tables that take a lesson's or a scene's name
+
+
+def _subject(node: ast.AST) -> str:
+    """What a compared or assigned expression is called: its last name (``record.kind`` -> ``kind``)."""
+    text = ast.unparse(node)
+    return text.rsplit(".", 1)[-1].split("[")[0]
+
+
+def lesson_names_outside_registries(paths) -> list[str]:
+    """Every place outside the two lesson folders and the scene list where a lesson's kind or a lesson scene's
+    name is written as a string and used as one: compared with (or assigned to) something called a kind, a lesson,
+    a scene, a name or the scene shown, or passed to a function or table that takes one. The run kind ``"chat"``
+    (a run is generated or chatted) compared with a run's ``kind`` is a run's business, not the lesson's."""
+    from app import lessons as app_lessons
     from engine import lessons
 
-    names = {lesson.kind for lesson in lessons.LESSONS}
+    kinds = {lesson.kind for lesson in lessons.LESSONS}
+    scenes = {scene.name for scene in app_lessons.scenes()}
     found = []
-    for path in SOURCES:
-        if path.name == "__init__.py" and path.parent.name == "lessons":
+    for path in paths:
+        if "lessons" in path.parts or path.name == "scene_list.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.Compare):
+            if isinstance(node, ast.Compare):
+                sides, targets = [node.left, *node.comparators], [node.left, *node.comparators]
+            elif isinstance(node, ast.Assign):
+                sides, targets = [node.value], node.targets
+            elif isinstance(node, ast.Call) and _subject(node.func) in LESSON_TAKERS:
+                sides, targets = [*node.args, *(k.value for k in node.keywords)], [node.func]
+            elif isinstance(node, ast.Subscript) and _subject(node.value) in LESSON_TAKERS:
+                sides, targets = [node.slice], [node.value]
+            else:
                 continue
-            sides = [node.left, *node.comparators]
             literals = {c.value for side in sides for c in ([side] + list(getattr(side, "elts", [])))
-                        if isinstance(c, ast.Constant) and c.value in names}
-            subjects = [ast.unparse(side) for side in sides if not isinstance(side, (ast.Constant, ast.Tuple))]
-            if any(s == "kind" or s.endswith(".kind") for s in subjects) and literals - {"chat"} or \
-                    "chat" in literals and "kind" in subjects:
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
-    assert not found, found
+                        if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+            whole = [ast.unparse(t) for t in targets if not isinstance(t, (ast.Constant, ast.Tuple))]
+            names = {_subject(t) for t in targets if not isinstance(t, (ast.Constant, ast.Tuple))}
+            lesson_like = any(n in LESSON_TAKERS or n in ("kind", "lesson") for n in names)
+            scene_like = any(n in LESSON_TAKERS for n in names) or any(
+                w in ("name", "scene", "shown", "self.shown") or w.endswith(".scene") for w in whole)
+            hits = (literals & kinds if lesson_like else set()) | (literals & scenes if scene_like else set())
+            if isinstance(node, ast.Compare) and names & {"kind"} and not names & {"lesson"}:
+                hits -= {"chat"}
+            if hits:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)[:100]}")
+    return found
+
+
+def test_no_lesson_or_scene_is_named_as_a_string_outside_the_registries():
+    """Code that varies by lesson asks the lesson (its declarations, its ``WindowLesson``), never its name."""
+    paths = SOURCES + [ROOT / "packaging" / "launcher.py"]
+    assert lesson_names_outside_registries(paths) == []
+
+
+def test_the_lesson_name_check_finds_each_way_of_naming_one(tmp_path):
+    """The check above, shown to catch what it is for: a comparison, an assignment, a call and a table lookup."""
+    planted = tmp_path / "planted.py"
+    planted.write_text('''
+if record.kind == "depth": pass
+kind = "server load"
+controller.start_lesson("chat")
+inner = box if name in ("batch", "attention", "memory") else other
+lessons.BY_KIND["cache"]
+if e.kind != "chat": pass
+''')
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        found = lesson_names_outside_registries([planted])
+    finally:
+        ROOT = saved
+    assert sorted(line.split(":")[1] for line in found) == ["2", "3", "4", "5", "6"]
 
 
 def test_the_engine_and_the_window_list_the_same_lessons_once():
@@ -61,3 +114,26 @@ def test_no_engine_function_takes_more_than_8_parameters():
                 if count > 8:
                     crowded.append(f"{path.relative_to(ROOT)}:{node.name} ({count})")
     assert not crowded, crowded
+
+
+def test_every_engine_module_sits_in_a_layer_of_the_contract():
+    """The engine's folders are its layers: apart from its entry points, every module is inside a package the
+    layers contract names, so a new module cannot sit outside the rules by sitting at the top."""
+    try:
+        import tomllib
+    except ImportError:                      # Python 3.10: pytest brings tomli
+        import tomli as tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contract = next(c for c in config["tool"]["importlinter"]["contracts"] if c["name"].startswith("Engine layers"))
+    layers = {name.strip() for layer in contract["layers"] for name in layer.split("|")}
+    outside = []
+    for path in (ROOT / "engine").rglob("*.py"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        if module in ("engine.__init__", "engine.__main__"):
+            continue
+        if not any(module == layer or module.startswith(layer + ".") for layer in layers):
+            outside.append(module)
+    assert not outside, outside
+    top = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "cli.py"], top

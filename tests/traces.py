@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import TraceError
-from engine.trace import read_trace, write_trace
+from engine.facts.errors import TraceError
+from engine.output.trace import read_trace, write_trace
 
 
 def rows_of(events: list, path: Path) -> list[dict]:

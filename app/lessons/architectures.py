@@ -11,9 +11,9 @@ import pyqtgraph as pg
 
 from app import theme as th
 from app.chart import Chart
-from app.lesson_view import LessonView, Scene
+from app.lesson_view import LessonView, Scene, WindowLesson
 from app.store import ExperimentRecord
-from engine import kvformula
+from engine.facts import kvformula
 from engine.lessons import architectures
 from engine.lessons.architectures import BY_NAME, CONTEXTS, ArchitecturesResult
 
@@ -124,7 +124,6 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
             f"{fmt(first.at_contexts[-1])} vs {fmt(smallest.at_contexts[-1])} (computed)")
 
 
-LESSON = architectures.LESSON
-VIEW = ArchitecturesView
-SCENE = Scene("architectures", "Why new models hold less KV", order=12, action="build and measure each design")
-JOINS = None
+WINDOW = WindowLesson(
+    lesson=architectures.LESSON, view=ArchitecturesView, caption=caption,
+    scene=Scene("architectures", "Why new models hold less KV", order=12, action="build and measure each design"))

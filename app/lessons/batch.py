@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyqtgraph as pg
 
 from app import theme as th
-from app.lesson_view import LessonView, Scene, add_labels
+from app.lesson_view import LessonView, Scene, WindowLesson, add_labels
 from app.store import ExperimentRecord
 from engine.lessons import batch
 from engine.lessons.batch import BatchResult, latency_words
@@ -47,7 +47,6 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
             f"{latency_words(r.latency_growth)} (measured)")
 
 
-LESSON = batch.LESSON
-VIEW = BatchView
-SCENE = Scene("batch", "Latency vs throughput", order=5, action="batch sweep")
-JOINS = None
+WINDOW = WindowLesson(
+    lesson=batch.LESSON, view=BatchView, caption=caption,
+    scene=Scene("batch", "Latency vs throughput", order=5, action="batch sweep", side_by_side=True))

@@ -7,9 +7,9 @@ import numpy as np
 import pyqtgraph as pg
 
 from app import theme as th
-from app.lesson_view import CONTROLS_PROMPT, LessonView, Scene, token_note
+from app.lesson_view import CONTROLS_PROMPT, LessonView, Scene, WindowLesson, token_note
 from app.store import ExperimentRecord
-from engine import costmodel
+from engine.facts import costmodel
 from engine.lessons import cache
 from engine.lessons.cache import CacheResult
 
@@ -62,7 +62,6 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
             "small model's step is mostly reading its weights, which the cache does not save")
 
 
-LESSON = cache.LESSON
-VIEW = CacheView
-SCENE = Scene("cache", "KV cache on vs off", order=3, action="cache on vs off")
-JOINS = None
+WINDOW = WindowLesson(
+    lesson=cache.LESSON, view=CacheView, caption=caption,
+    scene=Scene("cache", "KV cache on vs off", order=3, action="cache on vs off"))

@@ -10,9 +10,9 @@ import pyqtgraph as pg
 
 from app import theme as th
 from app.chart import Chart
-from app.lesson_view import Scene
+from app.lesson_view import Scene, WindowLesson
 from app.store import ExperimentRecord
-from engine import contention
+from engine.facts import contention
 from engine.lessons import chat
 from engine.lessons.chat import ChatResult
 
@@ -78,9 +78,8 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
     return "type a message below (Ctrl+Shift+Enter sends it); R compares reuse on vs off"
 
 
-LESSON = chat.LESSON
-VIEW = None
-DOCK = "chat"                            # drawn in the Chat panel, beside the user's own conversation
-FOLLOWS = ("turns", "conversation")      # the conversation's turns, when there is one
-SCENE = Scene("chat", "Conversations", order=7, action="compare reuse on vs off")
-JOINS = None
+WINDOW = WindowLesson(
+    lesson=chat.LESSON, view=None, caption=caption, scene=Scene("chat", "Conversations", order=7,
+                                                                action="compare reuse on vs off"),
+    dock="chat",                          # drawn in the Chat panel, beside the user's own conversation
+    follows=("turns", "conversation"))    # the conversation's turns, when there is one

@@ -8,7 +8,7 @@ import pyqtgraph as pg
 
 from app import theme as th
 from app.chart import Chart
-from app.lesson_view import Joins, LessonView, token_note
+from app.lesson_view import Joins, LessonView, WindowLesson, token_note
 from app.store import ExperimentRecord
 from engine.lessons import continuous
 from engine.lessons.continuous import ContinuousResult
@@ -94,7 +94,6 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
             "static")
 
 
-LESSON = continuous.LESSON
-VIEW = ContinuousView
-SCENE = None
-JOINS = Joins("batch", "C", "continuous batching")
+WINDOW = WindowLesson(
+    lesson=continuous.LESSON, view=ContinuousView, caption=caption,
+    joins=Joins("batch", "C", "continuous batching"))

@@ -9,9 +9,9 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
 from app import theme as th
-from app.lesson_view import LessonView, Scene
+from app.lesson_view import LessonView, Scene, WindowLesson
 from app.store import ExperimentRecord
-from engine import kvformula
+from engine.facts import kvformula
 from engine.lessons import depth
 from engine.lessons.depth import DepthResult
 
@@ -82,9 +82,8 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
             f"{last.depth:,} positions ({r.slowdown:.2f}x{share}, measured)")
 
 
-LESSON = depth.LESSON
-VIEW = DepthView
-SCENE = Scene("memory", "Memory grows with context", order=8, action="depth sweep")
-JOINS = None
-BESIDE = ("kv",)                # the heatmap fills beside the curves, over the whole context
-SHOWS_RUNS = True               # its runs are the ones the run panels show while it runs
+WINDOW = WindowLesson(
+    lesson=depth.LESSON, view=DepthView, caption=caption,
+    scene=Scene("memory", "Memory grows with context", order=8, action="depth sweep", side_by_side=True),
+    beside=("kv",),                 # the heatmap fills beside the curves, over the whole context
+    shows_runs=True)                # its runs are the ones the run panels show while it runs

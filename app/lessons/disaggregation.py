@@ -9,9 +9,9 @@ from PySide6.QtWidgets import QHBoxLayout
 
 from app import theme as th
 from app.chart import Chart
-from app.lesson_view import LessonView, Scene, token_note
+from app.lesson_view import LessonView, Scene, WindowLesson, token_note
 from app.store import ExperimentRecord
-from engine import kvformula
+from engine.facts import kvformula
 from engine.lessons import disaggregation
 from engine.lessons.disaggregation import MODES, DisaggregationResult
 
@@ -173,7 +173,6 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
             f"{dis.handover_ms:,.0f} ms each on average, and a second worker")
 
 
-LESSON = disaggregation.LESSON
-VIEW = DisaggregationView
-SCENE = Scene("disaggregation", "Prefill and decode apart", order=16, action="serve both ways", key="D")
-JOINS = None
+WINDOW = WindowLesson(
+    lesson=disaggregation.LESSON, view=DisaggregationView, caption=caption,
+    scene=Scene("disaggregation", "Prefill and decode apart", order=16, action="serve both ways", key="D"))

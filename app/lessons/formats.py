@@ -10,7 +10,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
 from app import theme as th
-from app.lesson_view import LessonView
+from app.lesson_view import LessonView, WindowLesson
 from app.store import ExperimentRecord
 from engine.lessons import formats
 from engine.lessons.formats import FormatsSettings
@@ -87,7 +87,4 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
             f"MiB read per token, decode {first.decode_tok_s:,.1f} → {last.decode_tok_s:,.1f} tok/s (measured)")
 
 
-LESSON = formats.LESSON
-VIEW = FormatsView
-SCENE = None
-JOINS = None
+WINDOW = WindowLesson(lesson=formats.LESSON, view=FormatsView, caption=caption)

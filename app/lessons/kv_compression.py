@@ -11,9 +11,9 @@ from PySide6.QtWidgets import QHBoxLayout
 
 from app import theme as th
 from app.chart import Chart
-from app.lesson_view import CONTROLS_PROMPT, LessonView, Scene
+from app.lesson_view import CONTROLS_PROMPT, LessonView, Scene, WindowLesson
 from app.store import ExperimentRecord
-from engine import kvformula
+from engine.facts import kvformula
 from engine.lessons import kv_compression
 from engine.lessons.kv_compression import CompressionResult, MethodFigures, departure_text
 
@@ -196,7 +196,6 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
     return "; ".join(said) + " (measured)"
 
 
-LESSON = kv_compression.LESSON
-VIEW = CompressionView
-SCENE = Scene("compression", "The cache in fewer bytes", order=15, action="compare caches", key="Q")
-JOINS = None
+WINDOW = WindowLesson(
+    lesson=kv_compression.LESSON, view=CompressionView, caption=caption,
+    scene=Scene("compression", "The cache in fewer bytes", order=15, action="compare caches", key="Q"))

@@ -10,9 +10,9 @@ import pyqtgraph as pg
 
 from app import theme as th
 from app.chart import Chart
-from app.lesson_view import LessonView, Scene
+from app.lesson_view import LessonView, Scene, WindowLesson
 from app.store import ExperimentRecord
-from engine import kvformula
+from engine.facts import kvformula
 from engine.lessons import offload
 from engine.lessons.offload import OffloadResult, split_line
 
@@ -116,8 +116,7 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
     return split_line(r.splits[-1], r.splits[0])
 
 
-LESSON = offload.LESSON
-VIEW = OffloadView
-SCENE = Scene("offload", "When the model does not fit", order=13, action="split the layers across memory and disk",
-              key="O")
-JOINS = None
+WINDOW = WindowLesson(
+    lesson=offload.LESSON, view=OffloadView, caption=caption,
+    scene=Scene("offload", "When the model does not fit", order=13, action="split the layers across memory and disk",
+              key="O"))

@@ -8,13 +8,13 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QSlider
 
-from app.lesson_view import LessonView, Scene, token_note
+from app.lesson_view import LessonView, Scene, WindowLesson, token_note
 from app.prefix_chart import PrefixChart
 from app.store import ExperimentRecord
-from engine import kvformula
+from engine.facts import kvformula
 from engine.lessons import paged
 from engine.lessons.paged import PagedResult
-from engine.prefix_tree import tree_of
+from engine.serve.prefix_tree import tree_of
 
 SHARED, PRIVATE, CACHED, FREE = "#CC79A7", "#0072B2", "#56B4E9", "#DDDDDD"
 
@@ -147,7 +147,6 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
             f"(measured); a contiguous cache would reserve {size(r.contiguous_bytes_at_peak)} (computed)")
 
 
-LESSON = paged.LESSON
-VIEW = PagedView
-SCENE = Scene("paged", "Paged KV and prefix sharing", order=11, action="serve the requests")
-JOINS = None
+WINDOW = WindowLesson(
+    lesson=paged.LESSON, view=PagedView, caption=caption,
+    scene=Scene("paged", "Paged KV and prefix sharing", order=11, action="serve the requests"))

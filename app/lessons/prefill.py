@@ -11,9 +11,9 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
 from app import theme as th
-from app.lesson_view import LessonView, Scene
+from app.lesson_view import LessonView, Scene, WindowLesson
 from app.store import ExperimentRecord
-from engine import costmodel
+from engine.facts import costmodel
 from engine.lessons import prefill
 from engine.lessons.prefill import PrefillResult
 
@@ -100,7 +100,6 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
             "length barely reaches: its weights' 2 FLOPs per parameter per token grow only linearly")
 
 
-LESSON = prefill.LESSON
-VIEW = PrefillView
-SCENE = Scene("prompt", "Prompt length", order=4, action="prefill sweep")
-JOINS = None
+WINDOW = WindowLesson(
+    lesson=prefill.LESSON, view=PrefillView, caption=caption,
+    scene=Scene("prompt", "Prompt length", order=4, action="prefill sweep"))

@@ -10,13 +10,13 @@ import pyqtgraph as pg
 
 from app import theme as th
 from app.chart import Chart
-from app.lesson_view import LessonView, Scene
+from app.lesson_view import LessonView, Scene, WindowLesson
 from app.prefix_chart import PrefixChart
 from app.store import ExperimentRecord
 from engine.lessons import server_load
 from engine.lessons.server_load import ServerLoadResult
-from engine.metrics import QUANTITIES
-from engine.prefix_tree import tree_of
+from engine.serve.metrics import QUANTITIES
+from engine.serve.prefix_tree import tree_of
 
 
 class ServerLoadView(LessonView):
@@ -129,7 +129,6 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
     return "; ".join(parts)
 
 
-LESSON = server_load.LESSON
-VIEW = ServerLoadView
-SCENE = Scene("serving", "A real server's prefix cache", order=14, action="the load test", key="V")
-JOINS = None
+WINDOW = WindowLesson(
+    lesson=server_load.LESSON, view=ServerLoadView, caption=caption,
+    scene=Scene("serving", "A real server's prefix cache", order=14, action="the load test", key="V"))

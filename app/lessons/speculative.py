@@ -10,12 +10,12 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea
 
-from app.lesson_view import CONTROLS_PROMPT, LessonView, Scene, token_note
+from app.lesson_view import CONTROLS_PROMPT, LessonView, Scene, WindowLesson, token_note
 from app.store import ExperimentRecord
-from engine import contention
+from engine.facts import contention
 from engine.lessons import speculative
 from engine.lessons.speculative import PROMPT_LOOKUP, SELF, SpeculativeResult
-from engine.resources import SPECULATIVE_PROMPTS
+from engine.store.resources import SPECULATIVE_PROMPTS
 
 KEPT, REJECTED, OWN, PREFILL_TEXT = "#009E73", "#BBBBBB", "#0072B2", "#666666"
 
@@ -117,7 +117,6 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
             f"{r.speedup:.1f}x as fast (measured); {same}")
 
 
-LESSON = speculative.LESSON
-VIEW = SpeculativeView
-SCENE = Scene("speculative", "Speculative decoding", order=10, action="plain vs speculative")
-JOINS = None
+WINDOW = WindowLesson(
+    lesson=speculative.LESSON, view=SpeculativeView, caption=caption,
+    scene=Scene("speculative", "Speculative decoding", order=10, action="plain vs speculative"))

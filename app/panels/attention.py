@@ -22,7 +22,7 @@ from app.panels.tokens import escaped
 from app.phase import held_line, run_phase
 from app.store import RunRecord, RunStore
 from app.viewstate import ViewState
-from engine.events import AttentionStep
+from engine.facts.events import AttentionStep
 
 HOW_BUSY = ("tick <b>record attention</b> under Generation and run once the work in progress is done: each step then "
             "keeps its newest token's weights over the cache")

@@ -139,7 +139,7 @@ class ChatPanel(QWidget):
             parts.append(f"<p><b>Assistant:</b> {html.escape(message['content'])}{stats}</p>")
         if not parts:
             parts = self._comparison_transcript()
-        record = self.store.latest_experiment(chat_lesson.LESSON.kind)
+        record = self.store.latest_experiment(chat_lesson.WINDOW.kind)
         if not parts and record is not None and not record.finished:
             parts = ["<p><i>The comparison is running: each turn is sent twice, with the cache kept and re-prefilled; "
                      "its conversation shows here when it ends.</i></p>"]
@@ -153,7 +153,7 @@ class ChatPanel(QWidget):
     def _comparison_transcript(self) -> list[str]:
         """With no conversation of its own (a replayed comparison, a lecture from traces), the comparison's
         last conversation: what was asked, what the model answered, and what each turn reused."""
-        record = self.store.latest_experiment(chat_lesson.LESSON.kind)
+        record = self.store.latest_experiment(chat_lesson.WINDOW.kind)
         result = record.result if record is not None else None
         turns = result.turns if result is not None else 0
         points = [p.values for p in record.points if "reuse" in p.values] if record is not None else []
@@ -183,7 +183,7 @@ class ChatPanel(QWidget):
         if self._dirty:
             self._dirty = False
             self._render()
-        record = self.store.latest_experiment(chat_lesson.LESSON.kind)
+        record = self.store.latest_experiment(chat_lesson.WINDOW.kind)
         runs = [self.store.find(r) for r in self.conversation.turn_runs]
         done = [r for r in runs if r is not None and r.finished]
         key = (len(done), (record.exp_id, len(record.events)) if record else None)

@@ -32,9 +32,9 @@ from app.glossary import tip
 from app.resources import sample_prompts
 from app.run_settings import SLOW_MAX_MS, ModelChoice, RunSettings, param_shape
 from app.setting_widgets import control, narrow
-from engine.kv_methods import RUN_CHOICES as KV_METHODS
-from engine.params import DEVICES, DTYPES
-from engine.remote import DEADLINE_S, without_credentials
+from engine.facts.kv_methods import RUN_CHOICES as KV_METHODS
+from engine.facts.params import DEVICES, DTYPES
+from engine.serve.remote import DEADLINE_S, without_credentials
 
 GIB = 1 << 30
 
@@ -110,7 +110,7 @@ class ControlsPanel(QWidget):
         form.addRow(self.pending)
         form.addRow(self.model_status)
 
-        # --- parameters: each control from its declaration in engine.params (range, step, unit, help) ---
+        # --- parameters: each control from its declaration in engine.facts.params (range, step, unit, help) ---
         made = {name: control(param_shape(name)) for name in (
             "max_new_tokens", "temperature", "top_k", "top_p", "seed", "kv_cache", "static_cache", "compiled",
             "chat_template", "attention")}

@@ -32,8 +32,8 @@ from app.paint import TimedGraphics
 from app.phase import held_line, run_phase
 from app.store import RunRecord, RunStore
 from app.viewstate import ViewState
-from engine import kvformula
-from engine.events import ServerFacts
+from engine.facts import kvformula
+from engine.facts.events import ServerFacts
 
 REMOTE = ("This run went through a server: it reveals no per-layer tensors, so there is no heatmap. Its KV cache "
           "in use, as the server reports it on /metrics, is in the Server load tab.")

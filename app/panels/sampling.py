@@ -19,7 +19,7 @@ from app.panels.tokens import escaped
 from app.phase import held_line, run_phase
 from app.store import RunStore
 from app.viewstate import ViewState
-from engine.events import TokenStep
+from engine.facts.events import TokenStep
 
 CUT = "#BBBBBB"
 EMPTY = "The candidates for the next token, before and after the filters, appear with the first token"

@@ -21,9 +21,9 @@ from app.glossary import tip
 from app.phase import PREFILL, decode_rate, figures, plural, rate, run_phase
 from app.store import RunRecord, RunStore
 from app.viewstate import MAIN, ViewState
-from engine import contention
-from engine.costmodel import Device, ModelCost
-from engine.events import HardwarePeaks, RunSummary
+from engine.facts import contention
+from engine.facts.costmodel import Device, ModelCost
+from engine.facts.events import HardwarePeaks, RunSummary
 
 WAIT_GAP_MS = 1.0           # waits shorter than this are not drawn apart
 TIMELINE_ROW_PX, TIMELINE_AXES_PX = 26, 110     # each overlaid run keeps a readable row; title and axes their room

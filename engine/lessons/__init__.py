@@ -10,8 +10,7 @@ module here, its view in ``app/lessons/``, one line in each registry, its tests 
 
 from __future__ import annotations
 
-from engine.events import LessonResult, LessonSettings
-from engine.experiment import MODEL, SERVER, Lesson
+from engine.facts.events import LessonResult, LessonSettings
 from engine.lessons import (
     architectures,
     batch,
@@ -28,6 +27,7 @@ from engine.lessons import (
     server_load,
     speculative,
 )
+from engine.run.experiment import MODEL, SERVER, Lesson
 
 LESSONS: tuple[Lesson, ...] = (prefill.LESSON, cache.LESSON, batch.LESSON, continuous.LESSON, chat.LESSON,
                                formats.LESSON, speculative.LESSON, paged.LESSON, server_load.LESSON,
@@ -52,6 +52,12 @@ def types() -> dict[str, tuple[type[LessonSettings], type[LessonResult]]]:
 def sweeps() -> tuple[Lesson, ...]:
     """The lessons ``python -m engine sweep`` runs on a model loaded here."""
     return tuple(lesson for lesson in LESSONS if lesson.target == MODEL)
+
+
+def server_lesson() -> Lesson:
+    """The lesson ``python -m engine load`` runs against a server (there is one)."""
+    (lesson,) = server_lessons()
+    return lesson
 
 
 def server_lessons() -> tuple[Lesson, ...]:

@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from engine import kvformula
-from engine.errors import ParameterError
-from engine.events import LAYER_KINDS, ExperimentPoint, LessonResult, LessonSettings
-from engine.experiment import Experiment, Lesson
-from engine.fields import Bytes, Items, Name, Number, Range, Setting, Text
+from engine.facts import kvformula
+from engine.facts.errors import ParameterError
+from engine.facts.events import LAYER_KINDS, ExperimentPoint, LessonResult, LessonSettings
+from engine.facts.fields import Bytes, Items, Name, Number, Range, Setting, Text
+from engine.run.experiment import Experiment, Lesson
 
 CONTEXTS = (4096, 32768, 131072)
 VOCAB = 512                       # the embedding and the head hold no KV: a small vocabulary is enough
@@ -190,7 +190,7 @@ def measure(design: Design, settings: ArchitecturesSettings, device: Any,
     forward pass)."""
     import torch
 
-    from engine import kvcache
+    from engine.model import kvcache
 
     started = time.perf_counter()
     model = build(design, settings.cache_dtype).to(device)

@@ -10,12 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
-from engine.contention import busy_note
-from engine.errors import ParameterError
-from engine.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.experiment import Experiment, Lesson
-from engine.fields import Count, Items, Key, Number, PromptText, Range, Setting
-from engine.workloads import fitting, sample_texts
+from engine.facts.contention import busy_note
+from engine.facts.errors import ParameterError
+from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
+from engine.facts.fields import Count, Items, Key, Number, PromptText, Range, Setting
+from engine.run.experiment import Experiment, Lesson
+from engine.run.workloads import fitting, sample_texts
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class BatchResult(LessonResult):
 
 
 def run(experiment: Experiment, settings: BatchSettings) -> BatchResult:
-    from engine.batch import generate_batch  # torch: only where a lesson runs, never where it is read
+    from engine.run.batch import generate_batch  # torch: only where a lesson runs, never where it is read
 
     session = experiment.session
     texts = settings.prompts or sample_texts()

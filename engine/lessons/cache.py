@@ -9,14 +9,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
-from engine import costmodel
-from engine.contention import busy_note
-from engine.errors import ParameterError
-from engine.events import ExperimentPoint, LessonResult, LessonSettings, RunFinished
-from engine.experiment import Experiment, Lesson
-from engine.fields import MAX_PROMPT, Count, Key, Number, Range, Setting, Text
-from engine.params import GenerationParams
-from engine.workloads import sample_texts
+from engine.facts import costmodel
+from engine.facts.contention import busy_note
+from engine.facts.errors import ParameterError
+from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings, RunFinished
+from engine.facts.fields import MAX_PROMPT, Count, Key, Number, Range, Setting, Text
+from engine.facts.params import GenerationParams
+from engine.run.experiment import Experiment, Lesson
+from engine.run.workloads import sample_texts
 
 
 @dataclass(frozen=True)

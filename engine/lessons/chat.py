@@ -12,13 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
-from engine.contention import busy_note
-from engine.errors import ParameterError
-from engine.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.experiment import Experiment, Lesson
-from engine.fields import Count, Items, Key, Positive, PromptText, Range, Setting
-from engine.params import GenerationParams
-from engine.workloads import CONVERSATION
+from engine.facts.contention import busy_note
+from engine.facts.errors import ParameterError
+from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
+from engine.facts.fields import Count, Items, Key, Positive, PromptText, Range, Setting
+from engine.facts.params import GenerationParams
+from engine.run.experiment import Experiment, Lesson
+from engine.run.workloads import CONVERSATION
 
 MAX_TURNS = 32
 

@@ -11,13 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
-from engine import kvformula
-from engine.contention import busy_note
-from engine.errors import ParameterError
-from engine.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.experiment import Counter, Experiment, Lesson, Span
-from engine.fields import Items, Number, PromptText, Range, Setting
-from engine.workloads import fitting, sample_texts
+from engine.facts import kvformula
+from engine.facts.contention import busy_note
+from engine.facts.errors import ParameterError
+from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
+from engine.facts.fields import Items, Number, PromptText, Range, Setting
+from engine.run.experiment import Counter, Experiment, Lesson, Span
+from engine.run.workloads import fitting, sample_texts
 
 POLICIES = ("continuous", "static")
 
@@ -56,8 +56,8 @@ def check(target: Any, settings: ContinuousSettings) -> None:
 
 
 def run(experiment: Experiment, settings: ContinuousSettings) -> ContinuousResult:
-    from engine.batch import generate_batch  # torch: only where a lesson runs, never where it is read
-    from engine.scheduler import Request, serve
+    from engine.run.batch import generate_batch  # torch: only where a lesson runs, never where it is read
+    from engine.run.scheduler import Request, serve
 
     session = experiment.session
     usable = fitting(session, [session.encode(t) for t in settings.prompts or sample_texts()], max(settings.new_tokens))

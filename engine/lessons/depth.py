@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
-from engine import kvformula
-from engine.contention import busy_note
-from engine.errors import ParameterError
-from engine.events import ExperimentPoint, LessonResult, LessonSettings, RunFinished, TokenStep
-from engine.experiment import Experiment, Lesson
-from engine.fields import MAX_CONTEXT, Bytes, Count, Items, Key, Number, Range, Setting
-from engine.params import GenerationParams
-from engine.workloads import filler_ids
+from engine.facts import kvformula
+from engine.facts.contention import busy_note
+from engine.facts.errors import ParameterError
+from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings, RunFinished, TokenStep
+from engine.facts.fields import MAX_CONTEXT, Bytes, Count, Items, Key, Number, Range, Setting
+from engine.facts.params import GenerationParams
+from engine.run.experiment import Experiment, Lesson
+from engine.run.workloads import filler_ids
 
 PREFILL_CHUNK = 512
 
@@ -73,8 +73,8 @@ def depths(deepest: int, count: int, steps: int) -> list[int]:
 
 
 def run(experiment: Experiment, settings: DepthSettings) -> DepthResult:
-    from engine.layer_clock import LayerClock, attention_modules
-    from engine.session import RunOptions
+    from engine.model.layer_clock import LayerClock, attention_modules
+    from engine.run.session import RunOptions
 
     session = experiment.session
     facts = session.facts

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
-from engine import kvformula
-from engine.contention import LoadMeter, busy_note
-from engine.errors import ParameterError
-from engine.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.experiment import Experiment, Lesson
-from engine.fields import Bytes, Count, Items, Key, Message, Number, Range, Setting
-from engine.workloads import filler_ids, sample_texts
+from engine.facts import kvformula
+from engine.facts.contention import LoadMeter, busy_note
+from engine.facts.errors import ParameterError
+from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
+from engine.facts.fields import Bytes, Count, Items, Key, Message, Number, Range, Setting
+from engine.run.experiment import Experiment, Lesson
+from engine.run.workloads import filler_ids, sample_texts
 
 MODES = ("colocated", "disaggregated")
 # A 7B-class model's cache per token: Llama-3.1-8B's config.json (32 layers, 8 KV heads of 128), bfloat16.
@@ -99,7 +99,7 @@ def check(target: object, settings: DisaggregationSettings) -> None:
     refusal = kvformula.batching_refusal(facts)
     if refusal is not None:
         raise ParameterError(f"Disaggregation decodes in a batch, which {facts.name} cannot: {refusal}")
-    from engine.kv_compress import refusal
+    from engine.model.kv_compress import refusal
 
     why = refusal(target.model)
     if why is not None:
@@ -135,7 +135,7 @@ def _figures(mode: str, outcome: object) -> ModeFigures:
 def run(experiment: Experiment, settings: DisaggregationSettings) -> DisaggregationResult:
     import torch  # only where a lesson runs, never where it is read
 
-    from engine import disaggregation as dg
+    from engine.run import disaggregation as dg
 
     session = experiment.session
     facts = session.facts
@@ -207,7 +207,7 @@ def run(experiment: Experiment, settings: DisaggregationSettings) -> Disaggregat
     solo = None
     if complete and settings.check_solo and not experiment.cancelled:
         experiment.progress(3, steps, "each prompt as a plain run, for its tokens")
-        from engine.batch import generate_batch
+        from engine.run.batch import generate_batch
 
         solo = [generate_batch(session.model, [r.ids], r.new_tokens, 0, session.device).tokens[0]
                 for r in requests] == [tokens["colocated"][r.index] for r in requests]

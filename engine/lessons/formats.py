@@ -4,7 +4,7 @@ which is arithmetic, does not. Per format (float32, bfloat16, int8, int4 weights
 - bytes read per token (the weights as stored plus the KV cache) and measured decode tok/s beside the ceiling
   this machine's measured bandwidth allows for those bytes (only from a measurement on a quiet machine);
 - for the float formats, each candidate kernel's bandwidth over the weights in a decode step's products (timed
-  at load, ``engine.kernels``), so the lesson shows which kernel this CPU uses and how near the copy it gets;
+  at load, ``engine.model.kernels``), so the lesson shows which kernel this CPU uses and how near the copy it gets;
 - prefill tok/s on a longer prompt beside the ceiling the measured matmul peak allows;
 - TTFT, the first step where greedy tokens leave float32's, and the mean negative log-likelihood (and
   perplexity) of a held paragraph, so what the smaller bytes cost in quality is on the same screen.
@@ -22,17 +22,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
-from engine.contention import busy_note
-from engine.costmodel import Device, ModelCost
-from engine.errors import ModelSourceError, ParameterError
-from engine.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.experiment import Experiment, Lesson
-from engine.fields import Items, Key, Number, Range, Setting, Text
-from engine.params import GenerationParams
-from engine.workloads import filler_ids
+from engine.facts.contention import busy_note
+from engine.facts.costmodel import Device, ModelCost
+from engine.facts.errors import ModelSourceError, ParameterError
+from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
+from engine.facts.fields import Items, Key, Number, Range, Setting, Text
+from engine.facts.params import GenerationParams
+from engine.run.experiment import Experiment, Lesson
+from engine.run.workloads import filler_ids
 
 FORMATS = ("float32", "bfloat16", "int8", "int4")
-KERNEL_NAMES = {"aten": "ATen", "onednn": "oneDNN", "mkl": "MKL"}      # engine.kernels' candidates, for words
+KERNEL_NAMES = {"aten": "ATen", "onednn": "oneDNN", "mkl": "MKL"}      # engine.model.kernels' candidates, for words
 PROMPT = "Explain in three sentences why decoding one token at a time is limited by memory bandwidth."
 HELD_PARAGRAPH = ("The cache keeps the keys and values of every token the model has already read, so that each new "
                   "token attends to them without computing them again. Its size grows with the length of the "
@@ -83,8 +83,8 @@ def first_divergence(reference: list[int], tokens: list[int]) -> int | None:
 
 
 def run(experiment: Experiment, settings: FormatsSettings) -> FormatsResult:
-    from engine.models import load  # torch: only where a lesson runs, never where it is read
-    from engine.session import Session
+    from engine.model.models import load  # torch: only where a lesson runs, never where it is read
+    from engine.run.session import Session
 
     session, facts = experiment.session, experiment.session.facts
     reference: list[int] | None = None
@@ -131,7 +131,7 @@ def _measure(session, settings: FormatsSettings,
              cancel: threading.Event) -> tuple[dict, list[int], float | None] | None:
     """One format's figures; None once ``cancel`` is set (checked before every pass, and by the runs between
     their steps)."""
-    from engine import hardware
+    from engine.model import hardware
 
     facts = session.facts
     peaks = hardware.quiet_peaks(session.device, session.model.dtype, attempts=1)    # None: only busy ones
@@ -171,7 +171,7 @@ def _measure(session, settings: FormatsSettings,
 
 
 def _kernel_values(choice) -> dict:
-    """The products' kernels timed at load (``engine.kernels``): each candidate's bandwidth over the weights
+    """The products' kernels timed at load (``engine.model.kernels``): each candidate's bandwidth over the weights
     (achieved) as ``products_gb_s_<kernel>``, and which was chosen (``products_chosen_<kernel>`` = 1)."""
     if choice is None or not choice.step_ms:
         return {}

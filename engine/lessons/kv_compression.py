@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from engine import kv_methods, kvformula
-from engine.contention import busy_note
-from engine.errors import ParameterError
-from engine.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.experiment import Experiment, Lesson
-from engine.fields import MAX_PROMPT, Bytes, Count, Items, Key, Number, Range, Setting, Text
+from engine.facts import kv_methods, kvformula
+from engine.facts.contention import busy_note
+from engine.facts.errors import ParameterError
+from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
+from engine.facts.fields import MAX_PROMPT, Bytes, Count, Items, Key, Number, Range, Setting, Text
+from engine.run.experiment import Experiment, Lesson
 
 METHODS = ("full", "fp8", "quanto4", "quanto2", "hqq4", "sinks:4+60", "h2o:64")
 MAX_METHODS = 12
@@ -82,7 +82,7 @@ class CompressionResult(LessonResult):
 
 def default_prompt() -> str:
     """A real document of a few hundred tokens: longer than the eviction budgets, so they evict."""
-    from engine.resources import sample_prompts
+    from engine.store.resources import sample_prompts
 
     return dict(sample_prompts())["long document"]
 
@@ -105,7 +105,7 @@ class _Pass:
     positions), eviction applied after each, attention captured for the methods that score by it."""
 
     def __init__(self, session: Any, method: Any) -> None:
-        from engine import kv_compress
+        from engine.model import kv_compress
 
         self.session, self.method = session, method
         self.cache = kv_compress.new_cache(session.model, method)
@@ -116,7 +116,7 @@ class _Pass:
     def feed(self, ids: list[int]) -> Any:
         import torch
 
-        from engine import kvcache
+        from engine.model import kvcache
 
         device = self.session.device
         positions = torch.arange(self.position, self.position + len(ids), device=device)[None]
@@ -140,8 +140,8 @@ class _Pass:
 def run(experiment: Experiment, settings: CompressionSettings) -> CompressionResult:
     import torch
 
-    from engine import kv_compress
-    from engine.contention import LoadMeter
+    from engine.facts.contention import LoadMeter
+    from engine.model import kv_compress
 
     session = experiment.session
     prompt = session.encode(settings.prompt or default_prompt(), chat_template=False)
@@ -204,7 +204,7 @@ def _measure(experiment: Experiment, session: Any, method: Any, index: int, prom
     stopped (checked before every pass)."""
     import torch
 
-    from engine import kv_compress
+    from engine.model import kv_compress
 
     clock = session.clock
     forced = _Pass(session, method)
@@ -250,7 +250,7 @@ def _measure(experiment: Experiment, session: Any, method: Any, index: int, prom
 
 
 def check(target: Any, settings: CompressionSettings) -> None:
-    from engine import kv_compress
+    from engine.model import kv_compress
 
     facts = target.facts
     if not kvformula.has_kv_cache(facts):

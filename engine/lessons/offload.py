@@ -18,14 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
-from engine import kvformula
-from engine.contention import busy_note
-from engine.errors import ParameterError
-from engine.events import ExperimentPoint, LayerTimes, LessonResult, LessonSettings, RunFinished
-from engine.experiment import Experiment, Lesson
-from engine.fields import MAX_LAYERS, MAX_PROMPT, Bytes, Count, Items, Key, Number, Range, Setting, Text
-from engine.params import GenerationParams
-from engine.workloads import sample_texts
+from engine.facts import kvformula
+from engine.facts.contention import busy_note
+from engine.facts.errors import ParameterError
+from engine.facts.events import ExperimentPoint, LayerTimes, LessonResult, LessonSettings, RunFinished
+from engine.facts.fields import MAX_LAYERS, MAX_PROMPT, Bytes, Count, Items, Key, Number, Range, Setting, Text
+from engine.facts.params import GenerationParams
+from engine.run.experiment import Experiment, Lesson
+from engine.run.workloads import sample_texts
 
 KV_CONTEXTS = (4096, 32768)
 
@@ -108,8 +108,8 @@ def read_rate(model: Any) -> tuple[int, float | None]:
 
 
 def run(experiment: Experiment, settings: OffloadSettings) -> OffloadResult:
-    from engine.models import Offload, load, remove_offloaded
-    from engine.session import Session
+    from engine.model.models import Offload, load, remove_offloaded
+    from engine.run.session import Session
 
     session = experiment.session
     facts = session.facts

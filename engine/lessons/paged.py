@@ -1,5 +1,5 @@
 """Lesson: paged KV and prefix sharing, watched inside transformers' own continuous batching
-(``engine.paged``). Requests that share a system prompt arrive every few steps and are served from one pool of
+(``engine.run.paged``). Requests that share a system prompt arrive every few steps and are served from one pool of
 fixed-size blocks, block sharing on (every step's block table is emitted) and off; then the same arrivals go
 through KVScope's own scheduler. The result: blocks held at the peak with and without sharing (measured from
 the block tables) beside what a contiguous cache would reserve for the same requests (computed: prompt plus
@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
-from engine import kvformula
-from engine.contention import busy_note
-from engine.errors import ParameterError
-from engine.events import BlockTable, ExperimentPoint, LessonResult, LessonSettings
-from engine.experiment import Experiment, Lesson
-from engine.fields import Bytes, Count, Key, Message, Number, Range, Setting
+from engine.facts import kvformula
+from engine.facts.contention import busy_note
+from engine.facts.errors import ParameterError
+from engine.facts.events import BlockTable, ExperimentPoint, LessonResult, LessonSettings
+from engine.facts.fields import Bytes, Count, Key, Message, Number, Range, Setting
+from engine.run.experiment import Experiment, Lesson
 
 SYSTEM = ("You are the support assistant of a library. Answer in one short sentence, politely, and never invent "
           "opening hours: the library opens at nine and closes at six on weekdays, and is closed on Sundays.")
@@ -84,7 +84,7 @@ def _prompts(session: Any, settings: PagedSettings) -> list[list[int]]:
 
 
 def check(target: Any, settings: PagedSettings) -> None:
-    from engine.paged import check_transformers, paged_refusal  # transformers: only where a lesson runs
+    from engine.run.paged import check_transformers, paged_refusal  # transformers: only where a lesson runs
 
     refusal = paged_refusal(target.facts)
     if refusal:
@@ -97,9 +97,9 @@ def check(target: Any, settings: PagedSettings) -> None:
 
 
 def run(experiment: Experiment, settings: PagedSettings) -> PagedResult:
-    from engine.batch import generate_batch
-    from engine.paged import PagedRequest, Pool, Snapshot, serve_paged
-    from engine.scheduler import Request, serve
+    from engine.run.batch import generate_batch
+    from engine.run.paged import PagedRequest, Pool, Snapshot, serve_paged
+    from engine.run.scheduler import Request, serve
 
     session, page = experiment.session, settings.page_size
     prompts = _prompts(session, settings)

@@ -12,14 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from engine import costmodel
-from engine.contention import busy_note
-from engine.errors import ParameterError
-from engine.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.experiment import Experiment, Lesson
-from engine.fields import MAX_CONTEXT, Count, Number, Range, Setting
-from engine.report import quantity
-from engine.workloads import filler_ids
+from engine.facts import costmodel
+from engine.facts.contention import busy_note
+from engine.facts.errors import ParameterError
+from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
+from engine.facts.fields import MAX_CONTEXT, Count, Number, Range, Setting
+from engine.facts.report import quantity
+from engine.run.experiment import Experiment, Lesson
+from engine.run.workloads import filler_ids
 
 NOISY_SPREAD = 1.25      # a length whose slowest repeat took this much longer than its fastest is a noisy point
 

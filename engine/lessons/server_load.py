@@ -5,7 +5,7 @@ seconds for what the server says it is doing (requests running and queued, KV ca
 With ``shared_prefix`` most requests share a system prompt of that many words (every fourth has one of its
 own), so a prefix cache has something to reuse. The prompt tokens each request got from the server's cache are
 the server's own answer (``usage.prompt_tokens_details.cached_tokens``, llama-server's ``timings.cache_n``).
-With ``kv_events`` (a ZMQ address) the engine's KV events are subscribed to (``engine.kv_events``), every block
+With ``kv_events`` (a ZMQ address) the engine's KV events are subscribed to (``engine.serve.kv_events``), every block
 it stores or evicts is recorded, and each request's prompt (the server's own tokens, from its ``/tokenize``) is
 walked through the tree of blocks when it is sent: a *prediction*, shown as one beside the answer (a request
 sent while another is still computing the blocks it needs is predicted short). The server's counters are read
@@ -25,14 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
-from engine import kv_events, metrics, remote
-from engine.events import ExperimentPoint, KVBlocks, LessonResult, LessonSettings, RequestBlocks, RunFinished
-from engine.experiment import SERVER, Counter, Experiment, Lesson, Span
-from engine.fields import Count, Items, Key, Number, Range, Setting, Text
-from engine.params import GenerationParams
-from engine.prefix_tree import PrefixTree
-from engine.remote import RemoteError, get_text
-from engine.workloads import sample_texts
+from engine.facts.events import ExperimentPoint, KVBlocks, LessonResult, LessonSettings, RequestBlocks, RunFinished
+from engine.facts.fields import Count, Items, Key, Number, Range, Setting, Text
+from engine.facts.params import GenerationParams
+from engine.run.experiment import SERVER, Counter, Experiment, Lesson, Span
+from engine.run.workloads import sample_texts
+from engine.serve import kv_events, metrics, remote
+from engine.serve.prefix_tree import PrefixTree
+from engine.serve.remote import RemoteError, get_text
 
 MAX_REQUESTS = 64
 MAX_RECORDED_BLOCKS = 20_000     # blocks whose events a test records (as many as the tree keeps); the rest counted

@@ -1,5 +1,5 @@
 """Lesson: speculative decoding, measured. Plain greedy decode and speculative decode of the same prompt,
-interleaved a few times and timed by the same loop (``engine.speculative``): medians of decode wall time,
+interleaved a few times and timed by the same loop (``engine.run.speculative``): medians of decode wall time,
 every verification pass of the last speculative repeat with its guesses, the acceptance rate, tokens per
 pass, and whether the two outputs are the same tokens (greedy: they must be).
 
@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
-from engine import kvformula
-from engine.contention import LoadMeter, busy_note
-from engine.errors import ModelSourceError, ParameterError
-from engine.events import DraftPass, ExperimentPoint, LessonResult, LessonSettings
-from engine.experiment import Experiment, Lesson
-from engine.fields import MAX_DRAFT, MAX_PROMPT, Count, Key, Number, Range, Setting, Text, TokenText
-from engine.resources import SPECULATIVE_PROMPTS as PROMPTS
+from engine.facts import kvformula
+from engine.facts.contention import LoadMeter, busy_note
+from engine.facts.errors import ModelSourceError, ParameterError
+from engine.facts.events import DraftPass, ExperimentPoint, LessonResult, LessonSettings
+from engine.facts.fields import MAX_DRAFT, MAX_PROMPT, Count, Key, Number, Range, Setting, Text, TokenText
+from engine.run.experiment import Experiment, Lesson
+from engine.store.resources import SPECULATIVE_PROMPTS as PROMPTS
 
 PROMPT_LOOKUP, SELF = "prompt lookup", "self"
 DRAFT_FORMATS = ("int4", "int8", "bfloat16", "float16", "float32")
@@ -84,8 +84,8 @@ def check(target: Any, settings: SpeculativeSettings) -> None:
 
 
 def _drafter(experiment: Experiment, settings: SpeculativeSettings):
-    from engine.models import load  # torch: only where a lesson runs, never where it is read
-    from engine.speculative import DraftModel, PromptLookup
+    from engine.model.models import load  # torch: only where a lesson runs, never where it is read
+    from engine.run.speculative import DraftModel, PromptLookup
 
     session = experiment.session
     if settings.drafter == PROMPT_LOOKUP:
@@ -100,7 +100,7 @@ def _drafter(experiment: Experiment, settings: SpeculativeSettings):
 
 
 def run(experiment: Experiment, settings: SpeculativeSettings) -> SpeculativeResult:
-    from engine.speculative import decode
+    from engine.run.speculative import decode
 
     session = experiment.session
     ids = session.encode(settings.prompt)

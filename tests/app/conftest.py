@@ -70,9 +70,9 @@ def run_and_wait(qtbot, window, timeout: int = 60_000):
 def lecture_trace(tiny, tmp_path_factory):
     """One trace with what every scene draws: a run, and the cache, prefill, batch, continuous, chat, depth, KV
     compression and disaggregation experiments (on the tiny model: the shapes of the real thing, in seconds)."""
-    from engine.params import GenerationParams
-    from engine.session import Session
-    from engine.trace import read_trace, write_trace
+    from engine.facts.params import GenerationParams
+    from engine.output.trace import read_trace, write_trace
+    from engine.run.session import Session
     from tests.lessons import collect
 
     session = Session(tiny)
@@ -105,8 +105,8 @@ def busy_lecture_trace(lecture_trace, tmp_path_factory):
     longest (it says so), whatever the machine that made the trace was doing."""
     import dataclasses
 
-    from engine.events import ExperimentFinished, RunFinished
-    from engine.trace import read_trace, write_trace
+    from engine.facts.events import ExperimentFinished, RunFinished
+    from engine.output.trace import read_trace, write_trace
 
     def busy(event):
         if isinstance(event, ExperimentFinished) and event.result is not None:

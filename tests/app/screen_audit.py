@@ -166,7 +166,7 @@ def let_go(qtbot, window, gate: Gate, stop: bool = False) -> None:
 
 def walk_loading(walk: Walk, model_dir: Path, monkeypatch) -> None:
     """No model, then a model loading (held), then a model and no run."""
-    from engine import models
+    from engine.model import models
     from tests.app.conftest import load
 
     w, qtbot = walk.window, walk.qtbot
@@ -235,7 +235,7 @@ def walk_run(walk: Walk) -> None:
 
     # failed at decode step 2, then out of memory there (memory released)
     for phase, fault in (("failed", "error"), ("out of memory, released", "oom")):
-        from engine.faults import parse
+        from engine.run.faults import parse
 
         w.client.worker.session.fault_hook = parse(f"decode:2:{fault}")
         w.controller.run()
@@ -282,8 +282,8 @@ def walk_lessons_before(walk: Walk) -> None:
 def walk_replays(walk: Walk, folder: Path, lecture_trace: Path | None) -> None:
     """The last run saved from the window and opened again (with the peaks it was judged with, and without any),
     and every lesson's finished experiment replayed from the lecture trace."""
-    from engine.events import HardwarePeaks
-    from engine.trace import read_trace, write_trace
+    from engine.facts.events import HardwarePeaks
+    from engine.output.trace import read_trace, write_trace
 
     w, qtbot = walk.window, walk.qtbot
     saved = folder / "saved.kvscope.jsonl"

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from app.panels.attention import empty_text, layer_grid, row_ticks, shares
-from engine.events import AttentionStep
+from engine.facts.events import AttentionStep
 from tests.app.conftest import run_and_wait, wait_idle
 
 

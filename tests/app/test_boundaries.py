@@ -21,9 +21,9 @@ dispose(app, w)
 
 
 def test_trace_replays_in_the_window_without_torch(tiny, tmp_path):
-    from engine.params import GenerationParams
-    from engine.session import Session
-    from engine.trace import TraceWriter
+    from engine.facts.params import GenerationParams
+    from engine.output.trace import TraceWriter
+    from engine.run.session import Session
 
     writer = TraceWriter(tmp_path / "t.jsonl")
     Session(tiny).run("hello", GenerationParams(max_new_tokens=5), writer)

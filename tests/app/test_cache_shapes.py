@@ -10,8 +10,9 @@ from html import escape
 
 import pytest
 
-from engine import cli, kvformula
-from engine.models import load as load_model
+from engine import cli
+from engine.facts import kvformula
+from engine.model.models import load as load_model
 from tests.app.conftest import close_and_dispose, make_window, run_and_wait
 from tests.architectures import build
 

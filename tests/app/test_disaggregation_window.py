@@ -27,7 +27,7 @@ def worker_running():
     for proc in Path("/proc").iterdir():
         try:
             if proc.name.isdigit() and sys.argv[1].encode() in (proc / "cmdline").read_bytes() \\
-                    and b"engine.disaggregation" in (proc / "cmdline").read_bytes():
+                    and b"engine.run.disaggregation" in (proc / "cmdline").read_bytes():
                 return True
         except OSError:
             pass

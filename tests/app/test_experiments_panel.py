@@ -6,7 +6,7 @@ import io
 import pytest
 
 from app import export
-from engine.events import HardwarePeaks
+from engine.facts.events import HardwarePeaks
 from tests.app.conftest import run_and_wait, wait_idle
 
 # Peaks as a quiet machine measures them, set by the test: measured here, on a busy machine, they would give no

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from engine.faults import parse
-from engine.memory import process_rss_bytes
-from engine.params import GenerationParams
-from engine.trace import VERSION
+from engine.facts.params import GenerationParams
+from engine.model.memory import process_rss_bytes
+from engine.output.trace import VERSION
+from engine.run.faults import parse
 from tests.app.conftest import close_and_dispose, make_window, run_and_wait, start_lesson, wait_idle
 
 
@@ -157,8 +157,8 @@ def test_two_hundred_runs_keep_a_bounded_history_and_flat_memory(qtbot, window, 
 def test_a_trace_from_another_model_replays_and_says_so(qtbot, window, tmp_path, tiny):
     import dataclasses
 
-    from engine.session import Session
-    from engine.trace import write_trace
+    from engine.output.trace import write_trace
+    from engine.run.session import Session
 
     events = []
     Session(tiny).run("hello", GenerationParams(max_new_tokens=3), events.append)

@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from engine.errors import TraceError
-from engine.events import TokenStep
-from engine.params import GenerationParams
-from engine.session import Session
-from engine.trace import ReplayGap, ReplayIncomplete, read_trace, replay, write_trace
+from engine.facts.errors import TraceError
+from engine.facts.events import TokenStep
+from engine.facts.params import GenerationParams
+from engine.output.trace import ReplayGap, ReplayIncomplete, read_trace, replay, write_trace
+from engine.run.session import Session
 from tests.app.conftest import run_and_wait, wait_idle
 from tests.engine.test_trace_schema import mutate
 from tests.traces import rows_of

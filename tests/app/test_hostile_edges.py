@@ -12,10 +12,10 @@ from PySide6.QtCore import QSettings
 from app.panels.tokens import BLOCK_CHARS, BREAK, BREAK_AFTER, TOKENS_PER_REFRESH, TokensPanel
 from app.store import RunStore
 from app.viewstate import ViewState
-from engine.events import RunFailed, TokenStep
-from engine.params import GenerationParams
-from engine.session import Session
-from engine.trace import read_trace
+from engine.facts.events import RunFailed, TokenStep
+from engine.facts.params import GenerationParams
+from engine.output.trace import read_trace
+from engine.run.session import Session
 from tests.app.conftest import close_and_dispose, load, make_window, run_and_wait, wait_idle
 from tests.replay_server import ReplayServer, Route, chunk, drip, endless, llamacpp_routes, streaming
 

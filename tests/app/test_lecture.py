@@ -15,7 +15,7 @@ from app.scene_list import NAMES
 from app.scenes import CAPTION_LINES, run_claim, split_caption
 from app.store import RunRecord
 from app.viewstate import ViewState
-from engine.events import RunStarted
+from engine.facts.events import RunStarted
 from tests.app.conftest import close_and_dispose, open_replayed, run_and_wait, wait_idle
 
 SIZES = [(1920, 1080), (1280, 720)]
@@ -107,8 +107,8 @@ def test_a_parameter_key_changes_the_setting_shows_it_and_runs_again_with_it(qtb
 
 
 def test_a_caption_claims_nothing_measured_before_the_prefill_ends(tiny):
-    from engine.params import GenerationParams
-    from engine.session import Session
+    from engine.facts.params import GenerationParams
+    from engine.run.session import Session
 
     events: list = []
     Session(tiny).run("hello", GenerationParams(max_new_tokens=2), events.append)

@@ -11,9 +11,11 @@ from PySide6.QtGui import QKeySequence
 from app import lessons as app_lessons
 from app.lesson_view import CONTROLS_PROMPT
 from app.scene_list import SCENES
-from engine import kvcache, lessons, paged
-from engine.events import ExperimentFinished
-from engine.experiment import SERVER
+from engine import lessons
+from engine.facts.events import ExperimentFinished
+from engine.model import kvcache
+from engine.run import paged
+from engine.run.experiment import SERVER
 from tests.app.conftest import close_and_dispose, load, make_window, wait_idle
 from tests.replay_server import ReplayServer, llamacpp_routes
 

@@ -141,9 +141,9 @@ def test_the_trace_dialog_lists_only_files_it_can_read_without_blocking(qtbot, t
 
 
 def test_a_trace_named_on_the_command_line_opens(tiny, tmp_path):
-    from engine.params import GenerationParams
-    from engine.session import Session
-    from engine.trace import TraceWriter
+    from engine.facts.params import GenerationParams
+    from engine.output.trace import TraceWriter
+    from engine.run.session import Session
 
     writer = TraceWriter(tmp_path / "run.kvscope.jsonl")
     Session(tiny).run("hello", GenerationParams(max_new_tokens=4), writer)
@@ -209,8 +209,8 @@ def test_make_install_desktop_points_the_entry_at_the_environment_make_used():
 def test_run_pressed_during_the_first_launch_measurement_starts_after_it(qtbot, tiny_model_dir, tmp_path, monkeypatch):
     """A first launch measures the machine once after the model loads; a run asked for meanwhile waits for it
     (queued, said in the status bar) instead of competing with it for the cores."""
-    from engine import hardware
-    from engine.costmodel import Device
+    from engine.facts.costmodel import Device
+    from engine.model import hardware
 
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path / "cache"))            # nothing measured yet
     monkeypatch.setenv("KVSCOPE_SETTINGS", str(tmp_path / "settings.ini"))
@@ -238,8 +238,8 @@ def test_the_peaks_message_shows_only_while_measuring_and_goes_when_it_ends(qtbo
                                                                              monkeypatch):
     """A first launch says it is measuring the machine and the words go when it ends; a later launch reads the
     cached peaks and says nothing about measuring (it did not measure)."""
-    from engine import hardware
-    from engine.costmodel import Device
+    from engine.facts.costmodel import Device
+    from engine.model import hardware
 
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("KVSCOPE_SETTINGS", str(tmp_path / "settings.ini"))

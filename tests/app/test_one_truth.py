@@ -16,7 +16,7 @@ from PySide6.QtCore import QRect
 from app import lecture
 from app.phase import FAILED, FINISHED, NOTHING, PREFILL, STEPPING, STOPPED, figures, run_phase
 from app.scenes import RUN_SCENES, scene_claim
-from engine.faults import parse
+from engine.run.faults import parse
 from tests.app.conftest import close_and_dispose, open_replayed, run_and_wait, wait_idle
 
 RATE = re.compile(r"\d[\d,.]* tok/s")
@@ -178,7 +178,7 @@ def test_a_stopped_experiment_scene_says_how_far_it_got_and_claims_no_measuremen
 
 
 def test_a_replayed_run_takes_no_ceiling_from_this_machines_peaks(qtbot, window, lecture_trace):
-    from engine.events import HardwarePeaks
+    from engine.facts.events import HardwarePeaks
 
     here = HardwarePeaks("this CPU", "float32", flops_per_s=2e12, bytes_per_s=5e11, cpu_share=0.97)
     window.store.peaks = here

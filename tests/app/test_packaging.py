@@ -53,7 +53,7 @@ def test_clearing_the_cache_removes_conversions(qtbot, window, monkeypatch, tmp_
 
 
 def test_first_run_dialog_follows_conversion_progress(qtbot, window):
-    from engine.events import LoadProgress
+    from engine.facts.events import LoadProgress
 
     window.controller.on_events([LoadProgress("convert", "De-quantizing tensor 10 of 272", 0.3)])
     assert window.surface.first_run is not None and window.surface.first_run.isVisible()

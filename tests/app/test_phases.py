@@ -35,7 +35,7 @@ def test_the_pause_control_follows_the_run_through_f9_and_step_not_its_own_click
 
 
 def test_a_run_that_failed_for_memory_says_its_cache_was_released_beside_its_kv_figure(qtbot, window):
-    from engine.faults import parse
+    from engine.run.faults import parse
 
     w = window
     w.controls.max_tokens.setValue(8)
@@ -64,7 +64,7 @@ def test_the_first_tokens_phase_shows_the_prefills_figures_everywhere_and_no_ttf
 
 
 def test_a_run_saved_from_the_window_replays_with_the_peaks_it_was_judged_with(qtbot, window, tmp_path):
-    from engine.events import HardwarePeaks
+    from engine.facts.events import HardwarePeaks
 
     w = window
     w.store.peaks = HardwarePeaks("this CPU", "float32", flops_per_s=5e9, bytes_per_s=2e10, cpu_share=0.4)

@@ -19,10 +19,10 @@ from app import theme as th
 from app.lecture_file import LectureFileError, LectureScene, read_lecture, write_lecture
 from app.render import Cancelled, Renderer, RenderError, RenderSettings, frame_count, plan_scenes, schedule
 from app.video_export import VideoExport
-from engine.events import RunStarted, TokenStep
-from engine.params import GenerationParams
-from engine.session import Session
-from engine.trace import read_trace, write_trace
+from engine.facts.events import RunStarted, TokenStep
+from engine.facts.params import GenerationParams
+from engine.output.trace import read_trace, write_trace
+from engine.run.session import Session
 from tests.app.conftest import close_and_dispose, make_window, wait_idle
 
 TOKENS = 8

@@ -1,4 +1,4 @@
-"""A setting is declared once (``engine.params``, the lessons' settings): the controls, the CLI, the settings file
+"""A setting is declared once (``engine.facts.params``, the lessons' settings): the controls, the CLI, the settings file
 and the lecture keys agree on its range and default; the loaded model narrows what depends on it; a choice made
 since the model loaded is pending, and says so."""
 
@@ -10,9 +10,9 @@ from app.phase import plural
 from app.run_settings import Choices, RunSettings, param_shape
 from engine import lessons
 from engine.cli import generate_parser
-from engine.command_line import settings_from
-from engine.events import HardwarePeaks
-from engine.params import DEFAULT_SEED, GenerationParams
+from engine.facts.events import HardwarePeaks
+from engine.facts.params import DEFAULT_SEED, GenerationParams
+from engine.terminal.command_line import settings_from
 from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
 
 

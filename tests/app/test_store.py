@@ -1,8 +1,8 @@
 """The run store: bounded history that never lets an experiment's runs push your own runs out."""
 
 from app.store import RunStore
-from engine.events import ExperimentStarted, RunStarted
-from engine.params import GenerationParams
+from engine.facts.events import ExperimentStarted, RunStarted
+from engine.facts.params import GenerationParams
 
 
 def started(facts, run_id: str, experiment: str = "") -> RunStarted:

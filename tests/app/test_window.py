@@ -8,7 +8,7 @@ from PySide6.QtWidgets import QApplication
 
 from app.lecture import fit_to_screen
 from app.phase import rate
-from engine.params import GenerationParams
+from engine.facts.params import GenerationParams
 from tests.app.conftest import close_and_dispose, load, make_window, run_and_wait, wait_idle
 
 
@@ -204,8 +204,8 @@ def test_every_axis_has_a_label_and_plain_numbers(qtbot, window):
 
 
 def test_the_heatmap_says_the_prefill_is_running_before_the_cache_fills(qtbot, window, tiny):
-    from engine.events import RunStarted
-    from engine.params import GenerationParams as Params
+    from engine.facts.events import RunStarted
+    from engine.facts.params import GenerationParams as Params
 
     params = Params(max_new_tokens=3)
     window.controller.on_events([RunStarted("r1", "x", tiny.facts, params, "hi", [1, 2], ["a", "b"], "now")])
@@ -310,7 +310,7 @@ def test_a_compiled_run_starts_at_once_and_the_charts_mark_the_step_where_decode
     """On a CPU the run does not wait for the compiled graph: it decodes eagerly while the graph is built beside
     it (held back here until steps 1 and 2 have run, stepping) and switches at the next step boundary; the
     timeline and the latency chart mark that step, the summary names it."""
-    from engine import compiled as compiled_graphs
+    from engine.model import compiled as compiled_graphs
 
     session = window.client.worker.session
     monkeypatch.setattr(compiled_graphs, "_READ", {})          # built here, not read from an earlier test's

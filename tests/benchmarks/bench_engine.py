@@ -59,8 +59,8 @@ def bare_compiled_once(session, ids: list[int], n: int) -> dict:
     size, so nothing recompiles), an eager prefill as the session makes it, greedy argmax, no events, no reads."""
     import torch
 
-    from engine import kvcache
-    from engine.compiled import cache_length
+    from engine.model import kvcache
+    from engine.model.compiled import cache_length
 
     device = session.device
     length = cache_length(min(len(ids) + n, session.facts.max_context), session.facts.max_context)
@@ -92,9 +92,9 @@ def window_sink():
 
 
 def session_once(session, n: int, sink_name: str, compiled: bool = False) -> dict:
-    from engine.events import TokenStep
-    from engine.params import GenerationParams
-    from engine.trace import TraceWriter
+    from engine.facts.events import TokenStep
+    from engine.facts.params import GenerationParams
+    from engine.output.trace import TraceWriter
 
     stamps: list[float] = []
     writer = None
@@ -132,10 +132,10 @@ def instrument_costs(session, reps: int = 300) -> dict[str, float]:
     """Microseconds per call of each instrument on a real cache (KV norms run once every 8 decode steps)."""
     import torch
 
-    from engine import kvcache
-    from engine.events import to_dict
-    from engine.params import GenerationParams
-    from engine.textstream import TextStream
+    from engine.facts.events import to_dict
+    from engine.facts.params import GenerationParams
+    from engine.facts.textstream import TextStream
+    from engine.model import kvcache
 
     ids = torch.tensor([session.encode(PROMPT)], device=session.device)
     cache = kvcache.new_cache(session.model)
@@ -180,9 +180,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="the compiled path: the session compiled with each sink against the bare compiled loop")
     args = p.parse_args(argv)
 
-    from engine.contention import busy_note
-    from engine.models import load
-    from engine.session import Session
+    from engine.facts.contention import busy_note
+    from engine.model.models import load
+    from engine.run.session import Session
 
     loaded = load(args.model, args.device, args.dtype)
     session = Session(loaded)

@@ -17,7 +17,6 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 SETTINGS = {"prefill": {"max_length": 2048, "repeats": 3}, "cache": {"new_tokens": 48},
             "batch": {"sizes": (1, 2, 4, 8, 16), "new_tokens": 32}, "chat": {"new_tokens": 32},
             "continuous": {"requests": 8, "arrive_every": 4}}
-DOCK = {"chat": "chat"}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -29,9 +28,10 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("KVSCOPE_SETTINGS", str(Path(tempfile.mkdtemp()) / "bench.ini"))
     import dataclasses
 
+    from app import lessons as app_lessons
     from app.export import export_widget
     from engine import lessons
-    from engine.trace import write_trace
+    from engine.output.trace import write_trace
 
     window = open_window(args.model)
     window.resize(1800, 1100)
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
         shown = window.chat if view is None else view
         if view is not None:
             window.experiments.setCurrentWidget(view)
-        window.docks[DOCK.get(kind, "experiments")].raise_()
+        window.docks[app_lessons.dock_of(kind)].raise_()
         _pause(300)
         print(f"\n== {kind} ({machine()}) ==\n{lesson.table(record.points, record.result)}", flush=True)
         Path(args.charts).mkdir(parents=True, exist_ok=True)

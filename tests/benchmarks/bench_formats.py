@@ -31,7 +31,7 @@ PROMPT = "Explain in three sentences why decoding one token at a time is limited
 def gguf_variants(folder: Path) -> dict[str, Path]:
     import llama_cpp
 
-    from engine import embedded
+    from engine.model import embedded
 
     source = embedded.embedded_gguf()
     out = {}
@@ -69,8 +69,8 @@ PREFILL_TEXT = " ".join([PROMPT, "The weights are read once per step whatever th
 def kvscope_run(session, prompt: str, tokens: int, compiled: bool = False, static: bool = False) -> dict:
     """Consumer-side token times. The session waits for its compiled graph before the first decode step, so
     the gap before step 1 is compile time when the run built a graph (``compile_ms``) and is left out."""
-    from engine.events import TokenStep
-    from engine.params import GenerationParams
+    from engine.facts.events import TokenStep
+    from engine.facts.params import GenerationParams
 
     stamps: list[float] = []
     started = time.perf_counter()
@@ -130,9 +130,9 @@ def compile_launches(dtype: str, freezing: bool = False, launches: int = 2) -> l
 def launch_child(dtype: str, freezing: bool) -> None:
     """A launch as the CLI makes it (load, one compiled run that waits for its graph), printing its compile time
     and decode rate as JSON."""
-    from engine.models import load
-    from engine.params import GenerationParams
-    from engine.session import Session
+    from engine.facts.params import GenerationParams
+    from engine.model.models import load
+    from engine.run.session import Session
 
     session = Session(load("embedded", "cpu", dtype))
     session.compiled.freezing = freezing
@@ -210,10 +210,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from engine import hardware
-    from engine.costmodel import ModelCost
-    from engine.models import load
-    from engine.session import Session
+    from engine.facts.costmodel import ModelCost
+    from engine.model import hardware
+    from engine.model.models import load
+    from engine.run.session import Session
 
     torch.set_num_threads(args.threads)
     folder = Path(os.environ.get("KVSCOPE_BENCH_DIR", tempfile.mkdtemp())) / "gguf"

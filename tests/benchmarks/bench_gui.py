@@ -184,8 +184,8 @@ def chat_path(model: str, rounds: int, tokens: int) -> dict:
     """Does anything on the window's chat path (transcript, charts, painting) slow the worker? The same three
     turns with reuse, through the window and through a bare session in the same process, alternating; a
     second between turns both ways, as a person takes to read the reply (the window finishes drawing it)."""
-    from engine.params import GenerationParams
-    from engine.session import Session
+    from engine.facts.params import GenerationParams
+    from engine.run.session import Session
 
     window = open_window(model)
     window.controls.max_tokens.setValue(tokens)

@@ -21,8 +21,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tokens", type=int, default=0, help="new tokens (default: up to the full context)")
     args = p.parse_args(argv)
     os.environ.setdefault("KVSCOPE_SETTINGS", str(Path(tempfile.mkdtemp()) / "bench.ini"))
-    from engine.kvformula import format_bytes
-    from engine.memory import process_rss_bytes
+    from engine.facts.kvformula import format_bytes
+    from engine.model.memory import process_rss_bytes
 
     window = open_window(args.model)
     context = window.client.model.model.max_context

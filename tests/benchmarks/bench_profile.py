@@ -30,8 +30,8 @@ def profile_steps(session, compiled: bool, steps: int, warmup: int = 4) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from engine import kvcache
-    from engine.compiled import cache_length
+    from engine.model import kvcache
+    from engine.model.compiled import cache_length
 
     ids = session.encode(PROMPT)
     length = cache_length(len(ids) + warmup + steps + 1, session.facts.max_context)
@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from engine import hardware
-    from engine.models import load
-    from engine.session import Session
+    from engine.model import hardware
+    from engine.model.models import load
+    from engine.run.session import Session
 
     torch.set_num_threads(args.threads)
     rows = {}

@@ -22,9 +22,9 @@ PROMPT = "Write a long story about a dragon who learns to bake bread. Describe e
 
 
 def full_context_events(session) -> list:
-    from engine import kvformula
-    from engine.events import KVNorms, RunFinished, TokenStep
-    from engine.params import GenerationParams
+    from engine.facts import kvformula
+    from engine.facts.events import KVNorms, RunFinished, TokenStep
+    from engine.facts.params import GenerationParams
 
     events: list = []
     session.run(PROMPT, GenerationParams(max_new_tokens=64), events.append)
@@ -57,9 +57,9 @@ def long_prompt_events(session, tokens: int, spaced: bool) -> list:
     """A run whose prompt is ``tokens`` tokens of base64 (no space anywhere) or of words, built from a real run
     of the embedded model: the prompt, its prefill and the cache bytes scaled to that length by the formula, the
     model's context raised to hold it (a model of 128k context, as the window would meet one)."""
-    from engine import kvformula
-    from engine.events import KVNorms, PrefillDone, RunFinished, RunStarted, TokenStep
-    from engine.params import GenerationParams
+    from engine.facts import kvformula
+    from engine.facts.events import KVNorms, PrefillDone, RunFinished, RunStarted, TokenStep
+    from engine.facts.params import GenerationParams
 
     events: list = []
     session.run(PROMPT, GenerationParams(max_new_tokens=8), events.append)
@@ -99,7 +99,7 @@ def renamed(events: list, suffix: str) -> list:
 
 
 def read_rate(path: str, repeats: int = 3) -> tuple[float, float, int]:
-    from engine.trace import read_trace
+    from engine.output.trace import read_trace
 
     best = float("inf")
     for _ in range(repeats):
@@ -144,9 +144,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     os.environ.setdefault("KVSCOPE_SETTINGS", os.path.join(tempfile.mkdtemp(), "settings.ini"))
 
-    from engine.models import load
-    from engine.session import Session
-    from engine.trace import write_trace
+    from engine.model.models import load
+    from engine.output.trace import write_trace
+    from engine.run.session import Session
 
     session = Session(load("embedded", "cpu", "float32"))
     events = full_context_events(session)

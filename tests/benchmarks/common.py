@@ -46,7 +46,7 @@ def cpu_flags() -> str:
 def copy_words(reached_gb_s: float, copy_gb_s: float | None) -> str:
     """A bandwidth reached as a share of the copy bandwidth, for a table (never above 100%, none without a quiet
     copy measurement)."""
-    from engine.hardware import share_of_ceiling
+    from engine.model.hardware import share_of_ceiling
 
     share = share_of_ceiling(reached_gb_s, copy_gb_s)
     return f"{share} of {copy_gb_s:.1f} GB/s" if copy_gb_s and share.endswith("%") else share

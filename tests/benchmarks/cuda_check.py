@@ -28,11 +28,13 @@ from pathlib import Path
 
 import torch
 
-from engine import kvcache, kvformula, lessons
-from engine.hardware import peaks_event
-from engine.models import load
-from engine.params import GenerationParams
-from engine.session import Session
+from engine import lessons
+from engine.facts import kvformula
+from engine.facts.params import GenerationParams
+from engine.model import kvcache
+from engine.model.hardware import peaks_event
+from engine.model.models import load
+from engine.run.session import Session
 from tests.benchmarks import bench_engine
 from tests.lessons import collect
 
@@ -223,7 +225,7 @@ def main() -> None:
                            ("offload", {"disk_shares": (0.0, 0.25, 0.5), "new_tokens": 64})):
         if only is not None and kind not in only:
             continue
-        from engine.events import ExperimentPoint
+        from engine.facts.events import ExperimentPoint
 
         events, finished = collect(kind, session, **settings)
         points = [e for e in events if isinstance(e, ExperimentPoint)]

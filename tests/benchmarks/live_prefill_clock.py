@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("KVSCOPE_SETTINGS", str(args.out / "settings.ini"))
     from app.main import build, parse_args, start
-    from engine.resources import sample_prompts
+    from engine.store.resources import sample_prompts
 
     options = parse_args(["--scene", "prefill"])
     app, window = build(options)

@@ -12,12 +12,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import cli, config_facts, kvcache, kvformula
-from engine.errors import ModelSourceError, ParameterError
-from engine.events import AttentionStep, PrefillDone, TokenStep
-from engine.models import load
-from engine.params import GenerationParams
-from engine.session import Session
+from engine import cli
+from engine.facts import config_facts, kvformula
+from engine.facts.errors import ModelSourceError, ParameterError
+from engine.facts.events import AttentionStep, PrefillDone, TokenStep
+from engine.facts.params import GenerationParams
+from engine.model import kvcache
+from engine.model.models import load
+from engine.run.session import Session
 from tests.architectures import CONTEXT, EXPECTED, WINDOW, build, build_encoder_decoder
 
 PROMPT = "The KV cache holds keys and values for every position"
@@ -206,8 +208,8 @@ def test_chat_reuse_works_or_says_why_not(arch):
 
 
 def test_continuous_batching_gives_solo_tokens_or_declines(arch):
-    from engine.batch import generate_batch
-    from engine.scheduler import Request, serve
+    from engine.run.batch import generate_batch
+    from engine.run.scheduler import Request, serve
 
     _name, _folder, loaded = arch
     facts = loaded.facts

@@ -10,7 +10,7 @@ import pytest
 
 from engine import cli
 from engine.lessons.architectures import BY_NAME, CONTEXTS, LayerFigures, whole_model_bytes
-from engine.trace import read_trace, write_trace
+from engine.output.trace import read_trace, write_trace
 from tests.lessons import collect
 
 SOME = ("gpt-oss-20b", "Qwen3-Next-80B-A3B", "DeepSeek-V3")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import ParameterError, TraceError
-from engine.events import AttentionStep, TokenStep
-from engine.params import GenerationParams
-from engine.session import Session
-from engine.trace import read_trace, write_trace
+from engine.facts.errors import ParameterError, TraceError
+from engine.facts.events import AttentionStep, TokenStep
+from engine.facts.params import GenerationParams
+from engine.output.trace import read_trace, write_trace
+from engine.run.session import Session
 from tests.traces import first_row, rows_of, write_rows
 
 PROMPT = "The KV cache holds keys and values"

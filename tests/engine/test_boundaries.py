@@ -21,25 +21,25 @@ def run_blocked(names, code):
 
 def test_engine_runs_without_qt(tiny_model_dir):
     run_blocked(["PySide6", "pyqtgraph", "app"], f"""
-from engine.models import load
-from engine.session import Session
-from engine.params import GenerationParams
+from engine.model.models import load
+from engine.run.session import Session
+from engine.facts.params import GenerationParams
 r = Session(load({str(tiny_model_dir)!r}, device="cpu")).run("hi", GenerationParams(max_new_tokens=2))
 assert r.summary.generated_tokens == 2
 """)
 
 
 def test_traces_and_formulas_need_no_torch(tiny, tmp_path):
-    from engine.params import GenerationParams
-    from engine.session import Session
-    from engine.trace import TraceWriter
+    from engine.facts.params import GenerationParams
+    from engine.output.trace import TraceWriter
+    from engine.run.session import Session
 
     writer = TraceWriter(tmp_path / "t.jsonl")
     Session(tiny).run("hi", GenerationParams(max_new_tokens=3), writer)
     path = writer.close()
     run_blocked(["torch", "transformers", "accelerate"], f"""
-from engine.trace import read_trace, replay
-from engine import kvformula, report
+from engine.output.trace import read_trace, replay
+from engine.facts import kvformula, report
 events = list(replay(read_trace({str(path)!r}), speed=0))
 assert kvformula.bytes_per_token(events[0].model) == 512
 print(report.report(events[0].model, events[-1].summary))

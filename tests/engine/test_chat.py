@@ -2,10 +2,10 @@
 
 import pytest
 
-from engine.events import ExperimentPoint, PrefillDone
-from engine.params import GenerationParams
-from engine.session import Session
-from engine.workloads import CONVERSATION
+from engine.facts.events import ExperimentPoint, PrefillDone
+from engine.facts.params import GenerationParams
+from engine.run.session import Session
+from engine.run.workloads import CONVERSATION
 from tests.lessons import collect
 
 
@@ -35,7 +35,7 @@ def test_reuse_gives_the_same_tokens_and_prefills_only_the_new_turn(tiny):
 def test_kv_bytes_cover_the_whole_conversation(tiny):
     session = Session(tiny)
     _, prefills = converse(session, reuse=True, tokens=6)
-    from engine import kvformula
+    from engine.facts import kvformula
 
     last = prefills[-1]
     held = last.reused_tokens + last.n_tokens
@@ -72,7 +72,7 @@ def test_chat_experiment_compares_reuse_on_and_off_repeated_and_interleaved(tiny
 
 
 def test_empty_chat_message_is_refused(tiny):
-    from engine.errors import PromptError
+    from engine.facts.errors import PromptError
 
     with pytest.raises(PromptError, match="message is empty"):
         Session(tiny).chat([{"role": "user", "content": "  "}], GenerationParams())

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import chat_template
-from engine.errors import PromptError
-from engine.params import GenerationParams
-from engine.session import Session
+from engine.facts.errors import PromptError
+from engine.facts.params import GenerationParams
+from engine.model import chat_template
+from engine.run.session import Session
 from tests.tiny_model import CHAT_TEMPLATE, build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ def test_generate_prints_text_and_report(tiny_model_dir, cache_root, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "prompt eval time =" in r.stdout and "eval time =" in r.stdout and "/     7 runs" in r.stdout
     assert "KV cache: 2 layers x 2 KV heads x 16 dims x 2 (K,V) x 4 B = 512 B/token" in r.stdout
-    from engine.trace import read_trace
+    from engine.output.trace import read_trace
 
     kinds = [type(e).__name__ for e in read_trace(trace)]
     assert kinds.count("TokenStep") == 8 and kinds[:2] == ["RunStarted", "PrefillDone"]
@@ -161,7 +161,8 @@ def test_an_unknown_kv_cache_method_is_refused_offering_only_what_a_run_takes(ti
 
 
 def test_an_interrupt_after_a_progress_line_is_said_on_a_line_of_its_own(capsys):
-    from engine import cli, command_line
+    from engine import cli
+    from engine.terminal import command_line
 
     def interrupted_mid_line() -> int:
         print("\r[100% Loaded tiny in 0.1 s]", end="", file=sys.stderr)

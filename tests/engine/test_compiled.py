@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.compiled import SHORTEST, cache_length
-from engine.events import RunFinished, TokenStep
-from engine.params import GenerationParams
-from engine.report import report
-from engine.session import RunOptions, Session
+from engine.facts.events import RunFinished, TokenStep
+from engine.facts.params import GenerationParams
+from engine.facts.report import report
+from engine.model.compiled import SHORTEST, cache_length
+from engine.run.session import RunOptions, Session
 
 PARAMS = dict(max_new_tokens=8, temperature=0.0, static_cache=True)
 
@@ -24,7 +24,7 @@ def _frames_compiled() -> int:
 @pytest.fixture
 def model(tiny_model_dir):
     """A model of its own: freezing folds its weights into graphs other tests must not find."""
-    from engine.models import load
+    from engine.model.models import load
 
     return load(str(tiny_model_dir), "cpu", "float32")
 
@@ -50,8 +50,8 @@ def test_waiting_for_the_graph_compiles_every_decode_step_with_eagers_float32_to
         model, monkeypatch):
     """The CLI's way: the graph is built before the first decode step (timed as compile, in no step), every
     decode step is compiled and its greedy tokens are eager's; the graph is saved in KVScope's cache folder."""
-    from engine import compiled
-    from engine.paths import compiled_graphs_dir
+    from engine.model import compiled
+    from engine.store.paths import compiled_graphs_dir
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setattr(compiled, "_READ", {})                # nothing compiled before counts: this run builds
@@ -106,7 +106,7 @@ def test_built_in_the_background_decode_starts_eager_and_switches_at_the_boundar
 
 
 def test_a_graph_that_cannot_be_built_leaves_decode_eager_and_the_run_says_why(model, monkeypatch):
-    from engine import compiled
+    from engine.model import compiled
 
     def broken(_args, _length):
         raise RuntimeError("no C++ compiler on this machine")
@@ -125,8 +125,8 @@ def test_a_saved_graph_is_named_by_what_it_was_compiled_for_without_reading_sour
         tiny_model_dir, model, monkeypatch):
     import inspect
 
-    from engine.compiled import graph_key
-    from engine.models import load
+    from engine.model.compiled import graph_key
+    from engine.model.models import load
 
     def no_source(_thing):
         raise OSError("could not get source code")          # as in a frozen app
@@ -142,9 +142,9 @@ def test_a_saved_graph_is_named_by_what_it_was_compiled_for_without_reading_sour
 
 LAUNCH = """
 import json, sys
-from engine.models import load
-from engine.params import GenerationParams
-from engine.session import Session
+from engine.model.models import load
+from engine.facts.params import GenerationParams
+from engine.run.session import Session
 params = GenerationParams(max_new_tokens=8, temperature=0.0, static_cache=True, compiled=True)
 s = Session(load(sys.argv[1], "cpu", "float32")).run("hello world", params).summary
 print(json.dumps({"loaded": s.compile_loaded, "tokens": s.token_ids, "from": s.compiled_from_step,
@@ -173,8 +173,8 @@ def test_a_crafted_saved_graph_never_runs_is_kept_aside_and_a_later_launch_reads
     import subprocess
     import sys
 
-    from engine import compiled
-    from engine.paths import compiled_graphs_dir
+    from engine.model import compiled
+    from engine.store.paths import compiled_graphs_dir
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(compiled_graphs_dir()))
     monkeypatch.setattr(compiled, "_READ", {})
@@ -205,7 +205,7 @@ def test_a_crafted_saved_graph_never_runs_is_kept_aside_and_a_later_launch_reads
 
 
 def test_a_graph_read_from_an_earlier_launch_is_reported_as_read_not_built(model):
-    from engine.events import RunSummary
+    from engine.facts.events import RunSummary
 
     s = RunSummary(prompt_tokens=4, generated_tokens=3, decode_runs=2, compile_ms=1_234.0, compile_loaded=True,
                    compiled_from_step=1)
@@ -220,8 +220,8 @@ def test_one_graph_shared_by_two_models_of_the_same_shapes_is_read_once_and_comp
     """A saved graph is named by shapes, not by weights: the weights must be its inputs, never constants in it."""
     import torch
 
-    from engine import kvcache
-    from engine.models import load
+    from engine.model import kvcache
+    from engine.model.models import load
 
     other = load(str(tiny_model_dir), "cpu", "float32")
     with torch.no_grad():
@@ -247,7 +247,7 @@ def test_a_decode_step_that_cannot_be_compiled_ahead_of_time_is_compiled_for_thi
     process, with eager's tokens, and nothing saved."""
     import torch
 
-    from engine import compiled
+    from engine.model import compiled
 
     monkeypatch.setattr(compiled, "_READ", {})
     monkeypatch.delattr(torch.compiler, "skip_all_guards_unsafe")

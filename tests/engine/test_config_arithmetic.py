@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import cli, config_facts, kvformula
+from engine import cli
+from engine.facts import config_facts, kvformula
 
 # Published configs (the fields the arithmetic reads), with the parameter count each model card states.
 PUBLISHED = {

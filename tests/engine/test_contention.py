@@ -3,13 +3,14 @@ and peaks a run beats are measured again."""
 
 import pytest
 
-from engine import contention, hardware
-from engine.costmodel import Device
-from engine.events import HardwarePeaks
-from engine.experiment import Experiment
+from engine.facts import contention
+from engine.facts.costmodel import Device
+from engine.facts.events import HardwarePeaks
+from engine.facts.params import GenerationParams
 from engine.lessons import lesson
-from engine.params import GenerationParams
-from engine.session import Session
+from engine.model import hardware
+from engine.run.experiment import Experiment
+from engine.run.session import Session
 
 
 def test_a_low_cpu_share_is_called_busy_and_a_high_one_is_not():
@@ -81,7 +82,8 @@ def test_a_run_excludes_waits_from_decode_time_and_from_its_cpu_share(tiny, monk
     """The session's clocks are the test's: each wait between steps is a second of wall time and no work."""
     import types
 
-    from engine import clock, session
+    from engine.model import clock
+    from engine.run import session
 
     clocks = Clocks()
     fake_time = types.SimpleNamespace(perf_counter=clocks.wall)

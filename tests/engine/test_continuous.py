@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.batch import generate_batch
-from engine.events import ExperimentPoint
-from engine.scheduler import Request, serve
-from engine.session import Session
+from engine.facts.events import ExperimentPoint
+from engine.run.batch import generate_batch
+from engine.run.scheduler import Request, serve
+from engine.run.session import Session
 from tests.lessons import collect
 
 PROMPTS = ("hello world", "The KV cache holds keys and values for decode and more of it", "日本語 😀",

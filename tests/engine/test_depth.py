@@ -10,14 +10,14 @@ import threading
 import pytest
 import torch
 
-from engine import kvformula
-from engine.errors import ParameterError
-from engine.events import ExperimentFinished, RunFinished, TokenStep
+from engine.facts import kvformula
+from engine.facts.errors import ParameterError
+from engine.facts.events import ExperimentFinished, RunFinished, TokenStep
+from engine.facts.params import GenerationParams
 from engine.lessons import depth
 from engine.lessons.depth import DepthResult, DepthSettings
-from engine.params import GenerationParams
-from engine.session import RunOptions, Session
-from engine.workloads import filler_ids
+from engine.run.session import RunOptions, Session
+from engine.run.workloads import filler_ids
 from tests.lessons import collect
 
 

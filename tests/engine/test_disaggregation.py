@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import kvformula
-from engine.errors import ParameterError
-from engine.events import ExperimentPoint
+from engine.facts import kvformula
+from engine.facts.errors import ParameterError
+from engine.facts.events import ExperimentPoint
 from engine.lessons import disaggregation
 from tests.lessons import collect
 
@@ -31,7 +31,7 @@ def prefill_workers(marker: str = "", parent: int | None = None) -> list[int]:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if b"engine.disaggregation" in cmdline and marker.encode() in cmdline and stat[0] != "Z" \
+        if b"engine.run.disaggregation" in cmdline and marker.encode() in cmdline and stat[0] != "Z" \
                 and (parent is None or int(stat[1]) == parent):
             found.append(int(proc.name))
     return found
@@ -100,9 +100,9 @@ def test_a_silent_prefill_worker_is_stopped_after_the_settings_seconds(tiny, mon
 
 
 def test_a_stop_during_the_disaggregated_run_ends_both_workers(tiny, monkeypatch):
-    from engine.events import ExperimentProgress
-    from engine.experiment import run_lesson
-    from engine.session import Session
+    from engine.facts.events import ExperimentProgress
+    from engine.run.experiment import run_lesson
+    from engine.run.session import Session
 
     monkeypatch.setenv("KVSCOPE_FAULTS", "handover:2:sleep=600")     # still at it whenever the stop comes
     cancel = threading.Event()
@@ -137,7 +137,7 @@ def test_the_workers_socket_carries_data_never_code_and_anything_else_is_one_lin
     import socket
     from multiprocessing.connection import Connection
 
-    from engine import disaggregation as dg
+    from engine.run import disaggregation as dg
 
     class Planted:
         def __reduce__(self):
@@ -164,7 +164,7 @@ def test_a_worker_stopped_while_it_loads_is_given_up_on_after_the_silent_seconds
     import signal
     import time
 
-    from engine import disaggregation as dg
+    from engine.run import disaggregation as dg
 
     worker = dg.PrefillWorker(tiny.facts.source, tiny.facts.dtype, 1)
     try:

@@ -10,15 +10,15 @@ import threading
 import pytest
 import torch
 
-from engine import costmodel
-from engine.batch import generate_batch
-from engine.errors import ParameterError
-from engine.events import ExperimentFinished, ExperimentPoint, ExperimentStarted, RunStarted
-from engine.experiment import rounding_note
+from engine.facts import costmodel
+from engine.facts.errors import ParameterError
+from engine.facts.events import ExperimentFinished, ExperimentPoint, ExperimentStarted, RunStarted
+from engine.facts.params import GenerationParams
 from engine.lessons.cache import CacheResult
 from engine.lessons.prefill import doubling_lengths, fitted_exponent
-from engine.params import GenerationParams
-from engine.session import Session
+from engine.run.batch import generate_batch
+from engine.run.experiment import rounding_note
+from engine.run.session import Session
 from tests.engine.test_kvcache import smol_facts
 from tests.lessons import collect
 
@@ -180,7 +180,7 @@ def test_sweep_cli_prints_json(tiny_model_dir, cache_root):
 
 
 def test_hardware_peaks_are_measured_once_then_cached(tiny, monkeypatch):
-    from engine.hardware import peaks_event
+    from engine.model.hardware import peaks_event
 
     first = peaks_event(tiny)
     second = peaks_event(tiny)
@@ -189,7 +189,7 @@ def test_hardware_peaks_are_measured_once_then_cached(tiny, monkeypatch):
 
 
 def test_an_experiment_that_breaks_closes_its_record_and_later_runs_are_not_filed_under_it(tiny):
-    from engine.events import ExperimentFailed, ExperimentStarted, RunStarted
+    from engine.facts.events import ExperimentFailed, ExperimentStarted, RunStarted
 
     session = Session(tiny)
     calls = []

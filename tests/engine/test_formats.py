@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from engine import calibrate, quantize
-from engine.costmodel import ModelCost
-from engine.events import HardwarePeaks
-from engine.models import load
-from engine.params import GenerationParams
-from engine.session import Session
+from engine.facts.costmodel import ModelCost
+from engine.facts.events import HardwarePeaks
+from engine.facts.params import GenerationParams
+from engine.model import calibrate, quantize
+from engine.model.models import load
+from engine.run.session import Session
 from tests.lessons import collect
 
 
@@ -113,7 +113,7 @@ QUIET = HardwarePeaks("this cpu", "float32", 2e11, 2e10, cpu_share=0.98)
 
 
 def _sweep(tiny):
-    from engine.events import ExperimentPoint
+    from engine.facts.events import ExperimentPoint
 
     events, finished = collect("dtype", tiny, formats=("float32", "int8"), new_tokens=6, repeats=1, prefill_tokens=32)
     points = [e.values for e in events if isinstance(e, ExperimentPoint) and e.series == "format"]
@@ -121,7 +121,7 @@ def _sweep(tiny):
 
 
 def test_the_format_sweep_measures_each_format_beside_its_ceiling(tiny, monkeypatch):
-    from engine import hardware
+    from engine.model import hardware
 
     monkeypatch.setattr(hardware, "quiet_peaks", lambda device, dtype, attempts=3: QUIET)
     _events, finished, points = _sweep(tiny)
@@ -136,13 +136,14 @@ def test_the_format_sweep_measures_each_format_beside_its_ceiling(tiny, monkeypa
 
 
 def test_a_machine_busy_at_every_bandwidth_measurement_gives_the_sweep_no_ceiling(tiny, monkeypatch):
-    from engine import hardware, lessons
+    from engine import lessons
+    from engine.model import hardware
 
     monkeypatch.setattr(hardware, "quiet_peaks", lambda device, dtype, attempts=3: None)
     events, finished, points = _sweep(tiny)
     assert len(points) == 2 and all(p["decode_tok_s"] > 0 for p in points)
     assert not any(key.endswith("ceiling_tok_s") or key == "bandwidth_gb_s" for p in points for key in p)
-    from engine.events import ExperimentPoint
+    from engine.facts.events import ExperimentPoint
 
     text = lessons.lesson("dtype").table([e for e in events if isinstance(e, ExperimentPoint)], finished.result)
     rows = [line for line in text.splitlines() if line.strip().startswith(("float32 |", "int8 |"))]
@@ -150,7 +151,7 @@ def test_a_machine_busy_at_every_bandwidth_measurement_gives_the_sweep_no_ceilin
 
 
 def test_quiet_peaks_measure_again_until_quiet_and_give_none_when_the_machine_stays_busy(monkeypatch):
-    from engine import hardware
+    from engine.model import hardware
 
     busy = HardwarePeaks("this cpu", "float32", 2e11, 5e9, cpu_share=0.4)
     answers = iter([busy, busy, QUIET])
@@ -166,8 +167,8 @@ def test_quiet_peaks_measure_again_until_quiet_and_give_none_when_the_machine_st
 
 
 def test_the_sweep_names_each_kernels_bandwidth_over_the_weights_and_the_chosen_one():
-    from engine.kernels import KernelChoice
     from engine.lessons import formats
+    from engine.model.kernels import KernelChoice
 
     choice = KernelChoice("onednn", {"aten": 20.0, "onednn": 10.0}, weight_bytes=200_000_000)
     values = {**formats._kernel_values(choice), "bandwidth_gb_s": 25.0}

@@ -7,12 +7,12 @@ import shutil
 import pytest
 import torch
 
-from engine.errors import ModelSourceError, ParameterError
-from engine.events import RunFailed, RunFinished
-from engine.faults import parse
-from engine.models import load
-from engine.params import GenerationParams
-from engine.session import Session
+from engine.facts.errors import ModelSourceError, ParameterError
+from engine.facts.events import RunFailed, RunFinished
+from engine.facts.params import GenerationParams
+from engine.model.models import load
+from engine.run.faults import parse
+from engine.run.session import Session
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_max_new_tokens_beyond_the_context_stops_at_the_context(tiny):
 
 
 def test_long_prompt_error_says_by_how_much(tiny):
-    from engine.errors import PromptError
+    from engine.facts.errors import PromptError
 
     with pytest.raises(PromptError) as info:
         Session(tiny).run("hello world " * 300, GenerationParams())
@@ -117,7 +117,7 @@ def test_long_prompt_error_says_by_how_much(tiny):
 
 
 def test_cancel_during_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
-    from engine import embedded, gguf
+    from engine.model import embedded, gguf
 
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
     calls = []

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from engine import cli, files
-from engine.errors import TraceError
-from engine.events import RunFailed, RunFinished, RunStarted, TokenStep
-from engine.params import GenerationParams
-from engine.remote import API_KEY_ENV, RemoteError, RemoteSession, probe
-from engine.trace import MAX_CONTAINERS, MAX_LINE_BYTES, VERSION, read_trace, write_trace
+from engine import cli
+from engine.facts.errors import TraceError
+from engine.facts.events import RunFailed, RunFinished, RunStarted, TokenStep
+from engine.facts.params import GenerationParams
+from engine.output.trace import MAX_CONTAINERS, MAX_LINE_BYTES, VERSION, read_trace, write_trace
+from engine.serve.remote import API_KEY_ENV, RemoteError, RemoteSession, probe
+from engine.store import files
 from tests.replay_server import ReplayServer, Route, chunk, drip, endless, endless_line, llamacpp_routes, streaming
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +62,7 @@ def test_a_trace_through_a_symlink_replaces_the_file_it_points_to_and_keeps_the_
     link = tmp_path / "link.jsonl"
     link.symlink_to(real)
     events: list = []
-    from engine.session import Session
+    from engine.run.session import Session
 
     Session(tiny).run("hi", GenerationParams(max_new_tokens=2), events.append)
     write_trace(link, events)
@@ -86,7 +87,7 @@ def test_a_full_disk_is_one_line_and_the_previous_trace_is_intact(tmp_path, caps
 
 def test_perfetto_export_is_atomic_on_a_full_disk_and_escapes_a_hostile_file_name(tmp_path, capsys, monkeypatch,
                                                                                   tiny):
-    from engine.session import Session
+    from engine.run.session import Session
 
     events: list = []
     Session(tiny).run("hi", GenerationParams(max_new_tokens=2), events.append)
@@ -115,7 +116,7 @@ def test_a_server_that_never_stops_is_cut_at_max_new_tokens_by_the_client(tmp_pa
 def test_a_server_that_never_stops_is_cut_at_its_own_context_and_memory_stays_bounded(monkeypatch):
     """No answer is longer than the server's context (1,024 positions per slot in the recorded llama-server); a
     server that states none is read for at most ``UNSTATED_CONTEXT`` tokens."""
-    from engine import remote
+    from engine.serve import remote
 
     with ReplayServer(streaming(stream=stream_route(endless))) as server:
         facts = probe(server.url)
@@ -281,7 +282,7 @@ def test_a_signal_during_a_sweep_keeps_the_partial_trace(tiny_model_dir, cache_r
 # --- traces as they arrive ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def lines(tiny, tmp_path_factory) -> list[bytes]:
-    from engine.session import Session
+    from engine.run.session import Session
 
     events: list = []
     Session(tiny).run("hi", GenerationParams(max_new_tokens=3), events.append)

@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import kernels, machine_cache
-from engine.params import GenerationParams
-from engine.session import Session
+from engine.facts.params import GenerationParams
+from engine.model import kernels
+from engine.run.session import Session
+from engine.store import machine_cache
 
 
 def fresh(tiny_model_dir, dtype: str):
-    from engine.models import load
+    from engine.model.models import load
 
     return load(str(tiny_model_dir), device="cpu", dtype=dtype)
 
@@ -78,7 +79,7 @@ def test_a_compiled_decode_multiplies_through_the_packed_kernel_with_atens_float
     result = session.run("hello world", params.with_(compiled=True)).summary
     assert result.token_ids == plain and result.compiled_from_step == 1
     [graph] = session.compiled.graphs()
-    from engine import kvcache
+    from engine.model import kvcache
 
     with torch.inference_mode():
         cache = kvcache.new_cache(session.model, graph.length)

@@ -10,11 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import kv_compress, kv_methods, kvformula
-from engine.errors import ParameterError
+from engine.facts import kv_methods, kvformula
+from engine.facts.errors import ParameterError
 from engine.lessons import kv_compression
 from engine.lessons.kv_compression import CompressionSettings
-from engine.session import Session
+from engine.model import kv_compress
+from engine.run.session import Session
 from tests.lessons import collect
 
 PROMPT = " ".join(["The cache keeps what attention has already read."] * 3)
@@ -150,9 +151,9 @@ def test_sweep_kv_compression_prints_its_table(tiny_model_dir, cache_root):
 # --- a run with its cache kept smaller (GenerationParams.kv_method, the CLI's --kv-cache) -------------------------
 
 def test_a_run_with_its_cache_in_fp8_holds_the_packed_bytes_for_every_position_it_was_fed(tiny):
-    from engine.events import KVNorms, TokenStep
-    from engine.params import GenerationParams
-    from engine.session import Session
+    from engine.facts.events import KVNorms, TokenStep
+    from engine.facts.params import GenerationParams
+    from engine.run.session import Session
 
     session = Session(tiny)
     events: list = []
@@ -171,9 +172,9 @@ def test_a_run_with_its_cache_in_fp8_holds_the_packed_bytes_for_every_position_i
 
 
 def test_a_run_kept_to_sinks_and_a_window_never_holds_more_than_its_budget(tiny):
-    from engine.events import TokenStep
-    from engine.params import GenerationParams
-    from engine.session import Session
+    from engine.facts.events import TokenStep
+    from engine.facts.params import GenerationParams
+    from engine.run.session import Session
 
     events: list = []
     result = Session(tiny).run("one two three four five six seven eight nine ten eleven twelve",
@@ -192,8 +193,8 @@ def test_a_run_kept_to_sinks_and_a_window_never_holds_more_than_its_budget(tiny)
     ({"kv_method": "zip"}, "Unknown KV cache method"),
 ])
 def test_a_run_refuses_a_cache_it_cannot_keep_in_one_line(changes, words):
-    from engine.errors import ParameterError
-    from engine.params import GenerationParams
+    from engine.facts.errors import ParameterError
+    from engine.facts.params import GenerationParams
 
     with pytest.raises(ParameterError, match=words):
         GenerationParams(**changes)

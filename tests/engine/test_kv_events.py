@@ -16,9 +16,9 @@ import msgpack
 import pytest
 import zmq
 
-from engine import kv_events, metrics
-from engine.events import BlockTable, KVBlocks, RequestBlocks
-from engine.prefix_tree import PrefixTree, tree_of
+from engine.facts.events import BlockTable, KVBlocks, RequestBlocks
+from engine.serve import kv_events, metrics
+from engine.serve.prefix_tree import PrefixTree, tree_of
 from tests.replay_server import fixture
 
 RECORDED = [base64.b64decode(p) for p in json.loads(fixture("vllm_kv_events.json"))["payloads"]]
@@ -54,8 +54,8 @@ def test_the_recorded_metrics_page_of_the_pinned_vllm_names_every_quantity_kvsco
 
 
 def test_the_recorded_vllm_stream_reads_as_a_run_with_its_logprobs():
-    from engine.params import GenerationParams
-    from engine.remote import RemoteSession, probe
+    from engine.facts.params import GenerationParams
+    from engine.serve.remote import RemoteSession, probe
     from tests.replay_server import ReplayServer, Route
 
     models = json.dumps({"object": "list", "data": [{"id": "smollm2", "owned_by": "vllm",

@@ -1,7 +1,8 @@
 """The formula over per-layer facts (no torch): full, sliding and state layers, GQA/MQA wording, byte units."""
 
-from engine import kvcache, kvformula
-from engine.events import KVLayer, ModelFacts
+from engine.facts import kvformula
+from engine.facts.events import KVLayer, ModelFacts
+from engine.model import kvcache
 
 SMOL_LAYER = KVLayer("full", kv_heads=3, k_dim=64, v_dim=64, dtype_bytes=4)
 

@@ -17,12 +17,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import config_facts, gguf, kvcache, kvformula, memory, models
-from engine.errors import ModelSourceError
-from engine.events import LoadProgress
-from engine.models import load
-from engine.params import GenerationParams
-from engine.session import Session
+from engine.facts import config_facts, kvformula
+from engine.facts.errors import ModelSourceError
+from engine.facts.events import LoadProgress
+from engine.facts.params import GenerationParams
+from engine.model import gguf, kvcache, memory, models
+from engine.model.models import load
+from engine.run.session import Session
 from tests.architectures import build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +62,7 @@ def test_weights_larger_than_the_free_memory_are_refused_before_any_is_allocated
 
 
 def test_the_dtype_measurement_builds_a_bounded_sample_whatever_the_config_says(monkeypatch):
-    from engine import calibrate
+    from engine.model import calibrate
 
     seen = []
     monkeypatch.setattr(calibrate, "calibrate", lambda device, hidden, intermediate, *a, **k: seen.append(
@@ -140,7 +141,7 @@ def test_a_model_that_declares_no_context_says_so_instead_of_a_silent_default(tm
     f = loaded.facts
     assert not f.context_declared and f.max_context == config_facts.UNDECLARED_CONTEXT
     assert kvformula.context_text(f) == "not declared by the model; runs here stop at 8,192 positions"
-    from engine.report import kv_line
+    from engine.facts.report import kv_line
 
     assert "full context: not declared by the model" in kv_line(f, 10, kvformula.predicted_kv_bytes(f, 10))
 
@@ -270,7 +271,7 @@ def test_an_unreadable_weights_file_is_called_unreadable_not_missing(tiny_model_
 
 # --- a serving engine's /metrics page, read as it is ----------------------------------------------------------
 def test_two_data_parallel_engines_are_two_series_not_one_sum():
-    from engine import metrics
+    from engine.serve import metrics
 
     page = "\n".join(f'vllm:{name}{{engine="{engine}",model_name="m"}} {value}' for name, engine, value in (
         ("num_requests_running", 0, 3), ("num_requests_running", 1, 2), ("kv_cache_usage_perc", 0, 0.9),
@@ -290,7 +291,7 @@ def test_two_data_parallel_engines_are_two_series_not_one_sum():
                                                                    "be (a share of 0 to 1)"),
 ])
 def test_duplicates_and_impossible_values_are_refused_as_absent_with_a_note(page, words):
-    from engine import metrics
+    from engine.serve import metrics
 
     reading = metrics.read(page)
     assert words in " ".join(reading.notes)
@@ -299,7 +300,7 @@ def test_duplicates_and_impossible_values_are_refused_as_absent_with_a_note(page
 
 
 def test_an_oversized_metrics_page_is_said_to_be_one():
-    from engine import metrics
+    from engine.serve import metrics
 
     with pytest.raises(metrics.MetricsError, match="the metrics page is 37.0 MiB, larger than the 8 MiB"):
         metrics.read("vllm:num_requests_running 1\n" * (37 * 2**20 // 28))
@@ -311,7 +312,7 @@ def test_an_oversized_metrics_page_is_said_to_be_one():
 def test_a_memory_budget_below_a_byte_or_above_the_machine_is_refused_with_a_reason(text, words):
     import argparse
 
-    from engine.command_line import byte_size
+    from engine.terminal.command_line import byte_size
 
     with pytest.raises(argparse.ArgumentTypeError, match=words):
         byte_size(text)

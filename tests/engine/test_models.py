@@ -1,8 +1,8 @@
 import pytest
 
-from engine.errors import ModelSourceError
-from engine.events import KVLayer
-from engine.models import load, resolve_source
+from engine.facts.errors import ModelSourceError
+from engine.facts.events import KVLayer
+from engine.model.models import load, resolve_source
 
 
 def test_sources_are_recognised(tiny_model_dir, tmp_path):
@@ -90,7 +90,7 @@ def test_progress_is_reported(tiny_model_dir):
 
 def test_layer_to_device_map_from_an_accelerate_split(tiny):
     """accelerate records module prefixes; the longest prefix that contains a layer decides its device."""
-    from engine.models import layer_devices
+    from engine.model.models import layer_devices
 
     model = tiny.model
     model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu",
@@ -108,8 +108,8 @@ def test_a_missing_embedded_model_names_the_interpreter_and_both_ways_out(monkey
     import importlib.util
     import sys
 
-    from engine import embedded
-    from engine.errors import ModelSourceError
+    from engine.facts.errors import ModelSourceError
+    from engine.model import embedded
 
     monkeypatch.delenv("KVSCOPE_EMBEDDED_GGUF", raising=False)
     find_spec = importlib.util.find_spec

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from engine import cli
-from engine.command_line import byte_size
-from engine.errors import ModelSourceError
-from engine.events import LayerTimes, RunFinished, TokenStep
-from engine.models import Offload, load, offload_dir
-from engine.params import GenerationParams
-from engine.paths import offloaded_models_dir
-from engine.session import Session
-from engine.trace import read_trace, write_trace
+from engine.facts.errors import ModelSourceError
+from engine.facts.events import LayerTimes, RunFinished, TokenStep
+from engine.facts.params import GenerationParams
+from engine.model.models import Offload, load, offload_dir
+from engine.output.trace import read_trace, write_trace
+from engine.run.session import Session
+from engine.store.paths import offloaded_models_dir
+from engine.terminal.command_line import byte_size
 from tests.lessons import collect
 
 GREEDY = GenerationParams(max_new_tokens=6, temperature=0.0)
@@ -122,7 +122,7 @@ def test_the_lesson_removes_the_offload_folders_it_made(lesson, tiny):
 
 
 def test_the_kv_offload_figure_is_computed_at_positions_the_model_can_hold(lesson, tiny):
-    from engine import kvformula
+    from engine.facts import kvformula
 
     result = lesson[1].result
     full = kvformula.full_context_positions(tiny.facts)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine import paged
-from engine.batch import generate_batch
-from engine.errors import ParameterError
-from engine.events import BlockTable, ExperimentFinished
+from engine.facts.errors import ParameterError
+from engine.facts.events import BlockTable, ExperimentFinished
 from engine.lessons import paged as paged_lesson
-from engine.models import load
-from engine.session import Session
-from engine.trace import read_trace, write_trace
+from engine.model.models import load
+from engine.output.trace import read_trace, write_trace
+from engine.run import paged
+from engine.run.batch import generate_batch
+from engine.run.session import Session
 from tests.architectures import build
 from tests.lessons import collect
 from tests.traces import first_row, refused_with, rows_of
@@ -123,7 +123,7 @@ def test_the_experiment_replays_and_a_hostile_block_table_is_refused(experiment,
 
 
 def test_perfetto_counts_blocks_held_shared_and_free_at_every_step(experiment):
-    from engine.perfetto import trace_events
+    from engine.output.perfetto import trace_events
     from tests.engine.test_perfetto import check_trace_event_format
 
     out = check_trace_event_format({"traceEvents": trace_events(experiment)})

@@ -1,7 +1,7 @@
 import pytest
 
-from engine.errors import ParameterError
-from engine.params import MAX_SEED, GenerationParams
+from engine.facts.errors import ParameterError
+from engine.facts.params import MAX_SEED, GenerationParams
 
 
 def test_defaults_are_valid_and_greedy():

@@ -6,9 +6,9 @@ import json
 from collections import defaultdict
 
 from engine import cli
-from engine.params import GenerationParams
-from engine.session import Session
-from engine.trace import write_trace
+from engine.facts.params import GenerationParams
+from engine.output.trace import write_trace
+from engine.run.session import Session
 from tests.lessons import collect
 
 PHASES = {"X", "M", "i", "C"}
@@ -58,7 +58,7 @@ def test_experiments_give_a_track_per_run_and_per_request(tiny, tmp_path):
     session = Session(tiny)
     collect("cache", session, events=events, new_tokens=4)
     collect("continuous", session, events=events, requests=3, arrive_every=1, new_tokens=(3, 4), check_solo=False)
-    from engine.perfetto import write_perfetto
+    from engine.output.perfetto import write_perfetto
 
     out = check_trace_event_format(json.loads(write_perfetto(tmp_path / "exp.json", events).read_text()))
     threads = [e["args"]["name"] for e in out if e["name"] == "thread_name"]

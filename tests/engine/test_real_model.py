@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from engine import embedded, gguf, kvformula
-from engine.events import RunFinished, TokenStep
-from engine.params import GenerationParams
-from engine.session import Session
+from engine.facts import kvformula
+from engine.facts.events import RunFinished, TokenStep
+from engine.facts.params import GenerationParams
+from engine.model import embedded, gguf
+from engine.run.session import Session
 
 pytestmark = pytest.mark.real
 PROMPT = "hey, what is continuous batching?"
@@ -80,7 +81,7 @@ def test_the_seed_examples_note_gives_this_models_computed_crossover(smol, capsy
     """The worked example's note names where SmolLM2's n^2 attention term overtakes its linear weight FLOPs; the
     number it prints must be what the cost model computes for the real model."""
     from engine import cli
-    from engine.costmodel import ModelCost, quadratic_from
+    from engine.facts.costmodel import ModelCost, quadratic_from
 
     assert cli.main(["costmodel", "--seed-example"]) == 0
     note = capsys.readouterr().out.split("Why a real model's prefill time grows slower than this:")[1]

@@ -10,11 +10,11 @@ import socket
 
 import pytest
 
-from engine import metrics
-from engine.events import RunFailed, RunFinished, RunStarted, ServerFacts, TokenStep
-from engine.params import GenerationParams
-from engine.remote import API_KEY_ENV, RemoteError, RemoteSession, probe, server_url
-from engine.trace import read_trace, write_trace
+from engine.facts.events import RunFailed, RunFinished, RunStarted, ServerFacts, TokenStep
+from engine.facts.params import GenerationParams
+from engine.output.trace import read_trace, write_trace
+from engine.serve import metrics
+from engine.serve.remote import API_KEY_ENV, RemoteError, RemoteSession, probe, server_url
 from tests.lessons import collect
 from tests.replay_server import ReplayServer, Route, fixture, llamacpp_routes
 
@@ -166,8 +166,8 @@ def test_a_load_test_times_every_request_and_polls_metrics(vllm):
 
 
 def test_a_local_experiment_is_refused_against_a_server_and_the_load_test_against_a_model(vllm, tiny):
-    from engine.errors import ParameterError
-    from engine.session import Session
+    from engine.facts.errors import ParameterError
+    from engine.run.session import Session
 
     with pytest.raises(ParameterError, match="runs the model inside KVScope"):
         collect("cache", RemoteSession(probe(vllm.url)))
@@ -176,7 +176,7 @@ def test_a_local_experiment_is_refused_against_a_server_and_the_load_test_agains
 
 
 def test_a_servers_run_exports_to_perfetto_as_client_timed_slices(vllm):
-    from engine.perfetto import trace_events
+    from engine.output.perfetto import trace_events
 
     events: list = []
     RemoteSession(probe(vllm.url)).run("hi", GenerationParams(), events.append)

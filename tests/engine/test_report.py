@@ -1,5 +1,5 @@
-from engine.events import RunSummary
-from engine.report import report, timing_lines
+from engine.facts.events import RunSummary
+from engine.facts.report import report, timing_lines
 from tests.engine.test_kvcache import smol_facts
 
 

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from engine.params import GenerationParams
-from engine.sampling import TOP_P_WINDOW, choose, kept_tokens, make_generator
+from engine.facts.params import GenerationParams
+from engine.model.sampling import TOP_P_WINDOW, choose, kept_tokens, make_generator
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import machine_cache, sealed
+from engine.store import machine_cache, sealed
 
 
 class Planted:
@@ -91,7 +91,7 @@ def test_a_machine_record_kvscope_did_not_write_is_not_read_and_is_measured_agai
 
 def test_inductors_folder_with_a_file_kvscope_did_not_write_is_moved_aside_before_anything_compiles(
         tmp_path, monkeypatch, crafted):
-    from engine import compiled
+    from engine.model import compiled
 
     data, marker = crafted
     folder = tmp_path / "torch-compile"
@@ -113,7 +113,7 @@ def test_inductors_folder_with_a_file_kvscope_did_not_write_is_moved_aside_befor
 
 
 def test_a_converted_model_whose_record_kvscope_did_not_write_is_moved_aside_and_converted_again(tmp_path):
-    from engine import gguf
+    from engine.model import gguf
 
     folder = tmp_path / "SmolLM2-135M-Instruct.Q4_1-0123456789ab"
     folder.mkdir()

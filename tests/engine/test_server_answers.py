@@ -13,11 +13,11 @@ import time
 import msgpack
 import pytest
 
-from engine.events import ExperimentPoint, RequestBlocks
+from engine.facts.events import ExperimentPoint, RequestBlocks
 from engine.lessons import server_load
-from engine.prefix_tree import PrefixTree, tree_of
-from engine.remote import RemoteSession, probe
-from engine.trace import read_trace, write_trace
+from engine.output.trace import read_trace, write_trace
+from engine.serve.prefix_tree import PrefixTree, tree_of
+from engine.serve.remote import RemoteSession, probe
 from tests.lessons import collect
 from tests.replay_server import ReplayServer, Route
 
@@ -255,7 +255,7 @@ def test_a_flood_of_kv_events_is_counted_not_kept_and_memory_stays_bounded(monke
     import sys
     import tracemalloc
 
-    from engine.events import KVBlocks
+    from engine.facts.events import KVBlocks
     from tests.engine.test_kv_events import free_port
 
     monkeypatch.setattr(server_load, "MAX_RECORDED_BLOCKS", 2_000)
@@ -294,7 +294,7 @@ def test_a_flood_of_kv_events_is_counted_not_kept_and_memory_stays_bounded(monke
 def test_a_message_larger_than_the_bound_is_said_not_silently_lost():
     import zmq
 
-    from engine import kv_events
+    from engine.serve import kv_events
     from tests.engine.test_kv_events import free_port
 
     port = free_port()

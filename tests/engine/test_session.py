@@ -5,11 +5,11 @@ import threading
 import pytest
 import torch
 
-from engine import kvformula
-from engine.errors import ParameterError, PromptError
-from engine.events import KVNorms, PrefillDone, RunFailed, RunFinished, RunStarted, TokenStep
-from engine.params import GenerationParams
-from engine.session import Session
+from engine.facts import kvformula
+from engine.facts.errors import ParameterError, PromptError
+from engine.facts.events import KVNorms, PrefillDone, RunFailed, RunFinished, RunStarted, TokenStep
+from engine.facts.params import GenerationParams
+from engine.run.session import Session
 
 PROMPT = "The KV cache holds keys"
 
@@ -98,7 +98,7 @@ def test_kv_norms_cover_every_cached_position_once(tiny):
 def test_kv_norms_match_the_cache_tensors(tiny):
     from transformers import DynamicCache
 
-    from engine.kvcache import norms as kv_norms
+    from engine.model.kvcache import norms as kv_norms
 
     session = Session(tiny)
     ids = torch.tensor([session.encode(PROMPT)])
@@ -250,7 +250,7 @@ def test_a_static_cache_gives_the_dynamic_cache_tokens_and_holds_its_allocation(
 
 
 def test_compiled_decode_needs_the_static_cache():
-    from engine.errors import ParameterError
+    from engine.facts.errors import ParameterError
 
     with pytest.raises(ParameterError, match="needs the static KV cache"):
         GenerationParams(compiled=True)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from engine import speculative as sp
-from engine.errors import ParameterError
-from engine.events import DraftPass, ExperimentFinished
-from engine.models import load
-from engine.params import GenerationParams
-from engine.session import Session
-from engine.trace import read_trace, write_trace
+from engine.facts.errors import ParameterError
+from engine.facts.events import DraftPass, ExperimentFinished
+from engine.facts.params import GenerationParams
+from engine.model.models import load
+from engine.output.trace import read_trace, write_trace
+from engine.run import speculative as sp
+from engine.run.session import Session
 from tests.architectures import build
 from tests.lessons import collect
 from tests.traces import first_row, refused_with, rows_of
@@ -125,7 +125,7 @@ def test_the_experiment_saves_and_replays_and_hostile_passes_are_refused(experim
 
 
 def test_perfetto_shows_each_pass_drafting_then_verifying_per_repeat(experiment):
-    from engine.perfetto import trace_events
+    from engine.output.perfetto import trace_events
     from tests.engine.test_perfetto import check_trace_event_format
 
     out = check_trace_event_format({"traceEvents": trace_events(experiment)})

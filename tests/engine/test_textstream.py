@@ -1,6 +1,6 @@
 import pytest
 
-from engine.textstream import TextStream, pieces
+from engine.facts.textstream import TextStream, pieces
 
 TEXTS = ["日本語のテキスト 😀 🎉 ok", "plain words here", "mixed 😀日本 and é"]
 

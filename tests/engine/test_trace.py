@@ -2,11 +2,11 @@ import json
 
 import pytest
 
-from engine.errors import TraceError
-from engine.events import Candidate, RunFinished, RunStarted, TokenStep
-from engine.params import GenerationParams
-from engine.session import Session
-from engine.trace import VERSION, TraceWriter, read_trace, replay, write_trace
+from engine.facts.errors import TraceError
+from engine.facts.events import Candidate, RunFinished, RunStarted, TokenStep
+from engine.facts.params import GenerationParams
+from engine.output.trace import VERSION, TraceWriter, read_trace, replay, write_trace
+from engine.run.session import Session
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import lessons
-from engine.events import (
+from engine.facts.events import (
     TRACE_EVENTS,
     Candidate,
     ExperimentFinished,
@@ -31,10 +31,10 @@ from engine.events import (
     TokenStep,
     to_dict,
 )
-from engine.fields import Items, Range, Text
-from engine.params import MAX_SEED, GenerationParams
-from engine.trace import read_trace, write_checked
-from engine.validation import FieldError, plan
+from engine.facts.fields import Items, Range, Text
+from engine.facts.params import MAX_SEED, GenerationParams
+from engine.facts.validation import FieldError, plan
+from engine.output.trace import read_trace, write_checked
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)     # any character but a lone surrogate

@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from engine.errors import TraceError
-from engine.events import RunFinished, TokenStep
-from engine.params import GenerationParams
-from engine.session import Session
-from engine.trace import VERSION, ReplayGap, ReplayIncomplete, read_trace, replay
+from engine.facts.errors import TraceError
+from engine.facts.events import RunFinished, TokenStep
+from engine.facts.params import GenerationParams
+from engine.output.trace import VERSION, ReplayGap, ReplayIncomplete, read_trace, replay
+from engine.run.session import Session
 from tests.traces import first_row, rows_of, write_rows
 
 
@@ -131,7 +131,7 @@ def test_a_long_pause_in_a_recording_is_shortened_and_announced(lines, tmp_path)
 
 
 def test_limits_are_stated(tmp_path, monkeypatch):
-    import engine.trace as trace
+    import engine.output.trace as trace
 
     monkeypatch.setattr(trace, "MAX_LINE_BYTES", 1000)
     path = tmp_path / "long.jsonl"

@@ -36,7 +36,7 @@ def llama_server(tmp_path_factory):
     if not binary or not Path(binary).is_file():
         pytest.fail("KVSCOPE_LLAMA_SERVER does not name a llama-server binary: run `make test-integration`, which "
                     "builds one and sets it", pytrace=False)
-    from engine import embedded
+    from engine.model import embedded
 
     port = free_port()
     log = tmp_path_factory.mktemp("llama-server") / "server.log"
@@ -78,7 +78,7 @@ def vllm_server(tmp_path_factory):
     if not python or not Path(python).is_file():
         pytest.fail("KVSCOPE_VLLM_PYTHON does not name the Python of a vLLM environment: run `make "
                     "test-integration`, which installs one and sets it", pytrace=False)
-    from engine import embedded, gguf
+    from engine.model import embedded, gguf
 
     folder = gguf.ensure_converted(embedded.embedded_gguf())
     port, events = free_port(), free_port()

@@ -9,9 +9,9 @@ import urllib.request
 
 import pytest
 
-from engine.events import RunFinished, TokenStep
-from engine.params import GenerationParams
-from engine.remote import RemoteSession, probe
+from engine.facts.events import RunFinished, TokenStep
+from engine.facts.params import GenerationParams
+from engine.serve.remote import RemoteSession, probe
 from tests.integration.conftest import SLOTS
 from tests.lessons import collect
 

@@ -12,13 +12,13 @@ import urllib.request
 
 import pytest
 
-from engine import metrics, remote
-from engine.events import ExperimentPoint, KVBlocks, RequestBlocks, RunFinished, TokenStep
+from engine.facts.events import ExperimentPoint, KVBlocks, RequestBlocks, RunFinished, TokenStep
+from engine.facts.params import GenerationParams
 from engine.lessons import server_load
-from engine.params import GenerationParams
-from engine.prefix_tree import tree_of
-from engine.remote import RemoteSession, probe
-from engine.trace import read_trace, write_trace
+from engine.output.trace import read_trace, write_trace
+from engine.serve import metrics, remote
+from engine.serve.prefix_tree import tree_of
+from engine.serve.remote import RemoteSession, probe
 from tests.integration.conftest import VLLM_CONTEXT
 from tests.lessons import collect
 

@@ -1,0 +1,300 @@
+"""Compiled decode graphs: one per static-cache length, built on a twin cache so decode never waits for one, and
+on a CPU saved, so a later launch reads its graph instead of compiling it again.
+
+``torch.compile`` specialises a graph on the static cache's length, and building one took 30-90 s on a 2-core
+CPU the first time. Three choices follow from that. Lengths are rounded up to a power of two (at least 256), so
+runs with different prompts share a graph instead of each compiling its own. A graph is built by one call on a
+*twin* cache of the same length, not on the run's cache: the run can decode eagerly while the graph is built
+beside it (the window does this on a CPU) and switch at the first step boundary after it is ready, or wait for
+it before its first decode step (the CLI and benchmarks do, so every decode step of theirs is compiled). The
+build's wall time is the compile time; it is never inside a decode step.
+
+And on a CPU the graph is compiled ahead of time (dynamo's ``aot_compile``, what vLLM does) over
+``decode_step``, a function of KVScope's own: transformers wraps its models' ``forward`` in decorators, so a
+saved graph of it names a function that cannot be found again, while ``decode_step`` can. The saved graph keeps
+no guards (a guard on the model object would never hold in another process); everything a guard would have
+checked is in the file's name instead (``graph_key``: the model's classes, config, weights' shapes and dtypes,
+the cache length, the CPU's instruction set, torch's and transformers' versions, and the code of this function
+and of KVScope's own layers). A later launch reads it in about a second where tracing the model again took 6 s
+(Sapphire Rapids, 2 vCPUs).
+
+Nothing read from these folders runs unless this user's KVScope wrote it (``engine.store.sealed``): a saved graph is a
+pickle, so it is read only with a valid seal, and inductor's cache folder (pickles and shared libraries, which
+inductor trusts as they are) is checked against a sealed record of every file before the first compile of a
+process; what fails is moved aside, named, and built again.
+
+Freezing (inductor folding the weights into the graph as constants) is off: it decoded 2-24% faster in
+bfloat16 on two machines but would put the weights inside every saved graph; ``freezing`` turns it on (the
+benchmarks compare both), compiled in-process like a GPU's graph. On a GPU the graph is built in the calling
+thread (CUDA graphs are recorded per thread), with CUDA graphs replaying a decode step as one launch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.model import kernels, kvcache
+from engine.store import sealed  # kernels: registers the packed products' operators a graph calls
+from engine.store.paths import compiled_graphs_dir
+
+SHORTEST = 256          # the smallest static cache a compiled run allocates
+# One graph per length: with powers of two from 256 a 128k-token context needs 10, past dynamo's default of 8
+# (beyond which it silently decodes eagerly).
+RECOMPILE_LIMIT = 32
+SAVED = "kvscope-decode"     # the folder, among torch.compile's caches, of the saved graphs
+GRAPH = "a saved compiled graph"
+INDUCTOR = "torch.compile's cache folder"
+_CHECKED: dict[str, str] = {}    # inductor folders checked in this process, and what the check found
+
+Step = Callable[[Any, torch.Tensor, torch.Tensor, Any], torch.Tensor]
+_READ: dict[str, Step] = {}      # graphs read or built in this process, by graph_key: a second session reuses one
+_READ_LOCK = threading.Lock()
+
+
+def decode_step(model: Any, token: torch.Tensor, position: torch.Tensor, cache: Any) -> torch.Tensor:
+    """What a compiled graph computes: one token (``[1, 1]``) at ``position`` (``[1, 1]``) through ``model``
+    over ``cache``, which it extends in place; the logits ``[1, 1, V]``."""
+    return kvcache.forward(model, token, cache, positions=position, logits_to_keep=0).logits
+
+
+def cache_length(needed: int, max_context: int) -> int:
+    """The static cache a compiled run allocates for ``needed`` positions: the next power of two (at least
+    ``SHORTEST``), never past the model's context."""
+    if needed >= max_context:
+        return max_context
+    length = SHORTEST
+    while length < needed:
+        length *= 2
+    return min(length, max_context)
+
+
+def graph_key(model: Any, length: int) -> str:
+    """What a saved graph was compiled for, as a file name: everything its skipped guards would have checked.
+    Another model, cache length, instruction set, torch, transformers, KVScope's step or the source of a module
+    of KVScope's inside the model (a packed or quantized layer) gives another name."""
+    import transformers
+
+    params = [(name, tuple(t.shape), str(t.dtype)) for name, t in
+              [*model.named_parameters(), *model.named_buffers()]]
+    classes = {type(m) for m in model.modules()}
+    facts = {
+        "classes": sorted(f"{c.__module__}.{c.__qualname__}" for c in classes),
+        "ours": sorted(_code(c) for c in classes if c.__module__.startswith("engine.")),     # they have no version
+        "kernels": sorted({m.kernel.name for m in model.modules() if isinstance(m, kernels.PackedLinear)}),
+        "config": model.config.to_dict(),
+        "attention": getattr(model.config, "_attn_implementation", None),
+        "params": params,
+        "length": length,
+        "isa": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version,
+        "step": _code(decode_step) + _code(kvcache.forward),
+    }
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return f"{type(model).__name__}-{length}-{digest}"
+
+
+def _code(thing: Any) -> str:
+    """A function's or a class's compiled code, as text that is the same in every process: what it does, read
+    from its bytecode (a frozen app has no source files to read)."""
+    functions = [thing] if hasattr(thing, "__code__") else \
+        [f for _name, f in sorted(vars(thing).items()) if hasattr(f, "__code__")]
+    return "|".join(f"{f.__qualname__}:{_bytecode(f.__code__)}" for f in functions)
+
+
+def _bytecode(code: Any) -> str:
+    consts = ",".join(_bytecode(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts)
+    return f"{code.co_code.hex()}({consts})"
+
+
+def saved_graph(key: str) -> Path:
+    """Beside inductor's caches (``TORCHINDUCTOR_CACHE_DIR``), which a saved graph reads its kernels from (without
+    them reading it compiles its C++ again: 12 s instead of 1)."""
+    return inductor_dir() / SAVED / f"{key}.bin"
+
+
+def inductor_dir() -> Path:
+    return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or compiled_graphs_dir())
+
+
+def trusted_inductor_cache() -> str:
+    """Check inductor's cache folder once per process, before anything is compiled or read from it: every file
+    one KVScope sealed after its last compile (else the folder is moved aside and said, and inductor starts an
+    empty one). Returns what the check said ("" when all was well)."""
+    folder = inductor_dir()
+    key = str(folder)
+    if key in _CHECKED:
+        return ""                               # said once, by the compile that found it
+    _CHECKED[key] = sealed.check_folder(folder, INDUCTOR, skip=(SAVED,)) or ""
+    sealed.private_folder(folder)
+    return _CHECKED[key]
+
+
+def seal_inductor_cache() -> None:
+    """After a compile in this process: record what inductor wrote, so the next launch trusts it."""
+    try:
+        sealed.seal_folder(inductor_dir(), INDUCTOR, skip=(SAVED,))
+    except OSError:
+        pass                                  # a cache that cannot be sealed is checked, refused and rebuilt
+
+
+@dataclass
+class Graph:
+    """A compiled decode graph for one cache length: ``ready`` is set once it is built or its build failed.
+    ``loaded``: built earlier, read from the file an earlier launch saved or from another session of this
+    process (``compile_ms`` is then the reading, not a build)."""
+
+    length: int
+    ready: threading.Event = field(default_factory=threading.Event)
+    compile_ms: float = 0.0
+    error: str | None = None        # why the build failed (decode then stays eager), first line
+    step: Step | None = None
+    loaded: bool = False
+    note: str = ""                  # why it was built although one was saved, or why it is not saved
+
+
+class CompiledDecode:
+    """The model's decode step compiled once per cache length, and the graphs built for it."""
+
+    def __init__(self, model: Any, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self.freezing = False                   # a CPU's weights folded into the graph as constants
+        self._forward: Any = None
+        self._graphs: dict[int, Graph] = {}
+        self._lock = threading.Lock()           # guards _graphs
+        self.build_lock = threading.Lock()      # one build at a time (held while a graph is built)
+
+    @property
+    def saves(self) -> bool:
+        """Whether graphs are compiled ahead of time and saved (a CPU, without freezing)."""
+        return self.device.type == "cpu" and not self.freezing
+
+    def forward(self) -> Step:
+        """``decode_step`` compiled in this process (a GPU's graphs, freezing, or a model dynamo cannot trace
+        whole): dynamo keeps one graph per cache length and checks its guards at every call."""
+        if self._forward is None:
+            _configure()
+            if self.device.type == "cuda":
+                self._forward = torch.compile(decode_step, mode="reduce-overhead", dynamic=False)
+            else:
+                self._forward = torch.compile(decode_step, dynamic=False, options={"freezing": self.freezing})
+        return self._forward
+
+    def graph(self, length: int, background: bool) -> tuple[Graph, bool]:
+        """The graph for ``length``, and whether this call started its build. A new one is built now, or
+        beside the caller when ``background`` on a CPU (CUDA graphs are recorded per thread)."""
+        with self._lock:
+            graph = self._graphs.get(length)
+            if graph is not None:
+                return graph, False
+            graph = self._graphs[length] = Graph(length)
+        if background and self.device.type == "cpu":
+            threading.Thread(target=self._build, args=(graph,), name=f"kvscope-compile-{length}",
+                             daemon=True).start()
+        else:
+            self._build(graph)
+        return graph, True
+
+    def graphs(self) -> list[Graph]:
+        """The graphs built or being built, shortest cache first."""
+        with self._lock:
+            return [self._graphs[length] for length in sorted(self._graphs)]
+
+    def run(self, graph: Graph, token: torch.Tensor, position: torch.Tensor, cache: Any) -> torch.Tensor:
+        """One decode step through ``graph`` (built, without error) over the run's own cache."""
+        assert graph.step is not None, "the graph is not built"
+        return graph.step(self.model, token, position, cache)
+
+    def _build(self, graph: Graph) -> None:
+        """The graph for its length, read or compiled, then called once on a twin cache of that length (laid out
+        by an eager first step) with the arguments every compiled decode step passes."""
+        with self.build_lock:
+            started = time.perf_counter()
+            try:
+                with torch.inference_mode():
+                    twin = kvcache.new_cache(self.model, graph.length)
+                    token = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+                    kvcache.forward(self.model, token, twin)
+                    args = (self.model, token, torch.ones((1, 1), dtype=torch.long, device=self.device), twin)
+                    if self.saves:
+                        graph.step, graph.loaded, graph.note = _ahead_of_time(args, graph.length)
+                    if graph.step is None:                  # a GPU, freezing, or not compiled ahead of time
+                        refused = _configure()
+                        graph.step = self.forward()
+                        graph.note = "; ".join(n for n in (graph.note, refused) if n)
+                    graph.step(*args)
+                    del twin
+                seal_inductor_cache()
+            except Exception as exc:  # noqa: BLE001  (a failed build leaves decode eager; the run says why)
+                graph.step, graph.error = None, _first_line(exc)
+            finally:
+                graph.compile_ms = (time.perf_counter() - started) * 1000.0
+                graph.ready.set()
+
+
+def _configure() -> str:
+    """Point inductor at KVScope's cache folder, once it is checked; what the check said ("" when all was well)."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compiled_graphs_dir()))
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return trusted_inductor_cache()
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _ahead_of_time(args: tuple, length: int) -> tuple[Step | None, bool, str]:
+    """``decode_step`` for this model and length: already read or built in this process, or read from the graph
+    an earlier launch saved (both ``loaded``), or compiled ahead of time and saved. A saved graph that cannot be
+    read or run is compiled again; for a model dynamo cannot trace as one graph it gives None and why (the caller
+    compiles in-process, not saved)."""
+    refused_folder = _configure()
+    key = graph_key(args[0], length)
+    with _READ_LOCK:
+        known = _READ.get(key)
+    if known is not None:
+        return known, True, ""
+    path, note = saved_graph(key), refused_folder
+    if path.exists():
+        try:
+            data = sealed.read_sealed(path, GRAPH)          # checked before any byte reaches the unpickler
+        except sealed.Refused as exc:
+            note = f"{exc}: compiled again"
+        else:
+            try:
+                step = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=globals())
+                step(*args)
+                with _READ_LOCK:
+                    _READ[key] = step
+                return step, True, note
+            except Exception as exc:  # noqa: BLE001  (sealed, but it no longer loads: kept aside, compiled again)
+                note = sealed.put_aside(path, f"the saved graph {path} could not be used ({_first_line(exc)})") \
+                    + ": compiled again"
+    try:
+        with torch._dynamo.config.patch(enable_aot_compile=True):
+            compiling = torch.compile(decode_step, fullgraph=True, dynamic=False,
+                                      options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
+        step = compiling.aot_compile((args, {}))
+    except Exception as exc:  # noqa: BLE001  (graph breaks, or a torch without it: compiled in this process only)
+        return None, False, f"compiled for this launch only, not saved ({_first_line(exc)})"
+    try:
+        sealed.private_folder(path.parent)
+        step.save_compiled_function(str(path))              # written atomically
+        sealed.seal(path, GRAPH)
+    except (OSError, sealed.Refused) as exc:
+        note = f"the graph could not be saved for a later launch ({getattr(exc, 'strerror', None) or exc})"
+    with _READ_LOCK:
+        _READ[key] = step
+    return step, False, note

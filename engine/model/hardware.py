@@ -1,0 +1,153 @@
+"""This machine's ceilings, measured: peak matmul FLOP/s and memory bandwidth, for the cost model's roofline.
+
+Measured once per device, dtype, torch version and thread count, and cached (a few seconds the first time),
+so every later launch shows the bounds at once; a measurement taken on a busy machine is kept too, marked
+busy, never replaces a quiet one and gives no ceiling; it is measured again only when the user asks. On CUDA
+both are measured on the GPU with CUDA events.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from engine.facts.contention import LoadMeter, busy
+from engine.facts.costmodel import Device
+from engine.facts.events import HardwarePeaks
+from engine.store import machine_cache
+
+CACHE = "hardware.json"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _key(device: torch.device, dtype: torch.dtype) -> str:
+    return f"{device_name(device)}|{device.type}|{str(dtype).removeprefix('torch.')}|torch {torch.__version__}|" \
+           f"threads {torch.get_num_threads()}"
+
+
+def _best_seconds(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
+    fn()                                                         # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / 1000.0)
+        else:
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+    return best
+
+
+def measure(device: torch.device, dtype: torch.dtype) -> tuple[Device, float | None]:
+    """Best of a few: a square matmul (2 n^3 FLOPs) and a large copy (read + write bytes); with the share of
+    the cores this process got meanwhile (``engine.facts.contention``; None on a GPU)."""
+    gpu = device.type == "cuda"
+    meter = LoadMeter()
+    meter.start()
+    n = 8192 if gpu else 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    matmul_s = _best_seconds(lambda: torch.matmul(a, b, out=out), device, 10 if gpu else 5)
+    elements = (1 << 30 if gpu else 256 << 20) // 4
+    src = torch.ones(elements, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    copy_s = _best_seconds(lambda: dst.copy_(src), device, 10 if gpu else 5)
+    meter.stop()
+    found = Device(name=device_name(device), flops_per_s=2.0 * n**3 / matmul_s, bytes_per_s=2.0 * src.nbytes / copy_s)
+    return found, None if gpu else meter.share()
+
+
+def peaks(device: torch.device, dtype: torch.dtype, remeasure: bool = False,
+          measuring: Callable[[], None] | None = None, may_measure: bool = True) -> HardwarePeaks | None:
+    """The ceilings for ``device``/``dtype``: from the machine cache unless ``remeasure``. A measurement taken
+    on a busy machine never replaces a quiet one (the quiet one is returned); with no quiet one it is kept,
+    marked with the CPU share it got, so an always-busy machine is not measured at every launch, and no ceiling
+    is computed from it (``HardwarePeaks.quiet``). ``measuring`` is called only when it measures (a cached
+    figure needs no word); ``may_measure=False``: the cached figure or None, never a measurement (a lecture must
+    not wait a minute for one)."""
+    key = _key(device, dtype)
+    cached = _cached(key, dtype)
+    if cached is not None and not remeasure:
+        return cached
+    if not may_measure:
+        return None
+    if measuring is not None:
+        measuring()
+    found, share = measure(device, dtype)
+    if busy(share) and cached is not None and cached.quiet:
+        return cached
+    today = time.strftime("%Y-%m-%d")
+    machine_cache.remember(CACHE, key, {"name": found.name, "flops_per_s": found.flops_per_s,
+                                        "bytes_per_s": found.bytes_per_s, "measured": today, "cpu_share": share})
+    return HardwarePeaks(found.name, str(dtype).removeprefix("torch."), found.flops_per_s, found.bytes_per_s,
+                         cached=False, cpu_share=share, measured=today)
+
+
+def quiet_peaks(device: torch.device, dtype: torch.dtype, attempts: int = 3) -> HardwarePeaks | None:
+    """Peaks a ceiling may be computed from: the quiet ones kept, or measured again (at most ``attempts`` times)
+    until a measurement is quiet; None when the machine stayed busy throughout (no ceiling is then shown)."""
+    found = peaks(device, dtype)
+    for _ in range(attempts):
+        if found is not None and found.quiet:
+            return found
+        found = peaks(device, dtype, remeasure=True)
+    return found if found is not None and found.quiet else None
+
+
+def share_of_ceiling(rate: float, ceiling: float | None) -> str:
+    """``rate`` as a share of ``ceiling`` for a table: never above 100% (a rate above its ceiling shows the
+    ceiling is wrong, and says so instead), and nothing where there is no ceiling."""
+    if ceiling is None or ceiling <= 0:
+        return "no quiet ceiling"
+    if rate > ceiling:
+        return "above the ceiling (ceiling wrong)"
+    return f"{rate / ceiling:.0%}"
+
+
+def _cached(key: str, dtype: torch.dtype) -> HardwarePeaks | None:
+    entry = machine_cache.entry(CACHE, key)
+    if entry is None:
+        return None
+    try:
+        return HardwarePeaks(str(entry["name"]), str(dtype).removeprefix("torch."), float(entry["flops_per_s"]),
+                             float(entry["bytes_per_s"]), cached=True, cpu_share=entry.get("cpu_share"),
+                             measured=str(entry.get("measured", "")))
+    except (KeyError, TypeError, ValueError):
+        return None                                 # a damaged entry is measured again
+
+
+def peaks_event(loaded, remeasure: bool = False, measuring: Callable[[], None] | None = None,
+                may_measure: bool = True) -> HardwarePeaks | None:
+    """The ``HardwarePeaks`` event for a loaded model's device and dtype (measured once, then cached)."""
+    return peaks(loaded.device, loaded.model.dtype, remeasure, measuring, may_measure)
+
+
+def implausible(peaks: HardwarePeaks, achieved_flops_per_s: float, achieved_bytes_per_s: float = 0.0) -> bool:
+    """A run that achieved more than a ceiling shows the ceiling is wrong (measured while busy, or the
+    machine changed): time to measure it again."""
+    return achieved_flops_per_s > 1.1 * peaks.flops_per_s or achieved_bytes_per_s > 1.1 * peaks.bytes_per_s
+
+
+def as_device(peaks: HardwarePeaks) -> Device:
+    return Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)

@@ -1,0 +1,324 @@
+"""A run on disk: JSON lines, a versioned header first, then one event per line.
+
+Traces are data from anywhere, so reading one parses JSON (no NaN, no infinities, bounded lines, numbers,
+containers and depth) and checks every event against the schema in ``engine.facts.schema``; nothing is evaluated.
+Writing runs the same checks on every event before it is written, so a trace KVScope writes is one it can read:
+an event that would not pass (a bug in a producer) ends the file there, and the writer says so. Writes are
+atomic (``engine.store.files``). Several traces joined into one file (``cat a b > c``) read as one list of events.
+No torch here: the app replays traces with no model loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine import __version__, lessons
+from engine.facts.errors import TraceError
+from engine.facts.events import TRACE_EVENTS, ExperimentStarted, RunFailed, RunFinished, RunStarted, to_dict
+from engine.facts.schema import Checker, SchemaError
+from engine.facts.textstream import clean_text
+from engine.store.files import WriteRefused, writable_target, write_atomically
+
+FORMAT = "kvscope-trace"
+VERSION = 3            # 3: lessons' settings and results typed; per-layer storage; layer times
+MAX_FILE_BYTES = 4 << 30
+MAX_LINE_BYTES = 64 << 20            # one event; a KV-norms batch of a 128k-token prefill is about 61 MiB
+MAX_CONTAINERS = 100_000             # lists and objects in one line (a legitimate event has a few thousand)
+MAX_DIGITS = 40                      # digits of one whole number (the largest a trace holds has 19)
+MAX_EVENTS = 20_000_000
+MAX_REPLAY_GAP_S = 3.0               # a longer pause in a recording is shortened, and the replay says so
+BOM = b"\xef\xbb\xbf"
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def header() -> dict:
+    return {"format": FORMAT, "version": VERSION, "kvscope": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def checker() -> Checker:
+    """The schema checker with every lesson's settings and result types (``engine.lessons``)."""
+    return Checker(lessons.types())
+
+
+# --- writing ----------------------------------------------------------------------------------------------
+def check_writable(path: str | os.PathLike) -> Path:
+    """Refuse a path a trace cannot be written to, before any work is done for it."""
+    try:
+        return writable_target(path, "the trace", "run.kvscope.jsonl")
+    except WriteRefused as exc:
+        raise TraceError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class Written:
+    """What ``write_trace`` wrote: the file, how many events, and what it left out (empty when nothing)."""
+
+    path: Path
+    events: int
+    note: str = ""
+
+
+def write_trace(path: str | os.PathLike, events: Iterable[object]) -> Path:
+    """Write ``events`` atomically, checked (:func:`write_checked`); the file written."""
+    return write_checked(path, events).path
+
+
+def write_checked(path: str | os.PathLike, events: Iterable[object]) -> Written:
+    """Write ``events`` atomically, each checked by the reader's own checks first. An event the reader would
+    refuse ends the trace there (what came before reads back, its run marked incomplete), and ``note`` says
+    which event and why."""
+    check_writable(path)
+    check, written, note = checker(), 0, ""
+
+    def write(f) -> None:
+        nonlocal written, note
+        f.write(json.dumps(header()) + "\n")
+        for event in events:
+            if not isinstance(event, TRACE_EVENTS):
+                continue
+            data = to_dict(event)
+            try:
+                check.event(data)
+            except SchemaError as exc:
+                note = (f"the trace stops before event {written + 1} ({type(event).__name__}), which its reader "
+                        f"would refuse: {exc}")
+                return
+            f.write(_line(data) + "\n")
+            written += 1
+
+    try:
+        target = write_atomically(path, write, what="the trace")
+    except WriteRefused as exc:
+        raise TraceError(str(exc)) from None
+    return Written(target, written, note)
+
+
+def _line(data: dict) -> str:
+    """One checked event as a JSON line: UTF-8 where it can be, escaped where it cannot (a lone surrogate from a
+    trace someone else wrote reads back as the replacement character)."""
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(data, ensure_ascii=True, allow_nan=False)
+    return text
+
+
+class TraceWriter:
+    """A sink that collects a run's events and writes them when the run ends (atomically, as above)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = check_writable(path)
+        self.events: list[object] = []
+        self.note = ""
+
+    def __call__(self, event: object) -> None:
+        self.events.append(event)
+
+    def close(self) -> Path:
+        written = write_checked(self.path, self.events)
+        self.note = written.note
+        return written.path
+
+
+# --- reading ----------------------------------------------------------------------------------------------
+class Trace(list):
+    """The events of a trace, in order; ``incomplete`` names the runs that never finished in it."""
+
+    incomplete: list[str]
+
+
+def read_trace(path: str | os.PathLike) -> Trace:
+    """All events of a trace, checked. Anything that is not a complete, valid trace of a known version is a
+    ``TraceError`` naming the file, the line and the field; a run that never finished is kept and named in
+    ``Trace.incomplete``."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if not p.is_file():
+            raise TraceError(f"{p} is not a file: pick a KVScope trace (.jsonl)")
+        if size > MAX_FILE_BYTES:
+            raise TraceError(f"{p.name} is {size / 2**30:,.1f} GiB; KVScope reads traces up to "
+                             f"{MAX_FILE_BYTES / 2**30:,.0f} GiB")
+        with p.open("rb") as f, _no_cyclic_gc():
+            return _read(f, p.name)
+    except OSError as exc:
+        raise TraceError(f"Cannot open trace {p}: {exc.strerror or exc}") from None
+
+
+def read_traces(paths: Iterable[str | os.PathLike]) -> list[Trace]:
+    """Several traces, each read and checked before any is used (a lecture prepared as several files)."""
+    return [read_trace(path) for path in paths]
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Events hold no reference cycles, but the collector would walk the growing list of them again and again
+    (a third of the reading time of a large trace); reference counting frees them just the same."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _read(f, name: str) -> Trace:
+    check = checker()
+    events = Trace()
+    number = 0
+    last = b""
+    while True:
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            break
+        number += 1
+        last = raw
+        if number == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM):]
+        if len(raw) > MAX_LINE_BYTES:
+            raise TraceError(f"{name} line {number} is longer than {MAX_LINE_BYTES >> 20} MiB: not a KVScope trace")
+        if not raw.strip():
+            continue
+        data = _parse(raw, name, number)
+        if number == 1 or _is_header(data):
+            _check_header(data, name, number)
+            continue
+        if len(events) >= MAX_EVENTS:
+            raise TraceError(f"{name} holds more than {MAX_EVENTS:,} events; KVScope reads at most that many")
+        try:
+            events.append(check.event(data))
+        except SchemaError as exc:
+            raise TraceError(f"{name} line {number} is not a valid event: {exc}") from None
+    if number == 0:
+        raise TraceError(f"{name} is empty: there is no run in it")
+    if not last.endswith(b"\n"):
+        raise TraceError(f"{name} is truncated: its last line (line {number}) is incomplete")
+    if not any(isinstance(e, (RunStarted, ExperimentStarted)) for e in events):
+        raise TraceError(f"{name} holds no run and no experiment")
+    events.incomplete = check.unfinished_runs()
+    return events
+
+
+def _is_header(data: object) -> bool:
+    return type(data) is dict and data.get("format") == FORMAT and "type" not in data
+
+
+def _check_header(head: object, name: str, number: int) -> None:
+    if not isinstance(head, dict) or head.get("format") != FORMAT:
+        raise TraceError(f"{name} is not a KVScope trace (its first line is not a trace header)")
+    version = head.get("version")
+    if version != VERSION:
+        shown = version if type(version) is int and abs(version) < 10**6 else "unknown"
+        where = "" if number == 1 else f" (the trace joined to it at line {number:,})"
+        raise TraceError(f"{name}{where} is trace version {shown}; this KVScope reads version {VERSION}. Open it "
+                         "with the KVScope that wrote it.")
+
+
+def _parse(raw: bytes, name: str, number: int) -> object:
+    """One line as JSON, its size bounded before it is parsed in full: at most ``MAX_CONTAINERS`` lists and
+    objects, so the peak memory of a line stays within about ten times ``MAX_LINE_BYTES``."""
+    containers = raw.count(b"[") + raw.count(b"{")
+    if containers > MAX_CONTAINERS:
+        raise TraceError(f"{name} line {number} holds {containers:,} lists and objects; a KVScope event holds at "
+                         f"most {MAX_CONTAINERS:,}: not a KVScope trace")
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TraceError(f"{name} is not a KVScope trace (line {number} is not UTF-8 text)") from None
+    try:
+        data = _DECODER.decode(line)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{name} line {number} is not valid JSON ({exc.msg}): the file is damaged or "
+                         "truncated") from None
+    except RecursionError:
+        raise TraceError(f"{name} line {number} is nested too deeply to be a KVScope event") from None
+    except ValueError as exc:
+        raise TraceError(f"{name} line {number} is not valid: {exc}") from None
+    if _SURROGATE_ESCAPE.search(raw):
+        data = _without_surrogates(data)
+    return data
+
+
+def _no_constant(token: str) -> object:
+    raise ValueError(f"{token} is not a number a trace may hold")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"it holds a whole number of {len(text):,} digits; a KVScope value has at most "
+                         f"{MAX_DIGITS}")
+    return int(text)
+
+
+def _without_surrogates(value: object) -> object:
+    """Strings with lone surrogates (valid escaped JSON, not valid text) with each replaced by U+FFFD."""
+    if type(value) is str:
+        return clean_text(value)[0]
+    if type(value) is list:
+        return [_without_surrogates(v) for v in value]
+    if type(value) is dict:
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_int=_bounded_int)   # one decoder: one per line costs 2x
+
+
+# --- replaying --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReplayGap:
+    """The replay shortened a pause in the recording (``recorded_ms``) to ``shown_ms``."""
+
+    recorded_ms: float
+    shown_ms: float
+
+
+@dataclass(frozen=True)
+class ReplayIncomplete:
+    """The trace ends before this run finished: it is shown as far as it goes, marked incomplete."""
+
+    run_id: str
+
+
+def replay(events: Iterable[object], speed: float = 1.0, sleep: Callable[[float], None] = time.sleep,
+           cancelled: Callable[[], bool] = lambda: False, max_gap_s: float = MAX_REPLAY_GAP_S) -> Iterator[object]:
+    """Yield ``events`` at their recorded pace (``t_ms``), ``speed`` times faster; ``speed <= 0`` means as fast
+    as possible. A pause longer than ``max_gap_s`` (after scaling) is shortened to it, announced by a
+    ``ReplayGap``; runs the trace leaves unfinished are announced at the end by ``ReplayIncomplete``. Stops
+    early when ``cancelled()``."""
+    last_t: float | None = None
+    started: list[str] = []
+    ended: set[str] = set()
+    for event in events:
+        t = getattr(event, "t_ms", None)
+        if isinstance(event, (RunStarted, ExperimentStarted)):
+            last_t = None
+        if speed > 0 and t is not None:
+            if last_t is not None and t > last_t:
+                wait = (t - last_t) / 1000.0 / speed
+                if wait > max_gap_s:
+                    yield ReplayGap(t - last_t, max_gap_s * 1000.0)
+                    wait = max_gap_s
+                sleep(wait)
+            last_t = t
+        if isinstance(event, RunStarted):
+            started.append(event.run_id)
+        elif isinstance(event, (RunFinished, RunFailed)):
+            ended.add(event.run_id)
+        if cancelled():
+            return
+        yield event
+    for run_id in started:
+        if run_id not in ended:
+            yield ReplayIncomplete(run_id)

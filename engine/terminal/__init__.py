@@ -1,0 +1,1 @@
+"""The headless CLI's subcommands and flags, and its terminal-safe output."""

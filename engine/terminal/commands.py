@@ -1,0 +1,265 @@
+"""The CLI's subcommands: ``costmodel`` (the analytic model, and the seed's worked example), ``sweep <lesson>``
+and ``load`` (the lessons of ``engine.lessons``, each printing the table the window draws, their flags taken
+from the lesson's settings) and ``perfetto`` (traces to a Chrome/Perfetto trace).
+
+Every argument is checked before anything loads. Ctrl+C, SIGTERM and SIGHUP during a sweep or a load test
+keep what was measured: the trace is written, its experiment unfinished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from engine import lessons
+from engine.facts import config_facts, costmodel, kvformula
+from engine.facts.contention import busy_note
+from engine.facts.errors import EngineError
+from engine.facts.events import ExperimentFinished, ExperimentPoint, ExperimentProgress, ModelFacts, plain
+from engine.facts.fields import MAX_CONTEXT
+from engine.facts.report import quantity
+from engine.facts.textstream import safe, safe_line
+from engine.output.perfetto import write_perfetto
+from engine.output.trace import check_writable, read_traces
+from engine.run.experiment import Lesson, run_lesson
+from engine.terminal.command_line import (
+    EXIT_BAD_INPUT,
+    Parser,
+    add_model_arguments,
+    add_server_arguments,
+    add_settings_flags,
+    bounded,
+    close_writer,
+    keep_partial,
+    load_with_progress,
+    program,
+    settings_from,
+    trace_writer,
+)
+
+
+# --- costmodel ------------------------------------------------------------------------------------------------------
+def costmodel_parser() -> argparse.ArgumentParser:
+    p = Parser(prog=program("costmodel"), description=(
+        "FLOPs and bytes of prefill and decode. --seed-example prints the course module's worked example; "
+        "otherwise the whole-model estimate for --model on this machine's measured ceilings."))
+    p.add_argument("--seed-example", action="store_true", help="the attention-only example, exactly as the seed")
+    p.add_argument("--remeasure", action="store_true",
+                   help="measure this machine's peak FLOP/s and bandwidth again instead of using the cached ones")
+    p.add_argument("--context", type=bounded(1, MAX_CONTEXT), default=None, metavar="N",
+                   help="also give the KV cache at N positions (a folder with only config.json: the arithmetic "
+                        "from its config, no weights needed)")
+    add_model_arguments(p)
+    return p
+
+
+def costmodel_main(argv: list[str]) -> int:
+    args = costmodel_parser().parse_args(argv)
+    if args.seed_example:
+        print(costmodel.seed_example())
+        print("\nWhy a real model's prefill time grows slower than this: the example counts attention alone, whose "
+              "FLOPs grow as n^2. A real model also multiplies every token by all its weights (2 x parameters FLOPs "
+              "per token, growing as n), which dominates until the n^2 term catches up (for SmolLM2-135M at about "
+              "6,100 tokens, computed), and a short prompt's time is mostly reading the weights once. `python -m "
+              "engine costmodel` computes the crossover for a model; `python -m engine sweep prefill` measures the "
+              "exponent (README: about n^0.6 to n^1.1 on a CPU).")
+        return 0
+    folder = Path(args.model).expanduser()
+    if folder.is_dir() and (folder / "config.json").is_file() and not config_facts.has_weights(folder):
+        print(config_table(folder, args.context, args.memory_budget))
+        return 0
+    loaded = load_with_progress(args)
+    if args.context:
+        m = loaded.facts
+        print(f"KV cache at {args.context:,} positions: "
+              f"{kvformula.format_bytes(kvformula.predicted_kv_bytes(m, args.context))} (computed)\n")
+    from engine.model.hardware import peaks_event  # torch: only for a command that measures
+
+    peaks = peaks_event(loaded, remeasure=args.remeasure)
+    device = costmodel.Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
+    print(whole_model_table(loaded.facts, device))
+    when = f"cached, measured {peaks.measured}" if peaks.cached else "measured now"
+    print(f"\nPeaks: {when}" + (f"; {busy_note(peaks.cpu_share)}" if busy_note(peaks.cpu_share) else ""))
+    return 0
+
+
+def config_table(folder: Path, context: int | None, budget: int) -> str:
+    """A folder with only ``config.json``: the cache and weight arithmetic its config is enough for, computed
+    (16-bit cache, as such models serve)."""
+    cfg = config_facts.read(folder)
+    why = config_facts.refusal(cfg)
+    if why is not None:
+        raise EngineError(f"{folder.name}: {why}")
+    sizes = config_facts.sizes(cfg)
+    m = config_facts.model_facts(folder, cfg, "bfloat16")
+    fmt = kvformula.format_bytes
+    per_token = kvformula.bytes_per_token(m)
+    lines = [f"{safe_line(folder.name)} ({safe_line(m.architecture)}): computed from config.json alone (no weights); "
+             "every figure below is computed, none measured", "",
+             f"KV cache: {kvformula.formula_text(m)} ({fmt(per_token)} per position)", f"  {kvformula.heads_text(m)}"]
+    if m.context_declared:
+        lines.append(f"  at its context ({kvformula.full_context_positions(m):,} positions, from "
+                     f"{sizes.context_key}): {fmt(kvformula.full_context_kv_bytes(m))}")
+    else:
+        lines.append("  its context: not declared by the config")
+    if context:
+        lines.append(f"  at {context:,} positions: {fmt(kvformula.predicted_kv_bytes(m, context))}")
+    lines += ["", f"weights (about {sizes.parameters() / 1e9:,.2f}B parameters, estimated from the config's sizes): "
+              + " · ".join(f"{name} {fmt(sizes.weight_bytes(name))}" for name in ("float32", "bfloat16", "int8",
+                                                                                   "int4"))]
+    if budget:
+        positions = context or (kvformula.full_context_positions(m) if m.context_declared else 0)
+        kv = kvformula.predicted_kv_bytes(m, positions) if positions else 0
+        for name in ("bfloat16", "int8", "int4"):
+            need = sizes.weight_bytes(name) + kv
+            lines.append(f"memory budget {fmt(budget)}: {name} weights + KV at {positions:,} positions = {fmt(need)}: "
+                         + ("fits" if need <= budget else "does not fit"))
+    return "\n".join(lines)
+
+
+def whole_model_table(m: ModelFacts, device: costmodel.Device) -> str:
+    cost = costmodel.ModelCost(m)
+    lines = [f"{safe_line(m.name)}: {m.num_params / 1e6:,.1f}M parameters ({cost.body_params / 1e6:,.1f}M in the "
+             f"layers), {m.dtype}; {safe_line(device.name)}: peak {device.flops_per_s / 1e9:,.1f} GFLOP/s, "
+             f"{device.bytes_per_s / 1e9:,.1f} GB/s (measured)",
+             "All other figures are computed by the cost model.", "",
+             "prefill  tokens |      FLOPs |      bytes | FLOP/byte | compute ms | memory ms | bound",
+             "----------------+------------+------------+-----------+------------+-----------+----------"]
+    n = 16
+    while n < m.max_context:
+        c = cost.prefill(n)
+        lines.append(f"{n:15,d} | {quantity(c.flops):>10} | {quantity(c.bytes):>10} | {c.intensity:9,.1f} | "
+                     f"{c.compute_s(device) * 1e3:10.2f} | {c.memory_s(device) * 1e3:9.2f} | {c.bound(device)}")
+        n *= 4
+    lines += ["", "decode position |      FLOPs |      bytes | FLOP/byte | compute ms | memory ms | max tok/s",
+              "----------------+------------+------------+-----------+------------+-----------+----------"]
+    for p in (16, 256, 1024, m.max_context - 1):
+        c = cost.decode(p)
+        lines.append(f"{p:15,d} | {quantity(c.flops):>10} | {quantity(c.bytes):>10} | {c.intensity:9,.2f} | "
+                     f"{c.compute_s(device) * 1e3:10.3f} | {c.memory_s(device) * 1e3:9.3f} | "
+                     f"{1.0 / c.predicted_s(device):9,.1f}")
+    lines += ["", costmodel.scaling_note(cost)]
+    return "\n".join(lines)
+
+
+# --- sweep <lesson> and load: the lessons --------------------------------------------------------------------------
+def sweep_parser() -> argparse.ArgumentParser:
+    p = Parser(prog=program("sweep"), description=(
+        "Run a lesson's experiment on a model loaded here and print its table (python -m engine sweep KIND --help "
+        "lists a lesson's settings)."))
+    kinds = p.add_subparsers(dest="kind", required=True, metavar="KIND", parser_class=Parser)
+    for lesson in lessons.sweeps():
+        sub = kinds.add_parser(lesson.kind, help=lesson.title, description=f"{lesson.title}: "
+                               f"{(sys.modules[lesson.run.__module__].__doc__ or '').strip().splitlines()[0]}")
+        add_model_arguments(sub)
+        add_settings_flags(sub, lesson.settings)
+        _add_output_arguments(sub)
+    return p
+
+
+def load_parser() -> argparse.ArgumentParser:
+    lesson = lessons.server_lesson()
+    p = Parser(prog=program("load"), description=(
+        "Fire N streamed requests at a serving engine (one every --every seconds), time each from this client, and "
+        "poll its /metrics. Bounded: at most 64 requests, and it stops by itself after --limit seconds."))
+    add_server_arguments(p, required=True)
+    add_settings_flags(p, lesson.settings)
+    _add_output_arguments(p)
+    return p
+
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", metavar="FILE", help="save the experiment's events as JSON lines")
+    p.add_argument("--json", action="store_true", help="print the points and the result as JSON")
+
+
+def sweep_main(argv: list[str]) -> int:
+    p = sweep_parser()
+    args = p.parse_args(argv)
+    lesson = lessons.lesson(args.kind)
+    settings = settings_from(lesson.settings, args, p)
+    writer = trace_writer(args.trace)                    # a bad path fails before the load
+    loaded = load_with_progress(args)
+    from engine.model.hardware import peaks_event  # torch: only for a command that measures
+    from engine.run.session import Session
+
+    return _run(lesson, Session(loaded), settings, args, writer, peaks_event(loaded))
+
+
+def load_main(argv: list[str]) -> int:
+    p = load_parser()
+    args = p.parse_args(argv)
+    lesson = lessons.server_lesson()
+    settings = settings_from(lesson.settings, args, p)
+    from engine.serve.remote import RemoteSession, probe
+
+    writer = trace_writer(args.trace)
+    facts = probe(args.server, deadline_s=args.deadline)
+    return _run(lesson, RemoteSession(facts, deadline_s=args.deadline), settings, args, writer, None)
+
+
+def _run(lesson: Lesson, target: Any, settings: Any, args: argparse.Namespace, writer: Any, peaks: Any) -> int:
+    """Run the lesson with progress on stderr, print its table (or JSON), write its trace."""
+    events: list[object] = []
+
+    def sink(event: object) -> None:
+        events.append(event)
+        if writer is not None:
+            writer(event)
+        if isinstance(event, ExperimentProgress) and not args.json:
+            print(f"[{event.done}/{event.total}] {safe_line(event.message)}", file=sys.stderr, flush=True)
+
+    cancel = threading.Event()
+    try:
+        finished = run_lesson(lesson, target, settings, sink, cancel, peaks)
+    except KeyboardInterrupt:
+        cancel.set()
+        keep_partial(writer)
+        raise
+    except BaseException:
+        keep_partial(writer)                            # the experiment's failure is in the trace too
+        raise
+    points = [e for e in events if isinstance(e, ExperimentPoint)]
+    if args.json:
+        print(json.dumps(experiment_json(lesson, target, points, finished), indent=1))
+    else:
+        print(safe(lesson.table(points, finished.result)))
+        if finished.result.tokens_note:
+            print(f"why the tokens differ: {finished.result.tokens_note}")
+        if finished.reason != "done":
+            print(f"({finished.reason})")
+    if not close_writer(writer):
+        return EXIT_BAD_INPUT
+    # Stopped, or ended early (a worker that died, requests that failed): what was measured is printed and kept,
+    # and the status says it is not the whole experiment.
+    return 0 if finished.reason == "done" and not finished.result.incomplete else 1
+
+
+def experiment_json(lesson: Lesson, target: Any, points: list[ExperimentPoint], finished: ExperimentFinished) -> dict:
+    facts = target.facts
+    where = {"server": facts.url, "engine": facts.engine} if hasattr(facts, "url") else \
+        {"model": facts.name, "device": facts.device}
+    return {"kind": lesson.kind, **where, "points": [dict(series=p.series, **p.values) for p in points],
+            "result": plain(finished.result), "reason": finished.reason}
+
+
+# --- perfetto -----------------------------------------------------------------------------------------------------
+def perfetto_parser() -> argparse.ArgumentParser:
+    p = Parser(prog=program("perfetto"), description=(
+        "Convert KVScope traces to one Chrome/Perfetto trace (open it in ui.perfetto.dev or chrome://tracing)."))
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="KVScope traces (.jsonl)")
+    p.add_argument("--out", required=True, metavar="FILE", help="the Perfetto trace to write (.json)")
+    return p
+
+
+def perfetto_main(argv: list[str]) -> int:
+    args = perfetto_parser().parse_args(argv)
+    check_writable(args.out)
+    events = [e for trace in read_traces(args.traces) for e in trace]
+    target = write_perfetto(args.out, events)
+    print(f"wrote {safe_line(target)} ({len(events):,} events from {len(args.traces)} trace(s))")
+    return 0
