@@ -228,6 +228,11 @@ class LessonView(QWidget):
     presets: ClassVar[dict[str, list[tuple[str, object]]]] = {}
     table_series: ClassVar[tuple[str, ...] | None] = None     # the points' series the table lists (None: all)
     in_tabs: ClassVar[bool] = True          # the chat comparison lives in the Chat panel instead
+    scene_charts: ClassVar[tuple[str, ...]] = ("chart",)     # the charts its scene is read by, as attributes
+
+    def read_charts(self) -> list:
+        """The charts a lecture's audience reads in this lesson's scene (what must stay large enough there)."""
+        return [getattr(self, name) for name in self.scene_charts]
 
     def __init__(self, store: RunStore, choices: LessonChoices) -> None:
         super().__init__()

@@ -36,6 +36,7 @@ def log_ticks(low: float, high: float, most: int = 6) -> list[tuple[float, str]]
 
 class ArchitecturesView(LessonView):
     lesson = architectures.LESSON
+    scene_charts = ("chart", "contexts_chart")
     axes = ("KV per token (log scale, measured)", None, "", None)
     columns = [("index", "design", "{}"), ("measured", "KV/token measured", "{}"), ("formula", "formula", "{}"),
                ("state", "state", "{}"), ("at_4k", "at 4k", "{}"), ("at_32k", "at 32k", "{}"),

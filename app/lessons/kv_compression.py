@@ -38,6 +38,7 @@ def short(name: str) -> str:
 
 class CompressionView(LessonView):
     lesson = kv_compression.LESSON
+    scene_charts = ("chart", "steps_chart")
     axes = ("KV cache held", "MiB", "KL per token", "nats")
     table_series = ("method",)
     presets = {"prompt": [("the sample long document", None), ("the prompt in Controls", CONTROLS_PROMPT)]}

@@ -19,6 +19,7 @@ from engine.lessons.offload import OffloadResult, split_line
 
 class OffloadView(LessonView):
     lesson = offload.LESSON
+    scene_charts = ("chart", "layers_chart")
     axes = ("decoder layers on disk", None, "decode", "tok/s")
     columns = [("disk_layers", "layers on disk", "{:,.0f}"), ("decode_tok_s", "decode tok/s (measured)", "{:,.1f}"),
                ("predicted_decode_tok_s", "predicted tok/s", "{:,.1f}"),

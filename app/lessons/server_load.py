@@ -21,6 +21,7 @@ from engine.serve.prefix_tree import tree_of
 
 class ServerLoadView(LessonView):
     lesson = server_load.LESSON
+    scene_charts = ("tree_chart",)
     axes = ("time since the first request", "ms", "request", None)
     columns = [("index", "request", "{:,.0f}"), ("arrival_ms", "sent at ms", "{:,.0f}"),
                ("ttft_ms", "TTFT ms (client)", "{:,.1f}"), ("server_prompt_ms", "prompt ms (server)", "{:,.1f}"),

@@ -283,4 +283,6 @@ def table(points: Sequence[ExperimentPoint], result: ArchitecturesResult) -> str
 
 
 LESSON = Lesson(kind="architectures", title="Why new models hold less KV", settings=ArchitecturesSettings,
-                result=ArchitecturesResult, run=run, table=table, timed=False)
+                result=ArchitecturesResult, run=run, table=table, timed=False,
+                quick={"designs": ("Falcon-7B", "gpt-oss-20b", "Qwen3-Next-80B-A3B"), "prompt_tokens": 16,
+                       "decode_steps": 1})

@@ -99,4 +99,5 @@ def latency_words(growth: float) -> str:
 
 
 LESSON = Lesson(kind="batch", title="Batch size", settings=BatchSettings, result=BatchResult, run=run,
-                table=table)
+                table=table,
+                quick={"sizes": (1, 2, 4), "new_tokens": 6})

@@ -134,4 +134,5 @@ def table(points: Sequence[ExperimentPoint], result: ContinuousResult) -> str:
 
 
 LESSON = Lesson(kind="continuous", title="Continuous batching", settings=ContinuousSettings,
-                result=ContinuousResult, run=run, table=table, check=check, timeline=timeline)
+                result=ContinuousResult, run=run, table=table, check=check, timeline=timeline,
+                quick={"requests": 3, "arrive_every": 2, "new_tokens": (4, 6)})

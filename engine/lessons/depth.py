@@ -167,4 +167,5 @@ def table(points: Sequence[ExperimentPoint], result: DepthResult) -> str:
 
 
 LESSON = Lesson(kind="depth", title="Decode vs depth", settings=DepthSettings, result=DepthResult, run=run,
-                table=table, check=check)
+                table=table, check=check,
+                quick={"deepest": 256, "depths": 3, "steps": 4})

@@ -231,4 +231,5 @@ def _ceiling(values: dict, key: str) -> str:
 
 
 LESSON = Lesson(kind="dtype", title="Weight formats", settings=FormatsSettings, result=FormatsResult, run=run,
-                table=table)
+                table=table,
+                quick={"formats": ("float32", "int8"), "new_tokens": 6, "repeats": 1})

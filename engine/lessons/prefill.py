@@ -156,4 +156,5 @@ def table(points: Sequence[ExperimentPoint], result: PrefillResult) -> str:
 
 
 LESSON = Lesson(kind="prefill", title="Prefill vs prompt length", settings=PrefillSettings, result=PrefillResult,
-                run=run, table=table, check=check)
+                run=run, table=table, check=check,
+                quick={"max_length": 128, "repeats": 1})

@@ -459,4 +459,5 @@ def prefix_lines(r: ServerLoadResult) -> list[str]:
 
 
 LESSON = Lesson(kind="server load", title="Server load", settings=ServerLoadSettings, result=ServerLoadResult,
-                run=run, table=table, target=SERVER, timeline=timeline)
+                run=run, table=table, target=SERVER, timeline=timeline,
+                quick={"requests": 3, "every_s": 0.5})

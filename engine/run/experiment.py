@@ -14,8 +14,8 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.facts.contention import LoadMeter
@@ -65,7 +65,9 @@ class Lesson:
     result; ``check(target, settings)`` refuses settings the loaded model cannot run, before anything starts;
     ``table(points, result)`` is what the CLI prints; ``timeline(point)`` what a point adds to a Perfetto trace
     (lanes of requests, counters), if anything; ``timed`` is False for a lesson whose figures are bytes, which
-    no busy machine changes (no busy note)."""
+    no busy machine changes (no busy note). ``quick``: settings for a short run on a small model (a 256-position
+    context, seconds), what the tests that take every lesson and a quick demonstration use: declared here so a
+    new lesson brings its own and no test keeps a table of lessons."""
 
     kind: str
     title: str
@@ -77,6 +79,7 @@ class Lesson:
     check: Callable[[Any, Any], None] | None = None
     timeline: Callable[[ExperimentPoint], list[Span | Counter]] | None = None
     timed: bool = True          # False: it measures bytes, not time, so a busy machine changes nothing
+    quick: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Experiment:

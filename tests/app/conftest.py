@@ -68,10 +68,12 @@ def run_and_wait(qtbot, window, timeout: int = 60_000):
 
 @pytest.fixture(scope="session")
 def lecture_trace(tiny, tmp_path_factory):
-    """One trace with what every scene draws: a run, and the cache, prefill, batch, continuous, chat, depth, KV
-    compression and disaggregation experiments (on the tiny model: the shapes of the real thing, in seconds)."""
+    """One trace with what every scene draws: a run, and every lesson a scene shows, run with its quick settings
+    (on the tiny model: the shapes of the real thing, in seconds)."""
+    from app import lessons as app_lessons
     from engine.facts.params import GenerationParams
     from engine.output.trace import read_trace, write_trace
+    from engine.run.experiment import MODEL
     from engine.run.session import Session
     from tests.lessons import collect
 
@@ -79,21 +81,9 @@ def lecture_trace(tiny, tmp_path_factory):
     events: list = []
     session.run("hello <b>world</b>", GenerationParams(max_new_tokens=24, temperature=0.8, top_k=20, seed=1,
                                                        capture_attention=True), events.append)
-    for kind, settings in (("cache", {"new_tokens": 12}), ("prefill", {"max_length": 128, "repeats": 1}),
-                           ("batch", {"sizes": (1, 2, 4), "new_tokens": 6}),
-                           ("continuous", {"requests": 3, "arrive_every": 2, "new_tokens": (4, 6)}),
-                           ("chat", {"turns": ("hi", "and then?"), "new_tokens": 6, "repeats": 2}),
-                           ("speculative", {"new_tokens": 12, "repeats": 1}),
-                           ("paged", {"requests": 3, "new_tokens": 4}),
-                           ("architectures", {"designs": ("Falcon-7B", "gpt-oss-20b", "Qwen3-Next-80B-A3B"),
-                                              "prompt_tokens": 16, "decode_steps": 1}),
-                           ("offload", {"disk_shares": (0.0, 0.5), "new_tokens": 4}),
-                           ("depth", {"deepest": 256, "depths": 3, "steps": 4}),
-                           ("kv-compression", {"prompt": " ".join(["The cache keeps what attention read."] * 4),
-                                               "new_tokens": 6, "methods": ("full", "fp8", "sinks:4+16", "h2o:24")}),
-                           ("disaggregation", {"requests": 4, "short_prompt": 8, "long_prompt": 96, "long_every": 2,
-                                               "new_tokens": 5, "arrive_every_ms": 20})):
-        collect(kind, session, events=events, **settings)
+    for shown in app_lessons.LESSONS:
+        if (shown.scene is not None or shown.joins is not None) and shown.lesson.target == MODEL:
+            collect(shown.kind, session, events=events, **shown.lesson.quick)
     # and a load test recorded from a real vLLM (its KV events, its prefix tree): a serving engine, replayed
     events += read_trace(Path(__file__).parents[1] / "fixtures" / "vllm_load.kvscope.jsonl")
     return write_trace(tmp_path_factory.mktemp("lecture") / "lecture.kvscope.jsonl", events)

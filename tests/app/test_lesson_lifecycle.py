@@ -1,12 +1,15 @@
 """Every lesson in the registry follows one lifecycle in the window: started by its scene's key (or its tab where
-it has no scene) with the settings its tab holds, and stopped part-way by the stop key, whichever lesson it is."""
+it has no scene) with the settings its tab holds (the lesson's own quick settings, chosen in its tab), and stopped
+part-way by the stop key, whichever lesson it is: no table of lessons here."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 from PySide6.QtGui import QKeySequence
+from PySide6.QtWidgets import QComboBox
 
 from app import lessons as app_lessons
 from app.lesson_view import CONTROLS_PROMPT
@@ -20,32 +23,43 @@ from tests.app.conftest import close_and_dispose, load, make_window, wait_idle
 from tests.replay_server import ReplayServer, llamacpp_routes
 
 PROMPT = "The cache keeps what attention has already read."
-TAB = {"server load": {"requests": 20, "every_s": 2.0},       # a load test is paced by its own clock
-       "continuous": {"requests": 5},                           # not the default 8: the tab's value is used
-       "speculative": {"prompt": CONTROLS_PROMPT},              # the default prompt is longer than 256 positions
-       "chat": {"new_tokens": 8},                               # the whole conversation fits 256 positions
-       "architectures": {"designs": ("gpt-oss-20b", "Qwen3-Next-80B-A3B")},   # the quickest two to build
-       "offload": {"disk_shares": (0.0, 0.5)},                  # not the default three splits
-       "kv-compression": {"prompt": CONTROLS_PROMPT},           # the sample document is longer than 256 positions
-       "disaggregation": {"long_prompt": 96, "requests": 4}}    # the tiny model's context is 256 positions
+
+
+class Hold:
+    """Counts the passes a lesson makes (forward passes, paged steps, requests to a server) and, once armed,
+    holds the first one inside the engine until released: the stop key always comes while the lesson is in its
+    passes, however fast its quick settings or however busy the machine."""
+
+    def __init__(self) -> None:
+        self.started: list[float] = []
+        self.armed = False
+        self.reached, self.released = threading.Event(), threading.Event()
+
+    def __call__(self) -> None:
+        self.started.append(time.monotonic())
+        if self.armed and not self.reached.is_set():
+            self.reached.set()
+            self.released.wait(60)
 
 
 @pytest.fixture
-def slowed(monkeypatch):
-    """Every forward pass (and every paged step) takes 30 ms longer: whatever a lesson does, it is still at it
-    when the stop key comes. Yields the start times of the passes, to count those begun after the stop."""
-    forward = kvcache.forward
-    snapshot = paged._snapshot
-    started: list[float] = []
+def hold(monkeypatch):
+    from engine.serve.remote import RemoteSession
 
-    def slow_forward(*args, **kwargs):
-        started.append(time.monotonic())
-        time.sleep(0.03)
-        return forward(*args, **kwargs)
+    gate = Hold()
+    forward, snapshot, chat = kvcache.forward, paged._snapshot, RemoteSession.chat
 
-    monkeypatch.setattr(kvcache, "forward", slow_forward)
-    monkeypatch.setattr(paged, "_snapshot", lambda *a, **k: (time.sleep(0.03), snapshot(*a, **k))[1])
-    return started
+    def held(function):
+        def call(*args, **kwargs):
+            gate()
+            return function(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(kvcache, "forward", held(forward))
+    monkeypatch.setattr(paged, "_snapshot", held(snapshot))
+    monkeypatch.setattr(RemoteSession, "chat", held(chat))
+    yield gate
+    gate.released.set()
 
 
 def scene_and_key(kind: str) -> tuple[str, str] | None:
@@ -64,10 +78,11 @@ def press(qtbot, window, key: str) -> None:
 
 @pytest.mark.parametrize("kind", [lesson.kind for lesson in lessons.LESSONS])
 def test_each_lesson_starts_with_its_tabs_settings_and_the_stop_key_stops_it_part_way(qtbot, tiny_model_dir, tmp_path,
-                                                                                       monkeypatch, slowed, kind):
+                                                                                       monkeypatch, hold, kind):
     monkeypatch.setenv("KVSCOPE_SETTINGS", str(tmp_path / "settings.ini"))
+    lesson = lessons.lesson(kind)
     with ReplayServer(llamacpp_routes()) as server:
-        remote = lessons.lesson(kind).target == SERVER
+        remote = lesson.target == SERVER
         window = make_window(qtbot, None if remote else tiny_model_dir)
         try:
             if remote:
@@ -75,30 +90,37 @@ def test_each_lesson_starts_with_its_tabs_settings_and_the_stop_key_stops_it_par
                 qtbot.waitUntil(lambda: window.client.model is not None and window.client.busy is None)
             window.controls.prompt.setPlainText(PROMPT)
             window.chat.input.setPlainText("What does the cache keep?")
-            wanted = {name: PROMPT if value is CONTROLS_PROMPT else value for name, value in TAB.get(kind, {}).items()}
             view = window.experiments.views.get(kind)
+            wanted = {name: value for name, value in lesson.quick.items()    # what its tab can choose
+                      if view is None or name in view.form.widgets}
             if view is None:                                          # drawn in another panel: no form of its own
-                window.controller.choices.set(lessons.lesson(kind).settings(**wanted))
-            for name, value in TAB.get(kind, {}).items() if view is not None else ():
+                window.controller.choices.set(lesson.settings(**wanted))
+            for name, value in wanted.items() if view is not None else ():
+                widget = view.form.widgets[name]
+                if isinstance(value, str) and isinstance(widget, QComboBox) and \
+                        widget.findData(CONTROLS_PROMPT) >= 0:        # a text the tab takes from Controls
+                    window.controls.prompt.setPlainText(value)
+                    value = CONTROLS_PROMPT
                 view.form.set_value(name, value)                      # chosen in the lesson's tab
             where = scene_and_key(kind)
             window.activateWindow()
+            hold.armed = True
             if where is None:
                 assert window.controller.start_lesson(kind)
             else:
                 window.lecture.enter(where[0])
                 press(qtbot, window, where[1])
-            qtbot.waitUntil(lambda: window.store.latest_experiment(kind) is not None or window.banner.isVisible()
-                            or bool(window.scene_view.notice))
+            qtbot.waitUntil(lambda: hold.reached.is_set() or window.banner.isVisible()
+                            or bool(window.scene_view.notice), timeout=60_000)
             assert not window.banner.isVisible() and not window.scene_view.notice, \
                 (window.banner.label.text(), window.scene_view.notice)
-            begun = len(slowed)
-            qtbot.waitUntil(lambda: len(slowed) > begun or remote, timeout=30_000)   # inside its passes now
+            qtbot.waitUntil(lambda: window.store.latest_experiment(kind) is not None)
             pressed = time.monotonic()
-            press(qtbot, window, "Ctrl+.")
+            press(qtbot, window, "Ctrl+.")                            # while a pass is held in the engine
+            hold.released.set()
             wait_idle(qtbot, window)
-            after = [t for t in slowed if t > pressed]
-            assert len(after) <= 1, f"{len(after)} forward passes began after the stop key"
+            after = [t for t in hold.started if t > pressed]
+            assert len(after) <= 1, f"{len(after)} passes began after the stop key"
             record = window.store.latest_experiment(kind)
             for name, value in wanted.items():
                 assert getattr(record.settings, name) == value, name

@@ -10,7 +10,9 @@ from PySide6.QtCore import QPoint, QRect, QRectF
 from PySide6.QtGui import QColor, QImage, QPainter
 from PySide6.QtSvg import QSvgRenderer
 
+from app import lessons as app_lessons
 from app.export import export_widget
+from app.scene_list import BY_NAME
 from app.scene_list import NAMES as SCENES
 from tests.app.conftest import close_and_dispose, open_replayed, run_and_wait, start_lesson, wait_idle
 
@@ -22,23 +24,23 @@ def plot_size(chart) -> tuple[float, float]:
     return rect.width(), rect.height()
 
 
-SCENE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv],
-                "cache": lambda w: [w.experiments.views["cache"].chart],
-                "prompt": lambda w: [w.experiments.views["prefill"].chart],
-                "batch": lambda w: [w.experiments.views["batch"].chart, w.experiments.views["continuous"].chart],
-                "sampling": lambda w: [w.sampling.chart], "chat": lambda w: [w.chat.chart],
-                "memory": lambda w: [w.experiments.views["depth"].chart, w.kv],
-                "attention": lambda w: [SimpleNamespace(plot=w.attention.layers_plot)],
-                "speculative": lambda w: [w.experiments.views["speculative"].chart],
-                "paged": lambda w: [w.experiments.views["paged"].chart],
-                "architectures": lambda w: [w.experiments.views["architectures"].chart,
-                                            w.experiments.views["architectures"].contexts_chart],
-                "offload": lambda w: [w.experiments.views["offload"].chart,
-                                      w.experiments.views["offload"].layers_chart],
-                "serving": lambda w: [w.experiments.views["server load"].tree_chart],
-                "compression": lambda w: [w.experiments.views["kv-compression"].chart,
-                                          w.experiments.views["kv-compression"].steps_chart],
-                "disaggregation": lambda w: [w.experiments.views["disaggregation"].chart]}
+BASE_CHARTS = {"prefill": lambda w: [w.timing.timeline], "kv": lambda w: [w.kv],     # the scenes of a run
+               "sampling": lambda w: [w.sampling.chart],
+               "attention": lambda w: [SimpleNamespace(plot=w.attention.layers_plot)]}
+PANELS = {"kv": lambda w: w.kv, "chat": lambda w: w.chat.chart}    # workbench panels a lesson's scene borrows
+
+
+def scene_charts(w, scene: str) -> list:
+    """The charts a scene is read by: a run scene's, or its lesson's (its view's declared charts, or the panel
+    that draws it), a joined lesson's beside them, and the panels it shows beside its view."""
+    if scene in BASE_CHARTS:
+        return BASE_CHARTS[scene](w)
+    kind = BY_NAME[scene].lesson
+    shown = app_lessons.BY_KIND[kind]
+    charts = w.experiments.views[kind].read_charts() if shown.view is not None else [PANELS[shown.dock](w)]
+    for joined in (k for name, (k, _j) in app_lessons.joins().items() if name == scene):
+        charts += w.experiments.views[joined].read_charts()
+    return charts + [PANELS[name](w) for name in shown.beside]
 
 
 @pytest.mark.parametrize("size", list(MIN_PLOT))
@@ -56,11 +58,11 @@ def test_every_scene_opens_from_a_trace_with_charts_large_enough_to_read(qtbot, 
             caption = w.scene_view.claim()
             assert "press R" not in caption and "type a message" not in caption, (scene, caption)
             captions.append(caption + " " + w.scene_view.detail.text())
-            for chart in SCENE_CHARTS[scene](w):
+            charts = scene_charts(w, scene)
+            for chart in charts:
                 width, height = plot_size(chart)
                 low_w, low_h = MIN_PLOT[size]
-                side_by_side = scene in ("batch", "architectures", "offload", "memory", "compression")   # two in a row
-                min_w = low_w / 2 if side_by_side else low_w
+                min_w = low_w / 2 if len(charts) > 1 else low_w          # two charts share the width
                 assert width >= min_w and height >= low_h, (scene, size, width, height)
                 layout = getattr(chart, "ci", None)                     # a chart's items fit inside its widget
                 assert layout is None or layout.geometry().width() <= chart.width() + 1, (scene, size)
