@@ -19,7 +19,7 @@ from app import requests as rq
 from app.viewstate import Observable
 from engine.facts.errors import ParameterError
 from engine.facts.events import LessonSettings
-from engine.facts.fields import Key
+from engine.facts.fields import Key, Range
 from engine.facts.kvformula import format_bytes
 from engine.facts.params import GenerationParams
 from engine.facts.validation import FieldShape, shape_of, shapes
@@ -65,6 +65,14 @@ def declared_bounds() -> dict[str, tuple[float, float]]:
 
 
 BOUNDS = declared_bounds()
+
+
+def declared_span(name: str) -> Range | None:
+    """A setting's whole declared range, every rule included (temperature's gap above 0)."""
+    if name == "slow_ms":
+        return Range(0, SLOW_MAX_MS)
+    field = next((s for s in shapes(GenerationParams) if s.name == name), None)
+    return field.span if field is not None else None
 MODEL_LIMITED = ("max_new_tokens", "top_k")       # the ranges a loaded model narrows
 # The lecture's parameter keys in the order the footer lists them (temperature, top-p, top-k, max tokens).
 PARAMETER_LETTERS = tuple(sorted(((s.key.letter, s.name) for s in shapes(GenerationParams) if s.key is not None),
@@ -165,10 +173,10 @@ class RunSettings(Observable):
             if f.name not in stored:
                 continue
             value = _coerce(stored[f.name], type(getattr(defaults, f.name)))
-            low, high = BOUNDS.get(f.name, (None, None))
+            span = declared_span(f.name)
             if value is not None and f.name == "kv_method" and not _known_method(value):
                 value = None
-            if value is None or (low is not None and not low <= value <= high):
+            if value is None or (span is not None and not span.admits(value)):
                 notes.append(f"{f.name} ({str(stored[f.name])[:40]})")
                 continue
             values[f.name] = value

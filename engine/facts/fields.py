@@ -36,10 +36,21 @@ MAX_ITEMS = 4096                     # entries of any other list
 
 @dataclass(frozen=True)
 class Range:
-    """A number from ``low`` to ``high`` (inclusive). Whole numbers when the field is ``int``."""
+    """A number from ``low`` to ``high`` (inclusive). Whole numbers when the field is ``int``. ``least``: above
+    ``low`` nothing smaller than it (temperature: 0, greedy, or 0.01 and up), so every rule a value must meet is
+    in the declaration that the checks, the controls and a restored setting all read."""
 
     low: float
     high: float
+    least: float | None = None
+
+    def admits(self, value: float) -> bool:
+        return self.low <= value <= self.high and not (self.least is not None and self.low < value < self.least)
+
+    def words(self, special: str = "") -> str:
+        if self.least is None:
+            return f"between {self.low:g} and {self.high:g}"
+        return f"{special or format(self.low, 'g')} or between {self.least:g} and {self.high:g}"
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ class GenerationParams:
     max_new_tokens: Annotated[int, Range(1, MAX_CONTEXT), Setting(
         "--max-new-tokens", "Max new tokens", "how many tokens to generate at most (the model's context caps it)",
         "tokens"), Key("M", factor=2.0)] = 128
-    temperature: Annotated[float, Range(0.0, MAX_TEMPERATURE), Setting(
+    temperature: Annotated[float, Range(0.0, MAX_TEMPERATURE, least=MIN_TEMPERATURE), Setting(
         "--temperature", "Temperature", f"divides the logits before sampling; 0 = greedy (the likeliest token), "
         f"otherwise {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}", special="0 (greedy)", step=0.1), Key("T")] = 0.0
     top_k: Annotated[int, Range(0, MAX_VOCAB), Setting(
@@ -77,11 +77,11 @@ class GenerationParams:
                 _check_int(shape.name, value, low=int(shape.span.low), high=int(shape.span.high))
             elif shape.base is float:
                 _check_float(shape.name, value)
+                if shape.span is not None and shape.span.least is not None and not shape.span.admits(value):
+                    raise ParameterError(f"{shape.name} must be {shape.span.words(shape.setting.special)}, got "
+                                         f"{value:g}")
             elif shape.base is str and not isinstance(value, str):
                 raise ParameterError(f"{shape.name} must be text, got {value!r}")
-        if self.temperature != 0.0 and not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
-            raise ParameterError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and "
-                                 f"{MAX_TEMPERATURE:g}, got {self.temperature:g}")
         if not MIN_TOP_P <= self.top_p <= 1.0:
             raise ParameterError(f"top_p must be between {MIN_TOP_P:g} and 1 (1 = off), got {self.top_p:g}")
         if self.compiled and not (self.static_cache and self.kv_cache):

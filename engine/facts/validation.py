@@ -61,14 +61,16 @@ def whole(low: float, high: float) -> Check:
     return check
 
 
-def number(low: float, high: float) -> Check:
+def number(low: float, high: float, least: float | None = None) -> Check:
+    span = Range(low, high, least)
+
     def check(value: object, name: str) -> float:
         if type(value) is int:
             value = float(value)
         elif type(value) is not float:
             raise wrong(name, value, "a number")
-        if not low <= value <= high:                        # NaN fails both comparisons
-            raise FieldError(f"{name} must be between {low:g} and {high:g}, not {value!r}")
+        if not span.admits(value):                          # NaN fails every comparison
+            raise FieldError(f"{name} must be {span.words()}, not {value!r}")
         return value
     return check
 
@@ -210,7 +212,7 @@ def check_for(tp: object, metadata: tuple = ()) -> Check:
     if tp is int:
         return whole(*(span.low, span.high) if span else (-(1 << 62), 1 << 62))
     if tp is float:
-        return number(*(span.low, span.high) if span else (-MAX_NUMBER, MAX_NUMBER))
+        return number(*(span.low, span.high, span.least) if span else (-MAX_NUMBER, MAX_NUMBER))
     if tp is str:
         return string(text.limit if text else MAX_STRING, text.choices if text else None)
     if origin in (list, tuple):

@@ -144,3 +144,15 @@ def test_nothing_is_measured_by_itself_after_a_run_that_beats_the_peaks(qtbot, w
 def test_plural_counts_say_one_token_and_two_tokens():
     assert plural(1, "token") == "1 token" and plural(2, "token") == "2 tokens" and plural(1_000, "step") == \
         "1,000 steps"
+
+
+def test_a_remembered_value_the_run_would_refuse_is_reset_when_restored():
+    """Temperature 0.005 is inside 0..100 but not a temperature (0 is greedy, sampling starts at 0.01): the
+    restore check reads the whole declaration, so it is reset with a note instead of failing at Run."""
+    settings = RunSettings()
+    settings.restore({"temperature": 0.005, "top_p": 0.5})
+    assert settings.choices.temperature == 0.0 and settings.choices.top_p == 0.5
+    assert settings.notes == ["temperature (0.005)"]
+    settings.params()                                    # what Run builds: accepted
+    settings.restore({"temperature": 0.01})
+    assert settings.choices.temperature == 0.01 and settings.notes == []
