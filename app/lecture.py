@@ -11,6 +11,7 @@ cannot act says why in the scene's footer.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 from PySide6.QtCore import QByteArray, QRect, QSettings
@@ -21,12 +22,12 @@ from app import lessons
 from app import theme as th
 from app.controller import Controller
 from app.lecture_file import LectureFileError, LectureScene, read_lecture
-from app.run_settings import RunSettings, param_shape
+from app.run_settings import RunSettings, notch, param_shape
 from app.scene_list import NAMES
 from app.scenes import SceneView, cutting_step, scene_lesson, scene_run
 from app.setting_widgets import setting_text
 from app.store import RunStore
-from app.viewstate import ViewState
+from app.viewstate import ViewState, WhatIfSettings
 from engine import lessons as engine_lessons
 
 
@@ -214,12 +215,39 @@ class Lecture:
     def blank(self) -> None:
         self.state.toggle_blank()
 
+    def what_if(self) -> None:
+        """W: in a run scene, try other filters on the step shown (T, K and P then change them, with no rerun);
+        W again shows only what ran."""
+        if scene_lesson(self.state.scene) is not None:
+            self.view.say("W works in the run scenes (sampling): it filters the shown step again")
+            return
+        if self.state.what_if is not None:
+            self.state.set_what_if(None)
+            self.view.say("What if: off; T, K and P change the run again")
+            return
+        run = self.store.find(self.state.selected) if self.state.selected else None
+        if run is None or not run.steps or run.started.params is None:
+            self.view.say("There is no step to try other filters on yet: press R.")
+            return
+        p = run.started.params
+        self.state.set_what_if(WhatIfSettings(p.temperature, p.top_k, p.top_p))
+        self.view.say("What if: T, K and P now filter the shown step again, with no rerun (W: back)")
+
     def parameter(self, name: str, direction: int) -> None:
         """A parameter key (T, P, K, M; Shift lowers): in a run scene, the run setting a notch and run the scene
         again with it (a running run is stopped first); in an experiment scene, the lesson's own setting that
         key is declared on (M: its new tokens), or the footer says the key does not apply there."""
         letter = param_shape(name).key.letter
         kind = scene_lesson(self.state.scene)
+        tried = self.state.what_if
+        if kind is None and tried is not None and hasattr(tried, name):     # what if: the filter, no rerun
+            shape = param_shape(name)
+            value = notch(shape, getattr(tried, name), direction, self.run_settings.bounds(name))
+            if name == "temperature" and 0 < value < (shape.span.least or 0):
+                value = shape.span.low if direction < 0 else shape.span.least
+            self.state.set_what_if(replace(tried, **{name: value}))
+            self.view.say(f"What if {self.state.what_if.text()}: no rerun (W: back to what ran)")
+            return
         if kind is not None:
             lesson = engine_lessons.lesson(kind)
             choices = self.controller.choices

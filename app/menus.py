@@ -106,6 +106,8 @@ def build_menus(window: WindowActions, controller: Controller, lecture: Lecture,
                                     partial(lecture.step, 1), "PgDown")
     actions["previous scene"] = _action(window, scenes, "Previous scene", partial(lecture.step, -1), "PgUp")
     actions["blank"] = _action(window, scenes, "Blank / unblank the screen", lecture.blank, "B")
+    actions["what if"] = _action(window, scenes, "What if: other filters on the shown step (T, K, P; no rerun)",
+                                 lecture.what_if, "W")
     actions["scene action"] = _action(window, scenes, "Run what the scene shows", lecture.action, "R")
     actions["joined action"] = _action(window, scenes, "The scene's second experiment (C: continuous batching)",
                                        lecture.joined_action, "C")
@@ -144,7 +146,7 @@ def set_replay_speed(controller: Controller, actions: dict[str, QAction], speed:
             action.setChecked(name == f"speed {speed}")
 
 
-LECTURE_ONLY = ("next scene", "previous scene", "blank", "scene action", "joined action", "leave lecture",
+LECTURE_ONLY = ("next scene", "previous scene", "blank", "what if", "scene action", "joined action", "leave lecture",
                 "previous token", "next token", *(f"scene {scene.name}" for scene in SCENES),
                 *(f"{way} {name}" for _key, name in PARAMETER_KEYS for way in ("raise", "lower")))
 
@@ -165,6 +167,7 @@ Ctrl+L  load the model
 Ctrl+Shift+Enter  send the chat message
 F11  lecture mode: scenes on the number row, PageUp/PageDown, R run the scene, C continuous batching (scene 5),
      B blank / unblank, T P K M raise temperature, top-p, top-k, max tokens and run (Shift lowers),
+     W what if: T P K re-filter the shown step instead, with no rerun (W again: back),
      Left/Right step through the tokens, Esc back
 Ctrl+1/2/3  token colours
 Ctrl+Shift+1/2/3  KV heatmap mode; Ctrl+Shift+Z zoom to used positions / whole window

@@ -39,6 +39,7 @@ from app.lesson_view import WindowLesson, busy_badge
 from app.panels.attention import RECENT
 from app.panels.attention import shares as attention_shares
 from app.panels.sampling import caption as sampling_caption
+from app.panels.sampling import what_if_caption
 from app.phase import (
     FAILED,
     FINISHED,
@@ -59,6 +60,7 @@ from app.viewstate import Conversation, ViewState
 from engine import lessons as engine_lessons
 from engine.facts import kvformula, report
 from engine.facts.contention import busy
+from engine.facts.what_if import refilter
 
 RUN_SCENES = ("prefill", "kv", "sampling", "attention")
 CAPTION_LINES = 2                     # a caption the back row reads at a glance; the rest goes below, smaller
@@ -326,8 +328,14 @@ class SceneView(QWidget):
         settings = escape(self._keys_text(scene))
         settings = re.sub(r"\b([TPKM]) ", r"<b>\1</b> ", settings)
         notice = f" · <b>{escape(self.notice)}</b>" if self.notice else ""
+        tried = self.context.state.what_if
+        if scene.lesson is None and tried is not None:           # T, P, K filter the shown step again
+            return (f"{keys} · <b>R</b> {escape(scene.action)} · Ctrl+. stop · B blank · Esc back<br>"
+                    f"<b>what if</b> {escape(tried.text())} (T P K change it, no rerun) · <b>W</b> back to what ran · "
+                    f"←/→ tokens{notice}")
+        what_if = " · <b>W</b> what if" if scene.lesson is None else ""
         return (f"{keys} · <b>R</b> {escape(scene.action)}{extra} · Ctrl+. stop · B blank · Esc back<br>"
-                f"next run: {settings} · ←/→ tokens{notice}")
+                f"next run: {settings}{what_if} · ←/→ tokens{notice}")
 
 
     def _keys_text(self, scene) -> str:
@@ -453,8 +461,12 @@ def run_claim(name: str, run: RunRecord | None, state: ViewState, activity: str 
         index = state.shown_step(run.run_id, run.n_steps)
         if index is None:
             return f"the candidates appear with the first token{where}"
-        return _plain(sampling_caption(run.steps[index], run.started.params,
-                                       getattr(run.model, "vocab_size", 0))) + where
+        step = run.steps[index]
+        tried = state.what_if
+        result = refilter([c.p_raw for c in step.candidates], tried.temperature, tried.top_k, tried.top_p) \
+            if tried is not None and step.position is not None and step.candidates else None
+        said = _plain(sampling_caption(step, run.started.params, getattr(run.model, "vocab_size", 0))) + where
+        return said + ("; " + _plain(what_if_caption(step, tried, result, short=True)) if result is not None else "")
     if name == "attention":
         if not run.attention:
             if phase.ended:

@@ -88,6 +88,7 @@ class ViewState(Observable):
         self.scene: str | None = None             # the lecture scene shown, None = the workbench
         self.blank = False                        # lecture: the screen blanked (B)
         self.heatmap_fit = True                   # heatmap zoomed to the used positions (+ headroom)
+        self.what_if: WhatIfSettings | None = None   # the sampling view re-filters the shown step with these
 
     # --- runs ---
     def style_run(self, run_id: str, kind: str, experiment: str, kv_cache: bool) -> RunStyle:
@@ -165,10 +166,32 @@ class ViewState(Observable):
             self.blank = blank
             self.changed("blank")
 
+    def set_what_if(self, settings: WhatIfSettings | None) -> None:
+        """Filters to try on the shown step's recorded candidates, or None to show only what ran."""
+        if settings != self.what_if:
+            self.what_if = settings
+            self.changed("what_if")
+
     def set_heatmap_fit(self, fit: bool) -> None:
         if fit != self.heatmap_fit:
             self.heatmap_fit = fit
             self.changed("heatmap_fit")
+
+
+@dataclass(frozen=True)
+class WhatIfSettings:
+    """The filters a what-if tries (no run: the shown step's recorded candidates are filtered again)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+
+    def text(self) -> str:
+        parts = ["greedy" if self.temperature == 0 else f"T={self.temperature:g}"]
+        if self.temperature > 0:
+            parts += ([f"top-k {self.top_k}"] if self.top_k else []) + ([f"top-p {self.top_p:g}"]
+                                                                        if self.top_p < 1 else [])
+        return ", ".join(parts)
 
 
 class Conversation(Observable):

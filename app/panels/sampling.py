@@ -1,6 +1,8 @@
 """The sampling view: for the selected run's newest (or a clicked) step, the likeliest candidates, one bar each,
 with their probability before (outline) and after (filled) temperature / top-k / top-p, the drawn token
-starred, the tokens the filters cut greyed below a marked line, and how many tokens survived.
+starred, the tokens the filters cut greyed below a marked line, and how many tokens survived. "What if" filters
+the same step's recorded candidates again with other settings (``engine.facts.what_if``), at once and with no
+rerun, drawn beside what ran and marked exact or not.
 
 Bars run horizontally so every candidate's text has a line of its own (labels under vertical bars overlap)."""
 
@@ -11,17 +13,22 @@ from html import escape
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from app import theme as th
 from app.chart import Chart
 from app.panels.tokens import escaped
 from app.phase import held_line, run_phase
+from app.run_settings import param_shape
+from app.setting_widgets import control
 from app.store import RunStore
-from app.viewstate import ViewState
+from app.viewstate import ViewState, WhatIfSettings
 from engine.facts.events import TokenStep
+from engine.facts.what_if import WhatIf, refilter
 
 CUT = "#BBBBBB"
+WHAT_IF = "#7B3294"          # purple: a what-if, not what ran
+FILTERS = ("temperature", "top_k", "top_p")
 EMPTY = "The candidates for the next token, before and after the filters, appear with the first token"
 
 
@@ -59,17 +66,43 @@ class SamplingPanel(QWidget):
         self.chart.add(self.final_bars, "after the filters")
         self.chart.add(self.cut_bars, "cut by the filters")
         self.chart.add(self.chosen, "token drawn")
+        self.what_if_bars = pg.BarGraphItem(x0=[], y=[], height=0.22, width=[], brush=WHAT_IF, pen=None)
+        self.chart.add(self.what_if_bars)                # in the legend only while a what-if is drawn
+        self._what_if_named = False
         self.chart.add(self.cut_line)
         self.cut_line.setVisible(False)
         self.chart.set_empty(EMPTY)                      # no numbers on the axes before there is a step to show
         self.plot.invertY(True)
         self.plot.enableAutoRange(x=False)
+        self.what_if = QCheckBox("What if")
+        self.what_if.setToolTip("Filter this step's recorded candidates again with other settings, at once and "
+                                "with no rerun (W in a lecture scene; there T, K and P change these)")
+        self.filters = {name: control(param_shape(name)) for name in FILTERS}
+        for name, box in self.filters.items():
+            key = param_shape(name).key
+            box.setPrefix(f"{key.short or key.letter} ")             # T 0.80, top-k 20, top-p 1.00
+        self.reset = QPushButton("As it ran")
+        row = QHBoxLayout()
+        row.addWidget(self.what_if)
+        for box in self.filters.values():
+            row.addWidget(box)
+            box.valueChanged.connect(lambda _v: self._write_what_if())
+        row.addWidget(self.reset)
+        row.addStretch(1)
+        self.what_if_row = QWidget()
+        self.what_if_row.setLayout(row)
+        row.setContentsMargins(0, 0, 0, 0)
+        self._writing = False
+        self._show_what_if_values()
+        self.what_if.toggled.connect(self._toggle_what_if)
+        self.reset.clicked.connect(self._as_it_ran)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.caption)
+        layout.addWidget(self.what_if_row)
         layout.addWidget(self.chart, 1)
         self._shown: tuple | None = None
-        state.subscribe(lambda names: self.refresh() if "pinned" in names else None)
+        state.subscribe(lambda names: self._state_changed(names))
         self.set_theme(self.theme)
 
     def set_theme(self, theme: th.Theme) -> None:
@@ -81,6 +114,50 @@ class SamplingPanel(QWidget):
         self._shown = None
         self.refresh()
 
+    # --- what if ---------------------------------------------------------------------------------------------
+    def _state_changed(self, names: set[str]) -> None:
+        if "what_if" in names:
+            self._show_what_if_values()
+        if names & {"pinned", "what_if"}:
+            self._shown = None
+            self.refresh()
+
+    def _ran(self) -> WhatIfSettings | None:
+        step = self.current_step()
+        run = self.store.find(step.run_id) if step is not None else None
+        if run is None or run.started.params is None:
+            return None
+        p = run.started.params
+        return WhatIfSettings(p.temperature, p.top_k, p.top_p)
+
+    def _toggle_what_if(self, on: bool) -> None:
+        self.state.set_what_if((self.state.what_if or self._ran() or WhatIfSettings(1.0, 0, 1.0)) if on else None)
+
+    def _as_it_ran(self) -> None:
+        ran = self._ran()
+        if ran is not None and self.state.what_if is not None:
+            self.state.set_what_if(ran)
+
+    def _write_what_if(self) -> None:
+        if self.state.what_if is None or self._writing:
+            return
+        self.state.set_what_if(WhatIfSettings(self.filters["temperature"].value(), self.filters["top_k"].value(),
+                                              self.filters["top_p"].value()))
+
+    def _show_what_if_values(self) -> None:
+        """The boxes follow the state (a lecture key changes it too), without writing it back."""
+        settings = self.state.what_if
+        self._writing = True
+        try:
+            self.what_if.setChecked(settings is not None)
+            for name, box in self.filters.items():
+                box.setEnabled(settings is not None)
+                if settings is not None:
+                    box.setValue(getattr(settings, name))
+            self.reset.setEnabled(settings is not None)
+        finally:
+            self._writing = False
+
     def current_step(self) -> TokenStep | None:
         """The step pinned in the view state (a click in the token view, the arrow keys in a scene), else the
         newest."""
@@ -91,12 +168,13 @@ class SamplingPanel(QWidget):
     def refresh(self) -> None:
         step = self.current_step()
         run = self.store.find(step.run_id) if step is not None else None
-        key = (step.run_id, step.step, run_phase(run).name) if step is not None else None
+        key = (step.run_id, step.step, run_phase(run).name, self.state.what_if) if step is not None else None
         if key == self._shown:
             return
         self._shown = key
+        self.what_if_row.setVisible(step is not None and step.position is not None)    # a local run's step
         if step is None:
-            for bars in (self.raw_bars, self.final_bars, self.cut_bars):
+            for bars in (self.raw_bars, self.final_bars, self.cut_bars, self.what_if_bars):
                 bars.setOpts(x0=[], y=[], width=[])
             self.chosen.setData([], [])
             self.cut_line.setVisible(False)
@@ -126,9 +204,28 @@ class SamplingPanel(QWidget):
         self.chosen.setData([max(raw[i], final[i]) + 0.04 for i in chosen], chosen)
         self.plot.getAxis("left").setTicks([[(i, _label(r[0])) for i, r in enumerate(rows)]])
         self.plot.setYRange(-0.6, len(rows) - 0.4, padding=0)
+        tried = self.what_if_result(step)
+        if tried is not None:
+            self.what_if_bars.setOpts(x0=zeros[:len(tried.probs)], y=y[:len(tried.probs)], width=list(tried.probs),
+                                      height=0.22)
+        else:
+            self.what_if_bars.setOpts(x0=[], y=[], width=[])
+        if (tried is not None) != self._what_if_named:
+            self._what_if_named = tried is not None
+            self.chart.remove(self.what_if_bars)
+            self.chart.add(self.what_if_bars, "what if (no rerun)" if tried is not None else None)
         held_now = held_line(run_phase(run)) if run is not None else ""
         self.caption.setText((f"<b>Run #{run.number} {escape(held_now)}.</b> " if held_now else "")
-                             + caption(step, params, getattr(run.model, "vocab_size", 0) if run is not None else 0))
+                             + caption(step, params, getattr(run.model, "vocab_size", 0) if run is not None else 0)
+                             + (what_if_caption(step, self.state.what_if, tried) if tried is not None else ""))
+
+    def what_if_result(self, step: TokenStep) -> WhatIf | None:
+        """The shown step's candidates filtered with the what-if settings (None when none are set, or for a
+        server's step, whose candidates carry one probability each)."""
+        settings = self.state.what_if
+        if settings is None or step.position is None or not step.candidates:
+            return None
+        return refilter([c.p_raw for c in step.candidates], settings.temperature, settings.top_k, settings.top_p)
 
 
 def caption(step: TokenStep, params, vocab: int) -> str:
@@ -147,6 +244,21 @@ def caption(step: TokenStep, params, vocab: int) -> str:
         how = f"{', '.join(filters)}: <b>{step.kept:,} of {vocab:,}</b> tokens survive the filters"
     return (f"<b>Step {step.step}</b> ({escape(step.phase)}) · drew <b>\"{escape(escaped(step.text))}\"</b> "
             f"(id {step.token_id}) with p = {step.prob:.3f} after the filters, {step.raw_prob:.3f} before · {how}")
+
+
+def what_if_caption(step: TokenStep, settings: WhatIfSettings, tried: WhatIf, short: bool = False) -> str:
+    """What the what-if says, beside what ran: the survivors, and the drawn token's probability both ways.
+    ``short``: as a scene's caption says it, in few words."""
+    drawn = next((i for i, c in enumerate(step.candidates) if c.token_id == step.token_id), None)
+    exact = "exact" if tried.exact else escape(tried.why.split(":")[0] if short else tried.why)
+    if short:
+        would = f", \"{escape(escaped(step.text))}\" p = {tried.probs[drawn]:.3f}" if drawn is not None else ""
+        return (f"<b>what if {escape(settings.text())}</b>: {tried.kept} of {len(tried.probs)} survive{would} "
+                f"({exact})")
+    would = (f"\"{escape(escaped(step.text))}\" would have had p = {tried.probs[drawn]:.3f} ({step.prob:.3f} as it "
+             "ran)" if drawn is not None else "the drawn token was not among the recorded candidates")
+    return (f"<br><span style='color:{WHAT_IF}'><b>What if {escape(settings.text())}</b> (no rerun): "
+            f"{tried.kept} of the {len(tried.probs)} recorded candidates survive; {would} · {exact}</span>")
 
 
 def _label(text: str) -> str:

@@ -1,0 +1,69 @@
+"""What-if sampling in the window: the sampling view filters the shown step's recorded candidates again with
+other settings at once, with no rerun, drawn beside what ran and saying whether it is exact; in the sampling
+scene W turns it on and T, K and P step it."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtGui import QKeySequence
+
+from app.viewstate import WhatIfSettings
+from engine.facts.what_if import refilter
+from tests.app.conftest import run_and_wait
+
+
+def press(qtbot, window, key: str) -> None:
+    sequence = QKeySequence(key)[0]
+    qtbot.keyClick(window, sequence.key(), sequence.keyboardModifiers())
+
+
+def bar_widths(bars) -> list[float]:
+    return [float(w) for w in bars.opts["width"]]
+
+
+def test_what_if_refilters_the_shown_step_with_no_rerun_and_says_it_is_exact(qtbot, window):
+    window.run_settings.update(temperature=0.8, top_k=20, max_new_tokens=6)
+    run = run_and_wait(qtbot, window)
+    panel = window.sampling
+    assert not panel.what_if_bars.opts["width"].__len__()          # nothing tried yet: only what ran
+    panel.what_if.setChecked(True)
+    assert window.state.what_if == WhatIfSettings(0.8, 20, 1.0)      # starts from what ran
+    panel.filters["top_k"].setValue(3)
+    panel.filters["temperature"].setValue(1.5)
+    step = panel.current_step()
+    expected = refilter([c.p_raw for c in step.candidates], 1.5, 3, 1.0)
+    assert bar_widths(panel.what_if_bars) == pytest.approx(list(expected.probs))
+    assert sum(1 for w in bar_widths(panel.what_if_bars) if w > 0) == 3
+    text = panel.caption.text()
+    assert "What if T=1.5, top-k 3" in text and "3 of the 10 recorded candidates survive" in text
+    assert "exact" in text
+    assert len(window.store.runs) == 1 and window.store.current is run                 # no rerun
+    panel.reset.click()
+    assert window.state.what_if == WhatIfSettings(0.8, 20, 1.0)
+    panel.what_if.setChecked(False)
+    assert window.state.what_if is None and not len(panel.what_if_bars.opts["width"])
+
+
+def test_a_temperature_with_no_top_k_says_the_shares_are_relative(qtbot, window):
+    window.run_settings.update(temperature=1.0, max_new_tokens=4)
+    run_and_wait(qtbot, window)
+    window.state.set_what_if(WhatIfSettings(0.5, 0, 1.0))
+    window.refresh(force=True)
+    assert "relative shares only" in window.sampling.caption.text()
+
+
+def test_in_the_sampling_scene_w_then_k_steps_the_what_if_and_runs_nothing(qtbot, window):
+    window.run_settings.update(temperature=0.8, top_k=20, max_new_tokens=6)
+    run_and_wait(qtbot, window)
+    window.lecture.enter("sampling")
+    window.activateWindow()
+    press(qtbot, window, "W")
+    assert window.state.what_if == WhatIfSettings(0.8, 20, 1.0)
+    press(qtbot, window, "Shift+K")                                  # top-k one rung down the ladder
+    lowered = window.state.what_if.top_k
+    assert 0 < lowered < 20
+    assert len(window.store.runs) == 1 and window.client.busy is None                 # no run started
+    assert window.run_settings.choices.top_k == 20                   # the next run's settings untouched
+    press(qtbot, window, "W")
+    assert window.state.what_if is None
+    window.lecture.leave()
