@@ -390,7 +390,7 @@ def bounds_text(run: RunRecord, s: RunSummary, peaks: HardwarePeaks | None) -> s
         return (f"{achieved} · ceilings: none, the peaks of the machine that ran it were not measured (for a run "
                 "here: Run > Measure this machine)")
     if not peaks.quiet:
-        return (f"{achieved} · ceilings: not shown, this machine's peaks were measured while it was busy "
+        return (f"{achieved} · ceilings: not shown, this machine was busy when its peaks were taken "
                 "(Run > Measure this machine again, when nothing else runs)")
     device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
     parts = []

@@ -61,6 +61,7 @@ class Walk:
         self.qtbot, self.window, self.sizes = qtbot, window, tuple(sizes)
         self.cells: list[Cell] = []
         self.size = self.sizes[0]             # the screen the window is on now (lecture.screen_area answers it)
+        self.cpu_share = 1.0                  # how busy every measurement says the machine was (machine_as_told)
 
     def screen_area(self, _window=None, available: bool = False) -> QRect:
         return QRect(0, 0, *self.size)
@@ -228,6 +229,20 @@ def walk_run(walk: Walk) -> None:
     wait_idle(qtbot, w)
     walk.look("finished")
 
+    # the same run on a busy machine: every measured figure says so
+    walk.cpu_share = 0.3
+    w.controller.run()
+    qtbot.waitUntil(lambda: newest().finished and w.client.busy is None, timeout=120_000)
+    walk.look("finished on a busy machine")
+    walk.cpu_share = 1.0
+
+    # what if: the shown step filtered again with other settings, no rerun
+    from app.viewstate import WhatIfSettings
+
+    w.state.set_what_if(WhatIfSettings(1.5, 3, 0.9))
+    walk.look("what if on the shown step", scenes=("sampling",))
+    w.state.set_what_if(None)
+
     # a setting changed after the run: it is the next run's
     w.run_settings.update(temperature=0.9, top_k=20)
     walk.look("settings changed after the run", scenes=("prefill", "sampling"))
@@ -302,6 +317,26 @@ def walk_replays(walk: Walk, folder: Path, lecture_trace: Path | None) -> None:
         walk.look("lessons replayed, finished", scenes=tuple(s.name for s in SCENES), dock="experiments", tabs=True)
 
 
+def machine_as_told(walk: Walk, monkeypatch) -> None:
+    """How busy the machine looks is the walk's to say, not the machine's: every CPU share a run or a peaks
+    measurement reads is ``walk.cpu_share`` (quiet unless a phase says busy), so the screens, and the verdict, are
+    the same however loaded the machine running the walk is."""
+    import dataclasses
+
+    from engine.facts import contention
+    from engine.model import hardware
+
+    monkeypatch.setattr(contention.LoadMeter, "share", lambda self, idle_ms=0.0: walk.cpu_share)
+    monkeypatch.setattr(contention.LoadMeter, "share_so_far", lambda self, idle_ms=0.0: walk.cpu_share)
+    real = hardware.peaks_event
+
+    def peaks(*args, **kwargs):
+        found = real(*args, **kwargs)
+        return dataclasses.replace(found, cpu_share=walk.cpu_share) if found is not None else None
+
+    monkeypatch.setattr(hardware, "peaks_event", peaks)
+
+
 def walk_everything(qtbot, model_dir: Path, folder: Path, monkeypatch, lecture_trace: Path | None = None,
                     sizes: Iterable[tuple[int, int]] = SIZES) -> Walk:
     from app import lecture
@@ -310,6 +345,7 @@ def walk_everything(qtbot, model_dir: Path, folder: Path, monkeypatch, lecture_t
     window = make_window(qtbot)
     walk = Walk(qtbot, window, sizes)
     monkeypatch.setattr(lecture, "screen_area", walk.screen_area)
+    machine_as_told(walk, monkeypatch)
     try:
         walk_loading(walk, model_dir, monkeypatch)
         walk_lessons_before(walk)
