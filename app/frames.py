@@ -61,7 +61,9 @@ class FrameScheduler(QObject):
         # A prefill sends nothing until its pass ends: its clock and growing bar are redrawn ten times a second,
         # so a long prompt never looks hung.
         prefilling = run is not None and not run.finished and not run.n_steps and not run.remote
-        version = (self.store.version, self.state.selected, round(run.clock() * 10) if prefilling else None)
+        # So does an experiment's clock between its reports: a sweep's first point can take half a minute.
+        ticking = prefilling or self.store.activity == "experiment"
+        version = (self.store.version, self.state.selected, round(self.store.now() * 10) if ticking else None)
         if force or version != self._text_version or self.behind():
             self._text_version = version
             self.frames += 1

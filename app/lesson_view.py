@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 
 from app import theme as th
 from app.chart import Chart
-from app.phase import experiment_phase, plural
+from app.phase import elapsed, experiment_phase, plural
 from app.run_settings import LessonChoices
 from app.setting_widgets import control, int_range
 from app.store import ExperimentRecord, RunStore
@@ -284,6 +284,7 @@ class LessonView(QWidget):
         layout.addWidget(self.table)
         self.build()
         self._shown: object = _NOTHING_SHOWN
+        self._drawn: object = _NOTHING_SHOWN     # what the charts were last drawn from
         self.set_busy(False)
 
     # --- hooks a lesson's view fills in ---------------------------------------------------------------------
@@ -322,7 +323,7 @@ class LessonView(QWidget):
     def set_theme(self, theme: th.Theme) -> None:
         self.theme = theme
         self.style_charts(theme)
-        self._shown = _NOTHING_SHOWN
+        self._shown = self._drawn = _NOTHING_SHOWN
         self.refresh()
 
     def latest(self) -> ExperimentRecord | None:
@@ -330,35 +331,42 @@ class LessonView(QWidget):
 
     def refresh(self) -> None:
         record = self.latest()
-        key = (record.exp_id, len(record.events)) if record else None
-        if key == self._shown:
+        running = record is not None and not record.finished
+        # The charts are drawn again when the record or its runs' steps change; while it runs, the words move
+        # with its clock between reports (in tenths of a second), so the screen is never still while it works.
+        steps = sum(run.n_steps for run in map(self.store.find, record.run_ids) if run is not None) if running else 0
+        key = (record.exp_id, len(record.events), steps) if record else None
+        phase = experiment_phase(record, self.store.now())
+        clock = (key, int(phase.elapsed_ms // 100)) if running else key
+        if clock == self._shown:
             return
-        self._shown = key
+        self._shown = clock
         charts = self.findChildren(Chart)
         if record is None:
             for chart in charts:
                 chart.set_empty("Not run yet: Run experiment (or R in its lecture scene) fills this chart, point by "
                                 "point, as each is measured")
             return
-        if record.progress is not None:
-            self.progress.setRange(0, max(record.progress.total, 1))
-            self.progress.setValue(record.progress.done)
-        self.status.setText(end_text(record) if record.finished else
-                            record.progress.message if record.progress is not None else "Starting…")
-        for chart in charts:
-            chart.clear_data()
-        self.draw(record)
-        phase = experiment_phase(record)
+        self.status.setText(end_text(record) if record.finished else phase.words()[:1].upper() + phase.words()[1:])
+        if key != self._drawn:
+            self._drawn = key
+            if record.progress is not None:
+                self.progress.setRange(0, max(record.progress.total, 1))
+                self.progress.setValue(record.progress.done)
+            for chart in charts:
+                chart.clear_data()
+            self.draw(record)
+            words = self.explanation(record) if record.result is not None else ""
+            note = busy_note(record.result.lowest_cpu_share) if record.result is not None else ""
+            self.explain.setText(words + (f" <i>Note: {note}.</i>" if note else ""))
+            self._fill_table(record)
         drawn = bool(record.points or record.passes or record.tables) or any(
             run is not None and run.n_steps for run in map(self.store.find, record.run_ids))
         for chart in charts:
             chart.prune_legend()
-            chart.set_empty(None if drawn else "Measuring the first point…" if not phase.ended else
+            chart.set_empty(None if drawn else f"Measuring the first point: {elapsed(phase.elapsed_ms)} so far"
+                            + (f" · {phase.message}" if phase.message else "") if not phase.ended else
                             phase.words()[:1].upper() + phase.words()[1:])
-        words = self.explanation(record) if record.result is not None else ""
-        note = busy_note(record.result.lowest_cpu_share) if record.result is not None else ""
-        self.explain.setText(words + (f" <i>Note: {note}.</i>" if note else ""))
-        self._fill_table(record)
 
     def _fill_table(self, record: ExperimentRecord) -> None:
         points = [p for p in record.points if (p.series in self.table_series if self.table_series is not None

@@ -215,6 +215,7 @@ class ExperimentPhase:
     total: int = 0
     points: int = 0
     message: str = ""
+    elapsed_ms: float = 0.0      # since it started, by the window's clock (running: a clock that moves)
 
     @property
     def ended(self) -> bool:
@@ -230,7 +231,8 @@ class ExperimentPhase:
             return "not run yet"
         if self.name == RUNNING_EXPERIMENT:
             where = f"{self.done:,} of {self.total:,}" if self.total else "starting"     # no progress reported yet
-            return f"running: {where}" + (f" · {self.message}" if self.message else "")
+            return (f"running for {elapsed(self.elapsed_ms)}: {where}" +
+                    (f" · {self.message}" if self.message else ""))
         if self.name == STOPPED:
             if not self.points:
                 return "stopped before its first measurement: nothing was measured"
@@ -240,7 +242,8 @@ class ExperimentPhase:
         return "finished"
 
 
-def experiment_phase(record: ExperimentRecord | None) -> ExperimentPhase:
+def experiment_phase(record: ExperimentRecord | None, now: float | None = None) -> ExperimentPhase:
+    """Where ``record`` is; ``now``: the window's clock for a running one's elapsed time (its own by default)."""
     if record is None:
         return ExperimentPhase(NOTHING)
     progress = record.progress
@@ -248,7 +251,9 @@ def experiment_phase(record: ExperimentRecord | None) -> ExperimentPhase:
     points = len([p for p in record.points if p.series != "skipped"])
     end = record.end
     if end is None:
-        return ExperimentPhase(RUNNING_EXPERIMENT, done, total, points, progress.message if progress else "")
+        ran = ((now if now is not None else record.clock()) - record.arrived) * 1000.0
+        return ExperimentPhase(RUNNING_EXPERIMENT, done, total, points, progress.message if progress else "",
+                               max(ran, 0.0))
     if not hasattr(end, "reason"):
         return ExperimentPhase(FAILED, done, total, points, getattr(end, "message", ""))
     stopped = end.reason == "stopped" or (record.result is not None and record.result.incomplete)

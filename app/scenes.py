@@ -397,12 +397,12 @@ def elsewhere(store: RunStore) -> str:
         running = next((e for e in reversed(store.experiments) if not e.finished), None)
         if running is not None:
             title = engine_lessons.lesson(running.kind).title
-            return f"{title} is running ({experiment_phase(running).words()}; Ctrl+. stops it)"
+            return f"{title} is running ({experiment_phase(running, store.now()).words()}; Ctrl+. stops it)"
     return BUSY_WORDS.get(store.activity, store.activity or "")
 
 
 def _finished_claim(window_lesson: WindowLesson, record, context: Context) -> str:
-    phase = experiment_phase(record)
+    phase = experiment_phase(record, context.store.now())
     if record.result is None:                 # running: where it is, never the "press R" of no experiment
         return phase.words()
     caption = window_lesson.caption(record, context)

@@ -231,8 +231,10 @@ class ExperimentRecord:
     """One experiment: its typed settings, the points measured so far, progress, the runs it started, and its
     typed result once it finished."""
 
-    def __init__(self, started: ExperimentStarted) -> None:
+    def __init__(self, started: ExperimentStarted, clock: Callable[[], float] = time.monotonic) -> None:
         self.started = started
+        self.clock = clock                         # what "now" is for its elapsed time (a render: its frames')
+        self.arrived = clock()                     # when its start reached the window
         self.events: list[object] = [started]
         self.points: list[ExperimentPoint] = []
         self.passes: list[DraftPass] = []          # speculative decoding: every verification pass
@@ -346,7 +348,7 @@ class RunStore:
             self.version += 1
             return
         if isinstance(event, ExperimentStarted):
-            self.experiments.append(ExperimentRecord(event))
+            self.experiments.append(ExperimentRecord(event, self.now))
             self.trim()
             self.peaks = event.peaks or self.peaks
             self.version += 1

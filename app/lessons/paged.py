@@ -52,7 +52,7 @@ class PagedView(LessonView):
 
     def _step_chosen(self, index: int) -> None:
         self.chosen_step = index
-        self._shown = None
+        self._shown = self._drawn = None
         self.refresh()
 
     def draw(self, record: ExperimentRecord) -> None:

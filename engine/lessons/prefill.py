@@ -93,11 +93,12 @@ def run(experiment: Experiment, settings: PrefillSettings) -> PrefillResult:
     ids = filler_ids(session, lengths[-1])
     measured: list[dict] = []
     for i, n in enumerate(lengths):
-        experiment.progress(i, len(lengths), f"prefill of {n:,} tokens ({settings.repeats} repeats)")
         forward, ttft = [], []
         for r in range(1 + settings.repeats):               # one warm-up, then the timed repeats
             if experiment.cancelled:
                 return summarize(measured)
+            experiment.progress(i, len(lengths), f"prefill of {n:,} tokens: "          # each pass says which
+                                + (f"repeat {r} of {settings.repeats}" if r else "warm-up"))
             forward_ms, ttft_ms = session.timed_prefill(ids[:n])
             if r:
                 forward.append(forward_ms)

@@ -190,7 +190,7 @@ def test_a_ceiling_is_never_shown_below_a_rate_the_same_run_measured(qtbot, wind
     assert "vs ceiling" not in text and "above the" in text and "the measured peaks are too low" in text
     busy = HardwarePeaks("a CPU", "float32", flops_per_s=2e12, bytes_per_s=5e11, cpu_share=0.3)
     assert "ceiling" not in bounds_text(run, s, busy).split("ceilings:")[0]
-    assert "measured while it was busy" in bounds_text(run, s, busy)
+    assert "busy when its peaks were taken" in bounds_text(run, s, busy)
     assert "ceilings: none, the peaks of the machine that ran it were not measured" in bounds_text(run, s, None)
     # the bound that applies, with its own arithmetic: compute-bound where the matmul peak is the lower roof
     compute = bounds_text(run, s, HardwarePeaks("a CPU", "float32", flops_per_s=1e12, bytes_per_s=1e15,
