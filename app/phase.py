@@ -114,6 +114,7 @@ class RunPhase:
     replayed: str = ""
     prefill_ms: float | None = None
     steering: str = ""
+    passes: str = "in one forward pass"     # how the prompt goes through (prefill_passes)
 
     @property
     def ended(self) -> bool:
@@ -135,7 +136,7 @@ class RunPhase:
         if self.name == PREFILL:
             then = {"paused": "; it pauses after its first token", "stepping": "; then one token per F10"}.get(
                 self.steering, "")
-            return (f"prefill running: {plural(self.prompt_tokens, 'prompt token')} in one forward pass, "
+            return (f"prefill running: {plural(self.prompt_tokens, 'prompt token')} {self.passes}, "
                     f"{elapsed(self.elapsed_ms)} so far{then}")
         if self.name == PREFILLED:
             return (f"prefill done in {duration(self.prefill_ms or 0.0)}: choosing the first token")
@@ -173,6 +174,18 @@ def elapsed(ms: float) -> str:
     return f"{ms / 1000:,.1f} s"
 
 
+def prefill_passes(run: RunRecord, forward: bool = True) -> str:
+    """How the prompt goes through the model: in one pass (the lesson's prefill), or, a prompt too long for one
+    pass that a stop could interrupt within a second, in several into one cache, said as such."""
+    one = "in one forward pass" if forward else "in one pass"
+    if run.prefill is not None:
+        passes = getattr(run.prefill, "passes", 1)
+        return one if passes <= 1 else f"in {passes} passes (so Stop works between them)"
+    if getattr(run.started, "prefill_chunk", 0):
+        return "in passes of half a second or less (Stop works between them)"
+    return one
+
+
 def run_phase(run: RunRecord | None, now: float | None = None) -> RunPhase:
     """The phase of ``run`` (None: nothing yet). ``now``: the run's clock by default, for the elapsed time."""
     if run is None:
@@ -181,7 +194,7 @@ def run_phase(run: RunRecord | None, now: float | None = None) -> RunPhase:
     context = getattr(run.model, "max_context", None) or getattr(run.model, "context", None) or 0
     prefill_ms = run.prefill.forward_ms if run.prefill is not None and not run.remote else None
     base = dict(tokens=run.n_steps, limit=params.max_new_tokens, prompt_tokens=run.prompt_tokens, context=context,
-                replayed=run.source, prefill_ms=prefill_ms, steering=run.steering)
+                replayed=run.source, prefill_ms=prefill_ms, steering=run.steering, passes=prefill_passes(run))
     if run.incomplete:
         return RunPhase(INCOMPLETE, **base)
     end = run.end

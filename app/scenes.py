@@ -50,6 +50,7 @@ from app.phase import (
     figures,
     per_token,
     plural,
+    prefill_passes,
     run_phase,
 )
 from app.run_settings import PARAMETER_LETTERS, LessonChoices, RunSettings, param_shape
@@ -314,7 +315,7 @@ class SceneView(QWidget):
             self.progress.setRange(0, max(total, 1))
             self.progress.setValue(min(done, total))
             phase = run_phase(run)
-            where = (f"prefill: {plural(run.prompt_tokens, 'prompt token')} in one pass, "
+            where = (f"prefill: {plural(run.prompt_tokens, 'prompt token')} {prefill_passes(run, forward=False)}, "
                      f"{phase.elapsed_ms / 1000:,.1f} s" if phase.name == PREFILL else f"token {done:,}")
             self.progress_label.setText(f"{where} · Ctrl+. stops")
             self.progress_box.show()
@@ -433,7 +434,8 @@ def run_claim(name: str, run: RunRecord | None, state: ViewState, activity: str 
     busy_words = f" · {busy_clause(f.cpu_share, phase.running)}" if busy(f.cpu_share) else ""
     if name == "prefill":
         ttft = f", TTFT {f.ttft_ms:,.0f} ms" if f.ttft_ms is not None else ""
-        prefill = (f"prefill read {plural(f.prompt_tokens, 'prompt token')} in one pass ({f.prefill_ms:,.0f} ms"
+        prefill = (f"prefill read {plural(f.prompt_tokens, 'prompt token')} {prefill_passes(run, forward=False)} "
+                   f"({f.prefill_ms:,.0f} ms"
                    f"{ttft}, measured)")
         if f.decode_runs and f.decode_ms:
             decode = (f"; decode made {plural(f.decode_runs, 'token')} one pass each, "

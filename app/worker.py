@@ -149,13 +149,13 @@ class EngineWorker(QObject):
             self._attach_server(request)
             return
         from engine.model.models import Offload, load
-        from engine.run.session import RunOptions, Session
+        from engine.run.session import STOPPABLE, RunOptions, Session
 
         loaded = load(request.model, request.device, request.dtype, trust_remote_code=request.trust_remote_code,
                       progress=self.push, cancelled=self.control.cancel.is_set,
                       offload=Offload(memory_budget=request.memory_budget))
         # The previous model stays until this one has loaded; a run never waits for a graph: it switches to it.
-        self.session = Session(loaded, RunOptions(compile_in_background=True))
+        self.session = Session(loaded, RunOptions(compile_in_background=True, prefill_chunk=STOPPABLE))
         _freeze_heap()
         self.push(loaded.loaded_event())
         self._said_peaks_low = False

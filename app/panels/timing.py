@@ -18,7 +18,7 @@ from PySide6.QtWidgets import QCheckBox, QGridLayout, QHBoxLayout, QLabel, QSpin
 from app import theme as th
 from app.chart import Chart
 from app.glossary import tip
-from app.phase import PREFILL, decode_rate, figures, plural, rate, run_phase
+from app.phase import PREFILL, decode_rate, figures, plural, prefill_passes, rate, run_phase
 from app.store import RunRecord, RunStore
 from app.viewstate import MAIN, ViewState
 from engine.facts import contention
@@ -87,7 +87,8 @@ class _RunItems:
         self.prefill_edge.setData([phase.elapsed_ms] if running else [], [row] if running else [])
         self.prefill_words.setVisible(running)
         if running:                          # its time is the bar's length; the words say what it is, once
-            self.prefill_words.setText(f" prefill: {plural(run.prompt_tokens, 'prompt token')} in one pass")
+            self.prefill_words.setText(f" prefill: {plural(run.prompt_tokens, 'prompt token')} "
+                                       f"{prefill_passes(run, forward=False)}")
             self.prefill_words.setTextWidth(max(self.panel.timeline.plot.getViewBox().width() * 0.9, 60))
             self.prefill_words.setPos(0.0, row)
         if n > 1:
@@ -306,8 +307,12 @@ class TimingPanel(QWidget):
         if f.ttft_ms is not None:
             parts.append(f"TTFT <b>{f.ttft_ms:,.0f} ms</b>")
         if f.prefill_ms is not None:
+            passes = getattr(run.prefill, "passes", 1) if run.prefill is not None else 1
             parts.append(f"prefill {plural(f.prompt_tokens, 'token')} in {f.prefill_ms:,.0f} ms "
-                         f"({rate(f.prefill_tok_s)} tok/s)" if f.prefill_tok_s is not None else "")
+                         f"({rate(f.prefill_tok_s)} tok/s)" + (f" in {passes} passes, so Stop could act between them "
+                                                              "(one pass is what the prefill lesson times)"
+                                                              if passes > 1 else "")
+                         if f.prefill_tok_s is not None else "")
         if f.decode_tok_s is not None:
             parts.append(f"decode {plural(f.decode_runs, 'step')}, <b>{escape(decode_rate(f.decode_tok_s))}</b>")
         figures_text = " · ".join(p for p in parts if p) + " (measured)" if any(parts) else ""

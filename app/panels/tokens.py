@@ -18,7 +18,7 @@ from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QTextEdit, QVBoxLayout, QWidget
 
 from app import theme as th
-from app.phase import run_line
+from app.phase import prefill_passes, run_line
 from app.store import RunRecord, RunStore
 from app.viewstate import ViewState
 
@@ -219,7 +219,7 @@ class TokensPanel(QWidget):
             if self._run_id != ("waiting", run.run_id):
                 self.text.reset()
                 self.text.setPlainText(f"Prefill: reading {run.prompt_tokens - run.reused_tokens:,} prompt tokens "
-                                       "in one forward pass…")
+                                       f"{prefill_passes(run)}…")
                 self._run_id, self._rendered = ("waiting", run.run_id), 0
             return
         if self.mode == "latency" and self._latency_changed(run):

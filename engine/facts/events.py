@@ -173,11 +173,13 @@ class RunStarted:
     t_ms: Ms = 0.0
     kind: Annotated[str, Text(16, RUN_KINDS)] = "generate"
     experiment: Ident = ""          # the exp_id of the experiment that made this run, if one did
+    prefill_chunk: Positions = 0    # the prompt's first pass, in positions, when it goes in several (0: one pass)
 
 
 @dataclass(frozen=True)
 class PrefillDone:
-    """The prompt went through the model in one forward pass."""
+    """The prompt went through the model: in one forward pass, or in ``passes`` of them into one cache (a long
+    prompt in a window that must stop within a second; ``forward_ms`` is then all of them)."""
 
     run_id: Ident
     t_ms: Ms
@@ -190,6 +192,7 @@ class PrefillDone:
     cache_note: Annotated[str, Text(1024)] = ""     # a chat turn: why less than the whole kept cache was reused
     kv_allocated: Positions = 0     # a static cache: positions allocated up front (0: the cache grows)
     kv_storage_per_layer: Annotated[list[Bytes], Items(MAX_LAYERS)] = field(default_factory=list)
+    passes: Count = 1
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,10 @@ Sink = Callable[[object], None]
 FaultHook = Callable[[str, int], None]
 Waiter = Callable[[int], None]
 NORMS_EVERY = 8      # decode steps between KVNorms events: one batched read instead of eight small ones
+STOPPABLE = -1       # RunOptions.prefill_chunk: passes sized to stop within a second (see RunOptions)
+PASS_S = 0.5         # the longest a prefill pass may take when the run must stop within a second
+FIRST_PASS = 32      # a stoppable prefill's first pass on a session that has measured no prefill yet
+UNCHUNKED = 64       # ...and the longest prompt it sends in one pass before it has measured one
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,10 @@ class RunOptions:
     every decoder layer at every step even when the model is not split (a split model always is);
     ``record_kv_norms``: the cached vectors' norms for the heatmap; ``prefill_chunk``: the prompt goes through in
     passes of at most this many positions into one cache (the same logits within float error), so a stop takes
-    effect between them however long the prompt (0: one pass; its time is then the prefill's alone)."""
+    effect between them however long the prompt (0: one pass; its time is then the prefill's alone;
+    ``STOPPABLE``: one pass when this session's measured prefill rate says it takes at most ``PASS_S``, else
+    passes sized from that rate, and from each pass's own time, to take at most ``PASS_S`` each, so Stop works
+    within a second on any machine; the window's choice)."""
 
     compile_in_background: bool = False
     offload_kv: bool = False
@@ -94,6 +101,7 @@ class _Request:
     cache_note: str = ""
     allocated: int = 0
     tokenize_ms: float = 0.0
+    prefill_chunk: int = 0          # this run's first prefill pass, in positions (0: the prompt in one pass)
     graph_started: bool = False     # this run started building its compiled graph
     graph_noted: bool = False       # the run has said why it decodes eagerly
     evictor: Any = None             # a cache kept as sinks:S+W: what it keeps after every pass
@@ -123,6 +131,7 @@ class Prefilled:
     kv: list[list[int]]
     held: list[int]
     storage: list[int]
+    passes: int = 1
 
 
 class Session:
@@ -150,6 +159,7 @@ class Session:
         self._dropped = "this is the first turn"     # why there is no kept cache, for the next turn to say
         self.compiled = CompiledDecode(self.model, self.device)
         self._attention: attention.Capture | None = None     # made on the first run that captures
+        self.prefill_rate: float | None = None   # prompt positions per second, measured by the last prefill pass
 
     # --- prompt -------------------------------------------------------------------------------------------
     @property
@@ -323,6 +333,7 @@ class Session:
         own_clock = request.options.time_layers and not self._split     # a split model is always timed
         request.layer_clock = LayerClock(self.model, self.device) if own_clock else self._split_clock
         request.tokenize_ms = (time.perf_counter() - request.t0) * 1000.0
+        request.prefill_chunk = self._first_pass(request)
         tally = RunTally()
         observer = _Observer(self, request, tally)
         observer.started()
@@ -364,6 +375,29 @@ class Session:
             self._kept_cache, self._kept_ids = cache, request.ids + tally.token_ids[:-1]
         # The summary's text is decoded once from all ids, so a character the run cut in half still shows.
         return observer.finished(reason, self.tokenizer.decode(tally.token_ids, skip_special_tokens=True))
+
+    def _first_pass(self, request: _Request) -> int:
+        """How many positions the prompt's first pass takes (0: all of them, one pass). Chunks need the KV cache
+        and a cache that keeps every position (eviction between passes would move them); attention is recorded
+        over one pass."""
+        chunk, params = request.options.prefill_chunk, request.params
+        left = len(request.ids) - request.reused
+        if not chunk or not params.kv_cache or params.capture_attention or params.kv_method.startswith(
+                ("sinks", "h2o")):
+            return 0
+        if chunk != STOPPABLE:
+            return chunk if chunk < left else 0
+        return self._stoppable_pass(left)
+
+    def _stoppable_pass(self, left: int) -> int:
+        """A pass that takes at most ``PASS_S`` at the measured rate (a power of two, at least 16), or 0 when the
+        rest of the prompt fits in one such pass."""
+        if self.prefill_rate is None:
+            return 0 if left <= UNCHUNKED else FIRST_PASS
+        fits = self.prefill_rate * PASS_S
+        if left <= fits:
+            return 0
+        return max(16, 1 << max(int(fits).bit_length() - 1, 0))
 
     def _broken_weights_words(self) -> str:
         """Why the scores could be broken: a converted copy in the cache is checked thoroughly first (a damaged
@@ -413,21 +447,26 @@ class Session:
         compressed = params.kv_method != "full"
         if compressed:                                      # quantized or evicted: its own cache from the start
             request.cache, request.evictor = self._compressed_cache(params.kv_method)
-        chunk = request.options.prefill_chunk if params.kv_cache and not params.capture_attention \
-            and request.evictor is None else 0              # eviction between chunks would move positions
-        starts = range(reused, len(ids), chunk) if chunk else [reused]
+        chunk, first, passes = request.prefill_chunk, reused, 0
         start = clock.mark()
-        for first in starts:
-            if first > reused and request.cancelled():
+        while first < len(ids):
+            if passes and request.cancelled():
                 return                                      # stopped between two passes of a long prompt
-            last = first + chunk if chunk else len(ids)
+            last = min(first + chunk, len(ids)) if chunk else len(ids)
+            began = clock.mark()
             logits, request.cache = self.prefill(sequence[:, first:last], params.kv_cache, request.cache,
                                                  request.allocated, request.options.offload_kv)
+            took_ms = clock.elapsed_ms(began, clock.mark())
+            if took_ms > 0:
+                self.prefill_rate = (last - first) / (took_ms / 1000.0)
+            first, passes = last, passes + 1
+            if chunk and request.options.prefill_chunk == STOPPABLE:     # the next pass from this one's time
+                chunk = self._stoppable_pass(len(ids) - first) or len(ids) - first
         if request.evictor is not None:
             request.evictor.after_pass(request.cache, len(ids))
         forward_end = clock.mark()
         cached = self._read_cache(request.cache)
-        yield Prefilled(clock.elapsed_ms(start, forward_end), *cached)      # measured, whatever the choice does
+        yield Prefilled(clock.elapsed_ms(start, forward_end), *cached, passes=passes)   # measured, whatever follows
         self._fault("first", 0)
         choice = choose(logits, params, generator)
         end = clock.mark()
@@ -560,7 +599,7 @@ class _Observer:
             run_id=self.run_id, label=r.params.describe() + (", reuse" if r.kind == "chat" and r.reused else ""),
             model=s.facts, params=r.params, prompt=r.prompt, prompt_ids=r.ids,
             prompt_pieces=pieces(s.tokenizer, r.ids), started_at=datetime.now(timezone.utc).isoformat(
-                timespec="seconds"), t_ms=self.since(), kind=r.kind))
+                timespec="seconds"), t_ms=self.since(), kind=r.kind, prefill_chunk=r.prefill_chunk))
 
     def follow(self, steps: Iterator[Prefilled | Step]) -> tuple[str, Any]:
         """Consume the steps until a stop reason: emit each, wait if asked, check cancel before the next."""
@@ -571,7 +610,7 @@ class _Observer:
             if isinstance(step, Prefilled):
                 self.emit(PrefillDone(self.run_id, self.since(), len(r.ids) - r.reused, r.tokenize_ms,
                                       step.forward_ms, step.kv, r.reused, step.held, r.cache_note, r.allocated,
-                                      step.storage))
+                                      step.storage, step.passes))
                 continue
             self.emit(self._token_step(step))          # step 0's time is the TTFT: the norms come after it
             if r.layer_clock is not None:

@@ -3,7 +3,15 @@ The full-context run (about 18 minutes on 2 cores) is ``make bench-long``."""
 
 import time
 
-from tests.benchmarks import bench_engine, bench_experiments, bench_formats, bench_gui, bench_profile, bench_trace
+from tests.benchmarks import (
+    bench_engine,
+    bench_experiments,
+    bench_formats,
+    bench_gui,
+    bench_prefill_passes,
+    bench_profile,
+    bench_trace,
+)
 
 PARTS = (
     ("engine: the instrumented session vs model.generate, whole runs by the wall clock", bench_engine, []),
@@ -14,6 +22,7 @@ PARTS = (
     ("weight formats: KVScope eager and compiled beside llama.cpp, decode and prefill, and compile times",
      bench_formats, []),
     ("where a decode step's time goes, eager and compiled (bfloat16)", bench_profile, []),
+    ("a long prompt in one prefill pass vs in passes (what Stop within a second costs)", bench_prefill_passes, []),
     ("experiments on the real model, through the window", bench_experiments, []),
 )
 
