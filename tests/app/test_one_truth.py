@@ -195,5 +195,6 @@ def test_a_replayed_run_takes_no_ceiling_from_this_machines_peaks(qtbot, window,
 def test_an_experiment_that_has_reported_no_progress_yet_says_starting_not_zero_of_zero():
     from app.phase import RUNNING_EXPERIMENT, ExperimentPhase
 
-    assert ExperimentPhase(RUNNING_EXPERIMENT, 0, 0, 0).words() == "running: starting"
-    assert ExperimentPhase(RUNNING_EXPERIMENT, 1, 4, 1, "prompt 2").words() == "running: 1 of 4 · prompt 2"
+    assert ExperimentPhase(RUNNING_EXPERIMENT, 0, 0, 0, "", 2500.0).words() == "running for 2.5 s: starting"
+    assert (ExperimentPhase(RUNNING_EXPERIMENT, 1, 4, 1, "prompt 2", 61_000.0).words()
+            == "running for 61.0 s: 1 of 4 · prompt 2")
