@@ -137,3 +137,15 @@ def test_every_engine_module_sits_in_a_layer_of_the_contract():
     assert not outside, outside
     top = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
     assert top == ["__init__.py", "__main__.py", "cli.py"], top
+
+
+def test_folders_found_from_a_modules_place_are_those_of_the_tree_it_runs_from():
+    """Modules moved into layer packages: what they find by their own place (the resources beside the source, the
+    folder a prefill worker imports the engine from) is still this tree's, not a folder one level short."""
+    import os
+
+    from engine.run.disaggregation import _package_root
+    from engine.store.resources import resources_dir
+
+    assert resources_dir() == ROOT / "resources"
+    assert Path(_package_root().split(os.pathsep)[0]) == ROOT

@@ -340,7 +340,9 @@ def _die_with_parent() -> None:
 
 def _package_root() -> str:
     """The folder that holds ``engine``, first on the worker's path (the same code as this process runs)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import engine
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(engine.__file__)))
     rest = os.environ.get("PYTHONPATH", "")
     return root + (os.pathsep + rest if rest else "")
 

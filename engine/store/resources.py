@@ -30,8 +30,9 @@ def resources_dir() -> Path:
     bundle = getattr(sys, "_MEIPASS", None)
     if bundle:
         candidates.append(Path(bundle) / "resources")
-    here = Path(__file__).resolve().parent
-    candidates.append(here.parent / "resources")
+    import engine
+
+    candidates.append(Path(engine.__file__).resolve().parents[1] / "resources")     # the source tree
     spec = importlib.util.find_spec("kvscope_resources")          # installed from a wheel
     if spec is not None and spec.submodule_search_locations:
         candidates += [Path(p) for p in spec.submodule_search_locations]
