@@ -81,7 +81,7 @@ class FileActions:
     # --- traces -------------------------------------------------------------------------------------------
     def open_trace_dialog(self) -> None:
         dialog = QFileDialog(self.parent, "Open a KVScope trace or lecture", self.last_dir(),
-                             "KVScope traces and lectures (*.jsonl *.json);;All files (*)")
+                             "KVScope traces and lectures (*.jsonl *.jsonl.gz *.json);;All files (*)")
         dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
         dialog.setOption(QFileDialog.Option.DontUseNativeDialog, True)     # the filter below needs Qt's dialog
         dialog.setIconProvider(PlainIcons())

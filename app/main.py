@@ -46,7 +46,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", help="auto, cpu, cuda or mps")
     p.add_argument("--dtype", help="auto, float32, bfloat16, float16, int8 or int4 (weights)")
     p.add_argument("trace_files", nargs="*", metavar="TRACE",
-                   help="KVScope traces (.jsonl) to replay one after the other, instead of loading a model")
+                   help="KVScope traces (.jsonl or .jsonl.gz) to replay one after the other, instead of loading a model")
     p.add_argument("--trace", help="a trace to open and replay instead of loading a model (as TRACE)")
     p.add_argument("--speed", type=float, default=1.0,
                    help="replay speed: 1 as recorded, 2 twice as fast, 0 at once (default 1)")

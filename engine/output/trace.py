@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import gzip
+import io
 import json
 import os
 import re
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +33,7 @@ from engine.store.files import WriteRefused, writable_target, write_atomically
 FORMAT = "kvscope-trace"
 VERSION = 3            # 3: lessons' settings and results typed; per-layer storage; layer times
 MAX_FILE_BYTES = 4 << 30
+GZIP_MAGIC = b"\x1f\x8b"
 MAX_LINE_BYTES = 64 << 20            # one event; a KV-norms batch of a 128k-token prefill is about 61 MiB
 MAX_CONTAINERS = 100_000             # lists and objects in one line (a legitimate event has a few thousand)
 MAX_DIGITS = 40                      # digits of one whole number (the largest a trace holds has 19)
@@ -75,9 +79,22 @@ def write_trace(path: str | os.PathLike, events: Iterable[object]) -> Path:
 def write_checked(path: str | os.PathLike, events: Iterable[object]) -> Written:
     """Write ``events`` atomically, each checked by the reader's own checks first. An event the reader would
     refuse ends the trace there (what came before reads back, its run marked incomplete), and ``note`` says
-    which event and why."""
+    which event and why. A name ending in ``.gz`` is written compressed (the reader knows it by its bytes)."""
     check_writable(path)
     check, written, note = checker(), 0, ""
+    compressed = os.fspath(path).endswith(".gz")
+
+    def write_to(binary) -> None:
+        if not compressed:
+            text = io.TextIOWrapper(binary, encoding="utf-8", write_through=True)
+            write(text)
+            text.detach()
+            return
+        with gzip.GzipFile(fileobj=binary, mode="wb", mtime=0) as packed:      # mtime 0: the same bytes each time
+            text = io.TextIOWrapper(packed, encoding="utf-8")
+            write(text)
+            text.flush()
+            text.detach()
 
     def write(f) -> None:
         nonlocal written, note
@@ -96,7 +113,7 @@ def write_checked(path: str | os.PathLike, events: Iterable[object]) -> Written:
             written += 1
 
     try:
-        target = write_atomically(path, write, what="the trace")
+        target = write_atomically(path, write_to, binary=True, what="the trace")
     except WriteRefused as exc:
         raise TraceError(str(exc)) from None
     return Written(target, written, note)
@@ -149,10 +166,33 @@ def read_trace(path: str | os.PathLike) -> Trace:
         if size > MAX_FILE_BYTES:
             raise TraceError(f"{p.name} is {size / 2**30:,.1f} GiB; KVScope reads traces up to "
                              f"{MAX_FILE_BYTES / 2**30:,.0f} GiB")
-        with p.open("rb") as f, _no_cyclic_gc():
-            return _read(f, p.name)
+        with p.open("rb") as raw, _no_cyclic_gc():
+            if raw.read(2) == GZIP_MAGIC:                  # a compressed trace (the course ships them so)
+                raw.seek(0)
+                with gzip.GzipFile(fileobj=raw) as unpacked:
+                    return _read(_Bounded(unpacked, p.name), p.name)
+            raw.seek(0)
+            return _read(raw, p.name)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise TraceError(f"{p.name} is a damaged compressed trace ({exc})") from None
     except OSError as exc:
         raise TraceError(f"Cannot open trace {p}: {exc.strerror or exc}") from None
+
+
+class _Bounded:
+    """A compressed trace read line by line, refused once it has unpacked to more than a trace may hold (a small
+    file that unpacks to terabytes is refused at the bound, not after filling memory)."""
+
+    def __init__(self, f, name: str) -> None:
+        self.f, self.name, self.read = f, name, 0
+
+    def readline(self, limit: int = -1) -> bytes:
+        line = self.f.readline(limit)
+        self.read += len(line)
+        if self.read > MAX_FILE_BYTES:
+            raise TraceError(f"{self.name} unpacks to more than {MAX_FILE_BYTES / 2**30:,.0f} GiB; KVScope reads "
+                             "traces up to that")
+        return line
 
 
 def read_traces(paths: Iterable[str | os.PathLike]) -> list[Trace]:

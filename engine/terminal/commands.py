@@ -251,7 +251,7 @@ def experiment_json(lesson: Lesson, target: Any, points: list[ExperimentPoint], 
 def perfetto_parser() -> argparse.ArgumentParser:
     p = Parser(prog=program("perfetto"), description=(
         "Convert KVScope traces to one Chrome/Perfetto trace (open it in ui.perfetto.dev or chrome://tracing)."))
-    p.add_argument("traces", nargs="+", metavar="TRACE", help="KVScope traces (.jsonl)")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="KVScope traces (.jsonl or .jsonl.gz)")
     p.add_argument("--out", required=True, metavar="FILE", help="the Perfetto trace to write (.json)")
     return p
 

@@ -116,3 +116,46 @@ def test_an_experiment_trace_reads_back(tiny, tmp_path):
     events, _finished = collect("cache", tiny, new_tokens=4, prompt="hello")
     back = read_trace(write_trace(tmp_path / "exp.jsonl", events))
     assert back == events and back[-1].result == events[-1].result      # the typed result, field for field
+
+
+def test_a_trace_named_gz_is_written_compressed_the_same_bytes_each_time_and_reads_back_equal(run_events, tmp_path):
+    import gzip
+
+    packed = write_trace(tmp_path / "run.kvscope.jsonl.gz", run_events)
+    plain = write_trace(tmp_path / "run.kvscope.jsonl", run_events)
+    assert packed.read_bytes()[:2] == b"\x1f\x8b" and plain.read_bytes()[:1] == b"{"
+    assert gzip.decompress(packed.read_bytes()) == plain.read_bytes()
+    assert packed.stat().st_size < plain.stat().st_size / 2
+    again = write_trace(tmp_path / "again.kvscope.jsonl.gz", run_events)
+    assert again.read_bytes() == packed.read_bytes()                # no time stamp in the header
+    assert read_trace(packed) == run_events
+
+
+def test_a_damaged_compressed_trace_is_refused_with_its_name(run_events, tmp_path):
+    packed = write_trace(tmp_path / "run.kvscope.jsonl.gz", run_events).read_bytes()
+    cut = tmp_path / "cut.kvscope.jsonl.gz"
+    cut.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(TraceError, match="cut.kvscope.jsonl.gz is a damaged compressed trace"):
+        read_trace(cut)
+    flipped = tmp_path / "flipped.kvscope.jsonl.gz"
+    flipped.write_bytes(packed[:40] + bytes(b ^ 0xFF for b in packed[40:60]) + packed[60:])
+    with pytest.raises(TraceError, match="flipped.kvscope.jsonl.gz"):
+        read_trace(flipped)
+
+
+def test_a_small_compressed_file_that_unpacks_past_the_bound_is_refused_at_the_bound(run_events, tmp_path,
+                                                                                     monkeypatch):
+    import gzip
+
+    import engine.output.trace as trace
+
+    header = write_trace(tmp_path / "run.kvscope.jsonl", run_events).read_bytes().split(b"\n")[0] + b"\n"
+    bomb = tmp_path / "bomb.kvscope.jsonl.gz"
+    bomb.write_bytes(gzip.compress(header + (b" " * 1000 + b"\n") * 20_000))     # blank lines: 20 MB unpacked
+    assert bomb.stat().st_size < 200_000
+    monkeypatch.setattr(trace, "MAX_FILE_BYTES", 1 << 20)
+    with pytest.raises(TraceError, match="bomb.kvscope.jsonl.gz unpacks to more than"):
+        read_trace(bomb)
+    monkeypatch.setattr(trace, "MAX_FILE_BYTES", 64 << 20)
+    with pytest.raises(TraceError, match="holds no run and no experiment"):     # under it: read to the end
+        read_trace(bomb)
