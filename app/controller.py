@@ -272,7 +272,7 @@ class Controller:
         if self.replaying:
             self.store.peaks = self._live_peaks
         self.replaying = False
-        self.store.source = ""
+        self.store.source = self.store.recorded = ""
 
     def remeasure_peaks(self) -> None:
         if self._refused("Measuring the peaks"):
@@ -403,7 +403,7 @@ class Controller:
                 "machine?), so its ceilings are not shown. Run > Measure this machine again, when nothing else "
                 "runs, measures it anew.")
         elif isinstance(note, ReplayFile):
-            self.store.source = note.path
+            self.store.source, self.store.recorded = note.path, note.recorded
         elif isinstance(note, Idle):
             self.end_replay()
             self.conversation.refused()

@@ -160,6 +160,7 @@ class Lecture:
                 self.state.select(run.run_id, f"{lesson} sweep")
         elif kind == "ended" and self.controller.replaying:
             self._select_scene_run(self.state.scene)
+            self._open_at_the_cut(self.state.scene)
 
     def _state_changed(self, names: set[str]) -> None:
         if "scene" not in names:
@@ -174,13 +175,18 @@ class Lecture:
             if known:
                 self.position = known[0]             # a number key into the lecture: its place there
         self._select_scene_run(scene)
+        self._open_at_the_cut(scene)
+        if self.active:
+            cover_screen(self.window, self.area)                # a scene's panels must not widen the window
+
+    def _open_at_the_cut(self, scene: str) -> None:
+        """The sampling scene shows the step where the filters cut the most while leaving a choice (its lesson),
+        when it opens and when a replayed run ends in it (a render's final frame), not the last step drawn."""
         run = self.store.find(self.state.selected) if self.state.selected else None
-        if scene == "sampling" and run is not None:
+        if scene == "sampling" and run is not None and run.finished:
             step = cutting_step(run)
             if step is not None:
                 self.state.pin(run.run_id, step)
-        if self.active:
-            cover_screen(self.window, self.area)                # a scene's panels must not widen the window
 
     # --- keys ---
     def action(self) -> None:

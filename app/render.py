@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -216,6 +217,7 @@ class RenderReport:
     video_s: float
     scenes: tuple[str, ...]
     stills: tuple[Path, ...] = ()
+    seconds: tuple[float, ...] = ()           # each scene's time to render, by the wall clock
 
 
 class Cancelled(Exception):
@@ -239,22 +241,27 @@ class Renderer:
         self._stills = 0
 
     def render(self, scenes: Sequence[LectureScene]) -> RenderReport:
-        from engine.output.trace import read_traces
+        from engine.output.trace import read_traces, recorded
 
         if not scenes:
             raise RenderError("nothing to render: name a scene and its traces")
-        plans = []
+        plans, provenance = [], []
         for entry in scenes:                           # every file read and checked before the first frame
-            events = [e for trace in read_traces(entry.traces) for e in trace]
-            plans.append(schedule(events, self.settings))
+            traces = read_traces(entry.traces)
+            plans.append(schedule([e for trace in traces for e in trace], self.settings))
+            provenance.append("; ".join(dict.fromkeys(recorded(trace) for trace in traces)))
         self.total = frame_count(plans, self.settings)
         partial = self.path.with_name(f".{self.path.name}.partial")
         stills: list[Path] = []
+        seconds: list[float] = []
         self._prepare()
         try:
             with _Encoder(partial, self.format, self.settings) as encoder:
-                for entry, plan in zip(scenes, plans):
+                for entry, plan, words in zip(scenes, plans, provenance):
+                    self.window.store.recorded = words         # each scene's caption says whose figures they are
+                    began = time.perf_counter()
                     stills += self._scene(entry.scene, plan, encoder)
+                    seconds.append(time.perf_counter() - began)
             os.replace(partial, self.path)
         except BaseException:
             partial.unlink(missing_ok=True)
@@ -262,7 +269,7 @@ class Renderer:
         finally:
             self._restore()
         return RenderReport(self.path, self.frames, self.frames / self.settings.fps,
-                            tuple(s.scene for s in scenes), tuple(stills))
+                            tuple(s.scene for s in scenes), tuple(stills), tuple(seconds))
 
     # --- one scene ----------------------------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -273,6 +280,7 @@ class Renderer:
 
     def _restore(self) -> None:
         self.window.store.clock = self._clock_before
+        self.window.store.recorded = ""
         self.window.lecture.area = None
 
     def _scene(self, scene: str, plan: list[tuple[Wait, object]], encoder: _Encoder) -> list[Path]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from html import escape, unescape
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QFont, QFontDatabase
+from PySide6.QtGui import QFont, QFontDatabase, QFontMetrics
 from PySide6.QtWidgets import (
     QBoxLayout,
     QDockWidget,
@@ -167,9 +167,15 @@ class SceneView(QWidget):
         self.progress_box = QWidget()
         self.progress_box.setLayout(progress_row)
         self.progress_box.hide()
-        self.footer = QLabel()
+        self.source = QLabel()                         # a replay: where and when it was recorded
+        self.source.setTextFormat(Qt.TextFormat.PlainText)
+        self.source.hide()
+        self.footer = QLabel()                         # the keys, then (below) the settings the next run takes
         self.footer.setTextFormat(Qt.TextFormat.RichText)
         self.footer.setWordWrap(True)
+        self.next_run = QLabel()
+        self.next_run.setTextFormat(Qt.TextFormat.RichText)
+        self.next_run.setWordWrap(True)
         self.notice = ""                               # a refused key's reason, until the next scene
         self._notice_until_idle = False                # "Stopping…": said only while the work winds down
         layout = QVBoxLayout(self)
@@ -180,7 +186,14 @@ class SceneView(QWidget):
         layout.addWidget(self.body, 1)
         layout.addWidget(self.console)
         layout.addWidget(self.progress_box)
-        layout.addWidget(self.footer)
+        self.bottom = QGridLayout()                    # the credit beside a footer line: no chart gives up a line
+        self.bottom.setContentsMargins(0, 0, 0, 0)
+        self.bottom.setVerticalSpacing(0)
+        self.bottom.addWidget(self.footer, 0, 0, 1, 2)
+        self.bottom.addWidget(self.next_run, 1, 0, 1, 2)
+        self.bottom.addWidget(self.source, 0, 1, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.bottom.setColumnStretch(0, 1)
+        layout.addLayout(self.bottom)
         self.cover = QWidget(self)
         self.cover.setStyleSheet("background: black;")
         self.cover.hide()
@@ -240,14 +253,18 @@ class SceneView(QWidget):
         font.setPointSizeF(theme.base_pt * 1.3)
         font.setBold(True)
         self.caption.setFont(font)
+        credit = QFont(self.font())                    # a slide's credit line: smaller than what it credits
+        credit.setPointSizeF(theme.base_pt * 0.85)
+        self.source.setFont(credit)
         mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
         mono.setPointSizeF(theme.base_pt * 0.9)
         self.console.setFont(mono)
         self.refresh()
 
     def claim(self) -> str:
-        """The whole caption as shown: the headline and its detail."""
-        return " ".join(t for t in (self.caption.text(), self.detail.text()) if t)
+        """The whole caption as shown: the headline, its detail and whose figures they are."""
+        return " ".join(t for t in (self.caption.text(), self.detail.text(),
+                                    self.source.text() if self.source.isVisibleTo(self) else "") if t)
 
     def say(self, notice: str, until_idle: bool = False) -> None:
         """A refused key's reason, in the footer where the speaker looks; ``until_idle``: only while the work in
@@ -267,12 +284,18 @@ class SceneView(QWidget):
         scene = BY_NAME[self.shown]
         claim = scene_claim(self.shown, self.context)
         self._set_caption(f"{scene.key} · {scene.title}: ", claim)
+        source = scene_source(self.shown, self.context)
+        self.source.setText(source)
+        self.source.setVisible(bool(source))
         run = self.context.store.find(self.context.state.selected) if self.context.state.selected else None
         lines = console_lines(run) if self.shown == "prefill" else []
         self.console.setText("\n".join(lines))
         self.console.setVisible(bool(lines))
         self._progress()
-        self.footer.setText(self._footer(scene))
+        keys, settings = self._footer(scene)
+        self.footer.setText(keys)
+        self.next_run.setText(settings)
+        self._place_credit()
 
     def _set_caption(self, title: str, claim: str) -> None:
         """The claim in at most ``CAPTION_LINES`` lines of large type at this width; what does not fit goes to
@@ -322,7 +345,33 @@ class SceneView(QWidget):
             return
         self.progress_box.hide()
 
-    def _footer(self, scene) -> str:
+    def _place_credit(self) -> None:
+        """The credit goes beside whichever footer line leaves it room (the keys in most scenes, the settings in
+        the batch scene), else on a line of its own below them."""
+        if not self.source.text():
+            return
+        room = self.width() - self.layout().contentsMargins().left() - self.layout().contentsMargins().right()
+        needed = QFontMetrics(self.source.font()).horizontalAdvance(self.source.text()) + 24
+
+        def used(label: QLabel) -> int:
+            bold = QFont(label.font())
+            bold.setBold(True)                          # the keys are bold in places: measure as if all were
+            return QFontMetrics(bold).horizontalAdvance(plain_text(label.text()))
+
+        lines = (self.footer, self.next_run)
+        row = next((i for i, line in enumerate(lines) if used(line) + needed <= room), 2)
+        for widget in (*lines, self.source):
+            self.bottom.removeWidget(widget)
+        for i, line in enumerate(lines):                # a line the credit is not beside spans both columns
+            self.bottom.addWidget(line, i, 0, 1, 1 if i == row else 2)
+        self.bottom.addWidget(self.source, row, 1 if row < 2 else 0, 1, 1 if row < 2 else 2,
+                              Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+
+    def footer_text(self) -> str:
+        """The footer's two lines as shown (rich text): the keys, and what the next run takes."""
+        return f"{self.footer.text()}<br>{self.next_run.text()}"
+
+    def _footer(self, scene) -> tuple[str, str]:
         keys = "".join(f"<b>{s.key}</b>" if s.name == scene.name else s.key for s in SCENES)
         joined = lessons.joins().get(scene.name)
         extra = f" · <b>{joined[1].key}</b> {escape(joined[1].words)}" if joined else ""
@@ -331,11 +380,11 @@ class SceneView(QWidget):
         notice = f" · <b>{escape(self.notice)}</b>" if self.notice else ""
         tried = self.context.state.what_if
         if scene.lesson is None and tried is not None:           # T, P, K filter the shown step again
-            return (f"{keys} · <b>R</b> {escape(scene.action)} · Ctrl+. stop · B blank · Esc back<br>"
+            return (f"{keys} · <b>R</b> {escape(scene.action)} · Ctrl+. stop · B blank · Esc back",
                     f"<b>what if</b> {escape(tried.text())} (T P K change it, no rerun) · <b>W</b> back to what ran · "
                     f"←/→ tokens{notice}")
         what_if = " · <b>W</b> what if" if scene.lesson is None else ""
-        return (f"{keys} · <b>R</b> {escape(scene.action)}{extra} · Ctrl+. stop · B blank · Esc back<br>"
+        return (f"{keys} · <b>R</b> {escape(scene.action)}{extra} · Ctrl+. stop · B blank · Esc back",
                 f"next run: {settings}{what_if} · ←/→ tokens{notice}")
 
 
@@ -359,6 +408,11 @@ class SceneView(QWidget):
         return " · ".join(parts) + " (Shift lowers)" + (f" · {'/'.join(idle)}: not in this scene" if idle else "")
 
 
+def plain_text(rich: str) -> str:
+    """What a rich-text label reads as, its tags and entities gone (for measuring its width)."""
+    return unescape(re.sub(r"<[^>]+>", "", rich))
+
+
 def scene_lesson(name: str | None) -> str | None:
     scene = BY_NAME.get(name) if name else None
     return scene.lesson if scene is not None else None
@@ -373,12 +427,25 @@ def scene_claim(name: str, context: Context) -> str:
         parts = [lesson_claim(window_lesson, record, context)]
         joined = lessons.joins().get(name)
         if joined is not None:
-            other = lesson_claim(lessons.BY_KIND[joined[0]], context.store.latest_experiment(joined[0]), context)
-            parts = [p for p in (parts[0], other) if p] or [f"press R for the {window_lesson.lesson.title.lower()}, "
-                                                            f"{joined[1].key} for {joined[1].words}"]
+            other = context.store.latest_experiment(joined[0])
+            parts = [p for p in (parts[0], lesson_claim(lessons.BY_KIND[joined[0]], other, context)) if p] or [
+                f"press R for the {window_lesson.lesson.title.lower()}, {joined[1].key} for {joined[1].words}"]
         return "; ".join(p for p in parts if p)
     run = context.store.find(context.state.selected) if context.state.selected else None
     return run_claim(name, run, context.state, context.store.activity)
+
+
+def scene_source(name: str, context: Context) -> str:
+    """Whose figures the scene shows, when they are not this machine's now: a replayed run or experiment says
+    where and when it was recorded ("recorded 2026-12-02 on …, float32"), as a slide credits its data."""
+    kind = scene_lesson(name)
+    if kind is not None:
+        joined = lessons.joins().get(name)
+        records = [context.store.latest_experiment(k) for k in (kind, *(joined[:1] if joined else ()))]
+    else:
+        records = [context.store.find(context.state.selected) if context.state.selected else None]
+    words = list(dict.fromkeys(r.recorded for r in records if r is not None and r.recorded))
+    return "; ".join(words)
 
 
 def lesson_claim(window_lesson: WindowLesson, record, context: Context) -> str:
@@ -510,11 +577,11 @@ def scene_run(name: str, store: RunStore, sources: tuple[str, ...] = ()) -> str 
     """The run a run scene shows when it opens: the newest one that recorded attention for the attention scene,
     the newest plain run (not an experiment's, not one recording attention) for the others, so a lecture
     replayed from several traces shows each scene's own run; with ``sources``, only runs replayed from those
-    traces (a lecture file's scene and its own traces)."""
+    traces (a lecture file's scene and its own traces) or run here since (a live run replaces the shipped one)."""
     if name not in RUN_SCENES:
         return None
     own = [r for r in store.runs if not r.started.experiment and r.started.kind != "chat"
-           and (not sources or r.source in sources)]
+           and (not sources or r.source in sources or not r.source)]
     wanted = [r for r in own if (name == "attention") == r.started.params.capture_attention]
     return wanted[-1].run_id if wanted else None
 

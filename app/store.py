@@ -91,6 +91,7 @@ class RunRecord:
         self.norm_positions = 0       # positions whose norms have arrived (they come in batches)
         self.incomplete = False       # a replayed trace ended before this run did
         self.source = ""              # the trace it was replayed from ("": run in this session)
+        self.recorded = ""            # where and when that trace was recorded, in words
         self.steering = ""            # "paused" or "stepping" (single steps) while the user holds it, else ""
         self.arrived = clock()        # when the window heard it start (a prefill's elapsed time counts from it)
 
@@ -243,6 +244,7 @@ class ExperimentRecord:
         self.progress: ExperimentProgress | None = None
         self.end: ExperimentFinished | ExperimentFailed | None = None
         self.run_ids: list[str] = []
+        self.recorded = ""                         # replayed: where and when its trace was recorded
 
     @property
     def kind(self) -> str:
@@ -293,6 +295,7 @@ class RunStore:
         self._frame: float | None = None     # "now" for every view of one frame (``new_frame``)
         self.activity: str | None = None     # what the engine is busy with ("run", "load", ...), None when idle
         self.source = ""              # the trace the events now arriving come from ("": this session's own)
+        self.recorded = ""            # where and when that trace was recorded, in words ("": here, now)
         self.runs: list[RunRecord] = []
         self.experiments: list[ExperimentRecord] = []
         self.peaks: HardwarePeaks | None = None
@@ -349,6 +352,7 @@ class RunStore:
             return
         if isinstance(event, ExperimentStarted):
             self.experiments.append(ExperimentRecord(event, self.now))
+            self.experiments[-1].recorded = self.recorded
             self.trim()
             self.peaks = event.peaks or self.peaks
             self.version += 1
@@ -363,7 +367,7 @@ class RunStore:
         if isinstance(event, RunStarted):
             self._count += 1
             record = RunRecord(event, self._count, self.peaks, self.now)
-            record.source = self.source
+            record.source, record.recorded = self.source, self.recorded
             self.runs.append(record)
             self.trim()
             owner = self.experiment(event.experiment) if event.experiment else None

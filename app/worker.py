@@ -74,6 +74,7 @@ class ReplayFile:
     the runs of its own traces)."""
 
     path: str
+    recorded: str = ""          # where and when it was recorded (``engine.output.trace.recorded``)
 
 
 Note = Busy | Idle | Failed | Memory | PeaksBelowRun | ReplayFile
@@ -191,10 +192,10 @@ class EngineWorker(QObject):
     def _replay(self, request: rq.Replay) -> None:
         """Replay traces, one after the other (a lecture prepared as several files): no model, no torch; paced
         by the recorded timestamps. Every file is read and checked before the first event is shown."""
-        from engine.output.trace import read_traces, replay
+        from engine.output.trace import read_traces, recorded, replay
 
         for path, events in zip(request.paths, read_traces(request.paths)):
-            self.push(ReplayFile(str(path)))
+            self.push(ReplayFile(str(path), recorded(events)))
             for event in replay(events, request.speed, cancelled=self.control.cancel.is_set, sleep=self._sleep):
                 self.push(event)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from html import escape
 
 import pyqtgraph as pg
+from PySide6.QtGui import QFontMetrics
 
 from app import theme as th
 from app.chart import Chart
@@ -65,7 +66,11 @@ class ServerLoadView(LessonView):
                 self.chart.add(pg.BarGraphItem(x0=[r[start] for r in rows], width=[max(r[end] - r[start], 0.0)
                                                                                    for r in rows],
                                                y=[r["index"] for r in rows], height=0.7, brush=colour, pen=None), name)
-        every = max(1, -(-len(requests) // 6))          # at most ~6 labels: 64 lanes must not print 64 names
+        # As many labels as fit one above the other (at most 6: 64 lanes must not print 64 names); in a scene at
+        # 720p the lanes are a few pixels each, and every label drawn there covered its neighbours.
+        line = QFontMetrics(self.plot.getAxis("left").style.get("tickFont") or self.font()).height()
+        fit = max(2, int(self.plot.getViewBox().height() // (line * 1.5)))
+        every = max(1, -(-len(requests) // min(6, fit)))
         self.plot.getAxis("left").setTicks([[(r["index"], f"#{int(r['index'])}") for r in requests[::every]],
                                             [(r["index"], "") for r in requests]])
         self.plot.invertY(True)
@@ -77,6 +82,9 @@ class ServerLoadView(LessonView):
                 self.metrics_chart.add(pg.PlotDataItem(t, y, pen=pg.mkPen(colour, width=self.theme.line_width * 1.5),
                                                        symbol="o", symbolSize=5, symbolBrush=colour),
                                        f"{QUANTITIES.get(quantity, quantity)} (/metrics)")
+        if samples:                                      # counts of requests: never below zero
+            top = max((v.get(q, 0.0) for v in samples for q in ("running", "waiting")), default=0.0)
+            self.metrics_chart.plot.getViewBox().setLimits(yMin=-0.05 * max(top, 1.0))
         self.polled = bool(samples)
         self.tree_chart.setVisible(bool(record.blocks))
         self.metrics_chart.setVisible(not (getattr(self, "compact", False) and record.blocks))

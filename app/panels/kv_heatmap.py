@@ -12,7 +12,7 @@ from html import escape
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QBrush, QColor, QPen
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPen
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
@@ -43,6 +43,7 @@ BAR_LABEL = {"memory": ("bytes per position", "B"), "k": ("mean L2 norm of keys"
 
 
 BARS_LABEL = "K solid, V hatched"
+X_WORDS = ("position in the context window", "position")          # the heatmap's x axis, longest that fits
 
 
 def bars_label(model, state: bool, allocated: bool) -> str:
@@ -98,6 +99,8 @@ class KVHeatmapPanel(QWidget):
 
         self.graphics = TimedGraphics()
         self.plot: pg.PlotItem = self.graphics.addPlot(row=0, col=0)
+        self._x_words = X_WORDS[0]
+        self.plot.getViewBox().sigResized.connect(lambda *_: self._fit_x_label())
         self.plot.setMenuEnabled(False)
         self.empty = QGraphicsRectItem()
         self.empty.setPen(QPen(Qt.PenStyle.NoPen))
@@ -191,6 +194,8 @@ class KVHeatmapPanel(QWidget):
         self.theme = theme
         self.graphics.setBackground(theme.background)
         th.style_plot(self.plot, theme, "position in the context window", "tokens", "layer", None)
+        self._x_words = X_WORDS[0]
+        self._fit_x_label()
         th.style_plot(self.bars_plot, theme, "B", None, "", None)
         bar_axis = self.colorbar.getAxis("right")
         bar_axis.setWidth(None)                         # fits the tick labels at the theme's font size
@@ -205,6 +210,20 @@ class KVHeatmapPanel(QWidget):
 
     def selected(self) -> RunRecord | None:
         return self.store.find(self.state.selected) if self.state.selected else None
+
+    def _fit_x_label(self) -> None:
+        """The position axis's words in full where they fit under the heatmap, shorter where not: centred under a
+        narrow heatmap (a scene at 720p), the full words ran into the bars' unit beside it."""
+        if getattr(self, "theme", None) is None:
+            return                                      # styled later; the theme says the type's size
+        font = QFont(self.font())
+        font.setPointSizeF(self.theme.base_pt)
+        room = self.plot.getViewBox().width()
+        words = next((w for w in X_WORDS if QFontMetrics(font).horizontalAdvance(f"{w} (tokens)") < room * 0.9),
+                     X_WORDS[-1])
+        if words != self._x_words:
+            self._x_words = words
+            th.label_axis(self.plot.getAxis("bottom"), words, "tokens", self.theme)
 
     def refresh(self) -> None:
         run = self.selected()

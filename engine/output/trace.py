@@ -25,7 +25,16 @@ from pathlib import Path
 
 from engine import __version__, lessons
 from engine.facts.errors import TraceError
-from engine.facts.events import TRACE_EVENTS, ExperimentStarted, RunFailed, RunFinished, RunStarted, to_dict
+from engine.facts.events import (
+    TRACE_EVENTS,
+    ExperimentStarted,
+    HardwarePeaks,
+    RunFailed,
+    RunFinished,
+    RunStarted,
+    ServerFacts,
+    to_dict,
+)
 from engine.facts.schema import Checker, SchemaError
 from engine.facts.textstream import clean_text
 from engine.store.files import WriteRefused, writable_target, write_atomically
@@ -34,6 +43,7 @@ FORMAT = "kvscope-trace"
 VERSION = 3            # 3: lessons' settings and results typed; per-layer storage; layer times
 MAX_FILE_BYTES = 4 << 30
 GZIP_MAGIC = b"\x1f\x8b"
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 MAX_LINE_BYTES = 64 << 20            # one event; a KV-norms batch of a 128k-token prefill is about 61 MiB
 MAX_CONTAINERS = 100_000             # lists and objects in one line (a legitimate event has a few thousand)
 MAX_DIGITS = 40                      # digits of one whole number (the largest a trace holds has 19)
@@ -149,9 +159,35 @@ class TraceWriter:
 
 # --- reading ----------------------------------------------------------------------------------------------
 class Trace(list):
-    """The events of a trace, in order; ``incomplete`` names the runs that never finished in it."""
+    """The events of a trace, in order; ``incomplete`` names the runs that never finished in it; ``created``: the
+    date its header says it was written ("" when it says none)."""
 
     incomplete: list[str]
+    created: str = ""
+
+
+def short_name(device: str) -> str:
+    """A processor's name as people say it: "Intel(R) Xeon(R) Processor" is an Intel Xeon."""
+    words = re.sub(r"\((R|TM|tm|r)\)|\b(Processor|CPU)\b|@.*$", " ", device)
+    return " ".join(words.split()) or device
+
+
+def recorded(trace: Trace) -> str:
+    """Where and when a trace was recorded, for a caption ("recorded 2026-12-02 on AMD EPYC 7B13, float32"): the
+    machine its peaks name (else the device or the server), the model's float, the day its first run started.
+    A replayed figure is another machine's: the screen must say whose."""
+    peaks = next((e for e in trace if isinstance(e, HardwarePeaks)), None)
+    peaks = peaks or next((e.peaks for e in trace if isinstance(e, ExperimentStarted) and e.peaks), None)
+    facts = next((e.model for e in trace if isinstance(e, (RunStarted, ExperimentStarted))), None)
+    day = next((e.started_at[:10] for e in trace if isinstance(e, RunStarted)
+                and _DATE.fullmatch(e.started_at[:10])), trace.created)
+    if isinstance(facts, ServerFacts):
+        where = f"from {facts.engine} serving {facts.name}"
+    else:
+        machine = short_name(peaks.device) if peaks is not None else (facts.device if facts is not None else "")
+        dtype = facts.dtype if facts is not None else ""
+        where = ", ".join(p for p in (f"on {machine}" if machine else "", dtype) if p)
+    return " ".join(p for p in ("recorded", day, where) if p)
 
 
 def read_trace(path: str | os.PathLike) -> Trace:
@@ -233,6 +269,8 @@ def _read(f, name: str) -> Trace:
         data = _parse(raw, name, number)
         if number == 1 or _is_header(data):
             _check_header(data, name, number)
+            created = str(data.get("created", ""))[:10]
+            events.created = created if _DATE.fullmatch(created) else events.created
             continue
         if len(events) >= MAX_EVENTS:
             raise TraceError(f"{name} holds more than {MAX_EVENTS:,} events; KVScope reads at most that many")
@@ -331,27 +369,48 @@ class ReplayIncomplete:
     run_id: str
 
 
+class OneClock:
+    """A trace's events on one clock. A run times its events from its own start and an experiment from its own, and
+    an experiment's runs (a server's requests: many at once) interleave with its events: each clock is placed
+    where its start arrived, so the waits between events are the recorded ones however the clocks interleave.
+    (Taken as one clock, the requests' small times and the experiment's large ones alternated, and a 5.8 s
+    recording paced out to 114 s.)"""
+
+    def __init__(self) -> None:
+        self.now = 0.0                      # the latest moment reached, in ms since the trace began
+        self._starts: dict[tuple[str, str], float] = {}
+
+    def place(self, event: object) -> float | None:
+        """``event``'s moment on the one clock (None for an event with no time of its own)."""
+        t = getattr(event, "t_ms", None)
+        run, exp = getattr(event, "run_id", None), getattr(event, "exp_id", None)
+        key = ("run", run) if run is not None else ("exp", exp) if exp is not None else None
+        if t is None or key is None:
+            return None
+        if isinstance(event, (RunStarted, ExperimentStarted)) or key not in self._starts:
+            self._starts[key] = self.now - t
+        self.now = max(self.now, self._starts[key] + t)
+        return self._starts[key] + t
+
+
 def replay(events: Iterable[object], speed: float = 1.0, sleep: Callable[[float], None] = time.sleep,
            cancelled: Callable[[], bool] = lambda: False, max_gap_s: float = MAX_REPLAY_GAP_S) -> Iterator[object]:
     """Yield ``events`` at their recorded pace (``t_ms``), ``speed`` times faster; ``speed <= 0`` means as fast
     as possible. A pause longer than ``max_gap_s`` (after scaling) is shortened to it, announced by a
     ``ReplayGap``; runs the trace leaves unfinished are announced at the end by ``ReplayIncomplete``. Stops
     early when ``cancelled()``."""
-    last_t: float | None = None
+    clock = OneClock()
     started: list[str] = []
     ended: set[str] = set()
     for event in events:
-        t = getattr(event, "t_ms", None)
-        if isinstance(event, (RunStarted, ExperimentStarted)):
-            last_t = None
-        if speed > 0 and t is not None:
-            if last_t is not None and t > last_t:
-                wait = (t - last_t) / 1000.0 / speed
-                if wait > max_gap_s:
-                    yield ReplayGap(t - last_t, max_gap_s * 1000.0)
-                    wait = max_gap_s
-                sleep(wait)
-            last_t = t
+        before = clock.now
+        t = clock.place(event)
+        if speed > 0 and t is not None and t > before:
+            wait = (t - before) / 1000.0 / speed
+            if wait > max_gap_s:
+                yield ReplayGap(t - before, max_gap_s * 1000.0)
+                wait = max_gap_s
+            sleep(wait)
         if isinstance(event, RunStarted):
             started.append(event.run_id)
         elif isinstance(event, (RunFinished, RunFailed)):

@@ -57,9 +57,11 @@ def test_every_scene_fits_the_screen_with_a_two_line_caption_and_the_footer_in_v
                 assert w.width() <= screen.width() and w.height() <= screen.height(), (name, w.size())
                 assert lines(view.caption) <= CAPTION_LINES + 0.1, (name, view.caption.text())
                 assert not view.detail.isVisible() or lines(view.detail) <= 2.1, (name, view.detail.text())
-                bottom = view.footer.mapTo(w, QPoint(0, view.footer.height())).y()
-                assert view.footer.isVisible() and bottom <= w.height(), (name, bottom, w.height())
-                assert view.footer.heightForWidth(view.footer.width()) <= view.footer.height() + 1, name
+                for line in (view.footer, view.next_run):             # the keys, and the next run's settings
+                    bottom = line.mapTo(w, QPoint(0, line.height())).y()
+                    assert line.isVisible() and bottom <= w.height(), (name, bottom, w.height())
+                    assert line.heightForWidth(line.width()) <= line.height() + 1, name
+                    assert lines(line) <= 1.1, (name, line.text())          # one line each, the credit beside
             if attempt == "leave":
                 w.lecture.leave()
             else:
@@ -99,7 +101,7 @@ def test_a_parameter_key_changes_the_setting_shows_it_and_runs_again_with_it(qtb
     qtbot.waitUntil(lambda: window.store.current is not first and window.store.current.finished)
     wait_idle(qtbot, window)
     assert window.store.current.started.params.temperature == pytest.approx(first.started.params.temperature + 0.1)
-    assert "<b>T</b> 0.1" in window.scene_view.footer.text()
+    assert "<b>T</b> 0.1" in window.scene_view.footer_text()
     press(qtbot, window, "Shift+M")                            # Shift lowers: half the tokens
     qtbot.waitUntil(lambda: window.client.busy is None and window.store.current.started.params.max_new_tokens == 8)
     assert window.controls.max_tokens.value() == 8               # the workbench's control says the same
@@ -161,7 +163,7 @@ def test_the_stop_key_in_a_scene_says_so_in_the_footer(qtbot, window):
     window.lecture.enter("cache")
     window.activateWindow()
     press(qtbot, window, "Ctrl+.")
-    assert "Nothing to stop" in window.scene_view.footer.text() and window.lecture.active    # Esc would leave
+    assert "Nothing to stop" in window.scene_view.footer_text() and window.lecture.active    # Esc would leave
 
 
 def test_the_stop_key_during_a_run_names_what_stops(qtbot, window):

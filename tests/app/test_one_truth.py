@@ -164,7 +164,7 @@ def test_a_stopped_experiment_scene_says_how_far_it_got_and_claims_no_measuremen
     assert start_lesson(w, "cache", new_tokens=8)
     qtbot.waitUntil(lambda: w.store.latest_experiment("cache") is not None)
     w.lecture.stop()
-    assert "Stopping…" in w.scene_view.footer.text()
+    assert "Stopping…" in w.scene_view.footer_text()
     wait_idle(qtbot, w)
     w.client.worker.session.fault_hook = None
     w.refresh(force=True)
@@ -173,7 +173,7 @@ def test_a_stopped_experiment_scene_says_how_far_it_got_and_claims_no_measuremen
     assert record.end.reason == "stopped" and claim.startswith("3 · KV cache on vs off: stopped"), claim
     assert not record.points and "nothing was measured" in claim and "busy" not in claim
     assert w.experiments.views["cache"].chart.legend_names() == []
-    assert "Stopping…" not in w.scene_view.footer.text()        # the stop has taken effect: the word goes
+    assert "Stopping…" not in w.scene_view.footer_text()        # the stop has taken effect: the word goes
     w.lecture.leave()
 
 

@@ -84,10 +84,10 @@ def test_m_in_an_experiment_scene_changes_what_r_runs_there_and_t_says_it_does_n
     settings = window.controller.choices.for_run("cache", lessons.lesson("cache").settings, "")
     assert settings.new_tokens == 96                               # the lesson's 48, doubled: what R runs now
     assert window.run_settings.choices.max_new_tokens == 128       # the prompt's setting is not what R runs here
-    assert "<b>M</b> 96 tokens" in window.scene_view.footer.text()
-    assert "new tokens (both runs) 96; R runs the scene with it" in window.scene_view.footer.text()
+    assert "<b>M</b> 96 tokens" in window.scene_view.footer_text()
+    assert "new tokens (both runs) 96; R runs the scene with it" in window.scene_view.footer_text()
     window.lecture.parameter("temperature", 1)
-    assert "T does not apply in this scene" in window.scene_view.footer.text()
+    assert "T does not apply in this scene" in window.scene_view.footer_text()
     assert window.run_settings.choices.temperature == 0.0
     form = window.experiments.views["cache"].form
     window.lecture.parameter("max_new_tokens", -1)

@@ -90,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         pump(1.0)
         name = f"scene-{scene}" + ("" if what == "R" else f"-{what}")
         window.grab().save(str(args.out / f"{name}.png"))
-        screen, footer = window.screen().geometry(), window.scene_view.footer
+        screen, footer = window.screen().geometry(), window.scene_view.next_run
         log.append({"scene": scene, "key": key, "finished": done, "seconds": round(time.monotonic() - started, 1),
-                    "caption": window.scene_view.claim(), "footer": window.scene_view.footer.text(),
+                    "caption": window.scene_view.claim(), "footer": window.scene_view.footer_text(),
                     "footer_visible": footer.isVisible() and footer.geometry().bottom() <= window.scene_view.height(),
                     "window": [window.x(), window.y(), window.width(), window.height()],
                     "screen": [screen.width(), screen.height()], "png": f"{name}.png"})

@@ -159,3 +159,30 @@ def test_a_small_compressed_file_that_unpacks_past_the_bound_is_refused_at_the_b
     monkeypatch.setattr(trace, "MAX_FILE_BYTES", 64 << 20)
     with pytest.raises(TraceError, match="holds no run and no experiment"):     # under it: read to the end
         read_trace(bomb)
+
+
+def test_a_servers_interleaved_requests_replay_at_their_recorded_pace():
+    """Twelve requests in flight at once, each timed from its own start, between the experiment's events timed from
+    the experiment's: the replay's waits add up to the recording's length, not to the clocks' zigzag."""
+    from pathlib import Path
+
+    from engine.facts.events import ExperimentFinished
+
+    events = read_trace(Path(__file__).resolve().parents[1] / "fixtures" / "vllm_load.kvscope.jsonl")
+    assert len({e.run_id for e in events if isinstance(e, RunStarted)}) == 12
+    waits: list[float] = []
+    assert list(replay(events, 1.0, sleep=waits.append, max_gap_s=float("inf"))) == list(events)
+    finished = next(e for e in events if isinstance(e, ExperimentFinished))
+    assert sum(waits) == pytest.approx(finished.t_ms / 1000.0, abs=0.01)
+    assert max(waits) < 0.5                                           # no wait the recording did not have
+
+
+def test_a_trace_says_when_and_where_it_was_recorded(run_events, tmp_path):
+    from engine.facts.events import HardwarePeaks
+    from engine.output.trace import recorded
+
+    peaks = HardwarePeaks("Test CPU 9000", "float32", flops_per_s=1e11, bytes_per_s=1e10)
+    back = read_trace(write_trace(tmp_path / "run.kvscope.jsonl.gz", [peaks, *run_events]))
+    day = run_events[0].started_at[:10]
+    assert recorded(back) == f"recorded {day} on Test 9000, float32"
+    assert recorded(read_trace(write_trace(tmp_path / "plain.jsonl", run_events))) == f"recorded {day} on cpu, float32"
