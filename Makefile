@@ -27,7 +27,7 @@ VLLM_STAMP := $(VLLM_ENV)/.kvscope-installed
 LLAMA_CPU_FLAGS := $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
   -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON,)
 
-.PHONY: setup run cli test test-fast audit test-integration llama-server vllm bench bench-long record-lecture live-prefill package install-desktop \
+.PHONY: setup run cli test test-fast audit test-integration llama-server vllm bench bench-long course record-lecture live-prefill package install-desktop \
 	uninstall-desktop clean
 
 $(BIN)/python:
@@ -104,6 +104,11 @@ bench: setup
 
 bench-long: setup
 	KVSCOPE_BENCH_DIR=$(BENCH_DIR) QT_QPA_PLATFORM=offscreen $(BIN)/python -m tests.benchmarks.bench_long
+
+# The course that ships (resources/course), recorded again on this machine: the embedded model unless ARGS names one
+# (ARGS="--model FOLDER", "--scene cache", "--server URL" for the serving scene). About 3 minutes on two cores.
+course: setup
+	$(BIN)/python -m app.course $(ARGS)
 
 # The lecture from the scenes alone on a real X display (Xvfb) at both projector sizes: PNGs and lecture.json.
 record-lecture: setup

@@ -46,7 +46,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", help="auto, cpu, cuda or mps")
     p.add_argument("--dtype", help="auto, float32, bfloat16, float16, int8 or int4 (weights)")
     p.add_argument("trace_files", nargs="*", metavar="TRACE",
-                   help="KVScope traces (.jsonl or .jsonl.gz) to replay one after the other, instead of loading a model")
+                   help="KVScope traces (.jsonl, .jsonl.gz) to replay one after the other, instead of loading a model")
     p.add_argument("--trace", help="a trace to open and replay instead of loading a model (as TRACE)")
     p.add_argument("--speed", type=float, default=1.0,
                    help="replay speed: 1 as recorded, 2 twice as fast, 0 at once (default 1)")
@@ -55,6 +55,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--lecture", action="store_true",
                    help="start in lecture mode: one scene at a time, large type, full screen")
     p.add_argument("--scene", choices=NAMES, help="lecture mode, opened on this scene (implies --lecture)")
+    p.add_argument("--course", action="store_true",
+                   help="the course that ships: every scene from traces recorded on the embedded model, presented "
+                        "in lecture mode with no model loaded (Ctrl+L loads one to run a scene live); with --render, "
+                        "every scene rendered")
     render = p.add_argument_group("rendering a video (no window; offscreen, on the traces' own clock)")
     render.add_argument("--render", metavar="OUT",
                         help="draw the scene (--scene) of the TRACE files, or a lecture file's scenes, into OUT: an "
@@ -105,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     if args.self_test:
         return self_test(args, started)
+    refused = course_refused(args)
+    if refused is not None:
+        print(f"kvscope: {refused}", file=sys.stderr)
+        return 2
     if args.render:
         return render_video(args)
     app, window = build(args)
@@ -133,11 +141,11 @@ def start(window: MainWindow, args: argparse.Namespace) -> None:
         choices = window.controller.choices
         current = choices.settings.get(lesson.kind) or lesson.settings()
         choices.set(replace(current, kv_events=args.kv_events))
-    if args.lecture or args.scene:
+    if args.lecture or args.scene or args.course:
         window.lecture.enter(args.scene)
     if args.run:
         window.controller.run_when_loaded()
-    traces = ([args.trace] if args.trace else []) + args.trace_files
+    traces = given_traces(args)
     if traces:
         set_replay_speed(window.controller, window.actions_by_name, max(args.speed, 0.0))
         QTimer.singleShot(0, lambda: window.files.open_trace(*traces))
@@ -146,6 +154,29 @@ def start(window: MainWindow, args: argparse.Namespace) -> None:
         request = replace(request, model=args.server or args.model or request.model,
                           device=args.device or request.device, dtype=args.dtype or request.dtype)
         QTimer.singleShot(0, lambda: window.controller.load_model(request))
+
+
+def given_traces(args: argparse.Namespace) -> list[str]:
+    """The traces (or the one lecture file) the command line names; ``--course``: the shipped course's lecture."""
+    traces = ([args.trace] if args.trace else []) + args.trace_files
+    if args.course:
+        from app.course import course_lecture
+
+        return [str(course_lecture())]
+    return traces
+
+
+def course_refused(args: argparse.Namespace) -> str | None:
+    """Why ``--course`` cannot be shown, in one line, before any window opens."""
+    if not args.course:
+        return None
+    from app.course import course_lecture
+
+    if args.trace or args.trace_files:
+        return "--course presents the shipped course: give it without traces"
+    if not course_lecture().is_file():
+        return f"no course at {course_lecture()}: record one with make course (python -m app.course)"
+    return None
 
 
 def stop_on_signals(app: QApplication, window: MainWindow) -> None:
@@ -204,7 +235,7 @@ def render_video(args: argparse.Namespace) -> int:
         try:
             width, height = parse_size(args.size)
             settings = RenderSettings(width, height, args.fps, args.speed, args.max_wait)
-            inputs = ([args.trace] if args.trace else []) + args.trace_files
+            inputs = given_traces(args)
             scenes = plan_scenes(inputs, args.scene)
             check_output(args.render, [*inputs, *(t for s in scenes for t in s.traces)], args.force)
             for scene in scenes:                          # before the window: a scene without data is one line
@@ -238,6 +269,9 @@ def render_video(args: argparse.Namespace) -> int:
             took = time.perf_counter() - started
             print(f"{report.path}: {report.frames:,} frames, {report.video_s:,.1f} s of video at {settings.fps} fps, "
                   f"{width}x{height}, scenes {', '.join(report.scenes)}; rendered in {took:,.1f} s", flush=True)
+            if len(report.scenes) > 1:
+                print("rendered in: " + ", ".join(f"{scene} {took:,.1f} s"
+                                                  for scene, took in zip(report.scenes, report.seconds)), flush=True)
             for still in report.stills:
                 print(still)
         except Cancelled:

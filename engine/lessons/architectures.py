@@ -285,4 +285,6 @@ def table(points: Sequence[ExperimentPoint], result: ArchitecturesResult) -> str
 LESSON = Lesson(kind="architectures", title="Why new models hold less KV", settings=ArchitecturesSettings,
                 result=ArchitecturesResult, run=run, table=table, timed=False,
                 quick={"designs": ("Falcon-7B", "gpt-oss-20b", "Qwen3-Next-80B-A3B"), "prompt_tokens": 16,
-                       "decode_steps": 1})
+                       "decode_steps": 1},
+                course={"designs": ("Llama-2-7B", "Falcon-7B", "Mistral-7B", "DeepSeek-V3", "Qwen3-Next-80B-A3B",
+                                    "gpt-oss-20b")})

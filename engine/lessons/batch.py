@@ -100,4 +100,5 @@ def latency_words(growth: float) -> str:
 
 LESSON = Lesson(kind="batch", title="Batch size", settings=BatchSettings, result=BatchResult, run=run,
                 table=table,
-                quick={"sizes": (1, 2, 4), "new_tokens": 6})
+                quick={"sizes": (1, 2, 4), "new_tokens": 6},
+                course={"sizes": (1, 2, 4, 8), "new_tokens": 24})

@@ -99,4 +99,5 @@ def table(points: Sequence[ExperimentPoint], result: CacheResult) -> str:
 
 LESSON = Lesson(kind="cache", title="KV cache on vs off", settings=CacheSettings, result=CacheResult, run=run,
                 table=table, check=check,
-                quick={"new_tokens": 12})
+                quick={"new_tokens": 12},
+                course={"new_tokens": 32})

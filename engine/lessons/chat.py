@@ -149,4 +149,5 @@ def table(points: Sequence[ExperimentPoint], result: ChatResult) -> str:
 
 LESSON = Lesson(kind="chat", title="Chat: cache reuse", settings=ChatSettings, result=ChatResult, run=run,
                 table=table, check=check,
-                quick={"turns": ("hi", "and then?"), "new_tokens": 6, "repeats": 2})
+                quick={"turns": ("hi", "and then?"), "new_tokens": 6, "repeats": 2},
+                course={"new_tokens": 32, "repeats": 1})

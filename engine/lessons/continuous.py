@@ -135,4 +135,5 @@ def table(points: Sequence[ExperimentPoint], result: ContinuousResult) -> str:
 
 LESSON = Lesson(kind="continuous", title="Continuous batching", settings=ContinuousSettings,
                 result=ContinuousResult, run=run, table=table, check=check, timeline=timeline,
-                quick={"requests": 3, "arrive_every": 2, "new_tokens": (4, 6)})
+                quick={"requests": 3, "arrive_every": 2, "new_tokens": (4, 6)},
+                course={"requests": 6})

@@ -168,4 +168,5 @@ def table(points: Sequence[ExperimentPoint], result: DepthResult) -> str:
 
 LESSON = Lesson(kind="depth", title="Decode vs depth", settings=DepthSettings, result=DepthResult, run=run,
                 table=table, check=check,
-                quick={"deepest": 256, "depths": 3, "steps": 4})
+                quick={"deepest": 256, "depths": 3, "steps": 4},
+                course={"deepest": 2048, "depths": 5, "steps": 8})

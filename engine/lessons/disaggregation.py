@@ -277,4 +277,5 @@ def table(points: Sequence[ExperimentPoint], result: DisaggregationResult) -> st
 LESSON = Lesson(kind="disaggregation", title="Prefill and decode apart", settings=DisaggregationSettings,
                 result=DisaggregationResult, run=run, table=table, check=check,
                 quick={"requests": 4, "short_prompt": 8, "long_prompt": 96, "long_every": 2, "new_tokens": 5,
-                       "arrive_every_ms": 20})
+                       "arrive_every_ms": 20},
+                course={"long_prompt": 1024})

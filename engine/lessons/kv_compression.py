@@ -295,5 +295,6 @@ def table(points: Sequence[ExperimentPoint], result: CompressionResult) -> str:
 LESSON = Lesson(kind="kv-compression", title="KV cache compression", settings=CompressionSettings,
                 result=CompressionResult, run=run, table=table, check=check,
                 quick={"prompt": " ".join(["The cache keeps what attention read."] * 4), "new_tokens": 6,
-                       "methods": ("full", "fp8", "sinks:4+16", "h2o:24")})
+                       "methods": ("full", "fp8", "sinks:4+16", "h2o:24")},
+                course={"new_tokens": 32})
 

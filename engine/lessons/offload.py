@@ -238,4 +238,5 @@ def table(points: Sequence[ExperimentPoint], result: OffloadResult) -> str:
 
 LESSON = Lesson(kind="offload", title="Offloading: when the model does not fit", settings=OffloadSettings,
                 result=OffloadResult, run=run, table=table, check=check,
-                quick={"disk_shares": (0.0, 0.5), "new_tokens": 4})
+                quick={"disk_shares": (0.0, 0.5), "new_tokens": 4},
+                course={"new_tokens": 12})

@@ -212,4 +212,5 @@ def table(points: Sequence[ExperimentPoint], result: PagedResult) -> str:
 
 LESSON = Lesson(kind="paged", title="Paged KV", settings=PagedSettings, result=PagedResult, run=run, table=table,
                 check=check,
-                quick={"requests": 3, "new_tokens": 4})
+                quick={"requests": 3, "new_tokens": 4},
+                course={"new_tokens": 12})

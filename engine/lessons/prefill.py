@@ -158,4 +158,5 @@ def table(points: Sequence[ExperimentPoint], result: PrefillResult) -> str:
 
 LESSON = Lesson(kind="prefill", title="Prefill vs prompt length", settings=PrefillSettings, result=PrefillResult,
                 run=run, table=table, check=check,
-                quick={"max_length": 128, "repeats": 1})
+                quick={"max_length": 128, "repeats": 1},
+                course={"max_length": 1024, "repeats": 2})

@@ -180,4 +180,5 @@ def table(points: Sequence[ExperimentPoint], result: SpeculativeResult) -> str:
 
 LESSON = Lesson(kind="speculative", title="Speculative decoding", settings=SpeculativeSettings,
                 result=SpeculativeResult, run=run, table=table, check=check,
-                quick={"new_tokens": 12, "repeats": 1, "prompt": "The cache keeps what attention has already read."})
+                quick={"new_tokens": 12, "repeats": 1, "prompt": "The cache keeps what attention has already read."},
+                course={"new_tokens": 48, "repeats": 1})

@@ -67,7 +67,8 @@ class Lesson:
     (lanes of requests, counters), if anything; ``timed`` is False for a lesson whose figures are bytes, which
     no busy machine changes (no busy note). ``quick``: settings for a short run on a small model (a 256-position
     context, seconds), what the tests that take every lesson and a quick demonstration use: declared here so a
-    new lesson brings its own and no test keeps a table of lessons."""
+    new lesson brings its own and no test keeps a table of lessons. ``course``: what the shipped course records
+    (the embedded model, a few minutes on a two-core laptop), over the lesson's defaults."""
 
     kind: str
     title: str
@@ -80,6 +81,7 @@ class Lesson:
     timeline: Callable[[ExperimentPoint], list[Span | Counter]] | None = None
     timed: bool = True          # False: it measures bytes, not time, so a busy machine changes nothing
     quick: Mapping[str, Any] = field(default_factory=dict)
+    course: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Experiment:

@@ -96,6 +96,8 @@ def test_wheel_carries_resources_and_launchers(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvscope_resources/prompts/01-short-question.txt" in names
     assert "kvscope_resources/icons/kvscope.svg" in names and "app/panels/kv_heatmap.py" in names
+    course = sorted(p.relative_to(ROOT / "resources").as_posix() for p in (ROOT / "resources" / "course").iterdir())
+    assert course and all(f"kvscope_resources/{name}" in names for name in course)     # the course ships whole
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "kvscope = app.main:main" in entry_points and "kvscope-cli = engine.cli:main" in entry_points
     assert not any("screenshots" in n for n in names)
