@@ -280,6 +280,10 @@ class Controller:
         self.client.submit(rq.Remeasure())
         self._busy_changed()
 
+    def start_when_loaded(self, kind: str) -> None:
+        """Start lesson ``kind`` once the model (or server) is in (``--kv-events``: the watch from launch)."""
+        self._run_after_load = lambda: self.start_lesson(kind)
+
     def run_when_loaded(self) -> None:
         """Run the prompt once the model is in (``kvscope --run``: a demo that needs no click)."""
         self._run_after_load = self.run

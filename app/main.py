@@ -41,8 +41,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="watch a serving engine instead of loading a model (llama-server, vLLM, TGI, SGLang; an API "
                         "key is read from KVSCOPE_API_KEY)")
     p.add_argument("--kv-events", metavar="ADDRESS",
-                   help="with --server: the engine's KV event publisher (vLLM's --kv-events-config endpoint), "
-                        "tcp://HOST:PORT to connect or tcp://*:PORT to bind; the load test draws its prefix tree")
+                   help="with --server: watch the engine's KV event publisher (vLLM's --kv-events-config "
+                        "endpoint) from launch, every client's blocks drawn as a tree until Ctrl+.; ipc:///PATH or "
+                        "tcp://HOST:PORT to connect, tcp://*:PORT or bind:tcp://127.0.0.1:PORT to bind")
     p.add_argument("--device", help="auto, cpu, cuda or mps")
     p.add_argument("--dtype", help="auto, float32, bfloat16, float16, int8 or int4 (weights)")
     p.add_argument("trace_files", nargs="*", metavar="TRACE",
@@ -140,7 +141,8 @@ def start(window: MainWindow, args: argparse.Namespace) -> None:
         lesson = engine_lessons.server_lesson()
         choices = window.controller.choices
         current = choices.settings.get(lesson.kind) or lesson.settings()
-        choices.set(replace(current, kv_events=args.kv_events))
+        choices.set(replace(current, kv_events=args.kv_events, requests=0))       # watch every client's blocks
+        window.controller.start_when_loaded(lesson.kind)
     if args.lecture or args.scene or args.course:
         window.lecture.enter(args.scene)
     if args.run:

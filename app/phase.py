@@ -243,9 +243,9 @@ class ExperimentPhase:
         if self.name == NOTHING:
             return "not run yet"
         if self.name == RUNNING_EXPERIMENT:
-            where = f"{self.done:,} of {self.total:,}" if self.total else "starting"     # no progress reported yet
-            return (f"running for {elapsed(self.elapsed_ms)}: {where}" +
-                    (f" · {self.message}" if self.message else ""))
+            # No total yet: starting, unless its message says what it does (a watch has no count to reach).
+            where = f"{self.done:,} of {self.total:,}" if self.total else "" if self.message else "starting"
+            return f"running for {elapsed(self.elapsed_ms)}: " + " · ".join(p for p in (where, self.message) if p)
         if self.name == STOPPED:
             if not self.points:
                 return "stopped before its first measurement: nothing was measured"

@@ -19,6 +19,7 @@ from app.chart import Chart
 from engine.serve.prefix_tree import Block, PrefixTree
 
 SHARED, OWN, REMOVED, PATH = "#CC79A7", "#0072B2", "#CCCCCC", "#000000"
+OTHER = "#56B4E9"               # sky blue: stored for requests KVScope did not send (other clients)
 MAX_DRAWN = 2000          # blocks drawn at most (the newest); a tree past that is summarised in the title line
 
 
@@ -59,7 +60,7 @@ def hit_words(tree: PrefixTree) -> str:
 
 class PrefixChart(Chart):
     def __init__(self, title: str = "Prefix cache: one box per block, a line to the block it follows") -> None:
-        super().__init__(title, legend=True, legend_columns=3)
+        super().__init__(title, legend=True, legend_columns=4)
         self.tree = PrefixTree()
         self.place: dict[str, tuple[float, float]] = {}
         self.blocks: list[Block] = []
@@ -88,16 +89,26 @@ class PrefixChart(Chart):
             xs = np.array([[p[0] + 0.8, c[0]] for p, c in edges]).ravel()
             ys = np.array([[p[1], c[1]] for p, c in edges]).ravel()
             self.add(pg.PlotCurveItem(xs, ys, connect="pairs", pen=pg.mkPen(th.FORMULA, width=width)))
-        kinds = {"shared": [], "own": [], "removed": []}
+        kinds = {"shared": [], "own": [], "other": [], "removed": []}
         for block in self.blocks:
-            kind = "removed" if not block.live else "shared" if len(block.requests) > 1 else "own"
+            kind = ("removed" if not block.live else "shared" if len(block.requests) > 1
+                    else "own" if block.requests else "other")
             kinds[kind].append(self.place[block.key])
         for kind, colour, name in (("shared", SHARED, "held for several requests"),
                                    ("own", OWN, "one request's own block"),
+                                   ("other", OTHER, "other clients'" if not tree.requests
+                                    else "no prompt of this test walks it"),
                                    ("removed", REMOVED, "evicted from the cache")):
             if kinds[kind]:
                 x, y = zip(*kinds[kind])
                 self.add(pg.BarGraphItem(x0=list(x), y=list(y), width=0.8, height=0.6, brush=colour, pen=None), name)
+        offloaded = [self.place[b.key] for b in self.blocks if b.live and b.mediums and not b.mediums & {"", "GPU"}]
+        if offloaded:                   # a tiered cache (vLLM's CPU offloading) said it keeps them in a lower tier
+            x, y = zip(*offloaded)
+            self.add(pg.BarGraphItem(x0=list(x), y=list(y), width=0.8, height=0.6, brush=None,
+                                     pen=pg.mkPen(th.FORMULA, width=width * 1.5, style=Qt.PenStyle.DotLine)),
+                     "kept off the GPU (" + "/".join(sorted({m for b in self.blocks for m in b.mediums
+                                                            if m not in ("", "GPU")})) + ")")
         late = [key for index in tree.mispredicted() for key in self._beyond_prediction(tree, index)]
         points = [self.place[k] for k in late if k in self.place]
         if points:                      # blocks the server reused that were not stored yet when the request left
@@ -133,7 +144,9 @@ class PrefixChart(Chart):
             self.tip.setVisible(False)
             return
         shared = f"shared by requests {', '.join(f'#{r}' for r in sorted(block.requests))}" if block.requests else ""
-        state = "evicted" if not block.live else shared
+        tiers = sorted(m for m in block.mediums if m)
+        state = "evicted" if not block.live else "; ".join(
+            p for p in (shared, f"held in {', '.join(tiers)}" if tiers else "") if p)
         text = block.text.replace("\n", "↵") if block.text else f"{block.size} positions"
         self.tip.setHtml(f"<div style='background:{self.theme.background}'>{escape(text[:160])}"
                          f"<br><i>{escape(state)}</i></div>")

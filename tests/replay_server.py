@@ -92,10 +92,11 @@ def fixture(name: str) -> bytes:
 
 
 def llamacpp_routes() -> dict[str, Route]:
-    """A recorded llama-server: its model list, props, /metrics and one streamed chat completion."""
+    """A recorded llama-server: its model list, props, /metrics, /slots and one streamed chat completion."""
     return {"GET /v1/models": Route(body=fixture("llamacpp_models.json")),
             "GET /props": Route(body=fixture("llamacpp_props.json")),
             "GET /metrics": Route(body=fixture("llamacpp_metrics.txt"), content_type="text/plain"),
+            "GET /slots": Route(body=fixture("llamacpp_slots.json")),
             "POST /v1/chat/completions": Route(body=fixture("llamacpp_stream.txt"), content_type="text/event-stream")}
 
 

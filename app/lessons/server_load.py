@@ -37,6 +37,10 @@ class ServerLoadView(LessonView):
         self.metrics_chart.setMinimumHeight(230)         # its legend, title and an axis with a few ticks
         self.metrics_chart.plot.setXLink(self.plot)
         self.charts_layout.addWidget(self.metrics_chart, 1)
+        self.slots_chart = Chart("llama-server's slots, from /slots: the positions each one's cache holds")
+        self.slots_chart.setMinimumHeight(180)
+        self.slots_chart.hide()                          # shown for a server that answers /slots
+        self.charts_layout.addWidget(self.slots_chart, 1)
         self.tree_chart = PrefixChart("The engine's prefix cache, from its KV events: one box per block")
         self.tree_chart.setMinimumHeight(260)
         self.tree_chart.hide()                           # shown for a test that subscribed to KV events
@@ -53,6 +57,7 @@ class ServerLoadView(LessonView):
         super().style_charts(theme)
         self.metrics_chart.style(theme, "time since the first request", "ms", "requests", None)
         self.tree_chart.style_tree(theme)
+        self.slots_chart.style(theme, "positions held", "tokens", "slot", None)
         for plot in (self.plot, self.metrics_chart.plot):
             plot.getAxis("left").setWidth(int(theme.base_pt * 11))
 
@@ -86,6 +91,20 @@ class ServerLoadView(LessonView):
             top = max((v.get(q, 0.0) for v in samples for q in ("running", "waiting")), default=0.0)
             self.metrics_chart.plot.getViewBox().setLimits(yMin=-0.05 * max(top, 1.0))
         self.polled = bool(samples)
+        polls = [p.values for p in record.points if p.series == "slots"]
+        self.slots_chart.setVisible(bool(polls))
+        if polls:                                        # the latest poll: each slot's context and what it holds
+            last = polls[-1]
+            ids = sorted(int(k.split()[1]) for k in last if k.startswith("ctx "))
+            contexts = [last[f"ctx {i}"] for i in ids]
+            self.slots_chart.add(pg.BarGraphItem(x0=[0] * len(ids), y=ids, width=contexts, height=0.6,
+                                                 brush=None, pen=pg.mkPen(th.FORMULA)), "its context (n_ctx)")
+            for busy, colour, name in ((1.0, th.DECODE, "held, working"), (0.0, th.PREFILL, "held, idle")):
+                rows = [i for i in ids if last[f"busy {i}"] == busy and last[f"held {i}"] > 0]
+                if rows:
+                    self.slots_chart.add(pg.BarGraphItem(x0=[0] * len(rows), y=rows, height=0.6, brush=colour,
+                                                         width=[last[f"held {i}"] for i in rows], pen=None), name)
+            self.slots_chart.plot.getAxis("left").setTicks([[(i, f"slot {i}") for i in ids]])
         self.tree_chart.setVisible(bool(record.blocks))
         self.metrics_chart.setVisible(not (getattr(self, "compact", False) and record.blocks))
         if record.blocks:

@@ -495,6 +495,7 @@ class KVBlocks:
     tokens: Annotated[list[Annotated[list[TokenId], Items(4096)]], Items(MAX_BLOCKS)] = field(default_factory=list)
     texts: Annotated[list[Annotated[str, Text(4096)]], Items(MAX_BLOCKS)] = field(default_factory=list)
     publisher: Ident = ""
+    medium: Annotated[str, Text(16)] = ""      # where a tiered cache keeps the blocks (GPU, CPU, ...; "": not said)
 
 
 @dataclass(frozen=True)

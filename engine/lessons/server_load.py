@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
 
 from engine.facts.events import ExperimentPoint, KVBlocks, LessonResult, LessonSettings, RequestBlocks, RunFinished
@@ -30,9 +31,10 @@ from engine.facts.fields import Count, Items, Key, Number, Range, Setting, Text
 from engine.facts.params import GenerationParams
 from engine.run.experiment import SERVER, Counter, Experiment, Lesson, Span
 from engine.run.workloads import sample_texts
-from engine.serve import kv_events, metrics, remote
+from engine.serve import kv_events, metrics, remote, slots
 from engine.serve.prefix_tree import PrefixTree
 from engine.serve.remote import RemoteError, get_text
+from engine.serve.workload import Workload, read_workload
 
 MAX_REQUESTS = 64
 MAX_RECORDED_BLOCKS = 20_000     # blocks whose events a test records (as many as the tree keeps); the rest counted
@@ -46,21 +48,28 @@ PROMPTS = ("Explain the KV cache of a transformer in three sentences.",
 class ServerLoadSettings(LessonSettings):
     kind = "server load"
 
-    requests: Annotated[int, Range(1, MAX_REQUESTS), Setting("--requests", "Requests", "how many requests")] = 4
+    requests: Annotated[int, Range(0, MAX_REQUESTS), Setting(
+        "--requests", "Requests", "how many requests; 0: send none and watch (the KV events and /metrics of every "
+        "client's requests, until stopped or the time limit)", special="watch")] = 4
     every_s: Annotated[float, Range(0.0, 60.0), Setting(
         "--every", "One starts every", "seconds between requests", "s")] = 0.5
     new_tokens: Annotated[int, Range(1, 4096), Setting(
         "--tokens", "New tokens per request", "new tokens per request", "tokens"), Key("M", factor=2.0)] = 48
     poll_s: Annotated[float, Range(0.1, 10.0), Setting(
         "--poll", "Poll /metrics every", "seconds between /metrics polls", "s")] = 0.5
-    limit_s: Annotated[float, Range(1.0, 600.0), Setting(
+    limit_s: Annotated[float, Range(1.0, 86_400.0), Setting(
         "--limit", "Stop after", "stop the whole test after this many seconds", "s")] = 300.0
     shared_prefix: Annotated[int, Range(0, 4096), Setting(
         "--shared-prefix", "Shared system prompt", "words of a system prompt most requests share (every fourth "
         "has its own), so a prefix cache has something to reuse; 0: none", "words", special="none")] = 0
     kv_events: Annotated[str, Text(256), Setting(
         "--kv-events", "KV events from", "the engine's KV event publisher (vLLM's --kv-events-config endpoint): "
-        "tcp://HOST:PORT to connect to it, tcp://*:PORT to bind for it; empty: none")] = ""
+        "ipc:///PATH or tcp://HOST:PORT to connect to it, tcp://*:PORT or bind:tcp://127.0.0.1:PORT to bind for "
+        "it; empty: none")] = ""
+    workload: Annotated[str, Text(4096), Setting(
+        "--workload", "Workload file", "your own requests, a JSON-lines file (prompt or messages, arrival_s, "
+        "max_tokens: the shape of vLLM's bench serve datasets) sent instead of KVScope's prompts, at most "
+        f"{MAX_REQUESTS}; empty: KVScope's own")] = ""
 
 
 @dataclass(frozen=True)
@@ -101,13 +110,28 @@ class ServerLoadResult(LessonResult):
     blocks_unrecorded: Count = 0                      # past MAX_RECORDED_BLOCKS: counted, not kept in the trace
     kv_messages_lost: Count = 0                       # numbered by the publisher, never arrived (ZMQ's queue full)
     kv_events_error: Annotated[str, Text(300)] = ""
+    slots: Count | None = None                            # llama-server's /slots: how many
+    slot_context: Count | None = None                     # ... positions each
+    peak_busy_slots: Count | None = None                  # the most working at one poll
+    peak_slot_held: Count | None = None                   # the most positions one slot held at one poll
+    slots_polls: Count = 0
+    slots_error: Annotated[str, Text(300)] = ""           # why /slots gave nothing, if it did not
+    workload: Annotated[str, Text(300)] = ""              # the file's name, when the requests were the user's
+    workload_note: Annotated[str, Text(300)] = ""         # requests in it that were left out, said
+
+
+def check(_target: object, settings: ServerLoadSettings) -> None:
+    """A workload file that cannot be read is refused before any request is sent."""
+    if settings.workload:
+        read_workload(settings.workload, MAX_REQUESTS)
 
 
 def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResult:
     session = experiment.session
     lock = threading.RLock()            # points are emitted while the figures they come from are held
     stop = threading.Event()
-    count = settings.requests
+    workload = read_workload(settings.workload, MAX_REQUESTS) if settings.workload else None
+    count = len(workload.requests) if workload else settings.requests
     results: list[dict] = [{} for _ in range(count)]
 
     def locked(event: object) -> None:
@@ -119,8 +143,10 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
 
     def one(index: int) -> None:
         start, arrival = time.perf_counter(), experiment.ms()
-        params = GenerationParams(max_new_tokens=settings.new_tokens, temperature=0.0, seed=index)
-        messages = conversation(settings, index, experiment.exp_id)
+        asked = workload.requests[index] if workload else None
+        params = GenerationParams(max_new_tokens=(asked and asked.max_tokens) or settings.new_tokens,
+                                  temperature=0.0, seed=index)
+        messages = asked.chat() if asked else conversation(settings, index, experiment.exp_id)
         prompt_ids = remote.tokenize(session.address, session.facts.name, messages) if subscriber else None
         with lock:                          # what the blocks stored so far could give: a prediction, not the answer
             size = events_seen["block_size"]
@@ -185,9 +211,32 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
                 seen.setdefault(quantity, []).append(value)
         return reading
 
+    slot_polls: dict = {"ok": 0, "error": "", "polled": []}
+    by_slots = session.facts.engine == "llama.cpp"          # it says nothing of its cache on /metrics any more
+
+    def read_slots() -> None:
+        """llama-server's slots, polled beside /metrics: a slow answer (a long prompt in progress) or a server
+        started with --no-slots is said once, and polling goes on."""
+        try:
+            found, more = slots.read_slots(remote.get_json(session.address, "/slots",
+                                                            timeout=max(settings.poll_s, 2.0)))
+        except (RemoteError, slots.SlotsError) as exc:
+            slot_polls["error"] = slot_polls["error"] or str(exc)[:300]
+            return
+        with lock:
+            slot_polls["ok"] += 1
+            values = slots.slot_values(found)
+            slot_polls["polled"].append(values)
+            experiment.point("slots", t_ms=experiment.ms(), **values)
+            if more:
+                slot_polls["error"] = f"the server has {len(found) + more} slots; the first {len(found)} are shown"
+
     def poll() -> None:
         while not stop.is_set():
-            read_metrics()
+            if session.facts.metrics:
+                read_metrics()
+            if by_slots:
+                read_slots()
             stop.wait(settings.poll_s)
 
     subscriber = None
@@ -223,20 +272,24 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
         time.sleep(0.3)                                   # a SUB socket misses what is sent before it joined
     before = read_metrics() if session.facts.metrics else None      # the counters before the first request
     poller = threading.Thread(target=poll, name="kvscope-metrics", daemon=True)
-    if session.facts.metrics:
+    if session.facts.metrics or by_slots:
         poller.start()
     began = time.perf_counter()
     plural = "s" if count != 1 else ""
-    experiment.progress(0, count, f"{count} request{plural} to {session.url}, one every {settings.every_s:g} s")
+    source = f"from {Path(settings.workload).name}" if workload else f"one every {settings.every_s:g} s"
+    if count:
+        experiment.progress(0, count, f"{count} request{plural} to {session.url}, {source}")
+    else:
+        watch(experiment, settings, session.url, events_seen, lock)
     threads = []
     for i in range(count):
+        due = arrival_s(workload, i, settings.every_s)
+        experiment.cancel.wait(max(due - (time.perf_counter() - began), 0.0))     # when the request arrives
         if experiment.cancelled:
             break
         thread = threading.Thread(target=one, args=(i,), name=f"kvscope-request-{i}", daemon=True)
         thread.start()
         threads.append(thread)
-        if i + 1 < count:
-            experiment.cancel.wait(settings.every_s)
     for thread in threads:
         remaining = settings.limit_s - (time.perf_counter() - began)
         while thread.is_alive() and remaining > 0 and not experiment.cancelled:
@@ -267,9 +320,40 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
         figures.update(engines=tuple(n[:64] for n in names), peak_kv_usage_by_engine=tuple(kv_by_engine[n]
                                                                                           for n in names))
     figures["metrics_failed"] = polls["failed"]
+    if by_slots:
+        polled = slot_polls["polled"]
+        figures.update(slots_polls=slot_polls["ok"], slots_error=slot_polls["error"])
+        if polled:
+            last = polled[-1]
+            figures.update(slots=int(last["slots"]), slot_context=int(max(v for k, v in last.items()
+                                                                         if k.startswith("ctx "))),
+                           peak_busy_slots=int(max(v["busy"] for v in polled)),
+                           peak_slot_held=int(max(v for p in polled for k, v in p.items() if k.startswith("held "))))
+    if workload is not None:
+        figures.update(workload=Path(settings.workload).name[:300], workload_note=workload.note(MAX_REQUESTS)[:300])
     if poll_error:
         figures["metrics_error"] = poll_error[0][:300]
     return summarize([r for r in results if r], count, seen, poll_notes, figures)
+
+
+def watch(experiment: Experiment, settings: ServerLoadSettings, url: str, seen: dict, lock: threading.RLock) -> None:
+    """No requests of KVScope's own: every client's blocks, as the engine publishes them, until Ctrl+. or the time
+    limit, with a word each second of how many arrived."""
+    began = time.perf_counter()
+    while True:                                      # said at once, and once a second until it ends
+        with lock:
+            stored = seen["stored"]
+        experiment.progress(0, 0, f"watching {url}: {stored:,} blocks stored by its clients so far "
+                                  "(Ctrl+. stops)")
+        if experiment.cancelled or time.perf_counter() - began >= settings.limit_s:
+            return
+        experiment.cancel.wait(min(1.0, max(settings.limit_s - (time.perf_counter() - began), 0.0)))
+
+
+def arrival_s(workload: Workload | None, index: int, every_s: float) -> float:
+    """When request ``index`` is sent, in seconds after the first: the workload's own time, else the spacing."""
+    asked = workload.requests[index].arrival_s if workload is not None else None
+    return asked if asked is not None else index * every_s
 
 
 def prompt_size(timings: dict) -> float | None:
@@ -331,10 +415,11 @@ def _blocks_event(experiment: Experiment, fact: kv_events.Fact, texts: list[str]
     t = experiment.ms()
     if isinstance(fact, kv_events.Stored):
         return KVBlocks(experiment.exp_id, t, "stored", list(fact.keys), fact.parent,
-                        [list(tokens) for tokens in fact.tokens], texts)
+                        [list(tokens) for tokens in fact.tokens], texts, fact.publisher, fact.medium)
     if isinstance(fact, kv_events.Removed):
-        return KVBlocks(experiment.exp_id, t, "removed", list(fact.keys))
-    return KVBlocks(experiment.exp_id, t, "cleared")
+        return KVBlocks(experiment.exp_id, t, "removed", list(fact.keys), publisher=fact.publisher,
+                        medium=fact.medium)
+    return KVBlocks(experiment.exp_id, t, "cleared", publisher=fact.publisher)
 
 
 def summarize(done: list[dict], requested: int, seen: dict[str, list[float]], poll_notes: Sequence[str] = (),
@@ -397,6 +482,8 @@ def table(points: Sequence[ExperimentPoint], result: ServerLoadResult) -> str:
             line += f" | {int(v.get('predicted_tokens', 0)):16d}{differs}"
         lines.append(line)
     r = result
+    if r.workload:
+        lines += ["", f"the requests of {r.workload}" + (f" ({r.workload_note})" if r.workload_note else "")]
     if r.mean_ttft_ms is not None:
         lines += ["", f"{r.completed} of {r.requested} requests completed; mean TTFT {r.mean_ttft_ms:,.1f} ms, median "
                   f"{r.median_ttft_ms:,.1f} ms (client); {r.total_tok_s:,.1f} tok/s in all, "
@@ -415,6 +502,12 @@ def table(points: Sequence[ExperimentPoint], result: ServerLoadResult) -> str:
     if r.metrics_error:
         lines.append(f"/metrics: {r.metrics_failed:,} poll(s) failed, each tried again at the next; the first: "
                      f"{r.metrics_error}")
+    if r.slots is not None:
+        lines.append(f"/slots ({r.slots_polls} polls, the server's own words): {r.slots} slots of "
+                     f"{r.slot_context:,} positions; at most {r.peak_busy_slots} working at once, and one held at most "
+                     f"{r.peak_slot_held:,} positions")
+    if r.slots_error:
+        lines.append(f"/slots: {r.slots_error}")
     lines += prefix_lines(r)
     return "\n".join(lines)
 
@@ -459,5 +552,5 @@ def prefix_lines(r: ServerLoadResult) -> list[str]:
 
 
 LESSON = Lesson(kind="server load", title="Server load", settings=ServerLoadSettings, result=ServerLoadResult,
-                run=run, table=table, target=SERVER, timeline=timeline,
+                run=run, table=table, target=SERVER, timeline=timeline, check=check,
                 quick={"requests": 3, "every_s": 0.5})

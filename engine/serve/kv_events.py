@@ -3,9 +3,14 @@ ZMQ (``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", 
 message msgpack ``[timestamp, [events]]`` with ``BlockStored`` (the blocks' hashes, their parent's hash, their
 token ids), ``BlockRemoved`` and ``AllBlocksCleared``. This module subscribes and turns them into plain facts.
 
-Where to listen comes from the address, as vLLM reads it: a wildcard (``tcp://*:5557``) means KVScope binds and
-vLLM (given ``tcp://HOST:5557``) connects; a host (``tcp://127.0.0.1:5557``) means vLLM bound and KVScope
-connects. Everything a publisher sends is bounded like the rest of the server client: a message over
+Where to listen comes from the address. vLLM binds a wildcard and an ``ipc://`` path and connects to a host, so
+KVScope does the other: ``ipc:///tmp/vllm-events`` and ``tcp://127.0.0.1:5557`` connect to a vLLM that bound them
+(``ipc://``: nothing listens beyond this machine), ``tcp://*:5557`` binds every interface for a vLLM given
+``tcp://HOST:5557``, and ``bind:tcp://127.0.0.1:5557`` binds this machine only, for a vLLM given
+``tcp://127.0.0.1:5557``. The batch's third element (vLLM's and SGLang's data-parallel rank) names the publisher,
+and a block's ``medium`` (GPU, CPU, disk: where a tiered cache keeps it) is kept with it.
+
+Everything a publisher sends is bounded like the rest of the server client: a message over
 ``MAX_MESSAGE`` bytes is refused by ZMQ itself, one that is not msgpack ``[timestamp, [events]]``, an event of a
 type KVScope does not know, or a field out of its bounds is skipped and counted, and a publisher that floods is
 read at most ``MAX_PER_SECOND`` messages a second, the rest dropped and counted; each kind of trouble is said in
@@ -14,6 +19,7 @@ one line. No torch here.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Iterator
@@ -26,7 +32,9 @@ QUEUED = 64                      # messages ZMQ holds for KVScope at most (64 x 
 MAX_PER_SECOND = 2000            # messages read a second; beyond that a publisher floods
 MAX_TOKENS = 4096                # token ids in one stored block
 MAX_BLOCKS = 4096                # blocks in one event
-ADDRESS = re.compile(r"^tcp://(\*|[A-Za-z0-9.\-]+|\[[0-9a-fA-F:]+\]):(\d{1,5})$")
+ADDRESS = re.compile(r"^(?P<bind>bind:)?(?:tcp://(?P<host>\*|[A-Za-z0-9.\-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})"
+                     r"|(?P<ipc>ipc://[A-Za-z0-9_./\-]{1,100}))$")
+MEDIUMS = ("GPU", "CPU", "DISK", "LMCACHE")       # where a tiered cache says it keeps a block (shown as sent)
 
 
 class KVEventsError(EngineError):
@@ -42,16 +50,20 @@ class Stored:
     parent: str
     tokens: tuple[tuple[int, ...], ...]
     block_size: int
+    medium: str = ""             # where the engine keeps them ("": it did not say)
+    publisher: str = ""          # the data-parallel rank that sent them ("": a server with one)
 
 
 @dataclass(frozen=True)
 class Removed:
     keys: tuple[str, ...]
+    medium: str = ""
+    publisher: str = ""
 
 
 @dataclass(frozen=True)
 class Cleared:
-    pass
+    publisher: str = ""
 
 
 Fact = Stored | Removed | Cleared
@@ -84,25 +96,35 @@ def decode(payload: bytes) -> tuple[list[Fact], int, list[str]]:
         return [], 1, ["a message that is not [timestamp, [events]]"]
     facts: list[Fact] = []
     skipped, why = 0, []
+    rank = message[2] if len(message) > 2 else None
+    publisher = f"rank {rank}" if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 1024 else ""
     for event in message[1]:
         fact, problem = _fact(event)
         if fact is not None:
-            facts.append(fact)
+            facts.append(dataclasses.replace(fact, publisher=publisher) if publisher else fact)
         else:
             skipped += 1
             why.append(problem)
     return facts, skipped, why
 
 
+FIELDS = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
+          "BlockRemoved": ("block_hashes", "medium"), "AllBlocksCleared": ()}
+
+
 def _fields(event: object) -> tuple[str, dict]:
-    """An event's type and fields: vLLM 0.32 sends maps with a ``type``; older releases tagged arrays."""
+    """An event's type and fields: vLLM since 0.26 sends maps with a ``type``; SGLang and older vLLM send arrays
+    tagged with the type, the fields in their declared order (``FIELDS``; a later field may be left out)."""
     if isinstance(event, dict):
         return str(event.get("type", "")), event
     if isinstance(event, (list, tuple)) and event and isinstance(event[0], str):
-        names = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size"),
-                 "BlockRemoved": ("block_hashes",), "AllBlocksCleared": ()}.get(event[0], ())
-        return event[0], dict(zip(names, event[1:]))
+        return event[0], dict(zip(FIELDS.get(event[0], ()), event[1:]))
     return "", {}
+
+
+def _medium(data: dict) -> str:
+    medium = data.get("medium")
+    return medium if isinstance(medium, str) and medium.upper() in MEDIUMS else ""
 
 
 def _fact(event: object) -> tuple[Fact | None, str]:
@@ -118,7 +140,7 @@ def _fact(event: object) -> tuple[Fact | None, str]:
     if None in keys:
         return None, f"a {kind} with a block hash that is not a number or bytes"
     if kind == "BlockRemoved":
-        return Removed(keys), ""
+        return Removed(keys, _medium(data)), ""
     size = data.get("block_size")
     tokens = data.get("token_ids")
     if not (isinstance(size, int) and 0 < size <= MAX_TOKENS and isinstance(tokens, (list, tuple))
@@ -129,7 +151,7 @@ def _fact(event: object) -> tuple[Fact | None, str]:
     if parent_key is None:
         return None, "a BlockStored with a parent hash that is not a number or bytes"
     chunks = tuple(tuple(tokens[i * size:(i + 1) * size]) for i in range(len(keys)))
-    return Stored(keys, parent_key, chunks, size), ""
+    return Stored(keys, parent_key, chunks, size, _medium(data)), ""
 
 
 @dataclass
@@ -151,10 +173,12 @@ class Subscriber:
         except ImportError:
             raise KVEventsError("KV events need pyzmq (pip install pyzmq msgpack)") from None
         match = ADDRESS.match(self.address.strip())
-        if match is None or not 0 < int(match.group(2)) < 65536:
-            raise KVEventsError(f"{self.address!r} is not a ZMQ address: write tcp://HOST:PORT (KVScope connects "
-                                "to a vLLM that binds) or tcp://*:PORT (KVScope binds, vLLM connects)")
-        self.bind = match.group(1) == "*"
+        if match is None or (match["port"] is not None and not 0 < int(match["port"]) < 65536):
+            raise KVEventsError(f"{self.address!r} is not a ZMQ address: write ipc:///PATH or tcp://HOST:PORT "
+                                "(KVScope connects to a vLLM that binds it), tcp://*:PORT (KVScope binds every "
+                                "interface) or bind:tcp://127.0.0.1:PORT (KVScope binds this machine only)")
+        self.bind = bool(match["bind"]) or match["host"] == "*"
+        self._endpoint = self.address.strip().removeprefix("bind:")
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.SUB)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
@@ -162,7 +186,7 @@ class Subscriber:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SUBSCRIBE, b"")
         try:
-            (self._socket.bind if self.bind else self._socket.connect)(self.address.strip())
+            (self._socket.bind if self.bind else self._socket.connect)(self._endpoint)
         except zmq.ZMQError as exc:
             self._socket.close(0)
             reason = "the port is in use" if exc.errno == zmq.EADDRINUSE else str(exc)
@@ -171,6 +195,12 @@ class Subscriber:
         # ZMQ refuses a message over MAXMSGSIZE by dropping the connection, and says so only to a monitor.
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._window_start, self._in_window = time.monotonic(), 0
+
+    def listening(self) -> str:
+        """Where KVScope listens ("": it connects): README and the window say what is open to whom."""
+        import zmq
+
+        return self._socket.getsockopt_string(zmq.LAST_ENDPOINT) if self.bind else ""
 
     def read(self, timeout_s: float) -> Iterator[Fact]:
         """The facts of the messages that arrive within ``timeout_s`` (at most ``MAX_PER_SECOND`` a second)."""

@@ -30,6 +30,7 @@ class Block:
     stored_ms: float = 0.0
     removed_ms: float | None = None
     requests: set[int] = field(default_factory=set)
+    mediums: set[str] = field(default_factory=set)     # the tiers that hold it (GPU, CPU, ...; "": not said)
 
     @property
     def live(self) -> bool:
@@ -44,7 +45,9 @@ class PrefixTree:
 
     # --- what the producers say -------------------------------------------------------------------------
     def store(self, keys: Sequence[str], parent: str, tokens: Sequence[Sequence[int]], sizes: Sequence[int],
-              texts: Sequence[str] = (), t_ms: float = 0.0) -> None:
+              texts: Sequence[str] = (), t_ms: float = 0.0, medium: str = "") -> None:
+        """Blocks stored in ``medium``: a block a tiered cache also keeps elsewhere is the same block, held in
+        one more tier."""
         for i, key in enumerate(keys):
             above = parent if i == 0 else keys[i - 1]
             old = self.blocks.get(key)
@@ -54,6 +57,8 @@ class PrefixTree:
                           texts[i] if i < len(texts) else "", t_ms)
             if old is not None:
                 block.requests = old.requests
+                block.mediums = set(old.mediums) if old.live else set()
+            block.mediums.add(medium)
             self.blocks[key] = block
             siblings = self.children.setdefault(above, [])
             if key not in siblings:
@@ -61,10 +66,15 @@ class PrefixTree:
             self.children.setdefault(key, [])
         self._bound()
 
-    def remove(self, keys: Iterable[str], t_ms: float) -> None:
+    def remove(self, keys: Iterable[str], t_ms: float, medium: str = "") -> None:
+        """Blocks evicted from ``medium`` (every tier when it is not said): a block still held in another tier
+        stays live (a GPU eviction of a block offloaded to CPU does not lose it)."""
         for key in keys:
             block = self.blocks.get(key)
-            if block is not None and block.live:
+            if block is None or not block.live:
+                continue
+            block.mediums = {m for m in block.mediums if medium and m != medium}
+            if not block.mediums:
                 block.removed_ms = t_ms
 
     def clear(self, t_ms: float) -> None:
@@ -84,9 +94,9 @@ class PrefixTree:
         if isinstance(event, KVBlocks):
             if event.action == "stored":
                 self.store(event.keys, event.parent, event.tokens, [len(t) for t in event.tokens], event.texts,
-                           event.t_ms)
+                           event.t_ms, event.medium)
             elif event.action == "removed":
-                self.remove(event.keys, event.t_ms)
+                self.remove(event.keys, event.t_ms, event.medium)
             else:
                 self.clear(event.t_ms)
         elif isinstance(event, RequestBlocks):

@@ -57,8 +57,37 @@ def test_the_server_load_view_tables_one_row_per_request_and_charts_the_metrics_
     assert record.result.completed == 3 and any(p.series == "metrics" for p in record.points)
     assert view.table.rowCount() == 3
     assert view.metrics_chart.plot.listDataItems()                # the /metrics polls are on the chart
+    assert view.slots_chart.isVisibleTo(view) and view.slots_chart.legend_names()[:2] == [
+        "its context (n_ctx)", "held, idle"]                     # llama-server's /slots, in its own words
     ttft = [view.table.item(row, 2).text() for row in range(3)]
     assert all(text and float(text.replace(",", "")) > 0 for text in ttft)
     assert window.experiments.currentWidget() is view
     assert view.status.text().startswith("Finished. Ran with requests 3, one starts every 0.5 s, new tokens per "
                                          "request 48, poll /metrics every 0.5 s, stop after 300 s.")
+
+
+def test_a_server_and_its_kv_events_on_the_command_line_start_a_watch_at_launch(qtbot, tmp_path, monkeypatch):
+    """``kvscope --server URL --kv-events ADDR``: once the server answers, the load test runs with no requests of
+    its own, watching every client's blocks, until Ctrl+. stops it."""
+    import socket
+
+    from app.main import parse_args, start
+
+    monkeypatch.setenv("KVSCOPE_SETTINGS", str(tmp_path / "settings.ini"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with ReplayServer(llamacpp_routes()) as server:
+        window = make_window(qtbot)
+        try:
+            start(window, parse_args(["--server", server.url, "--kv-events", f"tcp://127.0.0.1:{port}"]))
+            qtbot.waitUntil(lambda: window.store.latest_experiment("server load") is not None, timeout=30_000)
+            record = window.store.latest_experiment("server load")
+            assert record.settings.requests == 0 and record.settings.kv_events == f"tcp://127.0.0.1:{port}"
+            qtbot.waitUntil(lambda: record.progress is not None and "watching" in record.progress.message,
+                            timeout=30_000)
+            window.controller.stop()
+            wait_idle(qtbot, window, timeout=30_000)
+            assert record.end is not None and not [r for r in server.requests if r[1] == "/v1/chat/completions"]
+        finally:
+            close_and_dispose(window)

@@ -107,6 +107,7 @@ def test_the_subscriber_binds_or_connects_as_the_address_says(publisher, kvscope
     if kvscope_binds:
         subscriber = kv_events.Subscriber(f"tcp://*:{port}")
         pub = publisher(connect_to=f"tcp://127.0.0.1:{port}")
+        assert subscriber.listening() == f"tcp://0.0.0.0:{port}"           # every interface, as asked
     else:
         pub = publisher(bind_to=f"tcp://127.0.0.1:{port}")
         subscriber = kv_events.Subscriber(f"tcp://127.0.0.1:{port}")
@@ -115,6 +116,70 @@ def test_the_subscriber_binds_or_connects_as_the_address_says(publisher, kvscope
         assert any(isinstance(f, kv_events.Stored) for f in send_until_heard(pub, subscriber, RECORDED))
     finally:
         subscriber.close()
+
+
+@pytest.mark.parametrize("side", ["ipc", "bind local"])
+def test_nothing_need_listen_beyond_this_machine_ipc_and_a_local_bind(publisher, tmp_path, side):
+    """vLLM binds an ipc:// endpoint (KVScope connects) and connects to tcp://127.0.0.1 (KVScope binds there with
+    bind:): either way no port is open to other machines."""
+    if side == "ipc":
+        where = f"ipc://{tmp_path}/vllm-events"
+        pub = publisher(bind_to=where)
+        subscriber = kv_events.Subscriber(where)
+    else:
+        port = free_port()
+        subscriber = kv_events.Subscriber(f"bind:tcp://127.0.0.1:{port}")
+        pub = publisher(connect_to=f"tcp://127.0.0.1:{port}")
+    try:
+        assert subscriber.bind is (side != "ipc")
+        assert any(isinstance(f, kv_events.Stored) for f in send_until_heard(pub, subscriber, RECORDED))
+        if side != "ipc":                                           # bound on the loopback, not every interface
+            assert subscriber.listening() == f"tcp://127.0.0.1:{port}"
+    finally:
+        subscriber.close()
+
+
+def sglang_batch(events: list, rank: int | None = None) -> bytes:
+    """A message as SGLang's publisher packs it (its msgspec structs are array_like and tagged: each event an
+    array whose first element is its type, then its fields in order; the batch [ts, events, dp_rank])."""
+    return msgpack.packb([time.time(), events] + ([rank] if rank is not None else []))
+
+
+def test_sglangs_arrays_draw_the_same_tree_as_vllms_maps_of_the_same_blocks():
+    tokens = list(range(64))
+    as_maps = msgpack.packb([1.0, [{"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": None,
+                                    "token_ids": tokens, "block_size": 32, "lora_id": None, "medium": "GPU"},
+                                   {"type": "BlockRemoved", "block_hashes": [12], "medium": "GPU"}]])
+    as_arrays = sglang_batch([["BlockStored", [11, 12], None, tokens, 32, None],
+                              ["BlockRemoved", [12]]], rank=1)
+    trees = []
+    for payload in (as_maps, as_arrays):
+        facts, skipped, _ = kv_events.decode(payload)
+        assert skipped == 0
+        tree = PrefixTree()
+        for fact in facts:
+            tree.add(KVBlocks("e", 0.0, "stored" if isinstance(fact, kv_events.Stored) else "removed",
+                              list(fact.keys), getattr(fact, "parent", ""),
+                              [list(t) for t in getattr(fact, "tokens", ())], medium=fact.medium))
+        trees.append({k: (b.parent, b.tokens, b.live) for k, b in tree.blocks.items()})
+    assert trees[0] == trees[1] == {"b": ("", tuple(range(32)), True), "c": ("b", tuple(range(32, 64)), False)}
+    assert {f.publisher for f in kv_events.decode(as_arrays)[0]} == {"rank 1"}          # its data-parallel rank
+    assert {f.medium for f in kv_events.decode(as_maps)[0]} == {"GPU"}
+
+
+def test_a_block_offloaded_to_cpu_stays_held_when_the_gpu_evicts_it():
+    tree = PrefixTree()
+    block = KVBlocks("e", 0.0, "stored", ["a"], "", [[1, 2, 3, 4]], medium="GPU")
+    tree.add(block)
+    tree.add(KVBlocks("e", 1.0, "stored", ["a"], "", [[1, 2, 3, 4]], medium="CPU"))
+    tree.add(KVBlocks("e", 2.0, "removed", ["a"], medium="GPU"))
+    assert tree.blocks["a"].live and tree.blocks["a"].mediums == {"CPU"}
+    assert tree.walk([1, 2, 3, 4, 5], 4) == ["a"]                  # still reusable, from the lower tier
+    tree.add(KVBlocks("e", 3.0, "removed", ["a"], medium="CPU"))
+    assert not tree.blocks["a"].live
+    tree.add(block)
+    tree.add(KVBlocks("e", 4.0, "removed", ["a"]))                  # no tier said: gone from every tier
+    assert not tree.blocks["a"].live
 
 
 def test_two_publishers_two_engines_fill_one_tree_told_apart(publisher):
@@ -192,7 +257,7 @@ def test_a_port_in_use_and_an_address_that_is_not_one_are_refused_in_one_line():
         with pytest.raises(kv_events.KVEventsError, match=f"Cannot bind tcp://\\*:{port} for KV events: the port is "
                                                           "in use"):
             kv_events.Subscriber(f"tcp://*:{port}")
-    with pytest.raises(kv_events.KVEventsError, match="is not a ZMQ address: write tcp://HOST:PORT"):
+    with pytest.raises(kv_events.KVEventsError, match="is not a ZMQ address: write ipc:///PATH or tcp://HOST:PORT"):
         kv_events.Subscriber("localhost:5557")
 
 
@@ -234,3 +299,41 @@ def test_the_paged_lessons_block_tables_draw_as_the_same_kind_of_tree():
     tree = tree_of([table])
     assert tree.children[""] == ["block 0"] and tree.children["block 1"] == ["block 2", "block 5"]
     assert tree.blocks["block 0"].requests == {0, 1} and tree.blocks["block 2"].size == 8
+
+
+def test_watching_sends_no_request_and_draws_every_clients_blocks_until_stopped(publisher):
+    """``--requests 0`` (``kvscope --server URL --kv-events ADDR`` at launch): the blocks other clients' requests
+    stored arrive in the trace and the tree, none of this test's, until Ctrl+."""
+    from engine.serve.remote import RemoteSession, probe
+    from tests.lessons import collect
+    from tests.replay_server import ReplayServer, Route
+
+    models = json.dumps({"object": "list", "data": [{"id": "smollm2", "owned_by": "vllm"}]}).encode()
+    routes = {"GET /v1/models": Route(body=models),
+              "GET /metrics": Route(body=fixture("vllm_metrics_recorded.txt"), content_type="text/plain")}
+    port = free_port()
+    pub = publisher(bind_to=f"tcp://127.0.0.1:{port}")
+    cancel, events = threading.Event(), []
+
+    def other_clients() -> None:                 # another client's traffic, published until the watch has it
+        while not cancel.is_set():
+            for payload in RECORDED:
+                pub.send_multipart([b"", b"\0" * 8, payload])
+            if any(isinstance(e, KVBlocks) for e in list(events)):
+                cancel.set()
+            time.sleep(0.05)
+
+    with ReplayServer(routes) as server:
+        publishing = threading.Thread(target=other_clients)
+        publishing.start()
+        _, end = collect("server load", RemoteSession(probe(server.url)), cancel=cancel, events=events, requests=0,
+                         kv_events=f"tcp://127.0.0.1:{port}", limit_s=60, poll_s=0.2)
+        publishing.join()
+        sent = [r for r in server.requests if r[1] == "/v1/chat/completions"]
+    stored = [e for e in events if isinstance(e, KVBlocks) and e.action == "stored"]
+    assert not sent and end.result.requested == 0 and end.reason == "stopped"
+    assert stored and end.result.blocks_stored >= len(stored[0].keys)
+    tree = tree_of(events)
+    assert tree.blocks and not any(b.requests for b in tree.blocks.values())      # all other clients' blocks
+    progress = [e.message for e in events if hasattr(e, "message") and "watching" in getattr(e, "message", "")]
+    assert progress and "blocks stored by its clients so far" in progress[-1]

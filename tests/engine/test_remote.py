@@ -165,6 +165,90 @@ def test_a_load_test_times_every_request_and_polls_metrics(vllm):
     assert len([e for e in events if getattr(e, "series", "") == "request"]) == 3
 
 
+def test_a_load_test_sends_the_users_workload_its_messages_tokens_and_arrival_times(vllm):
+    from pathlib import Path
+
+    from engine.serve.workload import read_workload
+
+    shipped = Path(__file__).resolve().parents[2] / "resources" / "workloads" / "three-assistants.jsonl"
+    workload = read_workload(shipped, 64)
+    events, end = collect("server load", RemoteSession(probe(vllm.url)), workload=str(shipped), poll_s=0.1,
+                          limit_s=60)
+    sent = [json.loads(body) for method, path, body, _ in vllm.requests if path == "/v1/chat/completions"]
+    assert len(sent) == len(workload.requests) == end.result.requested == 14 and end.result.completed == 14
+    assert sorted(json.dumps(s["messages"]) for s in sent) == sorted(json.dumps(r.chat()) for r in workload.requests)
+    assert {s["max_tokens"] for s in sent} == {16}
+    points = sorted((p.values for p in events if getattr(p, "series", "") == "request"), key=lambda v: v["index"])
+    assert all(v["arrival_ms"] >= r.arrival_s * 1000 - 1 for v, r in zip(points, workload.requests))   # never early
+    assert end.result.workload == "three-assistants.jsonl" and end.result.workload_note == ""
+
+
+@pytest.mark.parametrize("lines, words", [
+    ([], "holds no request"),
+    (['{"prompt": 3}'], "line 1 has neither a prompt"),
+    (['{"prompt": "hi"}', "not json"], "line 2 is not a JSON object"),
+    (['{"messages": [{"role": "robot", "content": "x"}]}'], "each message is"),
+    (['{"prompt": "hi", "arrival_s": -1}'], "arrival_s must be seconds from 0"),
+    (['{"prompt": "hi", "max_tokens": 100000}'], "max_tokens must be a whole number from 1 to 4096"),
+    (['{"prompt": "   "}'], "a message is empty"),
+])
+def test_a_workload_that_is_not_one_is_refused_before_any_request_naming_the_line(vllm, tmp_path, lines, words):
+    from engine.facts.errors import ParameterError
+
+    path = tmp_path / "w.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ParameterError, match=words):
+        collect("server load", RemoteSession(probe(vllm.url)), workload=str(path))
+    assert not [r for r in vllm.requests if r[1] == "/v1/chat/completions"]
+
+
+def test_a_workload_longer_than_a_load_test_is_cut_at_its_bound_and_says_so(tmp_path):
+    from engine.serve.workload import read_workload
+
+    path = tmp_path / "w.jsonl"
+    path.write_text("".join(f'{{"prompt": "question {i}"}}\n' for i in range(70)))
+    workload = read_workload(path, 64)
+    assert len(workload.requests) == 64 and workload.left_out == 6
+    assert workload.note(64) == "6 more requests in the file left out: a load test sends at most 64"
+
+
+def test_a_load_test_on_llama_server_reads_its_slots_in_its_own_words():
+    """llama-server says nothing of its cache on /metrics any more: its /slots (recorded from the real one) gives
+    the slots, their context and the positions each holds, polled beside /metrics."""
+    from engine.lessons import server_load
+
+    with ReplayServer(llamacpp_routes()) as server:
+        events, end = collect("server load", RemoteSession(probe(server.url)), requests=2, every_s=0.05,
+                              new_tokens=4, poll_s=0.1, limit_s=30)
+        polled = [r for r in server.requests if r[1] == "/slots"]
+    r = end.result
+    assert r.slots == 2 and r.slot_context == 1024 and r.peak_slot_held == 107 and r.peak_busy_slots == 0
+    assert r.slots_polls == len(polled) >= 1 and r.slots_error == ""
+    points = [e for e in events if getattr(e, "series", "") == "slots"]
+    assert points and points[0].values["held 1"] == 107 and "held 0" in points[0].values
+    table = server_load.table([e for e in events if hasattr(e, "series")], r)
+    assert "/slots (" in table and "2 slots of 1,024 positions" in table
+
+
+def test_a_llama_server_without_slots_is_said_once_and_the_load_test_goes_on():
+    routes = llamacpp_routes()
+    routes["GET /slots"] = Route(status=501, body=b'{"error": {"message": "This server does not support slots"}}')
+    with ReplayServer(routes) as server:
+        _, end = collect("server load", RemoteSession(probe(server.url)), requests=2, every_s=0.05, new_tokens=4,
+                         poll_s=0.1, limit_s=30)
+    r = end.result
+    assert r.completed == 2 and r.slots is None and r.slots_polls == 0 and "501" in r.slots_error
+
+
+@pytest.mark.parametrize("answer, words", [({"slots": []}, "not answer with a list"), ([], "not answer with a list"),
+                                           (["x"], "not a slot"), ([{"id": 0}], "without its id and context")])
+def test_a_slots_answer_that_is_not_one_is_one_line(answer, words):
+    from engine.serve import slots
+
+    with pytest.raises(slots.SlotsError, match=words):
+        slots.read_slots(answer)
+
+
 def test_a_local_experiment_is_refused_against_a_server_and_the_load_test_against_a_model(vllm, tiny):
     from engine.facts.errors import ParameterError
     from engine.run.session import Session
