@@ -62,6 +62,26 @@ def test_a_concurrent_load_is_timed_per_request_and_seen_on_metrics(llama_server
     assert r.mean_client_minus_server_ms >= 0
 
 
+def test_its_slots_and_each_answers_cache_n_are_read_in_its_own_words(llama_server):
+    """/slots, polled during a load test, against /slots asked directly after it, and each answer's cache_n: a
+    request sent after another with the same system prompt finished gets its prompt from a slot's cache."""
+    from engine.serve import slots
+    from engine.serve.remote import get_json
+
+    events, end = collect("server load", RemoteSession(probe(llama_server)), requests=SLOTS, every_s=1.5,
+                          new_tokens=8, poll_s=0.2, limit_s=120, shared_prefix=80)
+    r = end.result
+    after, _more = slots.read_slots(get_json(probe(llama_server).url, "/slots"))
+    assert r.completed == SLOTS and r.slots == len(after) == SLOTS and r.slot_context == after[0].n_ctx == 1024
+    assert r.slots_polls >= 2 and r.slots_error == "" and r.peak_slot_held >= max(s.held for s in after) > 0
+    rows = sorted((p.values for p in events if getattr(p, "series", "") == "request"), key=lambda v: v["index"])
+    assert all("server_cache_n" in v for v in rows)
+    first = rows[0]["server_cache_n"]                   # the template's first tokens, left by earlier tests at most
+    assert max(v["server_cache_n"] for v in rows[1:3]) > first + 16, rows   # the shared system prompt, from a slot
+    print(f"\n/slots: {r.slots} slots of {r.slot_context:,}; at most {r.peak_busy_slots} working, "
+          f"{r.peak_slot_held:,} positions held by one; cache_n per request {[int(v['server_cache_n']) for v in rows]}")
+
+
 def test_the_window_runs_and_load_tests_through_the_server(qtbot, llama_server, tmp_path, monkeypatch):
     from tests.app.conftest import close_and_dispose, make_window, run_and_wait, wait_idle
 

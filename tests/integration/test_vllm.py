@@ -19,10 +19,10 @@ from engine.output.trace import read_trace, write_trace
 from engine.serve import metrics, remote
 from engine.serve.prefix_tree import tree_of
 from engine.serve.remote import RemoteSession, probe
-from tests.integration.conftest import VLLM_CONTEXT
+from tests.integration.conftest import VLLM_CONTEXT, VLLM_TEST_S
 from tests.lessons import collect
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(VLLM_TEST_S)]   # its server starts inside the first
 PROMPT = "What does a KV cache keep? Answer in one sentence."
 
 
@@ -98,6 +98,31 @@ def test_every_requests_cached_tokens_are_the_servers_own_answer_with_requests_o
     print(f"\nserved from the cache (the server's answers): {r.server_cached_tokens:,} of "
           f"{r.server_prompt_tokens:,}; predicted at send: {r.tree_reused_tokens:,}; {r.mispredicted_requests} "
           f"of 8 requests differ; {in_flight} in flight at most")
+
+
+def test_the_shipped_workload_replays_with_each_requests_cached_tokens_the_servers_and_the_tree_beside(vllm_server):
+    """The user's workload (three assistants' system prompts, interleaved) over ipc:// KV events: every request's
+    cached tokens are the server's answer, their sum its counters', and a request sent after its assistant's first
+    finished reuses that system prompt, in the server's words and in the tree's walk once answered."""
+    from pathlib import Path
+
+    url, events_at = vllm_server
+    shipped = Path(__file__).resolve().parents[2] / "resources" / "workloads" / "three-assistants.jsonl"
+    events, end = collect("server load", RemoteSession(probe(url)), workload=str(shipped), poll_s=0.25,
+                          limit_s=600, kv_events=events_at)
+    r = end.result
+    assert r.completed == r.requested == 14 and r.kv_events_error == "" and r.blocks_stored > 0
+    rows = sorted((p.values for p in events if isinstance(p, ExperimentPoint) and p.series == "request"),
+                  key=lambda v: v["index"])
+    assert r.server_cached_tokens == sum(v["cached_tokens"] for v in rows) == r.cached_prompt_tokens_during
+    later = [v for v in rows if 3 <= v["index"] < 12]            # each assistant's second to fourth question
+    assert all(v["cached_tokens"] >= 32 for v in later), [v["cached_tokens"] for v in later]
+    walked = {e.index: e for e in events if isinstance(e, RequestBlocks)}
+    assert all(len(walked[int(v["index"])].keys) * walked[int(v["index"])].block_size >= v["cached_tokens"]
+               for v in rows)                                    # the tree holds what the server reused
+    print(f"\nworkload: served from the cache {r.server_cached_tokens:,} of {r.server_prompt_tokens:,} prompt "
+          f"tokens (the server's answers); predicted at send {r.tree_reused_tokens:,}; per request "
+          f"{[int(v['cached_tokens']) for v in rows]}")
 
 
 def test_a_concurrent_load_is_seen_on_metrics(vllm_server):
