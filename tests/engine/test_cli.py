@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +173,20 @@ def test_an_interrupt_after_a_progress_line_is_said_on_a_line_of_its_own(capsys)
     assert cli.guarded(interrupted_mid_line) == command_line.EXIT_INTERRUPTED
     assert capsys.readouterr().err.endswith("0.1 s]\ninterrupted\n")
     assert not command_line.OPEN_LINE[0]
+
+
+def test_where_prints_only_the_folder_a_serving_engine_loads(smol, tiny_model_dir, capsys):
+    """vLLM's recipe takes its --model from ``python -m engine where``: the GGUF's converted copy, the very folder
+    KVScope itself loaded, and a Hugging Face folder as it is; a wrong path is one line, status 2."""
+    from engine.cli import main
+    from engine.model import embedded, gguf
+
+    assert main(["where"]) == 0
+    out = capsys.readouterr().out
+    folder = gguf.converted_folder(embedded.embedded_gguf())
+    assert out == f"{folder}\n" and (folder / "config.json").is_file()
+    assert main(["where", "--model", str(tiny_model_dir)]) == 0
+    assert capsys.readouterr().out == f"{Path(tiny_model_dir).resolve()}\n"
+    assert main(["where", "--model", "/no/such/model"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "No such file or folder" in captured.err

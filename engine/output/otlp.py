@@ -1,0 +1,163 @@
+"""Runs as OpenTelemetry spans, for the tracing a team already runs: every run in a trace (a local run, each
+request of a load test) one span following OpenTelemetry's GenAI semantic conventions (``chat {model}``, with
+``gen_ai.request.*``, ``gen_ai.usage.*`` and ``gen_ai.response.finish_reasons``), its latencies under the names
+vLLM and SGLang give theirs (``gen_ai.latency.time_to_first_token``, ``..._in_model_prefill``, ``..._decode``,
+``e2e``, in seconds), and two child spans: until the first token (the prefill; a client sees only the wait) and
+decode. Where a figure was measured is said (``kvscope.measured_by``: the engine here or a client of a server).
+
+Written with the official SDK (``opentelemetry-sdk``, the optional extra ``otel``): to a file as OTLP/JSON (the
+protobuf's JSON form, what a collector's OTLP receiver and its file exporter read), or sent to a collector's
+OTLP/HTTP endpoint. Span times are the runs' own: the trace's events on one clock (``trace.OneClock``: a load
+test's requests overlap), its zero placed by the first run's start (``RunStarted.started_at``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from engine.facts.errors import EngineError
+from engine.facts.events import ModelFacts, RunFailed, RunFinished, RunStarted
+from engine.output.trace import OneClock
+from engine.store.files import write_text
+
+
+class OTLPError(EngineError):
+    """Spans that cannot be made or sent, in one line."""
+
+
+def _sdk() -> Any:
+    try:
+        from opentelemetry.sdk import trace as sdk_trace
+    except ImportError:
+        raise OTLPError("OpenTelemetry export needs the SDK: pip install 'kvscope[otel]' (opentelemetry-sdk and "
+                        "opentelemetry-exporter-otlp-proto-http)") from None
+    return sdk_trace
+
+
+def spans(events: Iterable[object]) -> Sequence[Any]:
+    """Every finished or failed run in ``events`` as ended SDK spans (the request and its two phases)."""
+    sdk_trace = _sdk()
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.trace import SpanKind, set_span_in_context
+
+    kept: list[Any] = []
+
+    class Keep(SpanExporter):
+        def export(self, batch):  # noqa: ANN001 (the SDK's signature)
+            kept.extend(batch)
+            return SpanExportResult.SUCCESS
+
+    provider = sdk_trace.TracerProvider(resource=Resource.create({"service.name": "kvscope"}))
+    provider.add_span_processor(SimpleSpanProcessor(Keep()))
+    tracer = provider.get_tracer("kvscope")
+    events = list(events)
+    clock, placed = OneClock(), []
+    for event in events:                 # every event on the trace's one clock (a load test's requests overlap)
+        placed.append(clock.place(event))
+    anchor = next((_epoch_ns(e.started_at) - int(t * 1e6) for e, t in zip(events, placed)
+                   if isinstance(e, RunStarted) and t is not None), 0)      # the clock's zero, in epoch ns
+    started: dict[str, tuple[RunStarted, float]] = {}
+    for event, at in zip(events, placed):
+        if isinstance(event, RunStarted) and at is not None:
+            started[event.run_id] = (event, at)
+        elif isinstance(event, (RunFinished, RunFailed)) and event.run_id in started and at is not None:
+            run, at_start = started.pop(event.run_id)
+            begin = anchor + int(at_start * 1e6)
+            end = anchor + int(max(at, at_start) * 1e6)
+            remote = not isinstance(run.model, ModelFacts)
+            root = tracer.start_span(f"chat {run.model.name}", kind=SpanKind.CLIENT if remote else SpanKind.INTERNAL,
+                                     start_time=begin, attributes=_attributes(run, event, remote))
+            s = event.summary
+            first = begin + int(s.ttft_ms * 1e6) if s.ttft_ms else None
+            if first is not None and first <= end:
+                context = set_span_in_context(root)
+                phase = "waiting for the first token (client)" if remote else "prefill"
+                tracer.start_span(phase, context=context, start_time=begin).end(end_time=first)
+                if s.generated_tokens > 1:
+                    tracer.start_span("decode", context=context, start_time=first).end(end_time=end)
+                root.add_event("gen_ai.first_token", timestamp=first)
+            if isinstance(event, RunFailed):
+                from opentelemetry.trace import Status, StatusCode
+
+                root.set_status(Status(StatusCode.ERROR, event.message[:200]))
+            root.end(end_time=end)
+    provider.shutdown()
+    return kept
+
+
+def _attributes(run: RunStarted, end: RunFinished | RunFailed, remote: bool) -> dict[str, Any]:
+    s, p = end.summary, run.params
+    out: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": getattr(run.model, "engine", "") or "kvscope",
+        "gen_ai.request.model": run.model.name,
+        "gen_ai.request.max_tokens": p.max_new_tokens, "gen_ai.request.temperature": p.temperature,
+        "gen_ai.request.top_p": p.top_p, "gen_ai.request.top_k": p.top_k,
+        "gen_ai.usage.output_tokens": s.generated_tokens,
+        "gen_ai.latency.time_to_first_token": s.ttft_ms / 1000.0,
+        "gen_ai.latency.e2e": s.total_ms / 1000.0,
+        "gen_ai.latency.time_in_model_decode": s.decode_ms / 1000.0,
+        "kvscope.measured_by": "client of the server" if remote else "KVScope's engine",
+        "kvscope.run_id": run.run_id,
+    }
+    if p.seed is not None:
+        out["gen_ai.request.seed"] = p.seed
+    if isinstance(end, RunFinished):
+        out["gen_ai.response.finish_reasons"] = [end.reason]
+    prompt = s.server_timings.get("usage.prompt_tokens") if remote else (
+        (s.prompt_tokens or 0) + (s.reused_tokens or 0))
+    if prompt is not None:
+        out["gen_ai.usage.input_tokens"] = int(prompt)
+    if s.reused_tokens is not None:
+        out["gen_ai.usage.cache_read.input_tokens"] = s.reused_tokens
+    if s.prefill_ms is not None and not remote:
+        out["gen_ai.latency.time_in_model_prefill"] = s.prefill_ms / 1000.0
+    if s.decode_runs:
+        out["kvscope.time_per_output_token_ms"] = s.decode_ms / s.decode_runs
+    for name, value in s.server_timings.items():       # the server's own figures, under its own names
+        out[f"kvscope.server.{name}"] = value
+    return out
+
+
+def _epoch_ns(started_at: str) -> int:
+    try:
+        return int(datetime.fromisoformat(started_at).timestamp() * 1e9)
+    except ValueError:
+        return 0
+
+
+def otlp_json(kept: Sequence[Any]) -> str:
+    """The spans as one OTLP/JSON ``ExportTraceServiceRequest``."""
+    from google.protobuf.json_format import MessageToJson
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    return MessageToJson(encode_spans(kept), indent=None) + "\n"
+
+
+def write_otlp(path: str | os.PathLike, events: Iterable[object]) -> tuple[Path, int]:
+    kept = spans(events)
+    return write_text(path, otlp_json(kept), "the OTLP file"), len(kept)
+
+
+def send_otlp(endpoint: str, events: Iterable[object], timeout_s: float = 10.0) -> int:
+    """The spans to a collector's OTLP/HTTP endpoint (``http://HOST:4318/v1/traces``); refused in one line."""
+    kept = spans(events)
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import SpanExportResult
+    except ImportError:
+        raise OTLPError("sending to a collector needs opentelemetry-exporter-otlp-proto-http (pip install "
+                        "'kvscope[otel]')") from None
+    exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s)
+    try:
+        result = exporter.export(kept)
+    finally:
+        exporter.shutdown()
+    if result != SpanExportResult.SUCCESS:
+        raise OTLPError(f"the collector at {endpoint} did not take the spans")
+    return len(kept)
