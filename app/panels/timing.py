@@ -195,11 +195,15 @@ class TimingPanel(QWidget):
         return self.store.find(self.state.selected) if self.state.selected else None
 
     def visible_runs(self) -> list[RunRecord]:
-        """The selected run and, with the overlay on, the newest earlier main runs; oldest first."""
+        """The selected run and, with the overlay on, the newest earlier main runs of the same recording (a trace's
+        own, or this session's: a run recorded on another machine is never drawn beside one measured here, nor
+        two traces' runs beside each other); oldest first."""
         selected = self.selected()
         if not self.overlay.isChecked():
             return [selected] if selected is not None else []
-        main = [r for r in self.store.runs if self.state.style(r.run_id).group == MAIN and r is not selected]
+        source = selected.source if selected is not None else (self.store.runs[-1].source if self.store.runs else "")
+        main = [r for r in self.store.runs if self.state.style(r.run_id).group == MAIN and r is not selected
+                and r.source == source]
         runs = main[-self.overlay_count.value():] if selected is not None else main[-(self.overlay_count.value()
                                                                                         + 1):]
         return sorted(runs + ([selected] if selected is not None else []), key=lambda r: r.number)

@@ -150,3 +150,28 @@ def test_a_scene_credits_its_recording_until_a_live_run_replaces_it(qtbot, windo
     assert window.state.scene == "kv" and window.state.selected == live.run_id
     window.refresh(force=True)
     assert "recorded" not in window.scene_view.claim()       # this machine, now: nothing to credit
+
+
+def test_the_timeline_never_draws_a_recorded_run_beside_another_recording_or_a_live_one(qtbot, window, tmp_path,
+                                                                                       tiny):
+    from engine.facts.params import GenerationParams
+    from engine.output.trace import write_trace
+    from engine.run.session import Session
+    from tests.app.conftest import run_and_wait, wait_idle
+
+    paths = []
+    for name in ("first", "second"):
+        events: list = []
+        Session(tiny).run(f"{name} prompt", GenerationParams(max_new_tokens=3), events.append)
+        paths.append(str(write_trace(tmp_path / f"{name}{SUFFIX}", events)))
+    window.controller.replay_speed = 0.0
+    window.files.open_trace(*paths)
+    wait_idle(qtbot, window)
+    first, second = window.store.runs
+    window.state.select(first.run_id, "test")
+    assert [r.run_id for r in window.timing.visible_runs()] == [first.run_id]      # not the other trace's run
+    window.controls.max_tokens.setValue(2)
+    live = run_and_wait(qtbot, window)
+    assert [r.run_id for r in window.timing.visible_runs()] == [live.run_id]       # not the recordings
+    window.state.select(second.run_id, "test")
+    assert [r.run_id for r in window.timing.visible_runs()] == [second.run_id]
