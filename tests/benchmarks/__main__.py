@@ -10,6 +10,7 @@ from tests.benchmarks import (
     bench_gui,
     bench_prefill_passes,
     bench_profile,
+    bench_stop,
     bench_trace,
 )
 
@@ -23,6 +24,7 @@ PARTS = (
      bench_formats, []),
     ("where a decode step's time goes, eager and compiled (bfloat16)", bench_profile, []),
     ("a long prompt in one prefill pass vs in passes (what Stop within a second costs)", bench_prefill_passes, []),
+    ("how long Stop takes in every lesson and in a long prefill", bench_stop, []),
     ("experiments on the real model, through the window", bench_experiments, []),
 )
 
