@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import html
 import json
+import time
 import urllib.request
 
 import pytest
 
-from engine.facts.events import ExperimentPoint, KVBlocks, RequestBlocks, RunFinished, TokenStep
+from engine.facts.events import ExperimentPoint, ExperimentProgress, KVBlocks, RequestBlocks, RunFinished, TokenStep
 from engine.facts.params import GenerationParams
 from engine.lessons import server_load
 from engine.output.trace import read_trace, write_trace
@@ -123,6 +124,43 @@ def test_the_shipped_workload_replays_with_each_requests_cached_tokens_the_serve
     print(f"\nworkload: served from the cache {r.server_cached_tokens:,} of {r.server_prompt_tokens:,} prompt "
           f"tokens (the server's answers); predicted at send {r.tree_reused_tokens:,}; per request "
           f"{[int(v['cached_tokens']) for v in rows]}")
+
+
+def test_a_watch_draws_another_clients_requests_as_a_tree_with_their_shared_trunk(vllm_server):
+    """KVScope sends nothing (--requests 0, what kvscope --server URL --kv-events ADDR starts at launch); another
+    client sends three requests sharing a system prompt: their blocks arrive from vLLM's events, as other clients',
+    and the tree branches where the requests part after the blocks they share."""
+    import threading
+
+    url, events_at = vllm_server
+    system = "You answer as a ship's navigator. " + " ".join(["Stars, tides and the log guide every answer."] * 12)
+    cancel, events = threading.Event(), []
+
+    def other_client() -> None:
+        deadline = time.monotonic() + 300
+        while not any(isinstance(e, ExperimentProgress) for e in list(events)) and time.monotonic() < deadline:
+            time.sleep(0.2)                              # the watch is listening
+        for question in ("Where are we?", "When is high tide?", "Which star is that?"):
+            body = json.dumps({"model": "smollm2", "max_tokens": 4, "temperature": 0, "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": " ".join([question] * 8)}]}).encode()    # fills a block of its own
+            urllib.request.urlopen(urllib.request.Request(url + "/v1/chat/completions", data=body, headers={
+                "Content-Type": "application/json"}), timeout=120).read()
+        time.sleep(1.0)                                  # the engine publishes its blocks as it stores them
+        cancel.set()
+
+    client = threading.Thread(target=other_client)
+    client.start()
+    _, end = collect("server load", RemoteSession(probe(url)), cancel=cancel, events=events, requests=0,
+                     kv_events=events_at, limit_s=600, poll_s=0.5)
+    client.join()
+    tree = tree_of(events)
+    trunk = [b for b in tree.blocks.values() if len([c for c in tree.children.get(b.key, [])
+                                                      if c in tree.blocks]) >= 2]
+    assert end.result.requested == 0 and end.result.blocks_stored > 0 and end.result.kv_events_error == ""
+    assert trunk and not any(b.requests for b in tree.blocks.values())     # shared, and none of KVScope's own
+    print(f"\nwatched: {end.result.blocks_stored} blocks stored by another client; the tree branches after "
+          f"{len(trunk)} block(s)")
 
 
 def test_a_concurrent_load_is_seen_on_metrics(vllm_server):
