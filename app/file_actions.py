@@ -198,6 +198,27 @@ class FileActions:
             except OSError as exc:
                 self.show_error(f"Could not write {path}: {exc.strerror or exc}")
 
+    def export_otlp(self, record) -> None:
+        """The selected run (``record`` None) or an experiment's runs (a load test's requests), as OpenTelemetry
+        spans in OTLP/JSON, for the tracing a team already runs."""
+        from engine.output.otlp import OTLPError, write_otlp
+
+        events = record.events if record is not None else (self.selected_run().events if self.selected_run()
+                                                             else None)
+        if not events:
+            self.show_error("There is nothing to export yet: run something first.")
+            return
+        path, _ = QFileDialog.getSaveFileName(self.parent, "Export as OpenTelemetry spans", str(
+            Path(self.last_dir()) / "kvscope-spans.otlp.json"), "OTLP/JSON (*.json)")
+        if path:
+            try:
+                target, count = write_otlp(path, events)
+                self.say(f"Exported {count:,} spans to {target} (OTLP/JSON, GenAI attributes)", 8000)
+            except OTLPError as exc:
+                self.show_error(str(exc))
+            except OSError as exc:
+                self.show_error(f"Could not write {path}: {exc.strerror or exc}")
+
     def export_video(self, scene: str | None) -> None:
         """The scene shown (else scene 1) with the run or experiment it shows, as an MP4 or GIF."""
         from app.scenes import scene_lesson

@@ -73,6 +73,8 @@ def build_menus(window: WindowActions, controller: Controller, lecture: Lecture,
     _action(window, out, "Experiment data as CSV…", lambda: files.export_experiment(files.experiment()))
     _action(window, out, "Run as a Perfetto trace…", lambda: files.export_perfetto(None))
     _action(window, out, "Experiment as a Perfetto trace…", lambda: files.export_perfetto(files.experiment()))
+    _action(window, out, "Run as OpenTelemetry spans…", lambda: files.export_otlp(None))
+    _action(window, out, "Experiment's runs as OpenTelemetry spans…", lambda: files.export_otlp(files.experiment()))
     _action(window, out, "Run data as CSV…", lambda: files.export_run("csv"))
     _action(window, out, "Run data as JSON…", lambda: files.export_run("json"))
     _action(window, out, "Scene as video (MP4 or GIF)…", lambda: files.export_video(state.scene), "Ctrl+Shift+E")

@@ -36,3 +36,19 @@ def test_run_data_as_csv_and_json(finished):
     doc = json.loads(export.run_json(finished))
     assert doc["params"]["max_new_tokens"] == 7 and len(doc["events"]) == len(finished.events)
     assert doc["summary"]["generated_tokens"] == finished.n_steps
+
+
+def test_file_export_writes_the_selected_runs_spans(qtbot, window, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    from tests.app.conftest import run_and_wait
+    from tests.otlp_spans import attributes, read_back
+
+    window.controls.max_tokens.setValue(3)
+    run = run_and_wait(qtbot, window)
+    out = tmp_path / "run.otlp.json"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), "OTLP/JSON (*.json)"))
+    window.files.export_otlp(None)
+    (root,) = [s for s in read_back(out) if s.name.startswith("chat ")]
+    assert attributes(root)["kvscope.run_id"] == run.run_id
+    assert attributes(root)["gen_ai.usage.output_tokens"] == run.n_steps

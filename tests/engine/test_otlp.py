@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from google.protobuf.json_format import Parse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from engine.facts.events import RunFinished, RunStarted
@@ -14,24 +13,10 @@ from engine.facts.params import GenerationParams
 from engine.output.otlp import write_otlp
 from engine.output.trace import read_trace
 from engine.run.session import Session
+from tests.otlp_spans import attributes, read_back
 from tests.replay_server import ReplayServer, Route
 
 LOAD = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_load.kvscope.jsonl"
-
-
-def read_back(path: Path) -> list:
-    request = Parse(path.read_text(), ExportTraceServiceRequest())
-    return [span for resource in request.resource_spans for scope in resource.scope_spans for span in scope.spans]
-
-
-def attributes(span) -> dict:
-    out = {}
-    for kv in span.attributes:
-        value = kv.value
-        out[kv.key] = (value.string_value if value.HasField("string_value") else value.int_value
-                       if value.HasField("int_value") else value.double_value if value.HasField("double_value")
-                       else [v.string_value for v in value.array_value.values])
-    return out
 
 
 def test_a_load_tests_requests_are_genai_spans_with_kvscopes_figures_read_back_by_otel(tmp_path):
@@ -88,3 +73,4 @@ def test_the_cli_writes_a_file_and_sends_to_a_collector(tmp_path, capsys):
     with pytest.raises(SystemExit) as refused:                    # nowhere to put them: said, status 2
         main(["otlp", str(LOAD)])
     assert refused.value.code == 2 and "give --out FILE, --endpoint URL or both" in capsys.readouterr().err
+
