@@ -28,13 +28,26 @@ def gone(pid: int, within_s: float = 10.0) -> bool:
     return False
 
 
+def in_session(sid: int) -> list[int]:
+    """The processes of session ``sid``, from /proc (field 6 of a process's stat line)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue                                             # it ended while we looked
+        if int(fields[3]) == sid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def test_the_finalizer_registered_at_start_stops_the_server_and_what_it_started():
     finalizers: list = []
     server = processes.start([sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '600']); "
                               "time.sleep(600)"], finalizers.append)
     assert len(finalizers) == 1 and server.poll() is None       # registered before anyone waits for it to answer
     time.sleep(0.5)
-    children = subprocess.run(["pgrep", "-s", str(server.pid)], capture_output=True, text=True).stdout.split()
+    children = in_session(server.pid)
     assert len(children) == 2                                   # the server and the child it started
     finalizers[0]()
     assert server.poll() is not None and all(gone(int(pid)) for pid in children)
