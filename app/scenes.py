@@ -193,6 +193,7 @@ class SceneView(QWidget):
         self.bottom.addWidget(self.next_run, 1, 0, 1, 2)
         self.bottom.addWidget(self.source, 0, 1, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.bottom.setColumnStretch(0, 1)
+        self._credit_row: int | None = None            # where the credit was last placed
         layout.addLayout(self.bottom)
         self.cover = QWidget(self)
         self.cover.setStyleSheet("background: black;")
@@ -360,6 +361,9 @@ class SceneView(QWidget):
 
         lines = (self.footer, self.next_run)
         row = next((i for i, line in enumerate(lines) if used(line) + needed <= room), 2)
+        if row == self._credit_row:
+            return                                      # refreshed every frame: lay out only when it moves
+        self._credit_row = row
         for widget in (*lines, self.source):
             self.bottom.removeWidget(widget)
         for i, line in enumerate(lines):                # a line the credit is not beside spans both columns

@@ -365,6 +365,20 @@ def model_facts(folder: str | Path, cfg: dict, fmt: str = "bfloat16") -> ModelFa
         config_kv_heads=s.kv_heads)
 
 
+def safetensors_header(path: Path) -> dict | None:
+    """A safetensors file's JSON header (its tensors' names, dtypes and shapes), read within bounds; None when the
+    file cannot be read or does not start with one."""
+    try:
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size <= 100 << 20:
+                return None
+            header = json.loads(f.read(size))
+    except (OSError, ValueError):
+        return None
+    return header if isinstance(header, dict) else None
+
+
 def stored_parameters(folder: str | Path) -> int | None:
     """Parameters the folder's safetensors files hold, read from their headers alone (no tensor is read); None
     when it has none, or a header is not one."""
@@ -372,13 +386,8 @@ def stored_parameters(folder: str | Path) -> int | None:
     if not files:
         return None
     for path in files:
-        try:
-            with path.open("rb") as f:
-                size = int.from_bytes(f.read(8), "little")
-                if not 0 < size <= 100 << 20:
-                    return None
-                header = json.loads(f.read(size))
-        except (OSError, ValueError):
+        header = safetensors_header(path)
+        if header is None:
             return None
         for name, entry in header.items():
             if name != "__metadata__" and isinstance(entry, dict):

@@ -57,7 +57,7 @@ class ServerLoadSettings(LessonSettings):
         "--tokens", "New tokens per request", "new tokens per request", "tokens"), Key("M", factor=2.0)] = 48
     poll_s: Annotated[float, Range(0.1, 10.0), Setting(
         "--poll", "Poll /metrics every", "seconds between /metrics polls", "s")] = 0.5
-    limit_s: Annotated[float, Range(1.0, 86_400.0), Setting(
+    limit_s: Annotated[float, Range(1.0, 3600.0), Setting(
         "--limit", "Stop after", "stop the whole test after this many seconds", "s")] = 300.0
     shared_prefix: Annotated[int, Range(0, 4096), Setting(
         "--shared-prefix", "Shared system prompt", "words of a system prompt most requests share (every fourth "
@@ -211,7 +211,7 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
                 seen.setdefault(quantity, []).append(value)
         return reading
 
-    slot_polls: dict = {"ok": 0, "error": "", "polled": []}
+    slot_polls: dict = {"ok": 0, "error": "", "last": None, "busy": 0, "held": 0}      # running figures only
     by_slots = session.facts.engine == "llama.cpp"          # it says nothing of its cache on /metrics any more
 
     def read_slots() -> None:
@@ -225,9 +225,10 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
             return
         with lock:
             slot_polls["ok"] += 1
-            values = slots.slot_values(found)
-            slot_polls["polled"].append(values)
-            experiment.point("slots", t_ms=experiment.ms(), **values)
+            slot_polls["last"] = found
+            slot_polls["busy"] = max(slot_polls["busy"], sum(s.processing for s in found))
+            slot_polls["held"] = max(slot_polls["held"], max(s.held for s in found))
+            experiment.point("slots", t_ms=experiment.ms(), **slots.slot_values(found))
             if more:
                 slot_polls["error"] = f"the server has {len(found) + more} slots; the first {len(found)} are shown"
 
@@ -321,14 +322,11 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
                                                                                           for n in names))
     figures["metrics_failed"] = polls["failed"]
     if by_slots:
-        polled = slot_polls["polled"]
         figures.update(slots_polls=slot_polls["ok"], slots_error=slot_polls["error"])
-        if polled:
-            last = polled[-1]
-            figures.update(slots=int(last["slots"]), slot_context=int(max(v for k, v in last.items()
-                                                                         if k.startswith("ctx "))),
-                           peak_busy_slots=int(max(v["busy"] for v in polled)),
-                           peak_slot_held=int(max(v for p in polled for k, v in p.items() if k.startswith("held "))))
+        if slot_polls["last"]:
+            last = slot_polls["last"]
+            figures.update(slots=len(last), slot_context=max(s.n_ctx for s in last),
+                           peak_busy_slots=slot_polls["busy"], peak_slot_held=slot_polls["held"])
     if workload is not None:
         figures.update(workload=Path(settings.workload).name[:300], workload_note=workload.note(MAX_REQUESTS)[:300])
     if poll_error:

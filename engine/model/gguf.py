@@ -30,6 +30,7 @@ try:
 except ImportError:                 # Windows: abandoned folders are found by their age instead
     fcntl = None
 
+from engine.facts.config_facts import safetensors_header
 from engine.facts.errors import ModelSourceError
 from engine.facts.events import LoadProgress
 from engine.store import sealed
@@ -167,7 +168,7 @@ def damage(folder: Path, thorough: bool = False) -> str | None:
             return f"{name} is missing"
         if size != record.get("size"):
             return f"{name} is {size:,} bytes; {record.get('size', 0):,} were written"
-        if name.endswith(".safetensors") and not _header_readable(path):
+        if name.endswith(".safetensors") and safetensors_header(path) is None:
             return f"{name}'s header is damaged"
         if thorough and _sha256(path) != record.get("sha256"):
             return f"{name}'s contents changed since it was written (its checksum differs)"
@@ -175,18 +176,6 @@ def damage(folder: Path, thorough: bool = False) -> str | None:
     if extra:
         return f"{extra[0]} is not a file the conversion wrote"
     return None
-
-
-def _header_readable(path: Path) -> bool:
-    try:
-        with path.open("rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            if not 0 < size <= 100 << 20:
-                return False
-            header = json.loads(f.read(size))
-    except (OSError, ValueError):
-        return False
-    return isinstance(header, dict)
 
 
 def discard(target: Path, broken: str, report: Progress) -> None:

@@ -140,13 +140,16 @@ def otlp_json(kept: Sequence[Any]) -> str:
 
 
 def write_otlp(path: str | os.PathLike, events: Iterable[object]) -> tuple[Path, int]:
-    kept = spans(events)
+    return write_spans(path, spans(events))
+
+
+def write_spans(path: str | os.PathLike, kept: Sequence[Any]) -> tuple[Path, int]:
     return write_text(path, otlp_json(kept), "the OTLP file"), len(kept)
 
 
-def send_otlp(endpoint: str, events: Iterable[object], timeout_s: float = 10.0) -> int:
-    """The spans to a collector's OTLP/HTTP endpoint (``http://HOST:4318/v1/traces``); refused in one line."""
-    kept = spans(events)
+def send_spans(endpoint: str, kept: Sequence[Any], timeout_s: float = 10.0) -> int:
+    """``kept`` (from ``spans``) to a collector's OTLP/HTTP endpoint (``http://HOST:4318/v1/traces``); refused in
+    one line."""
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.trace.export import SpanExportResult

@@ -306,16 +306,16 @@ def otlp_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if not args.out and not args.endpoint:
         p.error("give --out FILE, --endpoint URL or both")
-    from engine.output.otlp import send_otlp, write_otlp
+    from engine.output.otlp import send_spans, spans, write_spans
 
     if args.out:
         check_writable(args.out)
-    events = [e for trace in read_traces(args.traces) for e in trace]
+    kept = spans(e for trace in read_traces(args.traces) for e in trace)      # made once, for the file and the send
     if args.out:
-        target, count = write_otlp(args.out, events)
+        target, count = write_spans(args.out, kept)
         print(f"wrote {safe_line(target)} ({count:,} spans, {target.stat().st_size:,} bytes)")
     if args.endpoint:
-        print(f"sent {send_otlp(args.endpoint, events):,} spans to {safe_line(args.endpoint)}")
+        print(f"sent {send_spans(args.endpoint, kept):,} spans to {safe_line(args.endpoint)}")
     return 0
 
 
