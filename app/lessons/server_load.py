@@ -36,6 +36,7 @@ class ServerLoadView(LessonView):
         self.metrics_chart = Chart("What the server reports on /metrics")
         self.metrics_chart.setMinimumHeight(230)         # its legend, title and an axis with a few ticks
         self.metrics_chart.plot.setXLink(self.plot)
+        self.plot.getViewBox().sigResized.connect(lambda *_: self._label_lanes())
         self.charts_layout.addWidget(self.metrics_chart, 1)
         self.slots_chart = Chart("llama-server's slots, from /slots: the positions each one's cache holds")
         self.slots_chart.setMinimumHeight(180)
@@ -71,13 +72,8 @@ class ServerLoadView(LessonView):
                 self.chart.add(pg.BarGraphItem(x0=[r[start] for r in rows], width=[max(r[end] - r[start], 0.0)
                                                                                    for r in rows],
                                                y=[r["index"] for r in rows], height=0.7, brush=colour, pen=None), name)
-        # As many labels as fit one above the other (at most 6: 64 lanes must not print 64 names); in a scene at
-        # 720p the lanes are a few pixels each, and every label drawn there covered its neighbours.
-        line = QFontMetrics(self.plot.getAxis("left").style.get("tickFont") or self.font()).height()
-        fit = max(2, int(self.plot.getViewBox().height() // (line * 1.5)))
-        every = max(1, -(-len(requests) // min(6, fit)))
-        self.plot.getAxis("left").setTicks([[(r["index"], f"#{int(r['index'])}") for r in requests[::every]],
-                                            [(r["index"], "") for r in requests]])
+        self.lanes = [int(r["index"]) for r in requests]
+        self._label_lanes()
         self.plot.invertY(True)
         samples = [p.values for p in record.points if p.series == "metrics"]
         for quantity, colour in (("running", th.DECODE), ("waiting", th.WAITING)):
@@ -109,6 +105,18 @@ class ServerLoadView(LessonView):
         self.metrics_chart.setVisible(not (getattr(self, "compact", False) and record.blocks))
         if record.blocks:
             self.tree_chart.show(tree_of(record.blocks))
+
+    def _label_lanes(self) -> None:
+        """As many lane labels as fit one above the other in the axis's own type (at most 6: 64 lanes must not print
+        64 names), again whenever the chart's height changes: in a scene the lanes are a few pixels each, and
+        every label drawn there covered its neighbours."""
+        lanes = getattr(self, "lanes", [])
+        if not lanes or getattr(self, "theme", None) is None:
+            return
+        line = QFontMetrics(self.theme.axis_font).height()
+        fit = max(2, int(self.plot.getViewBox().height() // (line * 1.5)))
+        every = max(1, -(-len(lanes) // min(6, fit)))
+        self.plot.getAxis("left").setTicks([[(i, f"#{i}") for i in lanes[::every]], [(i, "") for i in lanes]])
 
     def explanation(self, record: ExperimentRecord) -> str:
         r: ServerLoadResult = record.result
