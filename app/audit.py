@@ -44,7 +44,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.chart import has_data
+from app.chart import draws_data
 from app.phase import ENDED, PAUSED, STEPPING, ExperimentPhase, RunFigures, RunPhase
 
 RUN, EXPERIMENT, SETTINGS, OTHER = "run", "experiment", "settings", "other"
@@ -259,12 +259,12 @@ def overlapping_words(plots: list[pg.PlotItem]) -> list[str]:
 
 def read_plot(plot: pg.PlotItem, bars: list[pg.ColorBarItem]) -> ChartReading:
     box = plot.getViewBox()
-    data = [i for i in box.addedItems if i.isVisible() and _draws_data(i)]
+    data = [i for i in box.addedItems if i.isVisible() and draws_data(i)]
     numbers = [side + " axis" for side in ("bottom", "left") if plot.getAxis(side).isVisible()
                and plot.getAxis(side).style.get("showValues", True)]
     for bar in bars:
         images = bar.img_list if hasattr(bar, "img_list") else []
-        if any(_draws_data(ref()) for ref in images if ref() is not None and ref() in box.addedItems):
+        if any(draws_data(ref()) for ref in images if ref() is not None and ref() in box.addedItems):
             continue
         if any(ref() is not None and ref() in box.addedItems for ref in images):
             axis = bar.getAxis("right")
@@ -291,14 +291,6 @@ def read_plot(plot: pg.PlotItem, bars: list[pg.ColorBarItem]) -> ChartReading:
         words.append(plain(label.text))
     name = plain(title) or plot.getAxis("left").labelText or "chart"
     return ChartReading(name, bool(data), tuple(numbers), tuple(words), tuple(clipped))
-
-
-def _draws_data(item: object) -> bool:
-    if isinstance(item, pg.ImageItem):
-        return item.isVisible() and item.image is not None and item.image.size > 0
-    if isinstance(item, (pg.BarGraphItem, pg.PlotDataItem, pg.PlotCurveItem, pg.ScatterPlotItem)):
-        return item.isVisible() and has_data(item)
-    return False
 
 
 # --- the rules -------------------------------------------------------------------------------------------------

@@ -166,6 +166,10 @@ class Chart(TimedGraphics):
         self._least = pixels
         self.setMinimumHeight(0 if self.theme.lecture else pixels)
 
+    def shows_data(self) -> bool:
+        """Whether anything on the plot is data (what decides that its axes may print numbers)."""
+        return any(draws_data(item) for item in self.plot.items)
+
     def prune_legend(self) -> None:
         """Take out of the legend every series that has no data: "(measured)" never labels an empty line."""
         if self.legend is None:
@@ -222,6 +226,16 @@ def label_offsets(points: list[tuple[float, float]], sizes: list[tuple[float, fl
         placed.append((x0, y0, x1, y1))
         anchors.append((x0 - point[0], y0 - point[1]))
     return anchors
+
+
+def draws_data(item: object) -> bool:
+    """Whether a plot item shows data: an image with pixels, or a visible series with points or bars (an axis line
+    or a label is not data)."""
+    if isinstance(item, pg.ImageItem):
+        return item.isVisible() and item.image is not None and item.image.size > 0
+    if isinstance(item, (pg.BarGraphItem, pg.PlotDataItem, pg.PlotCurveItem, pg.ScatterPlotItem)):
+        return item.isVisible() and has_data(item)
+    return False
 
 
 def has_data(item: pg.GraphicsObject) -> bool:

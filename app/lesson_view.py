@@ -35,10 +35,12 @@ from app.phase import elapsed, experiment_phase, plural
 from app.run_settings import LessonChoices
 from app.setting_widgets import control, int_range
 from app.store import ExperimentRecord, RunStore
+from engine.facts import vocabulary
 from engine.facts.contention import busy, busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import LessonResult, LessonSettings
 from engine.facts.validation import MISSING, FieldShape, shapes
+from engine.facts.vocabulary import LessonPoint
 from engine.run.experiment import Lesson
 
 
@@ -216,17 +218,16 @@ _NOTHING_SHOWN = object()   # what ``refresh`` last drew before its first call: 
 
 class LessonView(QWidget):
     """The shell every lesson's tab shares. Subclasses set ``lesson`` and ``axes`` (x quantity, x unit, y
-    quantity, y unit) and ``columns`` (point value, heading, format), and implement ``draw`` (the chart from the
-    record) and ``explanation`` (rich text from the typed result). The scene's one-line claim is the lesson
-    module's ``caption(record, context)``."""
+    quantity, y unit) and ``point`` (the lesson's point type its table lists: the columns are its declared
+    ``Column``s), and implement ``draw`` (the chart from the record) and ``explanation`` (rich text from the typed
+    result). The scene's one-line claim is the lesson module's ``caption(record, context)``."""
 
     run_requested = Signal(str)
     cancel_requested = Signal()
     lesson: ClassVar[Lesson]
     axes: ClassVar[tuple[str, str | None, str, str | None]] = ("", None, "", None)
-    columns: ClassVar[list[tuple[str, str, str]]] = []
+    point: ClassVar[type[LessonPoint] | None] = None           # what the table lists (None: no table rows)
     presets: ClassVar[dict[str, list[tuple[str, object]]]] = {}
-    table_series: ClassVar[tuple[str, ...] | None] = None     # the points' series the table lists (None: all)
     in_tabs: ClassVar[bool] = True          # the chat comparison lives in the Chat panel instead
     scene_charts: ClassVar[tuple[str, ...]] = ("chart",)     # the charts its scene is read by, as attributes
 
@@ -269,8 +270,9 @@ class LessonView(QWidget):
         self.explain = QLabel()
         self.explain.setWordWrap(True)
         self.explain.setTextFormat(Qt.TextFormat.RichText)
+        self.columns = vocabulary.columns(self.point) if self.point is not None else []
         self.table = QTableWidget(0, len(self.columns))
-        self.table.setHorizontalHeaderLabels([c[1] for c in self.columns])
+        self.table.setHorizontalHeaderLabels([column.label for _name, column in self.columns])
         self.table.verticalHeader().setVisible(False)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.setMaximumHeight(170)
@@ -298,9 +300,10 @@ class LessonView(QWidget):
         """A few sentences (rich text, escaped) on what the finished result shows."""
         return ""
 
-    def cell(self, record: ExperimentRecord, point: Any, key: str) -> object:
-        """The value shown in the table for ``key`` of ``point`` (a lesson can name or convert it)."""
-        return point.values.get(key)
+    def cell(self, record: ExperimentRecord, point: Any, name: str) -> str | None:
+        """The words shown in the table for figure ``name`` of the typed ``point`` where its declared format
+        cannot say them (an index into the result's names); None: the declared format."""
+        return None
 
     def style_charts(self, theme: th.Theme) -> None:
         x, xu, y, yu = self.axes
@@ -360,22 +363,21 @@ class LessonView(QWidget):
             note = busy_note(record.result.lowest_cpu_share) if record.result is not None else ""
             self.explain.setText(words + (f" <i>Note: {note}.</i>" if note else ""))
             self._fill_table(record)
-        drawn = bool(record.points or record.passes or record.tables) or any(
-            run is not None and run.n_steps for run in map(self.store.find, record.run_ids))
-        for chart in charts:
+        for chart in charts:                    # each chart's axes print numbers only where it draws data
             chart.prune_legend()
-            chart.set_empty(None if drawn else f"Measuring the first point: {elapsed(phase.elapsed_ms)} so far"
-                            + (f" · {phase.message}" if phase.message else "") if not phase.ended else
+            chart.set_empty(None if chart.shows_data() else f"Measuring the first point: {elapsed(phase.elapsed_ms)} "
+                            "so far" + (f" · {phase.message}" if phase.message else "") if not phase.ended else
                             phase.words()[:1].upper() + phase.words()[1:])
 
     def _fill_table(self, record: ExperimentRecord) -> None:
-        points = [p for p in record.points if (p.series in self.table_series if self.table_series is not None
-                                               else p.series != "skipped")]
+        points = record.typed(self.point) if self.point is not None else []
         self.table.setRowCount(len(points))
         for row, point in enumerate(points):
-            for col, (key, _title, fmt) in enumerate(self.columns):
-                value = self.cell(record, point, key)
-                self.table.setItem(row, col, QTableWidgetItem("" if value is None else fmt.format(value)))
+            for col, (name, column) in enumerate(self.columns):
+                words = self.cell(record, point, name)
+                value = getattr(point, name)
+                text = words if words is not None else "" if value is None else column.cell(value)
+                self.table.setItem(row, col, QTableWidgetItem(text))
         self.table.resizeColumnsToContents()
 
     def result(self) -> LessonResult | None:

@@ -10,27 +10,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 
+from engine.facts import vocabulary
 from engine.facts.events import (
     AttentionStep,
-    BlockTable,
-    DraftPass,
     ExperimentFailed,
     ExperimentFinished,
     ExperimentPoint,
     ExperimentProgress,
     ExperimentStarted,
     HardwarePeaks,
-    KVBlocks,
     KVNorms,
     LayerTimes,
     LessonResult,
     LessonSettings,
     ModelFacts,
     PrefillDone,
-    RequestBlocks,
     RunFailed,
     RunFinished,
     RunStarted,
@@ -39,6 +37,10 @@ from engine.facts.events import (
     TokenStep,
 )
 from engine.facts.tally import RunTally
+from engine.facts.vocabulary import LessonEvent, LessonPoint
+
+E = TypeVar("E", bound=LessonEvent)
+P = TypeVar("P", bound=LessonPoint)
 
 STEP_FIELDS = ("t_ms", "latency_ms", "forward_ms", "prob", "raw_prob", "kv_bytes", "waited_ms")
 
@@ -238,9 +240,7 @@ class ExperimentRecord:
         self.arrived = clock()                     # when its start reached the window
         self.events: list[object] = [started]
         self.points: list[ExperimentPoint] = []
-        self.passes: list[DraftPass] = []          # speculative decoding: every verification pass
-        self.tables: list[BlockTable] = []         # paged KV: the block table after every step
-        self.blocks: list[KVBlocks | RequestBlocks] = []   # a serving engine's KV events, and each request's walk
+        self._by_type: dict[type, list[object]] = {}      # the lesson's own events, by class
         self.progress: ExperimentProgress | None = None
         self.end: ExperimentFinished | ExperimentFailed | None = None
         self.run_ids: list[str] = []
@@ -271,19 +271,23 @@ class ExperimentRecord:
         self.events.append(event)
         if isinstance(event, ExperimentPoint):
             self.points.append(event)
-        elif isinstance(event, DraftPass):
-            self.passes.append(event)
-        elif isinstance(event, BlockTable):
-            self.tables.append(event)
-        elif isinstance(event, (KVBlocks, RequestBlocks)):
-            self.blocks.append(event)
+        elif isinstance(event, LessonEvent):
+            self._by_type.setdefault(type(event), []).append(event)
         elif isinstance(event, ExperimentProgress):
             self.progress = event
         elif isinstance(event, (ExperimentFinished, ExperimentFailed)):
             self.end = event
 
-    def series(self, name: str, key: str) -> np.ndarray:
-        return np.array([p.values[key] for p in self.points if p.series == name and key in p.values], dtype=float)
+    def of(self, *kinds: type[E]) -> list[E]:
+        """The lesson's own events of these classes (``engine.facts.vocabulary.LessonEvent``), in the order they
+        came."""
+        if len(kinds) == 1:
+            return list(self._by_type.get(kinds[0], ()))
+        return [e for e in self.events if isinstance(e, kinds)]
+
+    def typed(self, kind: type[P]) -> list[P]:
+        """The points that are ``kind`` (a lesson's declared ``LessonPoint``), typed, in order."""
+        return vocabulary.of(self.points, kind)
 
 
 class RunStore:

@@ -149,3 +149,14 @@ def test_folders_found_from_a_modules_place_are_those_of_the_tree_it_runs_from()
 
     assert resources_dir() == ROOT / "resources"
     assert Path(_package_root().split(os.pathsep)[0]) == ROOT
+
+
+def test_no_window_lesson_reads_a_point_by_a_figures_name():
+    """The window reads a lesson's points typed (``record.typed(ThePoint)``), so a figure's name is written once,
+    on the point's field: no ``point.values["name"]`` in a window lesson."""
+    import re
+
+    untyped = re.compile(r"\.values\[\s*[\"']|\.values\.get\(")
+    found = [f"{path.relative_to(ROOT)}:{number}" for path in (ROOT / "app" / "lessons").glob("*.py")
+             for number, line in enumerate(path.read_text().splitlines(), 1) if untyped.search(line)]
+    assert not found, found

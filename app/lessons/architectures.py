@@ -15,7 +15,7 @@ from app.lesson_view import LessonView, Scene, WindowLesson
 from app.store import ExperimentRecord
 from engine.facts import kvformula
 from engine.lessons import architectures
-from engine.lessons.architectures import BY_NAME, CONTEXTS, ArchitecturesResult
+from engine.lessons.architectures import AT_CONTEXTS, BY_NAME, CONTEXTS, ArchitecturesResult, DesignPoint
 
 SHADES = (th.PREFILL, th.DECODE, th.CACHE_OFF)          # 4k, 32k, 128k
 
@@ -38,9 +38,7 @@ class ArchitecturesView(LessonView):
     lesson = architectures.LESSON
     scene_charts = ("chart", "contexts_chart")
     axes = ("KV per token (log scale, measured)", None, "", None)
-    columns = [("index", "design", "{}"), ("measured", "KV/token measured", "{}"), ("formula", "formula", "{}"),
-               ("state", "state", "{}"), ("at_4k", "at 4k", "{}"), ("at_32k", "at 32k", "{}"),
-               ("at_128k", "at 128k", "{}")]
+    point = DesignPoint
 
     def build(self) -> None:
         self.contexts_chart = Chart("The whole model at 4k, 32k and 128k positions (computed)")
@@ -53,32 +51,29 @@ class ArchitecturesView(LessonView):
         self.contexts_chart.style(theme, "whole model (log scale, computed)", None, "", None)
         self.contexts_chart.plot.hideAxis("left")
 
-    def cell(self, record: ExperimentRecord, point, key: str) -> object:
-        value = point.values.get(key)
-        if key == "index":
-            return self._names(record)[int(value)] if value is not None else None
-        return kvformula.format_bytes(value) if value is not None else None
+    def cell(self, record: ExperimentRecord, point: DesignPoint, name: str) -> str | None:
+        return self._names(record)[point.index] if name == "index" else None
 
     def _names(self, record: ExperimentRecord) -> list[str]:
         return list(record.settings.designs)
 
     def draw(self, record: ExperimentRecord) -> None:
-        points = [p.values for p in record.points if p.series == "design"]
+        points = record.typed(DesignPoint)
         if not points:
             return
         names = self._names(record)
-        rows = [int(p["index"]) for p in points]
-        measured = [math.log2(max(p["measured"], 1)) for p in points]
+        rows = [p.index for p in points]
+        measured = [math.log2(max(p.measured, 1)) for p in points]
         self.chart.add(pg.BarGraphItem(x0=[0] * len(points), width=measured, y=rows, height=0.6,
                                        brush=th.DECODE, pen=None), "KV per token, every layer (measured)")
         for value, row, p in zip(measured, rows, points):          # at the bar's end, inside the plot
-            self.chart.label_point(kvformula.format_bytes(p["measured"]), value, row, marker=4.0)
+            self.chart.label_point(kvformula.format_bytes(p.measured), value, row, marker=4.0)
         self.plot.getAxis("left").setTicks([[(row, names[row]) for row in rows], []])
         self.plot.getAxis("bottom").setTicks([log_ticks(min(2 ** v for v in measured), max(2 ** v for v in measured),
                                                         most=4), []])
         self.plot.invertY(True)
         self.plot.setXRange(min(measured) - 2, max(measured) + 3, padding=0)
-        sizes = [[p.get(f"at_{c // 1024}k", 0.0) for p in points] for c in CONTEXTS]
+        sizes = [[getattr(p, name) for p in points] for name in AT_CONTEXTS]
         for i, (context, values, colour) in enumerate(zip(CONTEXTS, sizes, SHADES)):
             logs = [math.log2(max(v, 1)) for v in values]
             self.contexts_chart.add(pg.BarGraphItem(x0=[0] * len(points), width=logs,

@@ -9,24 +9,22 @@ from app import theme as th
 from app.lesson_view import LessonView, Scene, WindowLesson, add_labels
 from app.store import ExperimentRecord
 from engine.lessons import batch
-from engine.lessons.batch import BatchResult, latency_words
+from engine.lessons.batch import BatchPoint, BatchResult, latency_words
 
 
 class BatchView(LessonView):
     lesson = batch.LESSON
     axes = ("per-token latency of each request", "ms", "throughput of all requests", "tok/s")
-    columns = [("batch", "batch", "{:,.0f}"), ("ttft_ms", "TTFT ms", "{:,.1f}"),
-               ("per_token_ms", "per-token ms", "{:,.2f}"), ("decode_tok_s", "decode tok/s (all)", "{:,.1f}"),
-               ("request_latency_ms", "request latency ms", "{:,.0f}")]
+    point = BatchPoint
 
     def draw(self, record: ExperimentRecord) -> None:
-        x, y = record.series("batch", "per_token_ms"), record.series("batch", "decode_tok_s")
-        if not len(x):
+        points = [p for p in record.typed(BatchPoint) if p.per_token_ms is not None]
+        if not points:
             return
+        x, y = [p.per_token_ms for p in points], [p.decode_tok_s for p in points]
         self.chart.add(pg.PlotDataItem(x, y, pen=pg.mkPen(th.DECODE, width=self.theme.line_width * 1.5), symbol="o",
                                        symbolBrush=th.DECODE), "batch sizes (measured)")
-        add_labels(self.chart, [(xi, yi, f"B={int(b)}") for xi, yi, b in
-                                            zip(x, y, record.series("batch", "batch"))])
+        add_labels(self.chart, [(p.per_token_ms, p.decode_tok_s, f"B={p.batch}") for p in points])
 
     def explanation(self, record: ExperimentRecord) -> str:
         r: BatchResult = record.result

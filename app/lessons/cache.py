@@ -11,18 +11,14 @@ from app.lesson_view import CONTROLS_PROMPT, LessonView, Scene, WindowLesson, to
 from app.store import ExperimentRecord
 from engine.facts import costmodel
 from engine.lessons import cache
-from engine.lessons.cache import CacheResult
+from engine.lessons.cache import CachePoint, CacheResult
 
 
 class CacheView(LessonView):
     lesson = cache.LESSON
     axes = ("decode step", None, "latency", "ms")
-    columns = [("kv_cache", "KV cache", "{}"), ("ttft_ms", "TTFT ms", "{:,.1f}"), ("decode_ms", "decode ms", "{:,.1f}"),
-               ("decode_tok_s", "decode tok/s", "{:,.2f}"), ("generated", "tokens", "{:,.0f}")]
+    point = CachePoint
     presets = {"prompt": [("the first sample prompt", None), ("the prompt in Controls", CONTROLS_PROMPT)]}
-
-    def cell(self, record: ExperimentRecord, point, key: str) -> object:
-        return ("on" if point.values.get(key) else "off") if key == "kv_cache" else point.values.get(key)
 
     def latencies(self, record: ExperimentRecord) -> dict[bool, np.ndarray]:
         runs = [r for r in (self.store.find(run_id) for run_id in record.run_ids) if r is not None]

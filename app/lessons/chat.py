@@ -14,22 +14,22 @@ from app.lesson_view import Scene, WindowLesson
 from app.store import ExperimentRecord
 from engine.facts import contention
 from engine.lessons import chat
-from engine.lessons.chat import ChatResult
+from engine.lessons.chat import ChatResult, TurnPoint
 
 
 def draw(chart: Chart, record: ExperimentRecord, width: float) -> None:
-    for reuse, colour in ((1.0, th.DECODE), (0.0, th.CACHE_OFF)):
-        points = [p.values for p in record.points if p.values.get("reuse") == reuse]
+    for reuse, colour in ((True, th.DECODE), (False, th.CACHE_OFF)):
+        points = [p for p in record.typed(TurnPoint) if p.reuse == reuse]
         if not points:
             continue
         by_turn: dict[int, list[float]] = {}
         for p in points:
-            by_turn.setdefault(int(p["turn"]), []).append(p["ttft_ms"])
+            by_turn.setdefault(p.turn, []).append(p.ttft_ms)
         turns = sorted(by_turn)
         medians = [sorted(v)[len(v) // 2] for v in (by_turn[t] for t in turns)]
         chart.add(pg.PlotDataItem(turns, medians, pen=th.run_pen(colour, width, not reuse)),
                   f"reuse {'on' if reuse else 'off'} (measured, median of repeats)")
-        chart.add(pg.ScatterPlotItem([int(p["turn"]) for p in points], [p["ttft_ms"] for p in points], size=8,
+        chart.add(pg.ScatterPlotItem([p.turn for p in points], [p.ttft_ms for p in points], size=8,
                                      brush=colour, pen=None))
 
 

@@ -11,16 +11,13 @@ from app.chart import Chart
 from app.lesson_view import Joins, LessonView, WindowLesson, token_note
 from app.store import ExperimentRecord
 from engine.lessons import continuous
-from engine.lessons.continuous import ContinuousResult
+from engine.lessons.continuous import POLICY_WORDS, BatchSizePoint, ContinuousResult, RequestPoint
 
 
 class ContinuousView(LessonView):
     lesson = continuous.LESSON
     axes = ("time since the first arrival", "ms", "requests", None)
-    columns = [("policy", "policy", "{}"), ("index", "request", "{:,.0f}"), ("prompt_tokens", "prompt", "{:,.0f}"),
-               ("new_tokens", "new", "{:,.0f}"), ("queue_ms", "waited ms", "{:,.1f}"), ("ttft_ms", "TTFT ms",
-               "{:,.1f}"), ("e2e_ms", "end-to-end ms", "{:,.1f}")]
-    table_series = ("request",)                          # the batch-size samples are charted, not tabled
+    point = RequestPoint                                 # the batch-size samples are charted, not tabled
 
     def build(self) -> None:
         self.sizes_chart = Chart("Batch size over time")
@@ -40,31 +37,27 @@ class ContinuousView(LessonView):
         for plot in (self.plot, self.sizes_chart.plot):          # same left edge, so the time axes line up
             plot.getAxis("left").setWidth(int(theme.base_pt * 11))
 
-    def cell(self, record: ExperimentRecord, point, key: str) -> object:
-        if key == "policy":
-            return "continuous" if point.values.get("policy") else "static"
-        return point.values.get(key)
-
     def draw(self, record: ExperimentRecord) -> None:
-        requests = [p.values for p in record.points if p.series == "request"]
-        n = record.settings.requests or max((int(r["index"]) + 1 for r in requests), default=0)
+        requests = record.typed(RequestPoint)
+        n = record.settings.requests or max((r.index + 1 for r in requests), default=0)
         ticks = []
-        for policy, offset in ((1.0, 0), (0.0, n + 1)):
-            rows = [r for r in requests if r["policy"] == policy]
-            for name, start, end, colour in (("waiting", "arrival_ms", "admitted_ms", th.WAITING),
-                                             ("prefill", "admitted_ms", "first_token_ms", th.PREFILL),
-                                             ("decode", "first_token_ms", "done_ms", th.DECODE)):
+        for policy, offset in ((True, 0), (False, n + 1)):
+            rows = [r for r in requests if r.policy == policy]
+            for name, stretch, colour in (("waiting", lambda r: (r.arrival_ms, r.admitted_ms), th.WAITING),
+                                          ("prefill", lambda r: (r.admitted_ms, r.first_token_ms), th.PREFILL),
+                                          ("decode", lambda r: (r.first_token_ms, r.done_ms), th.DECODE)):
                 if rows:
-                    bars = pg.BarGraphItem(x0=[r[start] for r in rows],
-                                           width=[max(r[end] - r[start], 0.0) for r in rows],
-                                           y=[offset + r["index"] for r in rows], height=0.7, brush=colour, pen=None)
-                    self.chart.add(bars, name if policy == 1.0 else None)
-            label = "continuous" if policy else "static"
+                    spans = [stretch(r) for r in rows]
+                    bars = pg.BarGraphItem(x0=[start for start, _end in spans],
+                                           width=[max(end - start, 0.0) for start, end in spans],
+                                           y=[offset + r.index for r in rows], height=0.7, brush=colour, pen=None)
+                    self.chart.add(bars, name if policy else None)
+            label = POLICY_WORDS[policy]
             ticks.append((offset + (n - 1) / 2, label))
-            sizes = [p.values for p in record.points if p.series == "batch" and p.values["policy"] == policy]
+            sizes = [p for p in record.typed(BatchSizePoint) if p.policy == policy]
             if sizes:
-                t = np.array([0.0] + [p["t_ms"] for p in sizes])
-                b = np.array([sizes[0]["batch_size"]] + [p["batch_size"] for p in sizes])
+                t = np.array([0.0] + [p.t_ms for p in sizes])
+                b = np.array([sizes[0].batch_size] + [p.batch_size for p in sizes])
                 self.sizes_chart.add(pg.PlotDataItem(np.repeat(t, 2)[1:], np.repeat(b, 2)[:-1],  # a step: the size
                                                      pen=th.run_pen(th.DECODE if policy else th.CACHE_OFF,  # holds
                                                                     self.theme.line_width, not policy)),  # until the

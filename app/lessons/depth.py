@@ -13,31 +13,24 @@ from app.lesson_view import LessonView, Scene, WindowLesson
 from app.store import ExperimentRecord
 from engine.facts import kvformula
 from engine.lessons import depth
-from engine.lessons.depth import DepthResult
+from engine.lessons.depth import DepthPoint, DepthResult
 
 
 class DepthView(LessonView):
     lesson = depth.LESSON
     axes = ("positions in the cache", "tokens", "decode step", "ms")
-    columns = [("depth", "depth (positions)", "{:,.0f}"), ("decode_ms", "decode ms/step", "{:,.2f}"),
-               ("attention_ms", "attention ms", "{:,.2f}"), ("kv_bytes", "KV held (measured)", "{}"),
-               ("kv_formula_bytes", "KV formula (computed)", "{}"), ("prefill_ms", "prefill ms", "{:,.0f}")]
-
-    def cell(self, record: ExperimentRecord, point, key: str) -> object:
-        value = point.values.get(key)
-        if key in ("kv_bytes", "kv_formula_bytes") and value is not None:
-            return kvformula.format_bytes(int(value))
-        return value
+    point = DepthPoint
 
     def draw(self, record: ExperimentRecord) -> None:
-        x = record.series("depth", "depth")
-        if not len(x):
+        points = record.typed(DepthPoint)
+        if not points:
             return
+        x = np.array([p.depth for p in points], dtype=float)
         width = self.theme.line_width * 1.5
-        step = record.series("depth", "decode_ms")
+        step = np.array([p.decode_ms for p in points])
         self.chart.add(pg.PlotDataItem(x, step, pen=pg.mkPen(th.DECODE, width=width), symbol="o",
                                        symbolBrush=th.DECODE), "decode step (measured)")
-        attention = record.series("depth", "attention_ms")
+        attention = np.array([p.attention_ms for p in points if p.attention_ms is not None])
         if len(attention) == len(x):
             self.chart.add(pg.PlotDataItem(x, attention, pen=pg.mkPen(th.CHOSEN, width=width), symbol="s",
                                            symbolBrush=th.CHOSEN), "in attention (measured)")

@@ -13,26 +13,23 @@ from app.lesson_view import LessonView, Scene, WindowLesson, token_note
 from app.store import ExperimentRecord
 from engine.facts import kvformula
 from engine.lessons import disaggregation
-from engine.lessons.disaggregation import MODES, DisaggregationResult
+from engine.lessons.disaggregation import MODES, DisaggregationResult, GapPoint, ServedPoint
 
 HANDOVER = th.CHOSEN
 
 
-def watched(requests: list[dict]) -> int | None:
+def watched(requests: list[ServedPoint]) -> int | None:
     """The short request a long prefill held back the most when colocated: the one whose gaps tell the story."""
-    short = [r for r in requests if r["mode"] == 0 and r["prompt_tokens"] == min(q["prompt_tokens"] for q in requests)]
-    best = max(short, key=lambda r: r.get("max_gap_ms", 0.0), default=None)
-    return int(best["index"]) if best is not None else None
+    shortest = min((q.prompt_tokens for q in requests), default=0)
+    short = [r for r in requests if r.mode == 0 and r.prompt_tokens == shortest]
+    best = max(short, key=lambda r: r.max_gap_ms or 0.0, default=None)
+    return best.index if best is not None else None
 
 
 class DisaggregationView(LessonView):
     lesson = disaggregation.LESSON
     axes = ("time since the first arrival", "ms", "", None)
-    table_series = ("request",)
-    columns = [("mode", "mode", "{}"), ("index", "request", "{:,.0f}"), ("prompt_tokens", "prompt", "{:,.0f}"),
-               ("ttft_ms", "TTFT ms", "{:,.1f}"), ("p50_gap_ms", "p50 gap ms", "{:,.1f}"),
-               ("max_gap_ms", "max gap ms", "{:,.1f}"), ("handover_ms", "hand-over ms", "{:,.1f}"),
-               ("handover_bytes", "bytes handed over", "{}")]
+    point = ServedPoint
 
     def build(self) -> None:
         self.gaps_chart = Chart("Inter-token gaps of one short request (measured)", legend_beside=True)
@@ -56,47 +53,40 @@ class DisaggregationView(LessonView):
         self.cost_chart.style(theme, "bytes handed over", "MiB", "hand-over", "ms")
         self.plot.getAxis("left").setStyle(textFillLimits=[(0, 1.0)])
 
-    def cell(self, record: ExperimentRecord, point, key: str) -> object:
-        value = point.values.get(key)
-        if key == "mode":
-            return MODES[int(value)]
-        if key == "handover_bytes":
-            return kvformula.format_bytes(int(value)) if value is not None else "-"
-        return value
-
     def draw(self, record: ExperimentRecord) -> None:
         """One row per request, colocated above disaggregated: its wait, its prefill, its hand-over, and a tick
         at each token it got; a long prefill in the colocated worker shows as a stretch with no ticks in every
         row that was decoding."""
-        requests = [p.values for p in record.points if p.series == "request"]
-        gaps = [p.values for p in record.points if p.series == "gap"]
-        n = record.settings.requests or max((int(r["index"]) + 1 for r in requests), default=0)
+        requests = record.typed(ServedPoint)
+        gaps = record.typed(GapPoint)
+        n = record.settings.requests or max((r.index + 1 for r in requests), default=0)
         result = record.result if isinstance(record.result, DisaggregationResult) else None
         ticks, shown = [], set()
         for m, mode in enumerate(MODES):
             offset = m * (n + 1)
-            rows = [r for r in requests if int(r["mode"]) == m]
-            for name, start, end, colour in (("waiting", "arrival_ms", "prefill_start_ms", th.WAITING),
-                                             ("prefill", "prefill_start_ms", "prefill_end_ms", th.PREFILL),
-                                             ("hand-over", "prefill_end_ms", "handover_ready_ms", HANDOVER)):
-                drawn = [r for r in rows if r.get(start) is not None and r.get(end) is not None]
+            rows = [r for r in requests if r.mode == m]
+            for name, stretch, colour in (("waiting", lambda r: (r.arrival_ms, r.prefill_start_ms), th.WAITING),
+                                          ("prefill", lambda r: (r.prefill_start_ms, r.prefill_end_ms), th.PREFILL),
+                                          ("hand-over", lambda r: (r.prefill_end_ms, r.handover_ready_ms), HANDOVER)):
+                drawn = [(r, *stretch(r)) for r in rows if None not in stretch(r)]
                 if drawn:
                     self.chart.add(pg.BarGraphItem(
-                        x0=[r[start] for r in drawn], width=[max(r[end] - r[start], 0.0) for r in drawn],
-                        y=[offset + r["index"] for r in drawn], height=0.7, brush=colour, pen=None),
+                        x0=[start for _r, start, _end in drawn],
+                        width=[max(end - start, 0.0) for _r, start, end in drawn],
+                        y=[offset + r.index for r, _start, _end in drawn], height=0.7, brush=colour, pen=None),
                         None if name in shown else f"{name} (measured)")
                     shown.add(name)
-            mine = [g for g in gaps if int(g["mode"]) == m]
+            mine = [g for g in gaps if g.mode == m]
             if mine:
-                self.chart.add(pg.ScatterPlotItem(x=[g["t_ms"] for g in mine],
-                                                  y=[offset + g["request"] for g in mine], symbol="|", size=10,
+                self.chart.add(pg.ScatterPlotItem(x=[g.t_ms for g in mine],
+                                                  y=[offset + g.request for g in mine], symbol="|", size=10,
                                                   pen=pg.mkPen(th.DECODE, width=1.5), brush=th.DECODE),
                                None if "token" in shown else "a decoded token")
                 shown.add("token")
             for r in rows:                         # the long requests' hand-overs carry their bytes
-                if r.get("handover_bytes") and r["prompt_tokens"] > min(q["prompt_tokens"] for q in rows):
-                    self.chart.label_point(kvformula.format_bytes(int(r["handover_bytes"])),
-                                           r["handover_ready_ms"], offset + r["index"], marker=6.0)
+                if r.handover_bytes and r.prompt_tokens > min(q.prompt_tokens for q in rows):
+                    self.chart.label_point(kvformula.format_bytes(r.handover_bytes), r.handover_ready_ms,
+                                           offset + r.index, marker=6.0)
             if result is not None and result.colocated_threads:
                 workers = (f"one worker, {result.colocated_threads} threads" if m == 0 else
                            f"{result.prefill_threads} + {result.decode_threads} threads")
@@ -109,34 +99,33 @@ class DisaggregationView(LessonView):
         self._draw_cost(record)
 
     def _draw_gaps(self, record: ExperimentRecord) -> None:
-        requests = [p.values for p in record.points if p.series == "request"]
+        requests = record.typed(ServedPoint)
         index = watched(requests)
         if index is None:
             return
         for m, mode in enumerate(MODES):
-            gaps = [p.values for p in record.points if p.series == "gap" and int(p.values["mode"]) == m
-                    and int(p.values["request"]) == index]
+            gaps = [g for g in record.typed(GapPoint) if g.mode == m and g.request == index]
             if gaps:                               # between a token and the next, the gap it waited: a step
-                first = next((r["prefill_end_ms"] for r in requests if int(r["mode"]) == m
-                              and int(r["index"]) == index), gaps[0]["t_ms"] - gaps[0]["gap_ms"])
-                self.gaps_chart.add(pg.PlotDataItem([first] + [g["t_ms"] for g in gaps], [g["gap_ms"] for g in gaps],
+                first = next((r.prefill_end_ms for r in requests if r.mode == m and r.index == index),
+                             gaps[0].t_ms - gaps[0].gap_ms)
+                self.gaps_chart.add(pg.PlotDataItem([first] + [g.t_ms for g in gaps], [g.gap_ms for g in gaps],
                                                     stepMode="center",
                                                     pen=th.run_pen(th.CACHE_OFF if m == 0 else th.DECODE,
                                                                    self.theme.line_width, m == 0)),
                                     f"request {index}, {mode}")
 
     def _draw_cost(self, record: ExperimentRecord) -> None:
-        handed = [p.values for p in record.points if p.series == "request" and p.values.get("handover_bytes")]
+        handed = [p for p in record.typed(ServedPoint) if p.handover_bytes]
         if not handed:
             return
-        self.cost_chart.add(pg.PlotDataItem([h["handover_bytes"] / 2**20 for h in handed],
-                                            [h["handover_ms"] for h in handed], pen=None, symbol="o",
+        self.cost_chart.add(pg.PlotDataItem([h.handover_bytes / 2**20 for h in handed],
+                                            [h.handover_ms for h in handed], pen=None, symbol="o",
                                             symbolSize=10, symbolBrush=HANDOVER, symbolPen=None),
                             "hand-over (measured)")
-        reading = [h for h in handed if h.get("transfer_ms")]
+        reading = [h for h in handed if h.transfer_ms]
         if reading:
-            self.cost_chart.add(pg.PlotDataItem([h["handover_bytes"] / 2**20 for h in reading],
-                                                [h["transfer_ms"] for h in reading], pen=None, symbol="t",
+            self.cost_chart.add(pg.PlotDataItem([h.handover_bytes / 2**20 for h in reading],
+                                                [h.transfer_ms for h in reading], pen=None, symbol="t",
                                                 symbolSize=10, symbolBrush=th.FORMULA, symbolPen=None),
                                 "of it, reading the bytes (measured)")
 

@@ -13,47 +13,36 @@ from app import theme as th
 from app.lesson_view import LessonView, WindowLesson
 from app.store import ExperimentRecord
 from engine.lessons import formats
-from engine.lessons.formats import FormatsSettings
+from engine.lessons.formats import FormatPoint, FormatsSettings
 
 
 class FormatsView(LessonView):
     lesson = formats.LESSON
     axes = ("weights", None, "decode throughput", "tok/s")
-    columns = [("index", "weights", "{}"), ("bytes_per_token", "MiB/token", "{:,.1f}"),
-               ("decode_tok_s", "decode tok/s", "{:,.1f}"), ("decode_ceiling_tok_s", "ceiling (computed)", "{:,.0f}"),
-               ("prefill_tok_s", "prefill tok/s", "{:,.0f}"), ("ttft_ms", "TTFT ms", "{:,.0f}"),
-               ("diverges_at", "tokens leave fp32 at", "{}"), ("perplexity", "perplexity", "{:,.2f}")]
-    table_series = ("format",)
+    point = FormatPoint
 
-    def cell(self, record: ExperimentRecord, point, key: str) -> object:
-        value = point.values.get(key)
-        if key == "index":
-            return name_of(record.settings, value)
-        if key == "bytes_per_token" and value is not None:
-            return value / 2**20
-        if key == "diverges_at" and value is not None:
-            return "never" if value < 0 else f"step {int(value)}"
-        return value
+    def cell(self, record: ExperimentRecord, point: FormatPoint, name: str) -> str | None:
+        return name_of(record.settings, point.index) if name == "index" else None
 
     def draw(self, record: ExperimentRecord) -> None:
-        points = [p.values for p in record.points if p.series == "format"]
+        points = record.typed(FormatPoint)
         if not points:
             return
         x = np.arange(len(points))
-        ceilings = [(i, v["decode_ceiling_tok_s"]) for i, v in enumerate(points) if "decode_ceiling_tok_s" in v]
+        ceilings = [(i, p.decode_ceiling_tok_s) for i, p in enumerate(points) if p.decode_ceiling_tok_s is not None]
         if ceilings:                                # none from a busy machine's measurement
             self.chart.add(pg.BarGraphItem(x=[i for i, _ in ceilings], height=[c for _, c in ceilings], width=0.7,
                                            brush=None, pen=pg.mkPen(th.FORMULA, width=2,
                                                                     style=Qt.PenStyle.DashLine)),
                            "bandwidth ceiling (computed)")
-        self.chart.add(pg.BarGraphItem(x=x, height=[v["decode_tok_s"] for v in points], width=0.45, brush=th.DECODE,
+        self.chart.add(pg.BarGraphItem(x=x, height=[p.decode_tok_s for p in points], width=0.45, brush=th.DECODE,
                                        pen=None), "decode (measured)")
-        self.plot.getAxis("bottom").setTicks([[(i, name_of(record.settings, v["index"])) for i, v in
+        self.plot.getAxis("bottom").setTicks([[(i, name_of(record.settings, p.index)) for i, p in
                                                enumerate(points)]])
 
     def explanation(self, record: ExperimentRecord) -> str:
-        points = [p.values for p in record.points if p.series == "format"]
-        lines = [format_line(name_of(record.settings, v["index"]), v) for v in points]
+        points = record.typed(FormatPoint)
+        lines = [format_line(name_of(record.settings, p.index), p.values()) for p in points]
         if record.result.measured:
             lines.append("Decode reads every weight once per token: fewer bytes, faster decode; prefill is arithmetic "
                          "and gains far less. The smaller formats pay in perplexity (measured on a held paragraph).")

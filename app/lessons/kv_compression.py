@@ -15,7 +15,14 @@ from app.lesson_view import CONTROLS_PROMPT, LessonView, Scene, WindowLesson
 from app.store import ExperimentRecord
 from engine.facts import kvformula
 from engine.lessons import kv_compression
-from engine.lessons.kv_compression import CompressionResult, MethodFigures, departure_text
+from engine.lessons.kv_compression import (
+    ChannelPoint,
+    CompressionResult,
+    MethodFigures,
+    MethodPoint,
+    StepPoint,
+    departure_text,
+)
 
 KL_FLOOR = 1e-6               # a log axis has no zero: a KL below this is drawn at it
 
@@ -40,12 +47,8 @@ class CompressionView(LessonView):
     lesson = kv_compression.LESSON
     scene_charts = ("chart", "steps_chart")
     axes = ("KV cache held", "MiB", "KL per token", "nats")
-    table_series = ("method",)
+    point = MethodPoint
     presets = {"prompt": [("the sample long document", None), ("the prompt in Controls", CONTROLS_PROMPT)]}
-    columns = [("index", "cache", "{}"), ("bytes", "bytes held", "{}"), ("ratio", "fewer bytes", "{:,.2f}x"),
-               ("kl_mean", "KL mean (nats)", "{:.2e}"), ("kl_max", "KL max", "{:.2e}"),
-               ("agreement", "top-1 agrees", "{:.1%}"), ("departure", "free-running departs at", "{}"),
-               ("decode_ms", "ms/step (this CPU)", "{:,.1f}")]
 
     def build(self) -> None:
         self.steps_chart = Chart("KL per step as the context grows (measured)")
@@ -72,37 +75,33 @@ class CompressionView(LessonView):
         self.kept_chart.style(theme, "position", "tokens", "", None)
         self.channel_chart.style(theme, "channel of the head", None, "largest |key|", None)
 
-    def cell(self, record: ExperimentRecord, point, key: str) -> object:
-        value = point.values.get(key)
+    def cell(self, record: ExperimentRecord, point: MethodPoint, name: str) -> str | None:
         names = record.settings.methods
-        if key == "index" and value is not None and int(value) < len(names):
-            return names[int(value)]
-        if key == "bytes" and value is not None:
-            return kvformula.format_bytes(int(value))
-        if key == "departure":
-            return f"token {int(value) + 1}" if value is not None else "none"
-        return value
+        if name == "index" and point.index < len(names):
+            return names[point.index]
+        if name == "departure" and point.departure is None:
+            return "none"
+        return None
 
     def draw(self, record: ExperimentRecord) -> None:
         names = record.settings.methods
-        methods = [p.values for p in record.points if p.series == "method"]
-        reference = next((m for m in methods if names[int(m["index"])] == "full"), None)
-        others = [m for m in methods if names[int(m["index"])] != "full"]
+        methods = record.typed(MethodPoint)
+        reference = next((m for m in methods if names[m.index] == "full"), None)
+        others = [m for m in methods if names[m.index] != "full"]
         if reference is not None:                 # KL 0 has no place on a log axis: a line at its bytes
-            kls = [max(m["kl_mean"], KL_FLOOR) for m in others] or [KL_FLOOR * 10]
-            x = reference["bytes"] / 2**20
+            kls = [max(m.kl_mean, KL_FLOOR) for m in others] or [KL_FLOOR * 10]
+            x = reference.bytes / 2**20
             self.chart.add(pg.PlotDataItem([x, x], [min(kls) / 10, max(kls) * 10], pen=pg.mkPen(
                 th.FORMULA, width=self.theme.line_width, style=Qt.PenStyle.DashLine)))
-            self.chart.label_point(f"full precision: {kvformula.format_bytes(int(reference['bytes']))} (KL 0)", x,
+            self.chart.label_point(f"full precision: {kvformula.format_bytes(reference.bytes)} (KL 0)", x,
                                    float(np.log10(max(kls) * 10)), marker=0)
         for m in others:                          # PlotDataItems: they follow the log axis (a scatter does not)
-            name = names[int(m["index"])]
-            self.chart.add(pg.PlotDataItem([m["bytes"] / 2**20], [max(m["kl_mean"], KL_FLOOR)], pen=None,
+            name = names[m.index]
+            self.chart.add(pg.PlotDataItem([m.bytes / 2**20], [max(m.kl_mean, KL_FLOOR)], pen=None,
                                            symbol="o", symbolSize=14, symbolBrush=colour(name, names),
                                            symbolPen=None))
         for m in others:                          # labels sit in view coordinates: log10 on a log axis
-            self.chart.label_point(short(names[int(m["index"])]), m["bytes"] / 2**20,
-                                   float(np.log10(max(m["kl_mean"], KL_FLOOR))))
+            self.chart.label_point(short(names[m.index]), m.bytes / 2**20, float(np.log10(max(m.kl_mean, KL_FLOOR))))
         self._draw_steps(record, names)
         self._draw_channels(record)
         result = record.result if isinstance(record.result, CompressionResult) else None
@@ -110,26 +109,26 @@ class CompressionView(LessonView):
             self._draw_kept(result)
 
     def _draw_steps(self, record: ExperimentRecord, names: tuple[str, ...]) -> None:
-        steps = [p.values for p in record.points if p.series == "step"]
-        for index in sorted({int(p["method"]) for p in steps}):
+        steps = record.typed(StepPoint)
+        for index in sorted({p.method for p in steps}):
             name = names[index]
             if name == "full":
                 continue
-            mine = [p for p in steps if int(p["method"]) == index]
+            mine = [p for p in steps if p.method == index]
             dashed = name.startswith(("sinks", "h2o"))
-            self.steps_chart.add(pg.PlotDataItem([p["step"] + 1 for p in mine],
-                                                 [max(p["kl"], KL_FLOOR) for p in mine],
+            self.steps_chart.add(pg.PlotDataItem([p.step + 1 for p in mine],
+                                                 [max(p.kl, KL_FLOOR) for p in mine],
                                                  pen=th.run_pen(colour(name, names), self.theme.line_width, dashed)),
                                  short(name))
 
     def _draw_channels(self, record: ExperimentRecord) -> None:
-        channels = [p.values for p in record.points if p.series == "channel"]
+        channels = record.typed(ChannelPoint)
         if not channels:
             return
-        x = [p["channel"] for p in channels]
-        self.channel_chart.add(pg.BarGraphItem(x=x, height=[p["absmax"] for p in channels], width=0.8,
+        x = [p.channel for p in channels]
+        self.channel_chart.add(pg.BarGraphItem(x=x, height=[p.absmax for p in channels], width=0.8,
                                                brush=th.FORMULA, pen=None), "as written")
-        rotated = [p.get("absmax_rotated") for p in channels]
+        rotated = [p.absmax_rotated for p in channels]
         if all(v is not None for v in rotated):
             self.channel_chart.add(pg.PlotDataItem(x, rotated, pen=None, symbol="o", symbolSize=6,
                                                    symbolBrush=th.CHOSEN, symbolPen=None), "after the rotation")

@@ -14,17 +14,14 @@ from app.lesson_view import LessonView, Scene, WindowLesson
 from app.store import ExperimentRecord
 from engine.facts import kvformula
 from engine.lessons import offload
-from engine.lessons.offload import OffloadResult, split_line
+from engine.lessons.offload import OffloadResult, SplitPoint, split_line
 
 
 class OffloadView(LessonView):
     lesson = offload.LESSON
     scene_charts = ("chart", "layers_chart")
     axes = ("decoder layers on disk", None, "decode", "tok/s")
-    columns = [("disk_layers", "layers on disk", "{:,.0f}"), ("decode_tok_s", "decode tok/s (measured)", "{:,.1f}"),
-               ("predicted_decode_tok_s", "predicted tok/s", "{:,.1f}"),
-               ("disk_bytes_per_token", "read per token", "{}"), ("read_bytes_per_s", "read rate", "{}"),
-               ("memory_layer_ms", "layer in memory ms", "{:,.2f}"), ("disk_layer_ms", "layer on disk ms", "{:,.2f}")]
+    point = SplitPoint
 
     def build(self) -> None:
         self.layers_chart = Chart("Each layer's time per step, most offloaded split (measured)")
@@ -35,30 +32,22 @@ class OffloadView(LessonView):
         super().style_charts(theme)
         self.layers_chart.style(theme, "decoder layer", None, "time per step", "ms")
 
-    def cell(self, record: ExperimentRecord, point, key: str) -> object:
-        value = point.values.get(key)
-        if value is not None and key == "disk_bytes_per_token":
-            return kvformula.format_bytes(value)
-        if value is not None and key == "read_bytes_per_s":
-            return f"{kvformula.format_bytes(value)}/s"
-        return value
-
     def draw(self, record: ExperimentRecord) -> None:
-        points = [p.values for p in record.points if p.series == "split"]
+        points = record.typed(SplitPoint)
         if not points:
             return
-        x = [p["disk_layers"] for p in points]
+        x = [p.disk_layers for p in points]
         width = max(max(x) / max(len(x), 1) * 0.35, 0.4)
-        self.chart.add(pg.BarGraphItem(x=[v - width / 2 for v in x], height=[p["decode_tok_s"] for p in points],
+        self.chart.add(pg.BarGraphItem(x=[v - width / 2 for v in x], height=[p.decode_tok_s for p in points],
                                        width=width, brush=th.DECODE, pen=None), "measured")
-        predicted = [(v, p["predicted_decode_tok_s"]) for v, p in zip(x, points) if p.get("predicted_decode_tok_s")]
+        predicted = [(v, p.predicted_decode_tok_s) for v, p in zip(x, points) if p.predicted_decode_tok_s]
         if predicted:
             self.chart.add(pg.BarGraphItem(x=[v + width / 2 for v, _ in predicted], height=[h for _, h in predicted],
                                            width=width, brush=th.FORMULA, pen=None), "predicted (computed)")
         for v, p in zip(x, points):                # each measured bar's figure on top of it
-            label = pg.TextItem(f"{p['decode_tok_s']:,.0f}", color=self.theme.foreground, anchor=(0.5, 1))
+            label = pg.TextItem(f"{p.decode_tok_s:,.0f}", color=self.theme.foreground, anchor=(0.5, 1))
             label.setFont(self.theme.axis_font)
-            label.setPos(v - width / 2, p["decode_tok_s"])
+            label.setPos(v - width / 2, p.decode_tok_s)
             self.chart.add(label)
         self.plot.getAxis("bottom").setTicks([[(v, f"{v:,.0f}") for v in x], []])
         times = self._layer_times(record)

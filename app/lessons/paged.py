@@ -13,7 +13,8 @@ from app.prefix_chart import PrefixChart
 from app.store import ExperimentRecord
 from engine.facts import kvformula
 from engine.lessons import paged
-from engine.lessons.paged import PagedResult
+from engine.lessons.paged import PagedRequestPoint, PagedResult
+from engine.serve.block_events import BlockTable
 from engine.serve.prefix_tree import tree_of
 
 SHARED, PRIVATE, CACHED, FREE = "#CC79A7", "#0072B2", "#56B4E9", "#DDDDDD"
@@ -22,9 +23,7 @@ SHARED, PRIVATE, CACHED, FREE = "#CC79A7", "#0072B2", "#56B4E9", "#DDDDDD"
 class PagedView(LessonView):
     lesson = paged.LESSON
     axes = ("block in the request's table", None, "request", None)
-    columns = [("sharing", "block sharing", "{}"), ("index", "request", "{:,.0f}"),
-               ("prompt_tokens", "prompt", "{:,.0f}"), ("queue_ms", "waited ms", "{:,.1f}"),
-               ("ttft_ms", "TTFT ms", "{:,.1f}"), ("e2e_ms", "end-to-end ms", "{:,.1f}")]
+    point = PagedRequestPoint
 
     def build(self) -> None:
         self.chosen_step: int | None = None
@@ -47,16 +46,13 @@ class PagedView(LessonView):
         super().set_compact(compact)
         self.tree_chart.setVisible(not compact)
 
-    def cell(self, record: ExperimentRecord, point, key: str) -> object:
-        return ("on" if point.values.get(key) else "off") if key == "sharing" else point.values.get(key)
-
     def _step_chosen(self, index: int) -> None:
         self.chosen_step = index
         self._shown = self._drawn = None
         self.refresh()
 
     def draw(self, record: ExperimentRecord) -> None:
-        tables = record.tables
+        tables = record.of(BlockTable)
         if not tables:
             return
         peak = max(range(len(tables)), key=lambda i: len({b for t in tables[i].tables for b in t}))

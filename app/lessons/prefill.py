@@ -15,35 +15,30 @@ from app.lesson_view import LessonView, Scene, WindowLesson
 from app.store import ExperimentRecord
 from engine.facts import costmodel
 from engine.lessons import prefill
-from engine.lessons.prefill import PrefillResult
+from engine.lessons.prefill import PrefillPoint, PrefillResult
 
 
 class PrefillView(LessonView):
     lesson = prefill.LESSON
     axes = ("prompt length", "tokens", "time", "ms")
-    columns = [("tokens", "prompt tokens", "{:,.0f}"), ("prefill_ms", "prefill ms (median)", "{:,.2f}"),
-               ("ttft_ms", "TTFT ms", "{:,.2f}"), ("predicted_ms", "predicted ms (computed)", "{:,.2f}"),
-               ("flops", "GFLOPs (computed)", "{:,.3g}")]
+    point = PrefillPoint
 
     def style_charts(self, theme: th.Theme) -> None:
         super().style_charts(theme)
         self.plot.setLogMode(x=True, y=True)
 
-    def cell(self, record: ExperimentRecord, point, key: str) -> object:
-        value = point.values.get(key)
-        return value / 1e9 if key == "flops" and value is not None else value
-
     def draw(self, record: ExperimentRecord) -> None:
-        n = record.series("prefill", "tokens")
-        if not len(n):
+        points = record.typed(PrefillPoint)
+        if not points:
             return
+        n = np.array([p.tokens for p in points], dtype=float)
         width = self.theme.line_width * 1.5
-        times = record.series("prefill", "prefill_ms")
+        times = np.array([p.prefill_ms for p in points])
         self.chart.add(pg.PlotDataItem(n, times, pen=pg.mkPen(th.PREFILL, width=width), symbol="o",
                                        symbolBrush=th.PREFILL), "prefill time (measured)")
-        self.chart.add(pg.PlotDataItem(n, record.series("prefill", "ttft_ms"), pen=pg.mkPen(th.CHOSEN, width=width)),
+        self.chart.add(pg.PlotDataItem(n, [p.ttft_ms for p in points], pen=pg.mkPen(th.CHOSEN, width=width)),
                        "TTFT (measured)")
-        predicted = record.series("prefill", "predicted_ms")
+        predicted = np.array([p.predicted_ms for p in points if p.predicted_ms is not None])
         if len(predicted) == len(n):
             self.chart.add(pg.PlotDataItem(n, predicted, pen=pg.mkPen(th.FORMULA, width=width,
                                                                        style=Qt.PenStyle.DashLine)),

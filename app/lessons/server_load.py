@@ -15,7 +15,8 @@ from app.lesson_view import LessonView, Scene, WindowLesson
 from app.prefix_chart import PrefixChart
 from app.store import ExperimentRecord
 from engine.lessons import server_load
-from engine.lessons.server_load import ServerLoadResult
+from engine.lessons.server_load import MetricsPoint, ServedRequest, ServerLoadResult, SlotsPoint
+from engine.serve.block_events import KVBlocks, RequestBlocks
 from engine.serve.metrics import QUANTITIES
 from engine.serve.prefix_tree import tree_of
 
@@ -24,13 +25,7 @@ class ServerLoadView(LessonView):
     lesson = server_load.LESSON
     scene_charts = ("tree_chart",)
     axes = ("time since the first request", "ms", "request", None)
-    columns = [("index", "request", "{:,.0f}"), ("arrival_ms", "sent at ms", "{:,.0f}"),
-               ("ttft_ms", "TTFT ms (client)", "{:,.1f}"), ("server_prompt_ms", "prompt ms (server)", "{:,.1f}"),
-               ("generated", "tokens", "{:,.0f}"), ("decode_tok_s", "tok/s (client)", "{:,.1f}"),
-               ("e2e_ms", "end-to-end ms", "{:,.0f}"), ("prompt_tokens", "prompt tokens (server)", "{:,.0f}"),
-               ("cached_tokens", "from its cache (server)", "{:,.0f}"),
-               ("predicted_tokens", "predicted at send (events)", "{:,.0f}")]
-    table_series = ("request",)                          # /metrics polls are charted, not tabled
+    point = ServedRequest                                # /metrics polls are charted, not tabled
 
     def build(self) -> None:
         self.metrics_chart = Chart("What the server reports on /metrics")
@@ -63,34 +58,35 @@ class ServerLoadView(LessonView):
             plot.getAxis("left").setWidth(int(theme.base_pt * 11))
 
     def draw(self, record: ExperimentRecord) -> None:
-        requests = sorted((p.values for p in record.points if p.series == "request"), key=lambda v: v["index"])
-        rows = [{**r, "ttft_end": r["arrival_ms"] + r["ttft_ms"], "done": r["arrival_ms"] + r["e2e_ms"]}
-                for r in requests]
-        for name, start, end, colour in (("waiting for the first token (client)", "arrival_ms", "ttft_end", th.WAITING),
-                                         ("streaming tokens (client)", "ttft_end", "done", th.DECODE)):
-            if rows:
-                self.chart.add(pg.BarGraphItem(x0=[r[start] for r in rows], width=[max(r[end] - r[start], 0.0)
-                                                                                   for r in rows],
-                                               y=[r["index"] for r in rows], height=0.7, brush=colour, pen=None), name)
-        self.lanes = [int(r["index"]) for r in requests]
+        requests = sorted(record.typed(ServedRequest), key=lambda r: r.index)
+        spans = {"waiting for the first token (client)": ([r.arrival_ms for r in requests],
+                                                          [r.ttft_ms for r in requests], th.WAITING),
+                 "streaming tokens (client)": ([r.arrival_ms + r.ttft_ms for r in requests],
+                                               [max(r.e2e_ms - r.ttft_ms, 0.0) for r in requests], th.DECODE)}
+        for name, (starts, widths, colour) in spans.items():
+            if requests:
+                self.chart.add(pg.BarGraphItem(x0=starts, width=[max(w, 0.0) for w in widths],
+                                               y=[r.index for r in requests], height=0.7, brush=colour, pen=None), name)
+        self.lanes = [r.index for r in requests]
         self._label_lanes()
         self.plot.invertY(True)
-        samples = [p.values for p in record.points if p.series == "metrics"]
-        for quantity, colour in (("running", th.DECODE), ("waiting", th.WAITING)):
-            values = [(v["t_ms"], v[quantity]) for v in samples if quantity in v]
+        samples = [p for p in record.typed(MetricsPoint) if p.series == MetricsPoint.series]     # the server's sum
+        for quantity, colour, of in (("running", th.DECODE, lambda m: m.running),
+                                     ("waiting", th.WAITING, lambda m: m.waiting)):
+            values = [(m.t_ms, of(m)) for m in samples if of(m) is not None]
             if values:
                 t, y = zip(*values)
                 self.metrics_chart.add(pg.PlotDataItem(t, y, pen=pg.mkPen(colour, width=self.theme.line_width * 1.5),
                                                        symbol="o", symbolSize=5, symbolBrush=colour),
                                        f"{QUANTITIES.get(quantity, quantity)} (/metrics)")
         if samples:                                      # counts of requests: never below zero
-            top = max((v.get(q, 0.0) for v in samples for q in ("running", "waiting")), default=0.0)
+            top = max((v or 0.0 for m in samples for v in (m.running, m.waiting)), default=0.0)
             self.metrics_chart.plot.getViewBox().setLimits(yMin=-0.05 * max(top, 1.0))
         self.polled = bool(samples)
-        polls = [p.values for p in record.points if p.series == "slots"]
+        polls = record.typed(SlotsPoint)
         self.slots_chart.setVisible(bool(polls))
         if polls:                                        # the latest poll: each slot's context and what it holds
-            last = polls[-1]
+            last = polls[-1].more
             ids = sorted(int(k.split()[1]) for k in last if k.startswith("ctx "))
             contexts = [last[f"ctx {i}"] for i in ids]
             self.slots_chart.add(pg.BarGraphItem(x0=[0] * len(ids), y=ids, width=contexts, height=0.6,
@@ -101,10 +97,11 @@ class ServerLoadView(LessonView):
                     self.slots_chart.add(pg.BarGraphItem(x0=[0] * len(rows), y=rows, height=0.6, brush=colour,
                                                          width=[last[f"held {i}"] for i in rows], pen=None), name)
             self.slots_chart.plot.getAxis("left").setTicks([[(i, f"slot {i}") for i in ids]])
-        self.tree_chart.setVisible(bool(record.blocks))
-        self.metrics_chart.setVisible(not (getattr(self, "compact", False) and record.blocks))
-        if record.blocks:
-            self.tree_chart.show(tree_of(record.blocks))
+        blocks = record.of(KVBlocks, RequestBlocks)
+        self.tree_chart.setVisible(bool(blocks))
+        self.metrics_chart.setVisible(not (getattr(self, "compact", False) and blocks))
+        if blocks:
+            self.tree_chart.show(tree_of(blocks))
 
     def _label_lanes(self) -> None:
         """As many lane labels as fit one above the other in the axis's own type (at most 6: 64 lanes must not print

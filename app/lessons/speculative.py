@@ -14,7 +14,7 @@ from app.lesson_view import CONTROLS_PROMPT, LessonView, Scene, WindowLesson, to
 from app.store import ExperimentRecord
 from engine.facts import contention
 from engine.lessons import speculative
-from engine.lessons.speculative import PROMPT_LOOKUP, SELF, SpeculativeResult
+from engine.lessons.speculative import PROMPT_LOOKUP, SELF, DecodePoint, DraftPass, SpeculativeResult
 from engine.store.resources import SPECULATIVE_PROMPTS
 
 KEPT, REJECTED, OWN, PREFILL_TEXT = "#009E73", "#BBBBBB", "#0072B2", "#666666"
@@ -23,9 +23,7 @@ KEPT, REJECTED, OWN, PREFILL_TEXT = "#009E73", "#BBBBBB", "#0072B2", "#666666"
 class SpeculativeView(LessonView):
     lesson = speculative.LESSON
     axes = ("verification pass", None, "tokens", None)
-    columns = [("series", "decode", "{}"), ("repeat", "repeat", "{:,.0f}"), ("decode_ms", "decode ms", "{:,.0f}"),
-               ("decode_tok_s", "tok/s", "{:,.1f}"), ("passes", "forward passes", "{:,.0f}"),
-               ("drafted", "guessed", "{:,.0f}"), ("accepted", "kept", "{:,.0f}")]
+    point = DecodePoint
     presets = {
         "prompt": [(f"a prompt whose answer {name}" if name == "repeats itself" else f"a {name} prompt", text)
                    for name, text in SPECULATIVE_PROMPTS.items()] + [("the prompt in Controls", CONTROLS_PROMPT)],
@@ -50,15 +48,10 @@ class SpeculativeView(LessonView):
         lines = self.passes_text.fontMetrics().lineSpacing() * 3 + 8
         self.passes_scroll.setMaximumHeight(lines if compact else 16_777_215)
 
-    def cell(self, record: ExperimentRecord, point, key: str) -> object:
-        if key == "series":
-            return point.series
-        value = point.values.get(key)
-        return value + 1 if key == "repeat" and value is not None else value
-
     def draw(self, record: ExperimentRecord) -> None:
-        last = max((q.repeat for q in record.passes), default=0)
-        passes = [p for p in record.passes if p.repeat == last]
+        every = record.of(DraftPass)
+        last = max((q.repeat for q in every), default=0)
+        passes = [p for p in every if p.repeat == last]
         if not passes:
             self.passes_text.setText("")
             return

@@ -18,14 +18,11 @@ from typing import Annotated, ClassVar
 from engine.facts.contention import busy
 from engine.facts.errors import ParameterError
 from engine.facts.fields import (
-    MAX_BLOCKS,
     MAX_CANDIDATES,
     MAX_CONTEXT,
-    MAX_DRAFT,
     MAX_HEAD_DIM,
     MAX_HEADS,
     MAX_LAYERS,
-    MAX_REQUESTS,
     MAX_VALUES,
     Bytes,
     Count,
@@ -432,97 +429,6 @@ class ExperimentPoint:
 
 
 @dataclass(frozen=True)
-class DraftPass:
-    """One verification pass of speculative decoding (repeat ``repeat`` of the experiment): the guesses
-    (``drafted``, their text), how many the model kept (a prefix), and the token it chose after them (a
-    correction where a guess was rejected, a bonus where all were kept). Times by the run's clock."""
-
-    exp_id: Ident
-    t_ms: Ms
-    repeat: Annotated[int, Range(0, 1 << 10)]
-    index: Count
-    position: Annotated[int, Range(1, MAX_CONTEXT)]
-    drafted: Annotated[list[TokenId], Items(MAX_DRAFT)]
-    drafted_text: Annotated[list[TokenText], Items(MAX_DRAFT)]
-    accepted: Annotated[int, Range(0, MAX_DRAFT)]
-    token_id: TokenId
-    text: TokenText
-    draft_ms: Ms
-    verify_ms: Ms
-
-
-BlockIds = Annotated[list[Annotated[int, Range(0, 4 * MAX_BLOCKS - 1)]], Items(MAX_BLOCKS)]
-Requests = Annotated[list[Annotated[int, Range(0, MAX_REQUESTS - 1)]], Items(MAX_REQUESTS)]
-
-
-@dataclass(frozen=True)
-class BlockTable:
-    """The paged KV cache after one step of transformers' continuous batching: for each running request (by
-    index) its block ids in order and the positions it has written; the blocks two or more requests share with
-    their reference counts; blocks no request holds but kept for their content (a later request with the same
-    prefix reuses them); free blocks. Each block holds ``block_positions`` positions for every layer."""
-
-    exp_id: Ident
-    t_ms: Ms
-    step: Annotated[int, Range(0, 1 << 30)]
-    block_positions: Annotated[int, Range(1, 1 << 16)]
-    total_blocks: Annotated[int, Range(1, MAX_BLOCKS)]
-    running: Requests
-    tables: Annotated[list[BlockIds], Items(MAX_REQUESTS)]
-    positions: Annotated[list[Count], Items(MAX_REQUESTS)]
-    waiting: Requests
-    shared_blocks: BlockIds
-    shared_refs: Annotated[list[Annotated[int, Range(2, MAX_REQUESTS)]], Items(MAX_BLOCKS)]
-    cached_blocks: BlockIds
-    free_blocks: Annotated[int, Range(0, MAX_BLOCKS)]
-
-
-BlockKeys = Annotated[list[Ident], Items(MAX_BLOCKS)]
-
-
-@dataclass(frozen=True)
-class KVBlocks:
-    """What a serving engine's prefix cache did to its blocks (vLLM's KV events), as it published it: blocks
-    ``stored`` (in order, each the child of the one before, the first the child of ``parent``; with each block's
-    token ids and their text as the server decodes them), ``removed`` (evicted) or ``cleared`` (all at once).
-    ``publisher``: which engine said it ("" for a server with one). Keys are the blocks' hashes, in hex."""
-
-    exp_id: Ident
-    t_ms: Ms
-    action: Annotated[str, Text(16, ("stored", "removed", "cleared"))]
-    keys: BlockKeys = field(default_factory=list)
-    parent: Ident = ""
-    tokens: Annotated[list[Annotated[list[TokenId], Items(4096)]], Items(MAX_BLOCKS)] = field(default_factory=list)
-    texts: Annotated[list[Annotated[str, Text(4096)]], Items(MAX_BLOCKS)] = field(default_factory=list)
-    publisher: Ident = ""
-    medium: Annotated[str, Text(16)] = ""      # where a tiered cache keeps the blocks (GPU, CPU, ...; "": not said)
-
-
-@dataclass(frozen=True)
-class RequestBlocks:
-    """One request's prompt against the engine's prefix cache: the blocks it walks in the tree once it was
-    answered (``keys``, from the root), how many of its ``prompt_tokens`` the tree's blocks held when it was sent
-    (``reused_tokens``: a *prediction*, made before the server decided; a request sent while the blocks it needs
-    are still being computed for another is predicted short), and how many the server says it served from its
-    cache in its answer (``server_cached_tokens``: vLLM's and SGLang's ``usage.prompt_tokens_details
-    .cached_tokens``, llama-server's ``timings.cache_n``; None when the answer did not say)."""
-
-    exp_id: Ident
-    t_ms: Ms
-    index: Annotated[int, Range(0, MAX_REQUESTS - 1)]
-    prompt_tokens: Count
-    reused_tokens: Count
-    block_size: Annotated[int, Range(1, 1 << 16)]
-    keys: BlockKeys = field(default_factory=list)
-    server_cached_tokens: Count | None = None
-
-    @property
-    def mispredicted(self) -> bool:
-        """The server served a different number of cached tokens than the tree predicted at send."""
-        return self.server_cached_tokens is not None and self.server_cached_tokens != self.reused_tokens
-
-
-@dataclass(frozen=True)
 class LayerTimes:
     """One forward pass of a run, layer by layer (recorded when the model is split across devices or disk):
     each decoder layer's wall time (``ms``, CUDA events on a GPU) and where its weights were read from
@@ -553,9 +459,7 @@ class ExperimentFailed:
 
 Event = typing.Union[LoadProgress, ModelLoaded, HardwarePeaks, RunStarted, PrefillDone, KVNorms, TokenStep,
                      AttentionStep, LayerTimes, RunFinished, RunFailed, ExperimentStarted, ExperimentProgress,
-                     ExperimentPoint, DraftPass, BlockTable, KVBlocks, RequestBlocks, ExperimentFinished,
-                     ExperimentFailed]
-EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Event)}
+                     ExperimentPoint, ExperimentFinished, ExperimentFailed]
 TRACE_EVENTS = tuple(cls for cls in typing.get_args(Event) if cls not in (LoadProgress, ModelLoaded))
 
 

@@ -10,6 +10,7 @@ all of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -96,6 +97,36 @@ class Key:
     factor: float = 0.0
     ladder: tuple[float, ...] = ()
     short: str = ""            # the word a lecture footer puts before the value ("top-k"); none: the value says it
+
+
+@dataclass(frozen=True)
+class Column:
+    """A lesson point's figure as a table shows it, declared on the point's field like ``Setting`` on a setting's:
+    its header (the unit in it, and how the figure was got: "predicted ms (computed)"), its format, a ``scale``
+    the stored number is multiplied by first (FLOPs stored, GFLOPs shown), or the ``words`` a number stands for.
+    The CLI's table and the window's table both read it, so a figure is labelled once."""
+
+    label: str
+    fmt: str = "{:,.2f}"
+    scale: float = 1.0
+    words: tuple[str, ...] = ()        # a number that picks a word (0, 1: "off", "on")
+    shift: int = 0                     # added after the scale (a repeat counted from 0, shown from 1)
+    show: Callable[[float], str] | None = None     # words for the number (bytes as "1.5 MiB")
+
+    def cell(self, value: float | str | None) -> str:
+        if value is None:
+            return "n/a"
+        if isinstance(value, str):
+            return value
+        if self.show is not None:
+            return self.show(value)
+        if self.words:
+            return self.words[int(value)] if 0 <= int(value) < len(self.words) else f"{value:g}"
+        return self.fmt.format(value * self.scale + self.shift if self.scale != 1.0 else value + self.shift)
+
+
+def column_of(*metadata: object) -> Column | None:
+    return next((m for m in metadata if isinstance(m, Column)), None)
 
 
 def bounds(*metadata: object) -> tuple[Range | None, Text | None, Items | None, Setting | None]:

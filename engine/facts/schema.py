@@ -18,22 +18,18 @@ from engine.facts import kvformula
 from engine.facts.events import (
     TRACE_EVENTS,
     AttentionStep,
-    BlockTable,
-    DraftPass,
     ExperimentFailed,
     ExperimentFinished,
     ExperimentPoint,
     ExperimentProgress,
     ExperimentStarted,
     HardwarePeaks,
-    KVBlocks,
     KVNorms,
     LayerTimes,
     LessonResult,
     LessonSettings,
     ModelFacts,
     PrefillDone,
-    RequestBlocks,
     RunFailed,
     RunFinished,
     RunStarted,
@@ -43,11 +39,11 @@ from engine.facts.events import (
 )
 from engine.facts.fields import MAX_ATTENTION
 from engine.facts.validation import FieldError, Plan, plan, short
+from engine.facts.vocabulary import LessonEvent, LessonPoint, event_types
 
 SchemaError = FieldError
 BYTES_TOLERANCE = 0.05               # measured bytes may exceed the formula by this much before they are refused
 ABSENT_ON_A_SERVER = ("prompt_tokens", "tokenize_ms", "prefill_ms", "kv_tokens", "kv_bytes", "reused_tokens")
-LessonTypes = Mapping[str, tuple[type[LessonSettings], type[LessonResult]]]
 PLANS: dict[str, Plan] = {cls.__name__: plan(cls) for cls in TRACE_EVENTS}
 
 
@@ -92,23 +88,42 @@ class _OpenExperiment:
     max_context: int = 0
 
 
+@dataclass(frozen=True)
+class LessonVocabulary:
+    """What a lesson's experiment may hold in a trace: its settings and result classes, its points and its own
+    events (``engine.lessons.vocabulary()`` builds one per lesson from the registry)."""
+
+    settings: type[LessonSettings]
+    result: type[LessonResult]
+    points: tuple[type[LessonPoint], ...] = ()
+    events: tuple[type[LessonEvent], ...] = ()
+
+
 @dataclass
 class Checker:
     """Turns parsed event dicts into events, in file order, refusing what cannot be drawn. ``lessons`` maps a
-    lesson's kind to its settings and result classes (``engine.lessons.types()``)."""
+    lesson's kind to what its experiments may hold (``engine.lessons.vocabulary()``); the checker knows no lesson
+    by name, and a lesson's own events only through it."""
 
-    lessons: LessonTypes = field(default_factory=dict)
+    lessons: Mapping[str, LessonVocabulary] = field(default_factory=dict)
     runs: dict[str, _Run] = field(default_factory=dict)
     experiments: dict[str, _OpenExperiment] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        declared = event_types(e for v in self.lessons.values() for e in v.events)
+        clash = declared.keys() & PLANS.keys()
+        if clash:
+            raise TypeError(f"a lesson's event has the name of a trace's own: {', '.join(sorted(clash))}")
+        self.plans = {**PLANS, **{name: plan(cls) for name, cls in declared.items()}}
 
     def event(self, data: object) -> object:
         if type(data) is not dict:
             raise SchemaError(f"an event must be an object, not {short(data)}")
         kind = data.get("type")
-        shape = PLANS.get(kind) if type(kind) is str else None
+        shape = self.plans.get(kind) if type(kind) is str else None
         if shape is None:
             raise SchemaError(f"unknown event type {short(kind)}")
-        relate = _RELATIONS[kind]
+        relate = _RELATIONS.get(kind, Checker.lesson_event)
         return relate(self, data, shape)
 
     def unfinished_runs(self) -> list[str]:
@@ -276,15 +291,15 @@ class Checker:
     def peaks(self, data: dict, shape: Plan) -> HardwarePeaks:
         return shape.build(data)
 
-    def _lesson(self, kind: object) -> tuple[type[LessonSettings], type[LessonResult]]:
-        types = self.lessons.get(kind) if type(kind) is str else None
-        if types is None:
+    def _lesson(self, kind: object) -> LessonVocabulary:
+        vocabulary = self.lessons.get(kind) if type(kind) is str else None
+        if vocabulary is None:
             known = ", ".join(self.lessons) or "none"
             raise SchemaError(f"kind must be one of {known}, not {short(kind)}")
-        return types
+        return vocabulary
 
     def experiment_started(self, data: dict, shape: Plan) -> ExperimentStarted:
-        settings_cls, _ = self._lesson(data.get("kind"))
+        settings_cls = self._lesson(data.get("kind")).settings
         settings = plan(settings_cls).build(data.get("settings"), "settings") if "settings" in data else None
         event: ExperimentStarted = shape.build({**data, "settings": settings} if settings is not None else data)
         if event.exp_id in self.experiments:
@@ -306,69 +321,25 @@ class Checker:
         return event
 
     def experiment_point(self, data: dict, shape: Plan) -> ExperimentPoint:
+        """A point is one of the points its lesson declares (by its series), with that point's figures."""
         event: ExperimentPoint = shape.build(data)
-        self._experiment(event)
+        points = self.lessons[self._experiment(event).kind].points
+        kind = next((p for p in points if p.matches(event.series)), None)
+        if kind is None:
+            raise SchemaError(f"series must be one of {', '.join(p.series for p in points)}, not "
+                              f"{short(event.series)}")
+        kind.check(event.values)
         return event
 
-    def draft_pass(self, data: dict, shape: Plan) -> DraftPass:
-        event: DraftPass = shape.build(data)
+    def lesson_event(self, data: dict, shape: Plan) -> LessonEvent:
+        """An event a lesson declares (``engine.facts.vocabulary.LessonEvent``): it belongs to an experiment of
+        that lesson, and checks itself against the model the experiment runs."""
+        event: LessonEvent = shape.build(data)
         experiment = self._experiment(event)
-        top = experiment.vocab_size - 1
-        if any(t > top for t in event.drafted) or event.token_id > top:
-            raise SchemaError(f"drafted and token_id must be token ids from 0 to {top:,}")
-        if len(event.drafted_text) != len(event.drafted):
-            raise SchemaError(f"drafted_text has {len(event.drafted_text):,} entries; drafted has "
-                              f"{len(event.drafted):,}")
-        if event.accepted > len(event.drafted):
-            raise SchemaError(f"accepted must be between 0 and {len(event.drafted):,}, not {event.accepted:,}")
-        if event.position > max(experiment.max_context - 1, 1):
-            raise SchemaError(f"position must be between 1 and {max(experiment.max_context - 1, 1):,}")
-        return event
-
-    def kv_blocks(self, data: dict, shape: Plan) -> KVBlocks:
-        event: KVBlocks = shape.build(data)
-        self._experiment(event)
-        if event.action == "stored" and not (len(event.tokens) == len(event.keys) and
-                                             len(event.texts) in (0, len(event.keys))):
-            raise SchemaError(f"tokens (and texts) must give one entry for each of the {len(event.keys):,} blocks")
-        if event.action == "cleared" and event.keys:
-            raise SchemaError("a cleared event names no blocks")
-        return event
-
-    def request_blocks(self, data: dict, shape: Plan) -> RequestBlocks:
-        event: RequestBlocks = shape.build(data)
-        self._experiment(event)
-        if event.reused_tokens > event.prompt_tokens:
-            raise SchemaError(f"reused_tokens must be at most the {event.prompt_tokens:,} prompt tokens")
-        if event.server_cached_tokens is not None and event.server_cached_tokens > event.prompt_tokens:
-            raise SchemaError(f"server_cached_tokens must be at most the {event.prompt_tokens:,} prompt tokens")
-        if len(event.keys) * event.block_size > event.prompt_tokens + event.block_size:
-            raise SchemaError("keys must be at most the blocks the prompt fills")
-        return event
-
-    def block_table(self, data: dict, shape: Plan) -> BlockTable:
-        event: BlockTable = shape.build(data)
-        self._experiment(event)
-        total, size = event.total_blocks, event.block_positions
-        if len(event.tables) != len(event.running) or len(event.positions) != len(event.running):
-            raise SchemaError(f"tables and positions must give one entry for each of the {len(event.running):,} "
-                              "running requests")
-        if len(set(event.running)) != len(event.running) or len(set(event.waiting)) != len(event.waiting):
-            raise SchemaError("running and waiting must be distinct request numbers")
-        ids = set()
-        for table, held in zip(event.tables, event.positions):
-            if len(table) > total:
-                raise SchemaError(f"tables must hold at most {total:,} block ids per request")
-            if held > len(table) * size:
-                raise SchemaError("positions must fit in the request's blocks")
-            ids.update(table)
-        if len(event.shared_blocks) > total or len(event.cached_blocks) > total:
-            raise SchemaError(f"shared_blocks and cached_blocks hold at most {total:,} blocks")
-        if len(event.shared_refs) != len(event.shared_blocks) or not all(b in ids for b in event.shared_blocks) \
-                or any(n > len(event.running) for n in event.shared_refs):
-            raise SchemaError("shared_blocks must be blocks the running requests hold, each with 2 or more of them")
-        if event.free_blocks > total:
-            raise SchemaError(f"free_blocks must be between 0 and {total:,}")
+        vocabulary = self.lessons[experiment.kind]
+        if type(event) not in vocabulary.events:
+            raise SchemaError(f"a {experiment.kind} experiment reports no {type(event).__name__}")
+        event.check(experiment.vocab_size, experiment.max_context)
         return event
 
     def experiment_finished(self, data: dict, shape: Plan) -> ExperimentFinished:
@@ -376,7 +347,7 @@ class Checker:
         open_one = self.experiments.get(exp_id) if type(exp_id) is str else None
         if open_one is None:
             return shape.build(data)        # the generic checks say what is wrong; _advance says it never started
-        _, result_cls = self._lesson(open_one.kind)
+        result_cls = self._lesson(open_one.kind).result
         result = plan(result_cls).build(data.get("result"), "result") if "result" in data else None
         event: ExperimentFinished = shape.build({**data, "result": result} if result is not None else data)
         self._experiment(event).ended = True
@@ -468,9 +439,8 @@ _RELATIONS = {
     "TokenStep": Checker.token_step, "AttentionStep": Checker.attention_step, "LayerTimes": Checker.layer_times,
     "RunFinished": Checker.run_finished, "RunFailed": Checker.run_failed, "HardwarePeaks": Checker.peaks,
     "ExperimentStarted": Checker.experiment_started, "ExperimentProgress": Checker.experiment_progress,
-    "ExperimentPoint": Checker.experiment_point, "DraftPass": Checker.draft_pass,
-    "BlockTable": Checker.block_table, "KVBlocks": Checker.kv_blocks, "RequestBlocks": Checker.request_blocks,
+    "ExperimentPoint": Checker.experiment_point,
     "ExperimentFinished": Checker.experiment_finished,
     "ExperimentFailed": Checker.experiment_failed,
 }
-assert _RELATIONS.keys() == PLANS.keys(), "every event a trace holds has its checks"
+assert _RELATIONS.keys() == PLANS.keys(), "every event of the trace's own has its checks"

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from engine.facts.fields import MAX_ITEMS, MAX_NUMBER, MAX_STRING, Items, Range, Text, bounds, key_of
+from engine.facts.fields import MAX_ITEMS, MAX_NUMBER, MAX_STRING, Items, Range, Text, bounds, column_of, key_of
 
 Check = Callable[[object, str], object]        # (value, field name) -> the value as the field holds it
 
@@ -288,6 +288,7 @@ class FieldShape:
     setting: Any
     default: object
     key: Any = None            # the lecture key that changes it (``engine.facts.fields.Key``), if any
+    column: Any = None         # how a table shows it (``engine.facts.fields.Column``), on a lesson's point
 
 
 @cache
@@ -317,7 +318,7 @@ def _shapes(cls: type) -> tuple[FieldShape, ...]:
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else MISSING)
         out.append(FieldShape(f.name, tp, optional, element, span, text, items, setting, default,
-                              key_of(*metadata)))
+                              key_of(*metadata), column_of(*metadata)))
     return tuple(out)
 
 

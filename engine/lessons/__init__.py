@@ -10,7 +10,8 @@ module here, its view in ``app/lessons/``, one line in each registry, its tests 
 
 from __future__ import annotations
 
-from engine.facts.events import LessonResult, LessonSettings
+from engine.facts.schema import LessonVocabulary
+from engine.facts.vocabulary import LessonEvent
 from engine.lessons import (
     architectures,
     batch,
@@ -44,9 +45,15 @@ def lesson(kind: str) -> Lesson:
         raise KeyError(f"Unknown lesson {kind!r}: use one of {', '.join(BY_KIND)}") from None
 
 
-def types() -> dict[str, tuple[type[LessonSettings], type[LessonResult]]]:
-    """Each lesson's settings and result classes by kind: what the trace schema builds them from."""
-    return {lesson.kind: (lesson.settings, lesson.result) for lesson in LESSONS}
+def vocabulary() -> dict[str, LessonVocabulary]:
+    """By kind, what each lesson's experiments may hold: what the trace schema checks them against."""
+    return {lesson.kind: LessonVocabulary(lesson.settings, lesson.result, lesson.points, lesson.events)
+            for lesson in LESSONS}
+
+
+def lesson_events() -> tuple[type[LessonEvent], ...]:
+    """The events the lessons declare of their own, each once: what a trace may hold besides its own events."""
+    return tuple(dict.fromkeys(event for lesson in LESSONS for event in lesson.events))
 
 
 def sweeps() -> tuple[Lesson, ...]:

@@ -13,6 +13,7 @@ repository named in its ``source``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,8 @@ from typing import Annotated, Any
 from engine.facts import kvformula
 from engine.facts.errors import ParameterError
 from engine.facts.events import LAYER_KINDS, ExperimentPoint, LessonResult, LessonSettings
-from engine.facts.fields import Bytes, Items, Name, Number, Range, Setting, Text
+from engine.facts.fields import Bytes, Column, Items, Name, Number, Range, Setting, Text
+from engine.facts.vocabulary import LessonPoint
 from engine.run.experiment import Experiment, Lesson
 
 CONTEXTS = (4096, 32768, 131072)
@@ -97,6 +99,26 @@ DESIGNS: tuple[Design, ...] = (
 )
 BY_NAME = {d.name: d for d in DESIGNS}
 DTYPES = ("bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class DesignPoint(LessonPoint):
+    """One design (``index``: its place in the settings' designs): KV bytes per token measured from its layers'
+    caches and by the formula, its fixed recurrent state, and the whole model's cache at each of ``CONTEXTS``."""
+
+    series = "design"
+
+    index: Annotated[int, Column("design", "{:d}")]            # a table names it (``settings.designs[index]``)
+    measured: Annotated[int, Column("KV/token measured", show=kvformula.format_bytes)]
+    formula: Annotated[int, Column("formula", show=kvformula.format_bytes)]
+    state: Annotated[int, Column("state", show=kvformula.format_bytes)]
+    at_4k: Annotated[int, Column("at 4k", show=kvformula.format_bytes)]
+    at_32k: Annotated[int, Column("at 32k", show=kvformula.format_bytes)]
+    at_128k: Annotated[int, Column("at 128k", show=kvformula.format_bytes)]
+
+
+AT_CONTEXTS = tuple(f"at_{c // 1024}k" for c in CONTEXTS)     # the point's fields, one per context
+assert set(AT_CONTEXTS) <= {f.name for f in dataclasses.fields(DesignPoint)}, "a context without its field"
 
 
 @dataclass(frozen=True)
@@ -244,9 +266,9 @@ def run(experiment: Experiment, settings: ArchitecturesSettings) -> Architecture
         if figures is None:
             break
         measured.append(figures)
-        experiment.point("design", index=float(i), measured=figures.kv_bytes_per_token_measured,
-                         formula=figures.kv_bytes_per_token_formula, state=figures.state_bytes,
-                         **{f"at_{c // 1024}k": b for c, b in zip(CONTEXTS, figures.at_contexts)})
+        experiment.point(DesignPoint(index=i, measured=figures.kv_bytes_per_token_measured,
+                                     formula=figures.kv_bytes_per_token_formula, state=figures.state_bytes,
+                                     **dict(zip(AT_CONTEXTS, figures.at_contexts))))
     experiment.progress(len(measured), len(wanted), "done")
     return ArchitecturesResult(dtype_bytes=2 if settings.cache_dtype == "bfloat16" else 4, designs=tuple(measured),
                                incomplete=len(measured) < len(wanted))
@@ -283,7 +305,7 @@ def table(points: Sequence[ExperimentPoint], result: ArchitecturesResult) -> str
 
 
 LESSON = Lesson(kind="architectures", title="Why new models hold less KV", settings=ArchitecturesSettings,
-                result=ArchitecturesResult, run=run, table=table, timed=False,
+                result=ArchitecturesResult, run=run, table=table, timed=False, points=(DesignPoint,),
                 quick={"designs": ("Falcon-7B", "gpt-oss-20b", "Qwen3-Next-80B-A3B"), "prompt_tokens": 16,
                        "decode_steps": 1},
                 course={"designs": ("Llama-2-7B", "Falcon-7B", "Mistral-7B", "DeepSeek-V3", "Qwen3-Next-80B-A3B",

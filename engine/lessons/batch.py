@@ -13,7 +13,8 @@ from typing import Annotated
 from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.facts.fields import Count, Items, Key, Number, PromptText, Range, Setting
+from engine.facts.fields import Column, Count, Items, Key, Number, PromptText, Range, Setting
+from engine.facts.vocabulary import LessonPoint, of, table_lines
 from engine.run.experiment import Experiment, Lesson
 from engine.run.workloads import fitting, sample_texts
 
@@ -44,6 +45,23 @@ class BatchResult(LessonResult):
     latency_growth: Number | None = None       # its per-token latency over a single request's (measured)
 
 
+@dataclass(frozen=True)
+class BatchPoint(LessonPoint):
+    """One batch size: its first token, its median decode step (every request's token), and the throughput of
+    all of them."""
+
+    series = "batch"
+
+    batch: Annotated[int, Column("batch", "{:,d}")]
+    ttft_ms: Annotated[float, Column("TTFT ms", "{:,.1f}")]
+    prefill_ms: float
+    step_ms: float | None
+    per_token_ms: Annotated[float | None, Column("per-token ms")]
+    decode_tok_s: Annotated[float, Column("decode tok/s (all requests)", "{:,.1f}")]
+    request_latency_ms: Annotated[float, Column("request latency ms", "{:,.1f}")]
+    padded_length: int
+
+
 def run(experiment: Experiment, settings: BatchSettings) -> BatchResult:
     from engine.run.batch import generate_batch  # torch: only where a lesson runs, never where it is read
 
@@ -62,29 +80,24 @@ def run(experiment: Experiment, settings: BatchSettings) -> BatchResult:
         r = generate_batch(session.model, batch, settings.new_tokens, pad, session.device, experiment.cancel)
         if r.stopped:
             break
-        step = statistics.median(r.step_ms) if r.step_ms else float("nan")
-        values = {"batch": size, "ttft_ms": r.ttft_ms, "prefill_ms": r.prefill_ms, "step_ms": step,
-                  "per_token_ms": step, "decode_tok_s": size * 1000.0 / step if step else 0.0,
-                  "request_latency_ms": r.ttft_ms + sum(r.step_ms), "padded_length": r.padded_length}
-        experiment.point("batch", **values)
-        rows.append(values)
+        step = statistics.median(r.step_ms) if r.step_ms else None
+        point = BatchPoint(batch=size, ttft_ms=r.ttft_ms, prefill_ms=r.prefill_ms, step_ms=step, per_token_ms=step,
+                           decode_tok_s=size * 1000.0 / step if step else 0.0,
+                           request_latency_ms=r.ttft_ms + sum(r.step_ms), padded_length=r.padded_length)
+        experiment.point(point)
+        rows.append(point)
     if not experiment.cancelled:
         experiment.progress(len(sizes), len(sizes), "done")
     if len(rows) < 2:
         return BatchResult(points=len(rows), incomplete=experiment.cancelled)
-    return BatchResult(points=len(rows), largest_batch=rows[-1]["batch"],
-                       throughput_gain=rows[-1]["decode_tok_s"] / rows[0]["decode_tok_s"],
-                       latency_growth=rows[-1]["per_token_ms"] / rows[0]["per_token_ms"],
+    return BatchResult(points=len(rows), largest_batch=rows[-1].batch,
+                       throughput_gain=rows[-1].decode_tok_s / rows[0].decode_tok_s,
+                       latency_growth=rows[-1].per_token_ms / rows[0].per_token_ms,
                        incomplete=experiment.cancelled)
 
 
 def table(points: Sequence[ExperimentPoint], result: BatchResult) -> str:
-    lines = ["batch | TTFT ms | per-token ms | decode tok/s (all requests) | request latency ms",
-             "------+---------+--------------+-----------------------------+-------------------"]
-    for p in points:
-        v = p.values
-        lines.append(f"{int(v['batch']):5d} | {v['ttft_ms']:7.1f} | {v['per_token_ms']:12.2f} | "
-                     f"{v['decode_tok_s']:27.1f} | {v['request_latency_ms']:18.1f}")
+    lines = table_lines(of(points, BatchPoint), BatchPoint)
     if result.throughput_gain is not None:
         lines += ["", f"batch {result.largest_batch}: {result.throughput_gain:.1f}x the tokens/s of batch 1, each "
                   f"token {latency_words(result.latency_growth)} per request (measured)"]
@@ -99,6 +112,6 @@ def latency_words(growth: float) -> str:
 
 
 LESSON = Lesson(kind="batch", title="Batch size", settings=BatchSettings, result=BatchResult, run=run,
-                table=table,
+                table=table, points=(BatchPoint,),
                 quick={"sizes": (1, 2, 4), "new_tokens": 6},
                 course={"sizes": (1, 2, 4, 8), "new_tokens": 24})

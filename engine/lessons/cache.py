@@ -13,8 +13,9 @@ from engine.facts import costmodel
 from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings, RunFinished
-from engine.facts.fields import MAX_PROMPT, Count, Key, Number, Range, Setting, Text
+from engine.facts.fields import MAX_PROMPT, Column, Count, Key, Number, Range, Setting, Text
 from engine.facts.params import GenerationParams
+from engine.facts.vocabulary import LessonPoint, of, table_lines
 from engine.run.experiment import Experiment, Lesson
 from engine.run.workloads import sample_texts
 
@@ -43,6 +44,21 @@ class CacheResult(LessonResult):
     attention_flops_ratio: Number | None = None    # the seed's attention-only model, computed
 
 
+@dataclass(frozen=True)
+class CachePoint(LessonPoint):
+    """One of the two runs, with the cache on or off."""
+
+    series = "run"
+
+    kv_cache: Annotated[bool, Column("KV cache", words=("off", "on"))]
+    ttft_ms: Annotated[float, Column("TTFT ms", "{:,.1f}")]
+    decode_ms: Annotated[float, Column("decode ms", "{:,.1f}")]
+    total_ms: Annotated[float, Column("total ms", "{:,.1f}")]
+    decode_tok_s: Annotated[float, Column("decode tok/s")]
+    generated: Annotated[int, Column("tokens", "{:,d}")]
+    prompt_tokens: int
+
+
 def run(experiment: Experiment, settings: CacheSettings) -> CacheResult:
     session = experiment.session
     prompt = settings.prompt or sample_texts()[0]
@@ -56,8 +72,9 @@ def run(experiment: Experiment, settings: CacheSettings) -> CacheResult:
             return CacheResult(incomplete=True)
         s = result.summary
         results[kv] = s
-        experiment.point("run", kv_cache=float(kv), ttft_ms=s.ttft_ms, decode_ms=s.decode_ms, total_ms=s.total_ms,
-                         decode_tok_s=s.decode_tok_s, generated=s.generated_tokens, prompt_tokens=s.prompt_tokens)
+        experiment.point(CachePoint(kv_cache=kv, ttft_ms=s.ttft_ms, decode_ms=s.decode_ms, total_ms=s.total_ms,
+                                    decode_tok_s=s.decode_tok_s, generated=s.generated_tokens,
+                                    prompt_tokens=s.prompt_tokens))
     on, off = results[True], results[False]
     generated, hidden = on.generated_tokens, session.facts.hidden_size
     flops_on = experiment.cost.decode_total(on.prompt_tokens, generated, cache=True).flops
@@ -81,12 +98,7 @@ def check(target: object, settings: CacheSettings) -> None:
 
 
 def table(points: Sequence[ExperimentPoint], result: CacheResult) -> str:
-    lines = ["KV cache | TTFT ms | decode ms | total ms | decode tok/s | tokens",
-             "---------+---------+-----------+----------+--------------+-------"]
-    for p in points:
-        v = p.values
-        lines.append(f"{'on' if v['kv_cache'] else 'off':>8} | {v['ttft_ms']:7.1f} | {v['decode_ms']:9.1f} | "
-                     f"{v['total_ms']:8.1f} | {v['decode_tok_s']:12.2f} | {int(v['generated']):6d}")
+    lines = table_lines(of(points, CachePoint), CachePoint)
     if result.decode_speedup is not None:
         lines += ["", f"tokens identical with and without the cache: {'yes' if result.tokens_match else 'NO'}",
                   f"decode speedup with the cache: {result.decode_speedup:.2f}x measured; "
@@ -98,6 +110,6 @@ def table(points: Sequence[ExperimentPoint], result: CacheResult) -> str:
 
 
 LESSON = Lesson(kind="cache", title="KV cache on vs off", settings=CacheSettings, result=CacheResult, run=run,
-                table=table, check=check,
+                table=table, check=check, points=(CachePoint,),
                 quick={"new_tokens": 12},
                 course={"new_tokens": 32})

@@ -15,8 +15,9 @@ from typing import Annotated, Any, ClassVar
 from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.facts.fields import Count, Items, Key, Positive, PromptText, Range, Setting
+from engine.facts.fields import Column, Count, Items, Key, Positive, PromptText, Range, Setting
 from engine.facts.params import GenerationParams
+from engine.facts.vocabulary import LessonPoint, of, table_lines
 from engine.run.experiment import Experiment, Lesson
 from engine.run.workloads import CONVERSATION
 
@@ -80,6 +81,23 @@ def check(target: Any, settings: ChatSettings) -> None:
                              f"{target.facts.name}'s context holds {context:,}: fewer turns or fewer new tokens")
 
 
+@dataclass(frozen=True)
+class TurnPoint(LessonPoint):
+    """One turn of one repeat, with the cache reused between turns or not."""
+
+    series = "turn"
+
+    repeat: Annotated[int, Column("repeat", "{:d}")]
+    reuse: Annotated[bool, Column("reuse", words=("off", "on"))]
+    turn: Annotated[int, Column("turn", "{:d}")]
+    reused_tokens: Annotated[int, Column("reused (cache_n)", "{:,d}")]
+    prefilled_tokens: Annotated[int, Column("prefilled", "{:,d}")]
+    conversation_tokens: Annotated[int, Column("conversation", "{:,d}")]
+    prefill_ms: Annotated[float, Column("prefill ms", "{:,.1f}")]
+    ttft_ms: Annotated[float, Column("TTFT ms", "{:,.1f}")]
+    generated: int
+
+
 def run(experiment: Experiment, settings: ChatSettings) -> ChatResult:
     session = experiment.session
     turns, repeats = settings.turns, settings.repeats
@@ -105,10 +123,10 @@ def run(experiment: Experiment, settings: ChatSettings) -> ChatResult:
                 ttft.setdefault((reuse, i + 1), []).append(s.ttft_ms)
                 if s.cpu_share is not None:
                     shares.append(s.cpu_share)
-                experiment.point("turn", reuse=float(reuse), turn=i + 1, repeat=r + 1, reused_tokens=s.reused_tokens,
-                                 prefilled_tokens=s.prompt_tokens,
-                                 conversation_tokens=s.reused_tokens + s.prompt_tokens,
-                                 prefill_ms=s.prefill_ms, ttft_ms=s.ttft_ms, generated=s.generated_tokens)
+                experiment.point(TurnPoint(repeat=r + 1, reuse=reuse, turn=i + 1, reused_tokens=s.reused_tokens,
+                                           prefilled_tokens=s.prompt_tokens,
+                                           conversation_tokens=s.reused_tokens + s.prompt_tokens,
+                                           prefill_ms=s.prefill_ms, ttft_ms=s.ttft_ms, generated=s.generated_tokens))
             if replies.setdefault(reuse, conversation_replies) != conversation_replies:
                 replies[reuse] = []                         # greedy replies must repeat exactly
     session.forget("a new conversation started")
@@ -132,13 +150,7 @@ def turn_line(t: TurnFigures, repeats: int) -> str:
 
 
 def table(points: Sequence[ExperimentPoint], result: ChatResult) -> str:
-    lines = ["repeat | reuse | turn | reused (cache_n) | prefilled | conversation | prefill ms | TTFT ms",
-             "-------+-------+------+------------------+-----------+--------------+------------+--------"]
-    for p in points:
-        v = p.values
-        lines.append(f"{int(v.get('repeat', 1)):6d} | {'on' if v['reuse'] else 'off':>5} | {int(v['turn']):4d} | "
-                     f"{int(v['reused_tokens']):16,d} | {int(v['prefilled_tokens']):9,d} | "
-                     f"{int(v['conversation_tokens']):12,d} | {v['prefill_ms']:10.1f} | {v['ttft_ms']:7.1f}")
+    lines = table_lines(of(points, TurnPoint), TurnPoint)
     if result.per_turn:
         lines += ["", f"replies identical with and without reuse: {'yes' if result.tokens_match else 'NO'}"]
         lines += [turn_line(t, result.repeats) for t in result.per_turn]
@@ -148,6 +160,6 @@ def table(points: Sequence[ExperimentPoint], result: ChatResult) -> str:
 
 
 LESSON = Lesson(kind="chat", title="Chat: cache reuse", settings=ChatSettings, result=ChatResult, run=run,
-                table=table, check=check,
+                table=table, check=check, points=(TurnPoint,),
                 quick={"turns": ("hi", "and then?"), "new_tokens": 6, "repeats": 2},
                 course={"new_tokens": 32, "repeats": 1})

@@ -15,7 +15,8 @@ from engine.facts import kvformula
 from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.facts.fields import Items, Number, PromptText, Range, Setting
+from engine.facts.fields import Column, Items, Number, PromptText, Range, Setting
+from engine.facts.vocabulary import LessonPoint, of, table_lines
 from engine.run.experiment import Counter, Experiment, Lesson, Span
 from engine.run.workloads import fitting, sample_texts
 
@@ -55,6 +56,40 @@ def check(target: Any, settings: ContinuousSettings) -> None:
         raise ParameterError(f"Continuous batching is not available for {target.facts.name}: {refusal}")
 
 
+POLICY_WORDS = ("static", "continuous")       # a point's ``continuous`` flag in words
+
+
+@dataclass(frozen=True)
+class RequestPoint(LessonPoint):
+    """One request under one policy: when it arrived, was admitted, had its first token and ended (ms from the
+    first arrival)."""
+
+    series = "request"
+
+    policy: Annotated[bool, Column("policy", words=POLICY_WORDS)]      # True: continuous batching
+    index: Annotated[int, Column("request", "{:d}")]
+    prompt_tokens: Annotated[int, Column("prompt", "{:,d}")]
+    new_tokens: Annotated[int, Column("new", "{:,d}")]
+    arrival_ms: Annotated[float, Column("arrived ms", "{:,.1f}")]
+    admitted_ms: float
+    first_token_ms: float
+    done_ms: float
+    queue_ms: Annotated[float, Column("waited ms", "{:,.1f}")]
+    ttft_ms: Annotated[float, Column("TTFT ms", "{:,.1f}")]
+    e2e_ms: Annotated[float, Column("end-to-end ms", "{:,.1f}")]
+
+
+@dataclass(frozen=True)
+class BatchSizePoint(LessonPoint):
+    """The rows one decode step of a policy ran, at ``t_ms`` from the first arrival."""
+
+    series = "batch"
+
+    policy: bool                   # True: continuous batching
+    t_ms: float
+    batch_size: int
+
+
 def run(experiment: Experiment, settings: ContinuousSettings) -> ContinuousResult:
     from engine.run.batch import generate_batch  # torch: only where a lesson runs, never where it is read
     from engine.run.scheduler import Request, serve
@@ -71,16 +106,16 @@ def run(experiment: Experiment, settings: ContinuousSettings) -> ContinuousResul
         batch = [Request(i, ids, n, i * settings.arrive_every) for i, (ids, n) in enumerate(zip(encoded, lengths))]
 
         def step(t: float, size: int, pol: int = p) -> None:
-            experiment.point("batch", policy=float(pol == 0), t_ms=t, batch_size=size)
+            experiment.point(BatchSizePoint(policy=pol == 0, t_ms=t, batch_size=size))
 
         if not serve(session, batch, policy, on_step=step, cancel=experiment.cancel):
             return ContinuousResult(incomplete=True)
         for r in batch:
-            experiment.point("request", policy=float(p == 0), index=r.index, prompt_tokens=len(r.ids),
-                             new_tokens=r.new_tokens, arrival_ms=r.arrival_ms, admitted_ms=r.admitted_ms,
-                             first_token_ms=r.first_token_ms, done_ms=r.done_ms,
-                             ttft_ms=r.first_token_ms - r.arrival_ms, e2e_ms=r.done_ms - r.arrival_ms,
-                             queue_ms=r.admitted_ms - r.arrival_ms)
+            experiment.point(RequestPoint(
+                policy=p == 0, index=r.index, prompt_tokens=len(r.ids), new_tokens=r.new_tokens,
+                arrival_ms=r.arrival_ms, admitted_ms=r.admitted_ms, first_token_ms=r.first_token_ms, done_ms=r.done_ms,
+                queue_ms=r.admitted_ms - r.arrival_ms, ttft_ms=r.first_token_ms - r.arrival_ms,
+                e2e_ms=r.done_ms - r.arrival_ms))
         results[policy] = batch
     figures: dict[str, float] = {}
     for policy, batch in results.items():
@@ -101,26 +136,20 @@ def run(experiment: Experiment, settings: ContinuousSettings) -> ContinuousResul
 
 def timeline(point: ExperimentPoint) -> list[Span | Counter]:
     """A lane per request (waiting, prefill, decode) and the batch size as a counter, per policy."""
-    v = point.values
-    policy = "continuous" if v.get("policy") else "static"
-    if point.series == "request" and "admitted_ms" in v:
-        track = f"{policy}: request {int(v['index'])}"
-        spans = (("waiting", v["arrival_ms"], v["admitted_ms"]), ("prefill", v["admitted_ms"], v["first_token_ms"]),
-                 ("decode", v["first_token_ms"], v["done_ms"]))
+    if RequestPoint.matches(point.series):
+        r = RequestPoint.read(point)
+        track = f"{POLICY_WORDS[r.policy]}: request {r.index}"
+        spans = (("waiting", r.arrival_ms, r.admitted_ms), ("prefill", r.admitted_ms, r.first_token_ms),
+                 ("decode", r.first_token_ms, r.done_ms))
         return [Span(track, name, start, max(end - start, 0.0)) for name, start, end in spans]
-    if point.series == "batch" and "batch_size" in v:
-        return [Counter(f"batch size ({policy})", v["t_ms"], {"rows": v["batch_size"]})]
+    if BatchSizePoint.matches(point.series):
+        b = BatchSizePoint.read(point)
+        return [Counter(f"batch size ({POLICY_WORDS[b.policy]})", b.t_ms, {"rows": b.batch_size})]
     return []
 
 
 def table(points: Sequence[ExperimentPoint], result: ContinuousResult) -> str:
-    lines = ["policy     | request | prompt | new | arrived ms | waited ms | TTFT ms | end-to-end ms",
-             "-----------+---------+--------+-----+------------+-----------+---------+--------------"]
-    for p in (p for p in points if p.series == "request"):
-        v = p.values
-        lines.append(f"{'continuous' if v['policy'] else 'static':10} | {int(v['index']):7d} | "
-                     f"{int(v['prompt_tokens']):6d} | {int(v['new_tokens']):3d} | {v['arrival_ms']:10.1f} | "
-                     f"{v['queue_ms']:9.1f} | {v['ttft_ms']:7.1f} | {v['e2e_ms']:13.1f}")
+    lines = table_lines(of(points, RequestPoint), RequestPoint)
     if result.continuous_tok_s is not None:
         for policy in POLICIES:
             lines.append(f"{policy:10}: {getattr(result, policy + '_tok_s'):8.1f} tok/s in all, mean TTFT "
@@ -135,5 +164,6 @@ def table(points: Sequence[ExperimentPoint], result: ContinuousResult) -> str:
 
 LESSON = Lesson(kind="continuous", title="Continuous batching", settings=ContinuousSettings,
                 result=ContinuousResult, run=run, table=table, check=check, timeline=timeline,
+                points=(RequestPoint, BatchSizePoint),
                 quick={"requests": 3, "arrive_every": 2, "new_tokens": (4, 6)},
                 course={"requests": 6})

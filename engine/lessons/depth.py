@@ -19,8 +19,9 @@ from engine.facts import kvformula
 from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings, RunFinished, TokenStep
-from engine.facts.fields import MAX_CONTEXT, Bytes, Count, Items, Key, Number, Range, Setting
+from engine.facts.fields import MAX_CONTEXT, Bytes, Column, Count, Items, Key, Number, Range, Setting
 from engine.facts.params import GenerationParams
+from engine.facts.vocabulary import LessonPoint
 from engine.run.experiment import Experiment, Lesson
 from engine.run.workloads import filler_ids
 
@@ -72,6 +73,25 @@ def depths(deepest: int, count: int, steps: int) -> list[int]:
     return sorted({top, *rounds})
 
 
+def _bytes(value: float) -> str:
+    return kvformula.format_bytes(int(value))
+
+
+@dataclass(frozen=True)
+class DepthPoint(LessonPoint):
+    """One cache depth: the decode step's time and attention's part of it, and the cache measured and computed."""
+
+    series = "depth"
+
+    depth: Annotated[int, Column("depth (positions)", "{:,d}")]
+    decode_ms: Annotated[float, Column("decode ms/step")]
+    attention_ms: Annotated[float | None, Column("attention ms")]
+    kv_bytes: Annotated[int, Column("KV held (measured)", show=_bytes)]
+    kv_formula_bytes: Annotated[int, Column("KV formula (computed)", show=_bytes)]
+    positions: int
+    prefill_ms: Annotated[float, Column("prefill ms", "{:,.0f}")]
+
+
 def run(experiment: Experiment, settings: DepthSettings) -> DepthResult:
     from engine.model.layer_clock import LayerClock, attention_modules
     from engine.run.session import RunOptions
@@ -118,9 +138,9 @@ def run(experiment: Experiment, settings: DepthSettings) -> DepthResult:
                                                                                                       s.kv_tokens),
                                   positions=s.kv_tokens)
             figures.append(figure)
-            experiment.point("depth", depth=float(length), decode_ms=decode_ms, attention_ms=attention_ms,
-                             kv_bytes=float(s.kv_bytes), kv_formula_bytes=float(figure.kv_formula_bytes),
-                             positions=float(s.kv_tokens), prefill_ms=s.prefill_ms)
+            experiment.point(DepthPoint(depth=length, decode_ms=decode_ms, attention_ms=attention_ms,
+                                        kv_bytes=s.kv_bytes, kv_formula_bytes=figure.kv_formula_bytes,
+                                        positions=s.kv_tokens, prefill_ms=s.prefill_ms))
     finally:
         if clock is not None:
             clock.close()
@@ -167,6 +187,6 @@ def table(points: Sequence[ExperimentPoint], result: DepthResult) -> str:
 
 
 LESSON = Lesson(kind="depth", title="Decode vs depth", settings=DepthSettings, result=DepthResult, run=run,
-                table=table, check=check,
+                table=table, check=check, points=(DepthPoint,),
                 quick={"deepest": 256, "depths": 3, "steps": 4},
                 course={"deepest": 2048, "depths": 5, "steps": 8})

@@ -20,7 +20,8 @@ from engine.facts import kvformula
 from engine.facts.contention import LoadMeter, busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.facts.fields import Bytes, Count, Items, Key, Message, Number, Range, Setting
+from engine.facts.fields import Bytes, Column, Count, Items, Key, Message, Number, Range, Setting
+from engine.facts.vocabulary import LessonPoint, of, table_lines
 from engine.run.experiment import Experiment, Lesson
 from engine.run.workloads import filler_ids, sample_texts
 
@@ -31,6 +32,48 @@ LINKS = (("PCIe 4.0 x16", 31.5e9, "PCI-SIG: 16 GT/s x 16 lanes, one direction"),
          ("InfiniBand NDR", 50e9, "400 Gb/s, NVIDIA ConnectX-7"),
          ("NVLink 4", 450e9, "NVIDIA H100 SXM: 900 GB/s both directions"))
 
+
+
+def _bytes_or_dash(value: float) -> str:
+    return kvformula.format_bytes(int(value)) if value else "-"
+
+
+@dataclass(frozen=True)
+class ServedPoint(LessonPoint):
+    """One request served in one mode: when it waited, was prefilled, handed over and decoded (ms from the first
+    arrival), its inter-token gaps, and its hand-over's time and bytes (disaggregated only)."""
+
+    series = "request"
+
+    mode: Annotated[int, Column("mode", words=MODES)]
+    index: Annotated[int, Column("request", "{:d}")]
+    prompt_tokens: Annotated[int, Column("prompt", "{:,d}")]
+    arrival_ms: float
+    ttft_ms: Annotated[float, Column("TTFT ms", "{:,.1f}")]
+    tokens: int
+    p50_gap_ms: Annotated[float | None, Column("p50 gap ms", "{:,.1f}")]
+    max_gap_ms: Annotated[float | None, Column("max gap ms", "{:,.1f}")]
+    handover_ms: Annotated[float | None, Column("hand-over ms", "{:,.1f}")]
+    transfer_ms: float | None
+    handover_bytes: Annotated[int | None, Column("bytes handed over", show=_bytes_or_dash)]
+    formula_bytes: int
+    prefill_start_ms: float | None
+    prefill_end_ms: float | None
+    handover_ready_ms: float | None
+    last_token_ms: float
+
+
+@dataclass(frozen=True)
+class GapPoint(LessonPoint):
+    """The wait before one token of one request (``t_ms``: when it came)."""
+
+    series = "gap"
+
+    mode: int
+    request: int
+    token: int
+    t_ms: float
+    gap_ms: float
 
 @dataclass(frozen=True)
 class DisaggregationSettings(LessonSettings):
@@ -187,19 +230,17 @@ def run(experiment: Experiment, settings: DisaggregationSettings) -> Disaggregat
             if not s.token_ms:
                 continue
             gaps = s.gaps_ms
-            experiment.point("request", mode=float(m), index=float(s.index), prompt_tokens=float(s.prompt_tokens),
-                             arrival_ms=s.arrival_ms, ttft_ms=s.ttft_ms, tokens=float(len(s.tokens)),
-                             p50_gap_ms=statistics.median(gaps) if gaps else None,
-                             max_gap_ms=max(gaps) if gaps else None,
-                             handover_ms=(s.handover_ready_ms - s.prefill_end_ms
-                                          if s.handover_ready_ms is not None else None),
-                             transfer_ms=s.transfer_ms, handover_bytes=float(s.handover_bytes) if s.handover_bytes
-                             else None, formula_bytes=float(per_token * s.prompt_tokens),
-                             prefill_start_ms=s.prefill_start_ms, prefill_end_ms=s.prefill_end_ms,
-                             handover_ready_ms=s.handover_ready_ms, last_token_ms=s.token_ms[-1])
+            experiment.point(ServedPoint(
+                mode=m, index=s.index, prompt_tokens=s.prompt_tokens, arrival_ms=s.arrival_ms, ttft_ms=s.ttft_ms,
+                tokens=len(s.tokens), p50_gap_ms=statistics.median(gaps) if gaps else None,
+                max_gap_ms=max(gaps) if gaps else None,
+                handover_ms=s.handover_ready_ms - s.prefill_end_ms if s.handover_ready_ms is not None else None,
+                transfer_ms=s.transfer_ms, handover_bytes=s.handover_bytes or None,
+                formula_bytes=per_token * s.prompt_tokens, prefill_start_ms=s.prefill_start_ms,
+                prefill_end_ms=s.prefill_end_ms, handover_ready_ms=s.handover_ready_ms,
+                last_token_ms=s.token_ms[-1]))
             for k, (t, gap) in enumerate(zip(s.token_ms[1:], gaps)):
-                experiment.point("gap", mode=float(m), request=float(s.index), token=float(k + 1), t_ms=t,
-                                 gap_ms=gap)
+                experiment.point(GapPoint(mode=m, request=s.index, token=k + 1, t_ms=t, gap_ms=gap))
     figures = tuple(_figures(mode, outcomes[mode]) for mode in MODES if mode in outcomes)
     complete = all(mode in outcomes and outcomes[mode].complete for mode in MODES) and not failure
     tokens = {mode: {s.index: s.tokens for s in outcomes[mode].served} for mode in outcomes}
@@ -234,18 +275,8 @@ def seven_b_lines(prompt_tokens: int) -> list[str]:
 
 
 def table(points: Sequence[ExperimentPoint], result: DisaggregationResult) -> str:
-    lines = ["mode          | request | prompt | TTFT ms | p50 gap ms | max gap ms | hand-over ms | bytes handed",
-             "--------------+---------+--------+---------+------------+------------+--------------+-------------"]
-    for p in points:
-        if p.series != "request":
-            continue
-        v = p.values
-        handed = v.get("handover_ms")
-        lines.append(f"{MODES[int(v['mode'])]:13} | {int(v['index']):7d} | {int(v['prompt_tokens']):6,d} | "
-                     f"{v['ttft_ms']:7.1f} | {v.get('p50_gap_ms', 0.0):10.1f} | {v.get('max_gap_ms', 0.0):10.1f} | "
-                     f"{(f'{handed:12.1f}' if handed is not None else f'{chr(45):>12}')} | "
-                     f"{kvformula.format_bytes(v['handover_bytes']) if v.get('handover_bytes') else '-':>12}")
-    lines.append("")
+    served = of(points, ServedPoint)
+    lines = table_lines(served, ServedPoint) + [""]
     for f in result.modes:
         extra = ""
         if f.handover_ms is not None:
@@ -264,7 +295,7 @@ def table(points: Sequence[ExperimentPoint], result: DisaggregationResult) -> st
     if result.handover_matches_formula is not None:
         lines.append(f"hand-over bytes {'=' if result.handover_matches_formula else '!='} the formula "
                      f"({kvformula.format_bytes(result.bytes_per_token)} a token) x each prompt's tokens")
-    longest = max((int(p.values["prompt_tokens"]) for p in points if p.series == "request"), default=0)
+    longest = max((p.prompt_tokens for p in served), default=0)
     if longest:
         lines += [""] + seven_b_lines(longest)
     if result.failure:
@@ -275,7 +306,7 @@ def table(points: Sequence[ExperimentPoint], result: DisaggregationResult) -> st
 
 
 LESSON = Lesson(kind="disaggregation", title="Prefill and decode apart", settings=DisaggregationSettings,
-                result=DisaggregationResult, run=run, table=table, check=check,
+                result=DisaggregationResult, run=run, table=table, check=check, points=(ServedPoint, GapPoint),
                 quick={"requests": 4, "short_prompt": 8, "long_prompt": 96, "long_every": 2, "new_tokens": 5,
                        "arrive_every_ms": 20},
                 course={"long_prompt": 1024})

@@ -19,15 +19,16 @@ import math
 import statistics
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from engine.facts.contention import busy_note
 from engine.facts.costmodel import Device, ModelCost
 from engine.facts.errors import ModelSourceError, ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.facts.fields import Items, Key, Number, Range, Setting, Text
+from engine.facts.fields import Column, Items, Key, Number, Range, Setting, Text
 from engine.facts.params import GenerationParams
+from engine.facts.vocabulary import LessonPoint
 from engine.run.experiment import Experiment, Lesson
 from engine.run.workloads import filler_ids
 
@@ -69,6 +70,44 @@ class FormatFigures:
     bytes_x: Number | None = None
 
 
+def _diverges(step: float) -> str:
+    return "never" if step < 0 else f"step {int(step)}"
+
+
+@dataclass(frozen=True)
+class FormatPoint(LessonPoint):
+    """One weight format, measured (``index``: its place in the settings' formats): bytes and speed, the
+    ceilings where the machine was quiet, perplexity, the step its greedy tokens leave float32's (-1: never),
+    and in ``more`` each candidate kernel's products bandwidth (``products_gb_s_<kernel>``, achieved) and the
+    chosen one (``products_chosen_<kernel>``)."""
+
+    series = "format"
+
+    index: Annotated[int, Column("weights", "{:d}")]        # a table names it (``settings.formats[index]``)
+    weight_bytes: float
+    bytes_per_token: Annotated[float, Column("MiB/token", "{:,.1f}", scale=2**-20)]
+    decode_tok_s: Annotated[float, Column("decode tok/s", "{:,.1f}")]
+    decode_ceiling_tok_s: Annotated[float | None, Column("ceiling (computed)", "{:,.0f}")]
+    prefill_tok_s: Annotated[float, Column("prefill tok/s", "{:,.0f}")]
+    ttft_ms: Annotated[float, Column("TTFT ms", "{:,.0f}")]
+    diverges_at: Annotated[int, Column("tokens leave fp32 at", show=_diverges)]
+    nll: float
+    perplexity: Annotated[float, Column("perplexity")]
+    prefill_ceiling_tok_s: float | None = None
+    bandwidth_gb_s: float | None = None
+    peak_gflop_s: float | None = None
+    more: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SkippedPoint(LessonPoint):
+    """A format this device cannot load (``index``: its place in the settings' formats)."""
+
+    series = "skipped"
+
+    index: int
+
+
 @dataclass(frozen=True)
 class FormatsResult(LessonResult):
     kind = "dtype"
@@ -99,7 +138,7 @@ def run(experiment: Experiment, settings: FormatsSettings) -> FormatsResult:
         try:
             loaded = load(facts.source, str(session.device), fmt)
         except ModelSourceError as exc:                     # e.g. no int4 kernel for this device
-            experiment.point("skipped", index=i)
+            experiment.point(SkippedPoint(index=i))
             skipped.append(f"{fmt}: {exc}"[:512])
             experiment.progress(i, len(formats), f"{fmt}: skipped ({exc})")
             continue
@@ -113,7 +152,7 @@ def run(experiment: Experiment, settings: FormatsSettings) -> FormatsResult:
         divergence = first_divergence(reference, tokens)
         values["diverges_at"] = float(divergence) if divergence is not None else -1.0
         values["index"] = float(i)
-        experiment.point("format", **values)
+        experiment.point(FormatPoint.read(ExperimentPoint("", 0.0, FormatPoint.series, values)))
         rows.append((fmt, values))
         del loaded
         gc.collect()
@@ -231,5 +270,5 @@ def _ceiling(values: dict, key: str) -> str:
 
 
 LESSON = Lesson(kind="dtype", title="Weight formats", settings=FormatsSettings, result=FormatsResult, run=run,
-                table=table,
+                table=table, points=(FormatPoint, SkippedPoint),
                 quick={"formats": ("float32", "int8"), "new_tokens": 6, "repeats": 1})

@@ -21,7 +21,8 @@ from engine.facts import kv_methods, kvformula
 from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.facts.fields import MAX_PROMPT, Bytes, Count, Items, Key, Number, Range, Setting, Text
+from engine.facts.fields import MAX_PROMPT, Bytes, Column, Count, Items, Key, Number, Range, Setting, Text
+from engine.facts.vocabulary import LessonPoint
 from engine.run.experiment import Experiment, Lesson
 
 METHODS = ("full", "fp8", "quanto4", "quanto2", "hqq4", "sinks:4+60", "h2o:64")
@@ -65,6 +66,62 @@ class MethodFigures:
     decode_ms: Number                    # median teacher-forced step (measured, this CPU)
     full_share: Annotated[tuple[Number, ...], Items(MAX_POSITIONS)] = ()        # per position: layers holding it
     quantized_share: Annotated[tuple[Number, ...], Items(MAX_POSITIONS)] = ()   # in full / quantized
+
+
+def _departure(position: float) -> str:
+    return f"token {int(position) + 1}"
+
+
+@dataclass(frozen=True)
+class MethodPoint(LessonPoint):
+    """One way of keeping the cache (``index``: its place in the settings' methods): the bytes it held, how much
+    fewer than full, the KL it cost over the teacher-forced steps, the top-1 agreement, where free-running parted
+    from the reference (None: never), and its decode step on this CPU."""
+
+    series = "method"
+
+    index: Annotated[int, Column("cache", "{:d}")]              # a table names it (``settings.methods[index]``)
+    bytes: Annotated[int, Column("bytes held", show=kvformula.format_bytes)]
+    ratio: Annotated[float, Column("fewer bytes", "{:,.2f}x")]
+    kl_mean: Annotated[float, Column("KL mean (nats)", "{:.2e}")]
+    kl_max: Annotated[float, Column("KL max", "{:.2e}")]
+    agreement: Annotated[float, Column("top-1 agrees", "{:.1%}")]
+    departure: Annotated[int | None, Column("free-running departs at", show=_departure)]
+    decode_ms: Annotated[float, Column("ms/step (this CPU)", "{:,.1f}")]
+
+
+@dataclass(frozen=True)
+class StepPoint(LessonPoint):
+    """One teacher-forced step of one method (``method``: its index): KL from the full cache, whether the top-1
+    token agreed, and the bytes held."""
+
+    series = "step"
+
+    method: int
+    step: int
+    kl: float
+    agree: bool
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ChannelPoint(LessonPoint):
+    """One key channel of the watched layer: its largest |value| as written, and after a Hadamard rotation."""
+
+    series = "channel"
+
+    channel: int
+    absmax: float
+    absmax_rotated: float | None = None
+
+
+@dataclass(frozen=True)
+class SkippedMethod(LessonPoint):
+    """A method this model cannot keep its cache as (``index``: its place in the settings' methods)."""
+
+    series = "skipped"
+
+    index: int
 
 
 @dataclass(frozen=True)
@@ -171,8 +228,8 @@ def run(experiment: Experiment, settings: CompressionSettings) -> CompressionRes
         absmax = keys.float().abs().amax(dim=(0, 1))
         rotated_max = rotated.abs().amax(dim=(0, 1)) if rotated is not None else None
         for c in range(len(absmax)):
-            experiment.point("channel", channel=c, absmax=float(absmax[c]),
-                             absmax_rotated=float(rotated_max[c]) if rotated_max is not None else None)
+            experiment.point(ChannelPoint(channel=c, absmax=float(absmax[c]),
+                                          absmax_rotated=float(rotated_max[c]) if rotated_max is not None else None))
         del reference
         figures: list[MethodFigures] = []
         skipped: list[str] = []
@@ -182,7 +239,7 @@ def run(experiment: Experiment, settings: CompressionSettings) -> CompressionRes
             why = kv_methods.available(method)
             if why is not None:
                 skipped.append(why)
-                experiment.point("skipped", index=i)
+                experiment.point(SkippedMethod(index=i))
                 continue
             experiment.progress(i + 1, total, f"{method.words}: {steps} steps on the reference's tokens")
             one = _measure(experiment, session, method, i, prompt, tokens, ref_logp, ref_bytes)
@@ -221,7 +278,7 @@ def _measure(experiment: Experiment, session: Any, method: Any, index: int, prom
         logits = forced.feed([token])
         times.append(clock.elapsed_ms(start, clock.mark()))
         held = kv_compress.held_bytes(forced.cache)
-        experiment.point("step", method=index, step=step, kl=kls[-1], agree=float(agree[-1]), bytes=held)
+        experiment.point(StepPoint(method=index, step=step, kl=kls[-1], agree=bool(agree[-1]), bytes=held))
     states = kv_compress.position_states(forced.cache, forced.position, forced.evictor)
     layers = max(len(states), 1)
     full_share = tuple(sum(row[p] == kv_compress.FULL for row in states) / layers for p in range(forced.position))
@@ -243,9 +300,9 @@ def _measure(experiment: Experiment, session: Any, method: Any, index: int, prom
         kl_mean=statistics.fmean(kls), kl_max=max(kls), agreement=sum(agree) / len(agree), departure=departure,
         decode_ms=statistics.median(times), full_share=full_share[:MAX_POSITIONS],
         quantized_share=quant_share[:MAX_POSITIONS])
-    experiment.point("method", index=index, bytes=held, ratio=figures.ratio, kl_mean=figures.kl_mean,
-                     kl_max=figures.kl_max, agreement=figures.agreement,
-                     departure=float(departure) if departure is not None else None, decode_ms=figures.decode_ms)
+    experiment.point(MethodPoint(index=index, bytes=held, ratio=figures.ratio, kl_mean=figures.kl_mean,
+                                 kl_max=figures.kl_max, agreement=figures.agreement, departure=departure,
+                                 decode_ms=figures.decode_ms))
     return figures
 
 
@@ -294,6 +351,7 @@ def table(points: Sequence[ExperimentPoint], result: CompressionResult) -> str:
 
 LESSON = Lesson(kind="kv-compression", title="KV cache compression", settings=CompressionSettings,
                 result=CompressionResult, run=run, table=table, check=check,
+                points=(MethodPoint, StepPoint, ChannelPoint, SkippedMethod),
                 quick={"prompt": " ".join(["The cache keeps what attention read."] * 4), "new_tokens": 6,
                        "methods": ("full", "fp8", "sinks:4+16", "h2o:24")},
                 course={"new_tokens": 32})

@@ -22,13 +22,34 @@ from engine.facts import kvformula
 from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LayerTimes, LessonResult, LessonSettings, RunFinished
-from engine.facts.fields import MAX_LAYERS, MAX_PROMPT, Bytes, Count, Items, Key, Number, Range, Setting, Text
+from engine.facts.fields import MAX_LAYERS, MAX_PROMPT, Bytes, Column, Count, Items, Key, Number, Range, Setting, Text
 from engine.facts.params import GenerationParams
+from engine.facts.vocabulary import LessonPoint
 from engine.run.experiment import Experiment, Lesson
 from engine.run.workloads import sample_texts
 
 KV_CONTEXTS = (4096, 32768)
 
+
+
+def _rate(value: float) -> str:
+    return f"{kvformula.format_bytes(value)}/s"
+
+
+@dataclass(frozen=True)
+class SplitPoint(LessonPoint):
+    """One split of the layers between memory and disk: decode measured and predicted, the bytes read per token
+    and how fast, and a layer's time in memory and on disk."""
+
+    series = "split"
+
+    disk_layers: Annotated[int, Column("layers on disk", "{:,d}")]
+    decode_tok_s: Annotated[float, Column("decode tok/s (measured)", "{:,.1f}")]
+    predicted_decode_tok_s: Annotated[float | None, Column("predicted tok/s", "{:,.1f}")]
+    disk_bytes_per_token: Annotated[int, Column("read per token", show=kvformula.format_bytes)]
+    read_bytes_per_s: Annotated[float | None, Column("read rate", show=_rate)]
+    memory_layer_ms: Annotated[float | None, Column("layer in memory ms")]
+    disk_layer_ms: Annotated[float | None, Column("layer on disk ms")]
 
 @dataclass(frozen=True)
 class OffloadSettings(LessonSettings):
@@ -167,10 +188,9 @@ def run(experiment: Experiment, settings: OffloadSettings) -> OffloadResult:
             disk_layer_ms=statistics.median(disk_ms) if disk_ms else None,
             tokens_match=s.token_ids == baseline_ids)
         splits.append(figures)
-        experiment.point("split", disk_layers=float(count), decode_tok_s=s.decode_tok_s,
-                         predicted_decode_tok_s=predicted, disk_bytes_per_token=float(disk_bytes),
-                         read_bytes_per_s=rate, memory_layer_ms=figures.memory_layer_ms,
-                         disk_layer_ms=figures.disk_layer_ms)
+        experiment.point(SplitPoint(disk_layers=count, decode_tok_s=s.decode_tok_s, predicted_decode_tok_s=predicted,
+                                    disk_bytes_per_token=disk_bytes, read_bytes_per_s=rate,
+                                    memory_layer_ms=figures.memory_layer_ms, disk_layer_ms=figures.disk_layer_ms))
         del runner, loaded
     kv = _offloaded_cache_run(experiment, session, prompt, settings, baseline_ids) \
         if session.device.type == "cuda" and splits and not experiment.cancelled else None
@@ -237,6 +257,6 @@ def table(points: Sequence[ExperimentPoint], result: OffloadResult) -> str:
 
 
 LESSON = Lesson(kind="offload", title="Offloading: when the model does not fit", settings=OffloadSettings,
-                result=OffloadResult, run=run, table=table, check=check,
+                result=OffloadResult, run=run, table=table, check=check, points=(SplitPoint,),
                 quick={"disk_shares": (0.0, 0.5), "new_tokens": 4},
                 course={"new_tokens": 12})

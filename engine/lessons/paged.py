@@ -17,9 +17,11 @@ from typing import Annotated, Any, ClassVar
 from engine.facts import kvformula
 from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
-from engine.facts.events import BlockTable, ExperimentPoint, LessonResult, LessonSettings
-from engine.facts.fields import Bytes, Count, Key, Message, Number, Range, Setting
+from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
+from engine.facts.fields import Bytes, Column, Count, Key, Message, Number, Range, Setting
+from engine.facts.vocabulary import LessonPoint, of, table_lines
 from engine.run.experiment import Experiment, Lesson
+from engine.serve.block_events import BlockTable
 
 SYSTEM = ("You are the support assistant of a library. Answer in one short sentence, politely, and never invent "
           "opening hours: the library opens at nine and closes at six on weekdays, and is closed on Sundays.")
@@ -96,6 +98,21 @@ def check(target: Any, settings: PagedSettings) -> None:
                              f"{target.facts.max_context:,}")
 
 
+@dataclass(frozen=True)
+class PagedRequestPoint(LessonPoint):
+    """One request through transformers' paged batching, with block sharing on or off (ms from its arrival)."""
+
+    series = "request"
+
+    sharing: Annotated[bool, Column("block sharing", words=("off", "on"))]
+    index: Annotated[int, Column("request", "{:d}")]
+    prompt_tokens: Annotated[int, Column("prompt", "{:,d}")]
+    new_tokens: int
+    queue_ms: Annotated[float, Column("waited ms", "{:,.1f}")]
+    ttft_ms: Annotated[float, Column("TTFT ms", "{:,.1f}")]
+    e2e_ms: Annotated[float, Column("end-to-end ms", "{:,.1f}")]
+
+
 def run(experiment: Experiment, settings: PagedSettings) -> PagedResult:
     from engine.run.batch import generate_batch
     from engine.run.paged import PagedRequest, Pool, Snapshot, serve_paged
@@ -130,9 +147,10 @@ def run(experiment: Experiment, settings: PagedSettings) -> PagedResult:
             return PagedResult(incomplete=True)
         peaks[sharing], runs[sharing] = peak, batch
         for r in batch:
-            experiment.point("request", sharing=float(sharing), index=r.index, prompt_tokens=len(r.ids),
-                             new_tokens=len(r.tokens), ttft_ms=r.first_token_ms - r.arrival_ms,
-                             e2e_ms=r.done_ms - r.arrival_ms, queue_ms=r.admitted_ms - r.arrival_ms)
+            experiment.point(PagedRequestPoint(
+                sharing=sharing, index=r.index, prompt_tokens=len(r.ids), new_tokens=len(r.tokens),
+                queue_ms=r.admitted_ms - r.arrival_ms, ttft_ms=r.first_token_ms - r.arrival_ms,
+                e2e_ms=r.done_ms - r.arrival_ms))
     figures = {**_block_figures(session, runs, peaks, page, prompts), "reserve": settings.reserve}
     solo = []
     for ids in prompts:                                  # each alone, for the token check; stopped between passes
@@ -183,12 +201,7 @@ def _timings(prefix: str, batch: list) -> dict:
 
 
 def table(points: Sequence[ExperimentPoint], result: PagedResult) -> str:
-    lines = ["sharing | request | prompt | waited ms | TTFT ms | end-to-end ms",
-             "--------+---------+--------+-----------+---------+--------------"]
-    for p in points:
-        v = p.values
-        lines.append(f"{'on' if v['sharing'] else 'off':>7} | {int(v['index']):7d} | {int(v['prompt_tokens']):6d} | "
-                     f"{v['queue_ms']:9.1f} | {v['ttft_ms']:7.1f} | {v['e2e_ms']:13.1f}")
+    lines = table_lines(of(points, PagedRequestPoint), PagedRequestPoint)
     if result.peak_blocks_shared:
         mib = 2**20
         r = result
@@ -211,6 +224,6 @@ def table(points: Sequence[ExperimentPoint], result: PagedResult) -> str:
 
 
 LESSON = Lesson(kind="paged", title="Paged KV", settings=PagedSettings, result=PagedResult, run=run, table=table,
-                check=check,
+                check=check, points=(PagedRequestPoint,), events=(BlockTable,),
                 quick={"requests": 3, "new_tokens": 4},
                 course={"new_tokens": 12})

@@ -16,8 +16,8 @@ from engine.facts import costmodel
 from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.facts.fields import MAX_CONTEXT, Count, Number, Range, Setting
-from engine.facts.report import quantity
+from engine.facts.fields import MAX_CONTEXT, Column, Count, Number, Range, Setting
+from engine.facts.vocabulary import LessonPoint, of, table_lines
 from engine.run.experiment import Experiment, Lesson
 from engine.run.workloads import filler_ids
 
@@ -59,6 +59,22 @@ class PrefillResult(LessonResult):
     noisy: bool = False                         # some length's repeats spread more than NOISY_SPREAD
 
 
+@dataclass(frozen=True)
+class PrefillPoint(LessonPoint):
+    """One prompt length: the medians of its timed repeats, their spread, and the cost model's figures."""
+
+    series = "prefill"
+
+    tokens: Annotated[int, Column("prompt tokens", "{:,d}")]
+    prefill_ms: Annotated[float, Column("prefill ms (median)")]
+    ttft_ms: Annotated[float, Column("TTFT ms")]
+    prefill_ms_min: float
+    prefill_ms_max: float
+    flops: Annotated[float, Column("GFLOPs (computed)", "{:,.3g}", scale=1e-9)]
+    attention_flops: float
+    predicted_ms: Annotated[float | None, Column("predicted ms (computed)")] = None
+
+
 def doubling_lengths(start: int, limit: int) -> list[int]:
     lengths, n = [], start
     while n <= limit:
@@ -91,7 +107,7 @@ def run(experiment: Experiment, settings: PrefillSettings) -> PrefillResult:
     session = experiment.session
     lengths = doubling_lengths(settings.start, _limit(session, settings))
     ids = filler_ids(session, lengths[-1])
-    measured: list[dict] = []
+    measured: list[PrefillPoint] = []
     for i, n in enumerate(lengths):
         forward, ttft = [], []
         for r in range(1 + settings.repeats):               # one warm-up, then the timed repeats
@@ -104,45 +120,37 @@ def run(experiment: Experiment, settings: PrefillSettings) -> PrefillResult:
                 forward.append(forward_ms)
                 ttft.append(ttft_ms)
         cost = experiment.cost.prefill(n)
-        values = {"tokens": n, "prefill_ms": statistics.median(forward), "ttft_ms": statistics.median(ttft),
-                  "prefill_ms_min": min(forward), "prefill_ms_max": max(forward), "flops": cost.flops,
-                  "attention_flops": costmodel.attention_flops(n, session.facts.hidden_size)}
-        predicted = experiment.predicted_ms(cost)
-        if predicted is not None:
-            values["predicted_ms"] = predicted
-        experiment.point("prefill", **values)
-        measured.append(values)
+        point = PrefillPoint(tokens=n, prefill_ms=statistics.median(forward), ttft_ms=statistics.median(ttft),
+                             prefill_ms_min=min(forward), prefill_ms_max=max(forward), flops=cost.flops,
+                             attention_flops=costmodel.attention_flops(n, session.facts.hidden_size),
+                             predicted_ms=experiment.predicted_ms(cost))
+        experiment.point(point)
+        measured.append(point)
     experiment.progress(len(lengths), len(lengths), "done")
     return summarize(measured)
 
 
-def summarize(points: list[dict]) -> PrefillResult:
+def summarize(points: list[PrefillPoint]) -> PrefillResult:
     if not points:
         return PrefillResult(incomplete=True)
-    spread = max(p["prefill_ms_max"] / p["prefill_ms_min"] for p in points if p["prefill_ms_min"] > 0)
+    spread = max(p.prefill_ms_max / p.prefill_ms_min for p in points if p.prefill_ms_min > 0)
     if len(points) < 2:
         return PrefillResult(points=len(points), largest_spread=spread, noisy=spread > NOISY_SPREAD)
-    n = [p["tokens"] for p in points]
-    t = [p["prefill_ms"] for p in points]
+    n = [p.tokens for p in points]
+    t = [p.prefill_ms for p in points]
     half = len(points) // 2
-    predicted = [p["predicted_ms"] for p in points if "predicted_ms" in p]
+    predicted = [p.predicted_ms for p in points if p.predicted_ms is not None]
     return PrefillResult(
         points=len(points), exponent=fitted_exponent(n, t),
         exponent_short=fitted_exponent(n[: half + 1], t[: half + 1]),
         exponent_long=fitted_exponent(n[half:], t[half:]), doubled_from=n[-2], doubled_to=n[-1],
-        last_doubling_x=t[-1] / t[-2], flops_doubling_x=points[-1]["flops"] / points[-2]["flops"],
+        last_doubling_x=t[-1] / t[-2], flops_doubling_x=points[-1].flops / points[-2].flops,
         predicted_exponent=fitted_exponent(n, predicted) if len(predicted) == len(points) else None,
         largest_spread=spread, noisy=spread > NOISY_SPREAD)
 
 
 def table(points: Sequence[ExperimentPoint], result: PrefillResult) -> str:
-    lines = ["prompt tokens | prefill ms (median) | TTFT ms | predicted ms (computed) | FLOPs (computed)",
-             "--------------+---------------------+---------+-------------------------+-----------------"]
-    for p in points:
-        v = p.values
-        pred = f"{v['predicted_ms']:.2f}" if "predicted_ms" in v else "n/a"
-        lines.append(f"{int(v['tokens']):13,d} | {v['prefill_ms']:19.2f} | {v['ttft_ms']:7.2f} | {pred:>23} | "
-                     f"{quantity(v['flops']):>15}")
+    lines = table_lines(of(points, PrefillPoint), PrefillPoint)
     if result.exponent is not None:
         lines += ["", f"time ~ n^{result.exponent:.2f} overall (n^{result.exponent_short:.2f} for short prompts, "
                   f"n^{result.exponent_long:.2f} for long ones), measured",
@@ -157,6 +165,6 @@ def table(points: Sequence[ExperimentPoint], result: PrefillResult) -> str:
 
 
 LESSON = Lesson(kind="prefill", title="Prefill vs prompt length", settings=PrefillSettings, result=PrefillResult,
-                run=run, table=table, check=check,
+                run=run, table=table, check=check, points=(PrefillPoint,),
                 quick={"max_length": 128, "repeats": 1},
                 course={"max_length": 1024, "repeats": 2})

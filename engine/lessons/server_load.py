@@ -18,20 +18,23 @@ the server the user gave.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
-from engine.facts.events import ExperimentPoint, KVBlocks, LessonResult, LessonSettings, RequestBlocks, RunFinished
-from engine.facts.fields import Count, Items, Key, Number, Range, Setting, Text
+from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings, RunFinished
+from engine.facts.fields import Column, Count, Items, Key, Number, Range, Setting, Text
 from engine.facts.params import GenerationParams
+from engine.facts.vocabulary import LessonPoint
 from engine.run.experiment import SERVER, Counter, Experiment, Lesson, Span
 from engine.run.workloads import sample_texts
 from engine.serve import kv_events, metrics, remote, slots
+from engine.serve.block_events import KVBlocks, RequestBlocks
 from engine.serve.prefix_tree import PrefixTree
 from engine.serve.remote import RemoteError, get_text
 from engine.serve.workload import Workload, read_workload
@@ -43,6 +46,70 @@ PROMPTS = ("Explain the KV cache of a transformer in three sentences.",
            "List five facts about the Moon, one per line.",
            "Describe how a bicycle gear works to a ten-year-old.")
 
+
+
+@dataclass(frozen=True)
+class ServedRequest(LessonPoint):
+    """One request as this client saw it (sent, first token, end, in ms from the test's start) and what the
+    server said of it: the prompt tokens it counted and served from its cache, its own timings (llama-server's
+    ``timings``), and what the KV events predicted at send."""
+
+    series = "request"
+
+    index: Annotated[int, Column("request", "{:d}")]
+    arrival_ms: Annotated[float, Column("sent at ms", "{:,.0f}")]
+    ttft_ms: Annotated[float, Column("TTFT ms (client)", "{:,.1f}")]
+    e2e_ms: Annotated[float, Column("end-to-end ms", "{:,.0f}")]
+    generated: Annotated[int, Column("tokens", "{:,d}")]
+    ok: bool
+    decode_tok_s: Annotated[float, Column("tok/s (client)", "{:,.1f}")]
+    server_prompt_ms: Annotated[float | None, Column("prompt ms (server)", "{:,.1f}")] = None
+    prompt_tokens: Annotated[int | None, Column("prompt tokens (server)", "{:,d}")] = None
+    cached_tokens: Annotated[int | None, Column("from its cache (server)", "{:,d}")] = None
+    predicted_tokens: Annotated[int | None, Column("predicted at send (events)", "{:,d}")] = None
+    server_predicted_ms: float | None = None
+    server_prompt_n: int | None = None
+    server_cache_n: int | None = None
+
+
+@dataclass(frozen=True)
+class MetricsPoint(LessonPoint):
+    """One /metrics poll (``t_ms`` from the test's start): the quantities the server reported (absent: not
+    reported), summed over its engines ("metrics"), or one engine's ("metrics engine <name>")."""
+
+    series = "metrics"
+    ENGINE: ClassVar[str] = "metrics engine "
+
+    t_ms: float
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    prompt_tokens: float | None = None
+    generated_tokens: float | None = None
+    cached_prompt_tokens: float | None = None
+    prefix_queries: float | None = None
+    transferred_prompt_tokens: float | None = None
+
+    @classmethod
+    def matches(cls, series: str) -> bool:
+        return series == cls.series or series.startswith(cls.ENGINE)
+
+
+assert set(metrics.QUANTITIES) <= {f.name for f in dataclasses.fields(MetricsPoint)}, "a quantity without its field"
+
+
+@dataclass(frozen=True)
+class SlotsPoint(LessonPoint):
+    """One /slots poll: how many slots, working and positions held in all, and per slot (in ``more``) its
+    context (``ctx <id>``), the positions it holds (``held <id>``) and whether it works (``busy <id>``)."""
+
+    series = "slots"
+
+    t_ms: float
+    slots: int
+    busy: int
+    held: int
+    more: dict[str, float] = field(default_factory=dict)
 
 @dataclass(frozen=True)
 class ServerLoadSettings(LessonSettings):
@@ -174,7 +241,7 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
             **{f"server_{k.split('.')[-1]}": v for k, v in s.server_timings.items()
                if k in ("timings.prompt_ms", "timings.predicted_ms", "timings.prompt_n", "timings.cache_n")}}
         with lock:
-            experiment.point("request", **results[index])
+            experiment.point(ServedRequest.from_values(results[index]))
             done = sum(1 for r in results if r)
         experiment.progress(done, count, f"{done} of {count} requests finished")
 
@@ -199,9 +266,9 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
             return None
         with lock:
             now = experiment.ms()
-            experiment.point("metrics", t_ms=now, **reading.values)
+            experiment.point(MetricsPoint.from_values({"t_ms": now, **reading.values}))
             for key, values in reading.engines.items():          # data-parallel engines: each apart
-                experiment.point(f"metrics engine {key}"[:64], t_ms=now, **values)
+                experiment.point(MetricsPoint.from_values({"t_ms": now, **values}), f"{MetricsPoint.ENGINE}{key}"[:64])
                 if "kv_usage" in values:
                     kv_by_engine[key] = max(kv_by_engine.get(key, 0.0), values["kv_usage"])
             for note in reading.notes:
@@ -228,7 +295,7 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
             slot_polls["last"] = found
             slot_polls["busy"] = max(slot_polls["busy"], sum(s.processing for s in found))
             slot_polls["held"] = max(slot_polls["held"], max(s.held for s in found))
-            experiment.point("slots", t_ms=experiment.ms(), **slots.slot_values(found))
+            experiment.point(SlotsPoint.from_values({"t_ms": experiment.ms(), **slots.slot_values(found)}))
             if more:
                 slot_polls["error"] = f"the server has {len(found) + more} slots; the first {len(found)} are shown"
 
@@ -551,4 +618,5 @@ def prefix_lines(r: ServerLoadResult) -> list[str]:
 
 LESSON = Lesson(kind="server load", title="Server load", settings=ServerLoadSettings, result=ServerLoadResult,
                 run=run, table=table, target=SERVER, timeline=timeline, check=check,
+                points=(ServedRequest, MetricsPoint, SlotsPoint), events=(KVBlocks, RequestBlocks),
                 quick={"requests": 3, "every_s": 0.5})

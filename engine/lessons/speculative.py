@@ -18,8 +18,25 @@ from typing import Annotated, Any, ClassVar
 from engine.facts import kvformula
 from engine.facts.contention import LoadMeter, busy_note
 from engine.facts.errors import ModelSourceError, ParameterError
-from engine.facts.events import DraftPass, ExperimentPoint, LessonResult, LessonSettings
-from engine.facts.fields import MAX_DRAFT, MAX_PROMPT, Count, Key, Number, Range, Setting, Text, TokenText
+from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
+from engine.facts.fields import (
+    MAX_CONTEXT,
+    MAX_DRAFT,
+    MAX_PROMPT,
+    Column,
+    Count,
+    Items,
+    Key,
+    Ms,
+    Number,
+    Range,
+    Setting,
+    Text,
+    TokenId,
+    TokenText,
+)
+from engine.facts.validation import FieldError
+from engine.facts.vocabulary import LessonEvent, LessonPoint, of, table_lines
 from engine.run.experiment import Experiment, Lesson
 from engine.store.resources import SPECULATIVE_PROMPTS as PROMPTS
 
@@ -99,6 +116,54 @@ def _drafter(experiment: Experiment, settings: SpeculativeSettings):
         raise ParameterError(f"The draft model could not be loaded: {exc}") from None
 
 
+@dataclass(frozen=True)
+class DecodePoint(LessonPoint):
+    """One repeat of plain or speculative decode of the same prompt (its series says which)."""
+
+    series = "plain"
+    family = ("plain", "speculative")
+    series_column = Column("decode")
+
+    repeat: Annotated[int, Column("repeat", "{:,d}", shift=1)]        # from 0; shown from 1
+    decode_ms: Annotated[float, Column("decode ms", "{:,.0f}")]
+    prefill_ms: float
+    generated: int
+    passes: Annotated[int, Column("forward passes", "{:,d}")]
+    drafted: Annotated[int, Column("guessed", "{:,d}")]
+    accepted: Annotated[int, Column("kept", "{:,d}")]
+    decode_tok_s: Annotated[float, Column("tok/s", "{:,.1f}")]
+
+
+@dataclass(frozen=True)
+class DraftPass(LessonEvent):
+    """One verification pass of speculative decoding (repeat ``repeat`` of the experiment): the guesses
+    (``drafted``, their text), how many the model kept (a prefix), and the token it chose after them (a
+    correction where a guess was rejected, a bonus where all were kept). Times by the run's clock."""
+
+    repeat: Annotated[int, Range(0, 1 << 10)]
+    index: Count
+    position: Annotated[int, Range(1, MAX_CONTEXT)]
+    drafted: Annotated[list[TokenId], Items(MAX_DRAFT)]
+    drafted_text: Annotated[list[TokenText], Items(MAX_DRAFT)]
+    accepted: Annotated[int, Range(0, MAX_DRAFT)]
+    token_id: TokenId
+    text: TokenText
+    draft_ms: Ms
+    verify_ms: Ms
+
+    def check(self, vocab_size: int, max_context: int) -> None:
+        top = vocab_size - 1
+        if any(t > top for t in self.drafted) or self.token_id > top:
+            raise FieldError(f"drafted and token_id must be token ids from 0 to {top:,}")
+        if len(self.drafted_text) != len(self.drafted):
+            raise FieldError(f"drafted_text has {len(self.drafted_text):,} entries; drafted has "
+                             f"{len(self.drafted):,}")
+        if self.accepted > len(self.drafted):
+            raise FieldError(f"accepted must be between 0 and {len(self.drafted):,}, not {self.accepted:,}")
+        if self.position > max(max_context - 1, 1):
+            raise FieldError(f"position must be between 1 and {max(max_context - 1, 1):,}")
+
+
 def run(experiment: Experiment, settings: SpeculativeSettings) -> SpeculativeResult:
     from engine.run.speculative import decode
 
@@ -123,10 +188,10 @@ def run(experiment: Experiment, settings: SpeculativeSettings) -> SpeculativeRes
                 shares.append(meter.share())
             runs[name].append(result)
             generated = len(result.tokens)
-            experiment.point(name, repeat=repeat, decode_ms=result.decode_ms, prefill_ms=result.prefill_ms,
-                             generated=generated, passes=len(result.passes), drafted=result.drafted,
-                             accepted=result.accepted,
-                             decode_tok_s=(generated - 1) / (result.decode_ms / 1000.0) if result.decode_ms else 0.0)
+            experiment.point(DecodePoint(
+                repeat=repeat, decode_ms=result.decode_ms, prefill_ms=result.prefill_ms, generated=generated,
+                passes=len(result.passes), drafted=result.drafted, accepted=result.accepted,
+                decode_tok_s=(generated - 1) / (result.decode_ms / 1000.0) if result.decode_ms else 0.0), name)
             if name == "speculative":
                 _emit_passes(experiment, repeat, result)
     experiment.progress(total, total, "done")
@@ -159,13 +224,7 @@ def _emit_passes(experiment: Experiment, repeat: int, result: Any) -> None:
 
 
 def table(points: Sequence[ExperimentPoint], result: SpeculativeResult) -> str:
-    lines = ["decode      | repeat | decode ms | tok/s  | forward passes | guessed | kept",
-             "------------+--------+-----------+--------+----------------+---------+-----"]
-    for p in points:
-        v = p.values
-        lines.append(f"{p.series:11} | {int(v['repeat']) + 1:6d} | {v['decode_ms']:9.0f} | "
-                     f"{v['decode_tok_s']:6.1f} | {int(v['passes']):14d} | "
-                     f"{int(v['drafted']):7d} | {int(v['accepted']):4d}")
+    lines = table_lines(of(points, DecodePoint), DecodePoint)
     if result.speedup is not None:
         lines += ["", f"{result.drafter}: {result.accepted} of {result.drafted} guesses kept "
                   f"({result.acceptance:.0%}), {result.tokens_per_pass:.2f} tokens per forward pass, decode "
@@ -179,6 +238,7 @@ def table(points: Sequence[ExperimentPoint], result: SpeculativeResult) -> str:
 
 
 LESSON = Lesson(kind="speculative", title="Speculative decoding", settings=SpeculativeSettings,
-                result=SpeculativeResult, run=run, table=table, check=check,
+                result=SpeculativeResult, run=run, table=table, check=check, points=(DecodePoint,),
+                events=(DraftPass,),
                 quick={"new_tokens": 12, "repeats": 1, "prompt": "The cache keeps what attention has already read."},
                 course={"new_tokens": 48, "repeats": 1})

@@ -21,8 +21,6 @@ from pathlib import Path
 
 from engine import lessons
 from engine.facts.events import (
-    BlockTable,
-    DraftPass,
     ExperimentPoint,
     ExperimentStarted,
     LayerTimes,
@@ -33,7 +31,9 @@ from engine.facts.events import (
     TokenStep,
     plain,
 )
+from engine.lessons.speculative import DraftPass
 from engine.run.experiment import Span
+from engine.serve.block_events import BlockTable
 from engine.store.files import write_text
 
 TRACKS = {"forward": 1, "sampling": 2, "waits": 3}

@@ -59,8 +59,8 @@ def header() -> dict:
 
 
 def checker() -> Checker:
-    """The schema checker with every lesson's settings and result types (``engine.lessons``)."""
-    return Checker(lessons.types())
+    """The schema checker with what every lesson's experiments may hold (``engine.lessons``)."""
+    return Checker(lessons.vocabulary())
 
 
 # --- writing ----------------------------------------------------------------------------------------------
@@ -92,6 +92,7 @@ def write_checked(path: str | os.PathLike, events: Iterable[object]) -> Written:
     which event and why. A name ending in ``.gz`` is written compressed (the reader knows it by its bytes)."""
     check_writable(path)
     check, written, note = checker(), 0, ""
+    kept = TRACE_EVENTS + lessons.lesson_events()
     compressed = os.fspath(path).endswith(".gz")
 
     def write_to(binary) -> None:
@@ -110,7 +111,7 @@ def write_checked(path: str | os.PathLike, events: Iterable[object]) -> Written:
         nonlocal written, note
         f.write(json.dumps(header()) + "\n")
         for event in events:
-            if not isinstance(event, TRACE_EVENTS):
+            if not isinstance(event, kept):
                 continue
             data = to_dict(event)
             try:

@@ -10,7 +10,6 @@ No torch here (a lesson's run function imports what it drives): the window reads
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 import time
 import uuid
@@ -34,6 +33,7 @@ from engine.facts.events import (
     RunStarted,
     ServerFacts,
 )
+from engine.facts.vocabulary import LessonEvent, LessonPoint
 
 Sink = Callable[[object], None]
 MODEL, SERVER = "model", "server"        # what a lesson runs against: a model loaded here, or a serving engine
@@ -68,7 +68,9 @@ class Lesson:
     no busy machine changes (no busy note). ``quick``: settings for a short run on a small model (a 256-position
     context, seconds), what the tests that take every lesson and a quick demonstration use: declared here so a
     new lesson brings its own and no test keeps a table of lessons. ``course``: what the shipped course records
-    (the embedded model, a few minutes on a two-core laptop), over the lesson's defaults."""
+    (the embedded model, a few minutes on a two-core laptop), over the lesson's defaults. ``points``: the typed
+points it reports (``engine.facts.vocabulary.LessonPoint``: its table's columns, the schema's checks);
+``events``: the events of its own (``LessonEvent``), which the trace schema and the window learn from here."""
 
     kind: str
     title: str
@@ -82,6 +84,8 @@ class Lesson:
     timed: bool = True          # False: it measures bytes, not time, so a busy machine changes nothing
     quick: Mapping[str, Any] = field(default_factory=dict)
     course: Mapping[str, Any] = field(default_factory=dict)
+    points: tuple[type[LessonPoint], ...] = ()
+    events: tuple[type[LessonEvent], ...] = ()
 
 
 class Experiment:
@@ -121,11 +125,13 @@ class Experiment:
     def progress(self, done: int, total: int, message: str) -> None:
         self.emit(ExperimentProgress(self.exp_id, self.ms(), min(done, total), total, message[:1024]))
 
-    def point(self, series: str, **values: float) -> None:
-        """One measured point; a value that is not a finite number (a ratio over nothing) is left out: absent,
-        never NaN."""
-        kept = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(v)}
-        self.emit(ExperimentPoint(self.exp_id, self.ms(), series, kept))
+    def point(self, point: LessonPoint, series: str = "") -> None:
+        """One measured point, one of the lesson's declared ``points``; a figure that is not a finite number (a
+        ratio over nothing) is left out: absent, never NaN. ``series``: where a point type names a family of
+        series (one per engine of a server), which one."""
+        if type(point) not in self.lesson.points:
+            raise TypeError(f"{self.lesson.title} declares no {type(point).__name__} point")
+        self.emit(ExperimentPoint(self.exp_id, self.ms(), series or point.series, point.values()))
 
     def predicted_ms(self, cost: Cost) -> float | None:
         return cost.predicted_s(self.device) * 1000.0 if self.device else None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from engine.facts.events import BlockTable, KVBlocks, RequestBlocks
+from engine.serve.block_events import BlockTable, KVBlocks, RequestBlocks
 
 MAX_NODES = 20_000                # blocks a tree keeps; past it the oldest removed ones go first, then the oldest
 

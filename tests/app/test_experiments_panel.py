@@ -7,6 +7,10 @@ import pytest
 
 from app import export
 from engine.facts.events import HardwarePeaks
+from engine.lessons.batch import BatchPoint
+from engine.lessons.prefill import PrefillPoint
+from engine.lessons.speculative import DraftPass
+from engine.serve.block_events import BlockTable
 from tests.app.conftest import run_and_wait, wait_idle
 
 # Peaks as a quiet machine measures them, set by the test: measured here, on a busy machine, they would give no
@@ -30,7 +34,7 @@ def test_prefill_sweep_fills_chart_table_and_explanation(qtbot, window):
     window.client.worker.peaks = QUIET_PEAKS
     view, record = run_experiment(qtbot, window, "prefill", max_length=128, repeats=1)
     assert record is not None and record.finished and record.end.reason == "done"
-    assert list(record.series("prefill", "tokens")) == [16, 32, 64, 128]
+    assert [p.tokens for p in record.typed(PrefillPoint)] == [16, 32, 64, 128]
     names = view.chart.legend_names()
     assert "prefill time (measured)" in names and "cost model, roofline (computed)" in names
     assert view.table.rowCount() == 4 and view.table.item(3, 0).text() == "128"
@@ -50,7 +54,7 @@ def test_cache_experiment_overlays_both_runs(qtbot, window):
 
 def test_batch_experiment_draws_throughput_against_latency(qtbot, window):
     view, record = run_experiment(qtbot, window, "batch", sizes="1, 2, 4", new_tokens=4)
-    assert list(record.series("batch", "batch")) == [1, 2, 4]
+    assert [p.batch for p in record.typed(BatchPoint)] == [1, 2, 4]
     curve = view.plot.listDataItems()[0]
     xs, ys = curve.getData()
     assert len(xs) == 3 and all(y > 0 for y in ys)
@@ -150,7 +154,8 @@ def test_speculative_decoding_marks_every_kept_and_rejected_guess(qtbot, window)
     r = record.result
     assert record.end.reason == "done" and r.tokens_match is True
     assert record.settings.prompt == "hello world hello world hello world"
-    last = [p for p in record.passes if p.repeat == max(p.repeat for p in record.passes)]
+    passes = record.of(DraftPass)
+    last = [p for p in passes if p.repeat == max(p.repeat for p in passes)]
     text = view.passes_text.text()
     assert text.count("<u ") == sum(p.accepted for p in last)
     assert text.count("<s ") == sum(len(p.drafted) - p.accepted for p in last)
@@ -166,13 +171,13 @@ def test_paged_kv_draws_each_requests_blocks_and_scrubs_through_the_steps(qtbot,
     assert record.end.reason == "done" and record.result.tokens_match_solo is True
     names = view.chart.legend_names()
     assert "shared prefix block" in names and "the request's own block" in names
-    assert view.step_slider.maximum() == len(record.tables) - 1
+    assert view.step_slider.maximum() == len(record.of(BlockTable)) - 1
     peak = view.step_slider.value()
     assert "(the most held)" in view.explain.text() and "MiB" in view.explain.text()
-    assert 0 <= peak < len(record.tables)
+    assert 0 <= peak < len(record.of(BlockTable))
     view.step_slider.setValue(0)
-    first = record.tables[0]
-    assert f"Step {first.step}, 1 of {len(record.tables)}" in view.explain.text()
+    first = record.of(BlockTable)[0]
+    assert f"Step {first.step}, 1 of {len(record.of(BlockTable))}" in view.explain.text()
     ticks = [label for _, label in view.plot.getAxis("left")._tickLevels[0]]
     assert ticks == [f"#{r}" for r in first.running] + [f"pool ({first.total_blocks})"]
 

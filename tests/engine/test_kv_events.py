@@ -16,8 +16,8 @@ import msgpack
 import pytest
 import zmq
 
-from engine.facts.events import BlockTable, KVBlocks, RequestBlocks
 from engine.serve import kv_events, metrics
+from engine.serve.block_events import BlockTable, KVBlocks, RequestBlocks
 from engine.serve.prefix_tree import PrefixTree, tree_of
 from tests.replay_server import fixture
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 
 from engine.facts.errors import ParameterError
-from engine.facts.events import BlockTable, ExperimentFinished
+from engine.facts.events import ExperimentFinished
 from engine.lessons import paged as paged_lesson
 from engine.model.models import load
 from engine.output.trace import read_trace, write_trace
 from engine.run import paged
 from engine.run.batch import generate_batch
 from engine.run.session import Session
+from engine.serve.block_events import BlockTable
 from tests.architectures import build
 from tests.lessons import collect
 from tests.traces import first_row, refused_with, rows_of

@@ -13,9 +13,10 @@ import time
 import msgpack
 import pytest
 
-from engine.facts.events import ExperimentPoint, RequestBlocks
+from engine.facts.events import ExperimentPoint
 from engine.lessons import server_load
 from engine.output.trace import read_trace, write_trace
+from engine.serve.block_events import RequestBlocks
 from engine.serve.prefix_tree import PrefixTree, tree_of
 from engine.serve.remote import RemoteSession, probe
 from tests.lessons import collect
@@ -255,7 +256,7 @@ def test_a_flood_of_kv_events_is_counted_not_kept_and_memory_stays_bounded(monke
     import sys
     import tracemalloc
 
-    from engine.facts.events import KVBlocks
+    from engine.serve.block_events import KVBlocks
     from tests.engine.test_kv_events import free_port
 
     monkeypatch.setattr(server_load, "MAX_RECORDED_BLOCKS", 2_000)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from engine.facts.errors import ParameterError
-from engine.facts.events import DraftPass, ExperimentFinished
+from engine.facts.events import ExperimentFinished
 from engine.facts.params import GenerationParams
+from engine.lessons.speculative import DraftPass
 from engine.model.models import load
 from engine.output.trace import read_trace, write_trace
 from engine.run import speculative as sp

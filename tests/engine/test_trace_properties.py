@@ -33,7 +33,8 @@ from engine.facts.events import (
 )
 from engine.facts.fields import Items, Range, Text
 from engine.facts.params import MAX_SEED, GenerationParams
-from engine.facts.validation import FieldError, plan
+from engine.facts.validation import MISSING, FieldError, plan, shapes
+from engine.facts.vocabulary import MORE
 from engine.output.trace import read_trace, write_checked
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -86,7 +87,7 @@ def json_round_trip(value: object) -> object:
 
 
 # --- every field layer: built, written as JSON, read back equal ---------------------------------------------
-FIELD_CLASSES = [cls for cls in (*TRACE_EVENTS, KVLayer, Candidate, RunSummary, ModelFacts)
+FIELD_CLASSES = [cls for cls in (*TRACE_EVENTS, *lessons.lesson_events(), KVLayer, Candidate, RunSummary, ModelFacts)
                  if cls not in (ExperimentStarted, ExperimentFinished)]
 LESSON_CLASSES = [cls for lesson in lessons.LESSONS for cls in (lesson.settings, lesson.result)]
 
@@ -172,6 +173,28 @@ def test_a_generated_run_written_always_reads_back(tmp_path_factory, events):
 
 
 @st.composite
+def declared_points(draw, lesson) -> tuple[str, dict[str, float]]:
+    """A point of one of the lesson's declared kinds: its series, every required figure, some optional ones, and
+    figures named at run time where the kind keeps them (``more``)."""
+    kind = draw(st.sampled_from(lesson.points))
+    names = {shape.name for shape in shapes(kind)}
+    values: dict[str, float] = {}
+    for shape in shapes(kind):
+        if shape.name == MORE:
+            values.update(draw(st.dictionaries(st.text(min_size=1, max_size=10).filter(lambda k: k not in names),
+                                               st.floats(-1e9, 1e9), max_size=3)))
+        elif (shape.optional or shape.default is not MISSING) and draw(st.booleans()):
+            continue
+        elif shape.base is bool:
+            values[shape.name] = float(draw(st.booleans()))
+        elif shape.base is int:
+            values[shape.name] = float(draw(st.integers(-10**6, 10**6)))
+        else:
+            values[shape.name] = draw(st.floats(-1e9, 1e9))
+    return draw(st.sampled_from((kind.series, *kind.family))), values
+
+
+@st.composite
 def experiments(draw) -> list[object]:
     """An experiment of any lesson: settings and a result generated within their declarations, points between."""
     lesson = draw(st.sampled_from(lessons.LESSONS))
@@ -184,8 +207,7 @@ def experiments(draw) -> list[object]:
         except FieldError:
             continue
     result = plan(lesson.result).build(draw(dataclass_dicts(lesson.result)))
-    points = [ExperimentPoint("e1", float(i), "s", {k: v for k, v in draw(st.dictionaries(
-        st.text(min_size=1, max_size=10), st.floats(-1e9, 1e9), max_size=5)).items()}) for i in range(3)]
+    points = [ExperimentPoint("e1", float(i), *draw(declared_points(lesson))) for i in range(3)]
     return [ExperimentStarted("e1", 0.0, lesson.kind, facts, settings_), *points,
             ExperimentFinished("e1", 5.0, draw(st.sampled_from(("done", "stopped"))), result)]
 

@@ -13,11 +13,12 @@ import urllib.request
 
 import pytest
 
-from engine.facts.events import ExperimentPoint, ExperimentProgress, KVBlocks, RequestBlocks, RunFinished, TokenStep
+from engine.facts.events import ExperimentPoint, ExperimentProgress, RunFinished, TokenStep
 from engine.facts.params import GenerationParams
 from engine.lessons import server_load
 from engine.output.trace import read_trace, write_trace
 from engine.serve import metrics, remote
+from engine.serve.block_events import KVBlocks, RequestBlocks
 from engine.serve.prefix_tree import tree_of
 from engine.serve.remote import RemoteSession, probe
 from tests.integration.conftest import VLLM_CONTEXT, VLLM_TEST_S
