@@ -32,11 +32,12 @@ from app.viewstate import Conversation, ViewState
 from app.window import MainWindow
 from app.worker import EngineClient
 from app.x11watch import WindowWatch
+from engine.terminal.command_line import add_load_flags
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kvscope", description="See LLM inference live.")
-    p.add_argument("--model", help="model to load at start (default: the last one used, else 'embedded')")
+    add_load_flags(p, ("model",), defaults=False, note=" (default: the last one used, else 'embedded')")
     p.add_argument("--server", metavar="URL",
                    help="watch a serving engine instead of loading a model (llama-server, vLLM, TGI, SGLang; an API "
                         "key is read from KVSCOPE_API_KEY)")
@@ -44,8 +45,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="with --server: watch the engine's KV event publisher (vLLM's --kv-events-config "
                         "endpoint) from launch, every client's blocks drawn as a tree until Ctrl+.; ipc:///PATH or "
                         "tcp://HOST:PORT to connect, tcp://*:PORT or bind:tcp://127.0.0.1:PORT to bind")
-    p.add_argument("--device", help="auto, cpu, cuda or mps")
-    p.add_argument("--dtype", help="auto, float32, bfloat16, float16, int8 or int4 (weights)")
+    add_load_flags(p, ("device", "dtype"), defaults=False, note=" (default: the last one used, else auto)")
     p.add_argument("trace_files", nargs="*", metavar="TRACE",
                    help="KVScope traces (.jsonl, .jsonl.gz) to replay one after the other, instead of loading a model")
     p.add_argument("--trace", help="a trace to open and replay instead of loading a model (as TRACE)")

@@ -6,22 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.facts.events import LessonSettings
-from engine.facts.params import GenerationParams
+from engine.facts.params import GenerationParams, LoadSettings
 
 
 @dataclass(frozen=True)
-class Load:
-    """Load a model (a path, a hub id, ``embedded``) or attach to a server (an ``http(s)://`` address).
-    ``memory_budget``: at most this many bytes of weights in memory; the rest offloads to disk (0: no limit);
-    ``measure_peaks``: measure this machine's peaks after loading if none are cached (off in lecture mode: a
-    minute of busy cores must never start in front of a room)."""
+class Load(LoadSettings):
+    """Load a model (a path, a hub id, ``embedded``) or attach to a server (an ``http(s)://`` address), with the
+    load settings as declared (``LoadSettings``), and ``measure_peaks``: measure this machine's peaks after
+    loading if none are cached (off in lecture mode: a minute of busy cores must never start in front of a
+    room)."""
 
-    model: str
-    device: str = "auto"
-    dtype: str = "auto"
-    trust_remote_code: bool = False
-    memory_budget: int = 0
-    deadline_s: float = 600.0
     measure_peaks: bool = True
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import field, make_dataclass, replace
 
 from app import requests as rq
 from app.viewstate import Observable
@@ -29,32 +29,37 @@ SLOW_MAX_MS = 1000
 PARAMS = GenerationParams()           # the declared defaults, shared with the CLI
 
 
-@dataclass(frozen=True)
-class Choices:
-    """The run settings a user sets in Controls (or with a scene's keys): the run's parameters as
-    ``GenerationParams`` declares them, plus what only the window has. ``random_seed``: a fresh seed each run,
-    reported; ``attention``: record attention (``capture_attention``); ``slow_ms``: slow motion, a pause before
-    each decode step."""
+DEFAULT_PROMPT = "hey, what is continuous batching?"
 
-    prompt: str = "hey, what is continuous batching?"
-    chat_template: bool = PARAMS.chat_template
-    max_new_tokens: int = PARAMS.max_new_tokens
-    temperature: float = PARAMS.temperature
-    top_k: int = PARAMS.top_k
-    top_p: float = PARAMS.top_p
-    seed: int = PARAMS.seed
-    random_seed: bool = False
-    kv_cache: bool = PARAMS.kv_cache
-    static_cache: bool = PARAMS.static_cache
-    compiled: bool = PARAMS.compiled
-    attention: bool = PARAMS.capture_attention
-    kv_method: str = PARAMS.kv_method
-    slow_ms: int = 0
+
+def none_choice(shape: FieldShape) -> str | None:
+    """The check box a setting that may be None gets beside its number, named by its declared word for None
+    (the seed's ``random``: ``random_seed``); None for a setting without one."""
+    return f"{shape.setting.none}_{shape.name}" if shape.setting is not None and shape.setting.none else None
+
+
+def _choice_fields() -> list[tuple[str, type, object]]:
+    """The prompt, every declared run setting at its default (and its None check box), and slow motion."""
+    out: list[tuple[str, type, object]] = [("prompt", str, field(default=DEFAULT_PROMPT))]
+    for shape in shapes(GenerationParams):
+        out.append((shape.name, shape.base, field(default=shape.default)))
+        if none_choice(shape):
+            out.append((none_choice(shape), bool, field(default=False)))
+    return out + [("slow_ms", int, field(default=0))]
+
+
+Choices = make_dataclass("Choices", _choice_fields(), frozen=True, namespace={"__doc__": (
+    "The run settings a user sets in Controls (or with a scene's keys), made from ``GenerationParams``'s "
+    "declarations: every run setting under its own name, a check box for each that may be None (the seed's "
+    "``random_seed``: a fresh seed each run, reported), plus what only the window has: the prompt and slow motion "
+    "(``slow_ms``, a pause before each decode step).")})
+WINDOW_ONLY = ("prompt", "slow_ms")
+RENAMED = {"attention": "capture_attention"}        # names a settings file from an earlier version may hold
 
 
 def param_shape(name: str) -> FieldShape:
-    """The declaration a choice follows (``attention`` is ``capture_attention``)."""
-    return shape_of(GenerationParams, "capture_attention" if name == "attention" else name)
+    """The declaration a run setting follows."""
+    return shape_of(GenerationParams, name)
 
 
 def declared_bounds() -> dict[str, tuple[float, float]]:
@@ -131,15 +136,27 @@ class RunSettings(Observable):
         return notch(shape, getattr(self.choices, name), direction, self.bounds(name))
 
     def params(self, attention: bool = False) -> GenerationParams:
-        """What a run gets; raises ``ParameterError`` for a combination the engine refuses."""
+        """What a run gets: every declared setting as chosen, None where its check box says so, a setting whose
+        ``needs`` is off left off, and the combinations the engine refuses resolved the way the controls show them
+        (a static cache needs the KV cache; attention, the scene's or the box's, is recorded eagerly). Raises
+        ``ParameterError`` for a value the engine refuses."""
         c = self.choices
-        kv = c.kv_cache
-        return GenerationParams(
-            max_new_tokens=c.max_new_tokens, temperature=round(c.temperature, 4), top_k=c.top_k,
-            top_p=round(c.top_p, 4), seed=None if c.random_seed else c.seed, kv_cache=kv,
-            chat_template=c.chat_template, static_cache=c.static_cache and kv,
-            compiled=c.compiled and c.static_cache and kv and not (attention or c.attention),
-            capture_attention=attention or c.attention, kv_method=c.kv_method)
+        values = {}
+        for shape in shapes(GenerationParams):
+            value = getattr(c, shape.name)
+            if none_choice(shape) and getattr(c, none_choice(shape)):
+                value = None
+            elif isinstance(value, float):
+                value = round(value, 4)
+            values[shape.name] = value
+        values["capture_attention"] = attention or c.capture_attention
+        values["static_cache"] = c.static_cache and c.kv_cache
+        for shape in shapes(GenerationParams):
+            needs = shape.setting.needs if shape.setting is not None else ""
+            if needs and not values[needs]:
+                values[shape.name] = False
+        values["compiled"] = values["compiled"] and not values["capture_attention"]
+        return GenerationParams(**values)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self.choices)
@@ -154,13 +171,12 @@ class RunSettings(Observable):
         except ParameterError:
             return []
         out = []
-        for field in dataclasses.fields(GenerationParams):
-            name = field.name
-            if name == "seed" and self.choices.random_seed:
+        for shape in shapes(GenerationParams):
+            name = shape.name
+            if none_choice(shape) and getattr(self.choices, none_choice(shape)):
                 continue                                 # a fresh seed every run: no value to compare
             now, ran = getattr(upcoming, name), getattr(shown, name)
             if now != ran:
-                shape = shape_of(GenerationParams, name)
                 label = shape.setting.label.lower() if shape.setting is not None else name.replace("_", " ")
                 out.append(f"{label} {_value(now)} (ran {_value(ran)})")
         return out
@@ -169,13 +185,15 @@ class RunSettings(Observable):
         """Take remembered values, each checked: a wrong type or a value out of its declared range is replaced
         by the default, and ``notes`` says which."""
         defaults, values, notes = Choices(), {}, []
+        stored = {RENAMED.get(name, name): value for name, value in stored.items()}
+        declared = set(GenerationParams.field_names())
         for f in dataclasses.fields(Choices):
             if f.name not in stored:
                 continue
             value = _coerce(stored[f.name], type(getattr(defaults, f.name)))
+            if value is not None and f.name in declared and not GenerationParams.admits(f.name, value):
+                value = None                             # the declaration's own rules, every one of them
             span = declared_span(f.name)
-            if value is not None and f.name == "kv_method" and not _known_method(value):
-                value = None
             if value is None or (span is not None and not span.admits(value)):
                 notes.append(f"{f.name} ({str(stored[f.name])[:40]})")
                 continue
@@ -207,16 +225,6 @@ def notch(shape: FieldShape, value: float, direction: int, bounds: tuple[float, 
         new = value + direction * (shape.setting.step or 1)
     new = min(max(new, low), high)
     return int(round(new)) if shape.base is int else round(float(new), 4)
-
-
-def _known_method(name: str) -> bool:
-    from engine.facts.kv_methods import parse_method
-
-    try:
-        parse_method(name, for_run=True)               # a remembered value must be one a run takes
-    except ParameterError:
-        return False
-    return True
 
 
 def _coerce(value: object, kind: type) -> object:

@@ -380,7 +380,8 @@ class SceneView(QWidget):
         joined = lessons.joins().get(scene.name)
         extra = f" · <b>{joined[1].key}</b> {escape(joined[1].words)}" if joined else ""
         settings = escape(self._keys_text(scene))
-        settings = re.sub(r"\b([TPKM]) ", r"<b>\1</b> ", settings)
+        letters = "".join(letter for letter, _name in PARAMETER_LETTERS)
+        settings = re.sub(rf"\b([{letters}]) ", r"<b>\1</b> ", settings)
         notice = f" · <b>{escape(self.notice)}</b>" if self.notice else ""
         tried = self.context.state.what_if
         if scene.lesson is None and tried is not None:           # T, P, K filter the shown step again

@@ -204,7 +204,7 @@ def run_remote(args: argparse.Namespace, params: GenerationParams, prompt: str, 
     if params.kv_cache is False or params.static_cache or params.compiled or params.capture_attention:
         raise ParameterError("--no-kv-cache, --static-cache, --compile and --attention act on a model KVScope runs; "
                              "a server decides those itself")
-    facts = probe(args.server, deadline_s=args.deadline)
+    facts = probe(args.server, deadline_s=args.deadline_s)
     print(f"[{safe_line(facts.engine)} at {safe_line(facts.url)}: {safe_line(facts.name)}]", file=sys.stderr,
           flush=True)
 
@@ -217,7 +217,7 @@ def run_remote(args: argparse.Namespace, params: GenerationParams, prompt: str, 
 
     cancel = threading.Event()
     try:
-        result = RemoteSession(facts, deadline_s=args.deadline).run(prompt, params, sink, cancel)
+        result = RemoteSession(facts, deadline_s=args.deadline_s).run(prompt, params, sink, cancel)
     except KeyboardInterrupt:
         cancel.set()
         keep_partial(writer)

@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSizePolicy,
     QSlider,
-    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
@@ -30,13 +29,22 @@ from PySide6.QtWidgets import (
 from app import requests as rq
 from app.glossary import tip
 from app.resources import sample_prompts
-from app.run_settings import SLOW_MAX_MS, ModelChoice, RunSettings, param_shape
+from app.run_settings import (
+    DEFAULT_PROMPT,
+    MODEL_LIMITED,
+    SLOW_MAX_MS,
+    ModelChoice,
+    RunSettings,
+    none_choice,
+    param_shape,
+)
 from app.setting_widgets import control, narrow
-from engine.facts.kv_methods import RUN_CHOICES as KV_METHODS
-from engine.facts.params import DEVICES, DTYPES
-from engine.serve.remote import DEADLINE_S, without_credentials
+from engine.facts.params import GenerationParams, LoadSettings
+from engine.facts.validation import FieldShape, shape_of, shapes
+from engine.serve.remote import without_credentials
 
 GIB = 1 << 30
+MAX_BUDGET_GIB = 4096.0              # what the spin box offers (the declaration allows far more)
 
 
 class ControlsPanel(QWidget):
@@ -51,38 +59,29 @@ class ControlsPanel(QWidget):
         super().__init__()
         self.run_settings, self.model_choice = run_settings, model_choice
         # --- model ---
+        load = {shape.name: shape for shape in shapes(LoadSettings)}      # labels, help, choices and ranges
         self.model_box = QComboBox()
         self.model_box.setEditable(True)
-        self.model_box.addItem("embedded")
-        self.model_box.setToolTip("'embedded' (SmolLM2-135M-Instruct), a Hugging Face folder, a .gguf file, a "
-                                  "hub id such as HuggingFaceTB/SmolLM2-360M-Instruct, or a serving engine's "
-                                  "address such as http://127.0.0.1:8080 (llama-server, vLLM, TGI)")
+        self.model_box.addItem(load["model"].default)
+        self.model_box.setToolTip(said(load["model"]))
         self.folder_button = QPushButton("Folder…")
         self.gguf_button = QPushButton(".gguf…")
         self.folder_button.clicked.connect(self._pick_folder)
         self.gguf_button.clicked.connect(self._pick_gguf)
-        self.device_box = QComboBox()
-        self.device_box.addItems(list(DEVICES))
-        self.dtype_box = QComboBox()
-        self.dtype_box.addItems(list(DTYPES))
-        self.dtype_box.setToolTip("auto measures which float is fastest here (once); int8 and int4 quantize the "
-                                  "weights\n" + tip("quantization", "GGUF"))
+        self.device_box, self.dtype_box = (offered(load[name], list(load[name].text.choices)) for name in
+                                           ("device", "dtype"))
+        self.dtype_box.setToolTip(said(load["dtype"]) + "\n" + tip("quantization", "GGUF"))
+        budget = load["memory_budget"]
         self.budget = QDoubleSpinBox()
-        self.budget.setRange(0.0, 4096.0)
+        self.budget.setRange(0.0, min(budget.span.high / GIB, MAX_BUDGET_GIB))
         self.budget.setDecimals(2)
         self.budget.setSingleStep(0.05)
         self.budget.setSuffix(" GiB")
-        self.budget.setSpecialValueText("no limit")
-        self.budget.setToolTip("At most this much of the model's weights in memory (CPU, or the GPU): the rest is "
-                               "offloaded to disk and read back at every step (the offloading lesson). 0 = no limit")
-        self.deadline = QSpinBox()
-        self.deadline.setRange(1, 86_400)
-        self.deadline.setValue(int(DEADLINE_S))
-        self.deadline.setSuffix(" s")
-        self.deadline.setToolTip("A server run that streams for longer than this is ended, keeping what arrived")
-        self.trust_box = QCheckBox("Allow this model's own code")
-        self.trust_box.setToolTip("trust_remote_code: runs Python shipped with the model. Allowed per model: "
-                                  "changing the model source clears it, and it is never remembered")
+        self.budget.setSpecialValueText(budget.setting.special)
+        self.budget.setToolTip(said(budget))
+        self.deadline = control(load["deadline_s"])
+        self.deadline.setDecimals(0)
+        self.trust_box = control(load["trust_remote_code"])
         self.model_box.currentTextChanged.connect(lambda _t: self.trust_box.setChecked(False))
         self.load_button = QPushButton("Load model")
         self.load_button.clicked.connect(self._request_load)
@@ -96,40 +95,38 @@ class ControlsPanel(QWidget):
         self.pending.hide()
         model_group = self.model_group = QGroupBox("Model")
         form = QFormLayout(model_group)
-        form.addRow("Source", self.model_box)          # one widget per row: the dock stays narrow (330 px)
+        form.addRow(load["model"].setting.label, self.model_box)   # one widget per row: the dock stays narrow
         row = QHBoxLayout()
         row.addWidget(self.folder_button)
         row.addWidget(self.gguf_button)
         form.addRow("", row)
-        form.addRow("Device", self.device_box)
-        form.addRow("dtype", self.dtype_box)
-        form.addRow("Memory budget", self.budget)
-        form.addRow("Server deadline", self.deadline)
+        for name, widget in (("device", self.device_box), ("dtype", self.dtype_box), ("memory_budget", self.budget),
+                             ("deadline_s", self.deadline)):
+            form.addRow(load[name].setting.label, widget)
         form.addRow(self.trust_box)
         form.addRow(self.load_button)
         form.addRow(self.pending)
         form.addRow(self.model_status)
 
-        # --- parameters: each control from its declaration in engine.facts.params (range, step, unit, help) ---
-        made = {name: control(param_shape(name)) for name in (
-            "max_new_tokens", "temperature", "top_k", "top_p", "seed", "kv_cache", "static_cache", "compiled",
-            "chat_template", "attention")}
+        # --- parameters: each control made from its declaration in engine.facts.params (range, step, unit, help,
+        # the word for None, what it needs on, the texts offered): adding a run setting adds its control here ---
+        self.setting_widgets: dict[str, QWidget] = {}
+        self.none_boxes: dict[str, QCheckBox] = {}
+        for shape in shapes(GenerationParams):
+            if shape.setting is None:
+                continue
+            self.setting_widgets[shape.name] = offered(shape) if shape.base is str else control(shape)
+            if none_choice(shape):
+                box = self.none_boxes[shape.name] = QCheckBox(shape.setting.none)
+                box.setToolTip(f"{shape.setting.none[:1].upper()}{shape.setting.none[1:]}: a new one each run "
+                               "(reported with the run)")
+        widgets = self.setting_widgets             # the handles shortcuts, the window and its tests reach them by
         self.max_tokens, self.temperature, self.top_k, self.top_p, self.seed = (
-            made[n] for n in ("max_new_tokens", "temperature", "top_k", "top_p", "seed"))
+            widgets["max_new_tokens"], widgets["temperature"], widgets["top_k"], widgets["top_p"], widgets["seed"])
         self.kv_box, self.static_box, self.compile_box, self.chat_box, self.attention_box = (
-            made[n] for n in ("kv_cache", "static_cache", "compiled", "chat_template", "attention"))
-        self.random_seed = QCheckBox("random")
-        self.random_seed.setToolTip("A new seed each run (reported with the run)")
-        self.compile_box.setToolTip(self.compile_box.toolTip() + ". On a CPU decoding starts at once, eagerly, "
-                                    "while the graph is built beside it, and switches to it at the next step: "
-                                    "the timing charts mark where")
-        self.compile_box.setEnabled(False)
-        kv_shape = param_shape("kv_method")
-        self.kv_method_box = QComboBox()                     # a few offered; any the engine parses can be typed
-        self.kv_method_box.setEditable(True)
-        self.kv_method_box.addItems(list(KV_METHODS))
-        self.kv_method_box.setToolTip(kv_shape.setting.help)
-        self.kv_method_box.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+            widgets["kv_cache"], widgets["static_cache"], widgets["compiled"], widgets["chat_template"],
+            widgets["capture_attention"])
+        self.kv_method_box, self.random_seed = widgets["kv_method"], self.none_boxes["seed"]
 
         # --- prompt ---
         self.samples = QComboBox()
@@ -137,7 +134,7 @@ class ControlsPanel(QWidget):
         for title, text in sample_prompts():
             self.samples.addItem(title, text)
         self.samples.activated.connect(self._use_sample)
-        for box in (self.samples, self.model_box, self.kv_method_box):
+        for box in (self.samples, self.model_box, *(w for w in widgets.values() if isinstance(w, QComboBox))):
             box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
             box.setMinimumContentsLength(8)
         self.prompt = QPlainTextEdit()
@@ -146,13 +143,10 @@ class ControlsPanel(QWidget):
         # panel scroll on a screen where everything fits with a shorter box.
         self.prompt.setMinimumHeight(64)
         self.prompt.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
-        self.prompt.setPlainText("hey, what is continuous batching?")
+        self.prompt.setPlainText(DEFAULT_PROMPT)
         prompt_group = QGroupBox("Prompt")
         pv = QVBoxLayout(prompt_group)
-        row = QHBoxLayout()
-        row.addWidget(self.samples, 1)
-        row.addWidget(self.chat_box)
-        pv.addLayout(row)
+        pv.addWidget(self.samples)
         pv.addWidget(self.prompt, 1)
 
         params_group = QGroupBox("Generation")
@@ -163,22 +157,18 @@ class ControlsPanel(QWidget):
         self.next_run.setStyleSheet("font-weight: bold;")
         self.next_run.hide()
         pf.addRow(self.next_run)
-        for name, box in (("max_new_tokens", self.max_tokens), ("temperature", self.temperature),
-                          ("top_k", self.top_k), ("top_p", self.top_p)):
-            pf.addRow(param_shape(name).setting.label, box)
-        row = QHBoxLayout()
-        row.addWidget(self.seed, 1)
-        row.addWidget(self.random_seed)
-        pf.addRow(param_shape("seed").setting.label, row)
-        row = QHBoxLayout()
-        row.addWidget(self.kv_box)
-        row.addWidget(self.static_box)
-        pf.addRow(row)
-        row = QHBoxLayout()
-        row.addWidget(self.compile_box)
-        row.addWidget(self.attention_box)
-        pf.addRow(row)
-        pf.addRow(kv_shape.setting.label, self.kv_method_box)
+        switches: list[QWidget] = []                # true/false settings, two to a row, in declared order
+        for name, widget in widgets.items():
+            if isinstance(widget, QCheckBox):
+                switches.append(widget)
+                continue
+            _pair_rows(pf, switches)
+            row = QHBoxLayout()
+            row.addWidget(widget, 1)
+            if name in self.none_boxes:
+                row.addWidget(self.none_boxes[name])
+            pf.addRow(param_shape(name).setting.label, row)
+        _pair_rows(pf, switches)
 
         # --- run buttons ---
         self.run_button = QPushButton("Run  (Ctrl+Enter)")
@@ -223,19 +213,10 @@ class ControlsPanel(QWidget):
         self._shown_loaded: rq.Load | None = None
         self._writes = {
             self.prompt.textChanged: lambda: {"prompt": self.prompt.toPlainText()},
-            self.max_tokens.valueChanged: lambda: {"max_new_tokens": self.max_tokens.value()},
-            self.temperature.valueChanged: lambda: {"temperature": round(self.temperature.value(), 4)},
-            self.top_k.valueChanged: lambda: {"top_k": self.top_k.value()},
-            self.top_p.valueChanged: lambda: {"top_p": round(self.top_p.value(), 4)},
-            self.seed.valueChanged: lambda: {"seed": self.seed.value()},
-            self.random_seed.toggled: lambda: {"random_seed": self.random_seed.isChecked()},
-            self.kv_box.toggled: lambda: {"kv_cache": self.kv_box.isChecked()},
-            self.static_box.toggled: lambda: {"static_cache": self.static_box.isChecked()},
-            self.compile_box.toggled: lambda: {"compiled": self.compile_box.isChecked()},
-            self.chat_box.toggled: lambda: {"chat_template": self.chat_box.isChecked()},
-            self.attention_box.toggled: lambda: {"attention": self.attention_box.isChecked()},
-            self.kv_method_box.currentTextChanged: lambda: {"kv_method": self.kv_method_box.currentText().strip()},
-            self.slow.valueChanged: lambda: {"slow_ms": self.slow.value()}}
+            self.slow.valueChanged: lambda: {"slow_ms": self.slow.value()},
+            **{changed_signal(w): lambda n=name, w=w: {n: read(w)} for name, w in widgets.items()},
+            **{b.toggled: lambda n=name, b=b: {none_choice(param_shape(n)): b.isChecked()}
+               for name, b in self.none_boxes.items()}}
         for signal, values in self._writes.items():
             signal.connect(lambda *_a, v=values: self._write(v()))
         for signal in (self.budget.valueChanged, self.deadline.valueChanged):
@@ -262,26 +243,16 @@ class ControlsPanel(QWidget):
     def follow(self) -> None:
         """Show what the run settings say (a scene's keys, a restored file), without writing them back."""
         c = self.run_settings.choices
-        for widget, value in ((self.max_tokens, c.max_new_tokens), (self.temperature, c.temperature),
-                              (self.top_k, c.top_k), (self.top_p, c.top_p), (self.seed, c.seed),
-                              (self.slow, c.slow_ms)):
-            if widget.value() != value:
-                widget.blockSignals(True)
-                widget.setValue(value)
-                widget.blockSignals(False)
-        for box, value in ((self.random_seed, c.random_seed), (self.kv_box, c.kv_cache),
-                           (self.static_box, c.static_cache), (self.compile_box, c.compiled),
-                           (self.chat_box, c.chat_template), (self.attention_box, c.attention)):
-            if box.isChecked() != value:
-                box.blockSignals(True)
-                box.setChecked(value)
-                box.blockSignals(False)
-        if self.kv_method_box.currentText().strip() != c.kv_method:
-            self.kv_method_box.blockSignals(True)
-            self.kv_method_box.setCurrentText(c.kv_method)
-            self.kv_method_box.blockSignals(False)
-        self.seed.setEnabled(not c.random_seed)
-        self.compile_box.setEnabled(c.static_cache)
+        for name, widget in self.setting_widgets.items():
+            show(widget, getattr(c, name))
+            needs = param_shape(name).setting.needs
+            if needs:
+                widget.setEnabled(bool(getattr(c, needs)))
+        for name, box in self.none_boxes.items():
+            none = getattr(c, none_choice(param_shape(name)))
+            show(box, none)
+            self.setting_widgets[name].setEnabled(not none)
+        show(self.slow, c.slow_ms)
         if self.prompt.toPlainText() != c.prompt:
             self.prompt.blockSignals(True)
             self.prompt.setPlainText(c.prompt)
@@ -321,7 +292,8 @@ class ControlsPanel(QWidget):
     def follow_limits(self) -> None:
         """The loaded model's limits narrow the two controls they apply to (declared ranges otherwise)."""
         limits = self.run_settings.limits
-        for name, box in (("max_new_tokens", self.max_tokens), ("top_k", self.top_k)):
+        for name in MODEL_LIMITED:
+            box = self.setting_widgets[name]
             box.blockSignals(True)
             narrow(box, param_shape(name), limits.get(name))
             box.blockSignals(False)
@@ -380,7 +352,9 @@ class ControlsPanel(QWidget):
             index = box.findText(str(s.value(f"controls/{key}", "auto")))
             box.setCurrentIndex(max(index, 0))
         self.budget.setValue(_number(s.value("controls/budget_gib", 0.0), 0.0, self.budget.maximum(), 0.0))
-        self.deadline.setValue(int(_number(s.value("controls/deadline_s", DEADLINE_S), 1, 86_400, DEADLINE_S)))
+        deadline = shape_of(LoadSettings, "deadline_s")
+        self.deadline.setValue(_number(s.value("controls/deadline_s", deadline.default), deadline.span.low,
+                                       deadline.span.high, deadline.default))
 
     # --- handlers -----------------------------------------------------------------------------------------
     def _use_sample(self, index: int) -> None:
@@ -412,6 +386,67 @@ class ControlsPanel(QWidget):
 
     def _slow_changed(self, ms: int) -> None:
         self.slow_label.setText(f"{ms} ms/token" if ms else "off")
+
+
+def offered(shape: FieldShape, only: list[str] | None = None) -> QComboBox:
+    """A text setting's control: an editable list of the texts its declaration offers (any text its check accepts
+    may be typed), or, given ``only``, a list of just those (its declared choices)."""
+    box = QComboBox()
+    box.setEditable(only is None)
+    box.addItems(only if only is not None else list(shape.setting.offered))
+    box.setCurrentText(str(shape.default))
+    box.setToolTip(said(shape))
+    box.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+    return box
+
+
+def said(shape: FieldShape) -> str:
+    """A setting's declared help as a tooltip says it."""
+    return shape.setting.help[:1].upper() + shape.setting.help[1:]
+
+
+def changed_signal(widget: QWidget):
+    """The signal a setting's control sends when the user changes it."""
+    if isinstance(widget, QCheckBox):
+        return widget.toggled
+    if isinstance(widget, QComboBox):
+        return widget.currentTextChanged
+    return widget.valueChanged
+
+
+def read(widget: QWidget) -> object:
+    """A setting's value as its control holds it (a float to four places, as the engine is given it)."""
+    if isinstance(widget, QCheckBox):
+        return widget.isChecked()
+    if isinstance(widget, QComboBox):
+        return widget.currentText().strip()
+    if isinstance(widget, QDoubleSpinBox):
+        return round(widget.value(), 4)
+    return widget.value()
+
+
+def show(widget: QWidget, value: object) -> None:
+    """Set a control to ``value`` without it writing back."""
+    if read(widget) == value:
+        return
+    widget.blockSignals(True)
+    if isinstance(widget, QCheckBox):
+        widget.setChecked(bool(value))
+    elif isinstance(widget, QComboBox):
+        widget.setCurrentText(str(value))
+    else:
+        widget.setValue(value)
+    widget.blockSignals(False)
+
+
+def _pair_rows(form: QFormLayout, switches: list[QWidget]) -> None:
+    """The check boxes gathered so far, two to a row; the list is emptied."""
+    for i in range(0, len(switches), 2):
+        row = QHBoxLayout()
+        for box in switches[i:i + 2]:
+            row.addWidget(box)
+        form.addRow(row)
+    switches.clear()
 
 
 def _number(value: object, low: float, high: float, default: float) -> float:

@@ -75,7 +75,9 @@ class Setting:
     field, the flag that turns it away from its default, ``--no-kv-cache``), the label of its form field or
     control, a help text and a unit shown after the value; ``special``: what the lowest value means, shown in
     its place (``"off"`` for top-k 0); ``none``: the word for None where None is allowed (``"random"`` for the
-    seed); ``step``: one notch of the control (and of a lecture key that changes it). A settings field without
+    seed: a control offers it as a check box beside the number); ``step``: one notch of the control (and of a
+    lecture key that changes it); ``needs``: the true/false setting that must be on for this one to apply (the
+    control is enabled only then); ``offered``: the texts a text setting's list offers. A settings field without
     it keeps its default everywhere."""
 
     flag: str
@@ -85,6 +87,8 @@ class Setting:
     special: str = ""
     none: str = ""
     step: float = 0.0
+    needs: str = ""                      # a true/false setting this one is offered only beside (compiled: static)
+    offered: tuple[str, ...] = ()        # the texts a list offers (any the field's check accepts may be typed)
 
 
 @dataclass(frozen=True)

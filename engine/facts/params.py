@@ -8,8 +8,9 @@ from dataclasses import dataclass, fields, replace
 from typing import Annotated
 
 from engine.facts.errors import ParameterError
-from engine.facts.fields import MAX_CONTEXT, MAX_VOCAB, Key, Range, Setting, Text
-from engine.facts.validation import shapes
+from engine.facts.fields import MAX_BYTES, MAX_CONTEXT, MAX_VOCAB, Key, Range, Setting, Text
+from engine.facts.kv_methods import RUN_CHOICES, parse_method
+from engine.facts.validation import shape_of, shapes
 
 MAX_SEED = 2**31 - 1        # what every control holds, and the range a random seed is drawn from
 DEFAULT_SEED = 42           # the window's and the CLI's: the same settings give the same text everywhere
@@ -20,6 +21,8 @@ MAX_TEMPERATURE = 100.0
 MIN_TEMPERATURE = 0.01      # below it logits / T overflows toward inf (NaN probabilities); 0 means greedy
 MIN_TOP_P = 0.01            # below it the filter is argmax in all but name, and tiny values underflow
 TOP_K_LADDER = (0, 1, 5, 10, 20, 40, 100, 1000)
+DEADLINE_S = 600.0          # a server run that takes longer (a server that never stops, or drips) is ended
+MAX_DEADLINE_S = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -50,22 +53,24 @@ class GenerationParams:
     kv_cache: Annotated[bool, Setting(
         "--no-kv-cache", "KV cache", "keep each layer's keys and values between steps; without the cache every "
         "decode step recomputes the whole sequence (watch the latency grow)")] = True
-    chat_template: Annotated[bool, Setting(
-        "--raw", "Chat template", "wrap the prompt as a user message with the model's chat template (without "
-        "it the prompt is raw text)")] = True
     static_cache: Annotated[bool, Setting(
         "--static-cache", "static", "allocate the KV cache for prompt + new tokens up front (what compiled "
         "decode needs)")] = False
     compiled: Annotated[bool, Setting(
         "--compile", "compiled decode", "decode through torch.compile over the static cache, rounded up to a "
         "power of two (CUDA graphs on a GPU; implies --static-cache); the graph's build time is reported apart "
-        "from decode")] = False
+        "from decode. On a CPU decoding starts at once, eagerly, while the graph is built beside it, and switches "
+        "to it at the next step: the timing charts mark where", needs="static_cache")] = False
     capture_attention: Annotated[bool, Setting(
         "--attention", "record attention", "record each step's newest-token attention over the cache (its cost "
         "per pass is reported)")] = False
+    chat_template: Annotated[bool, Setting(
+        "--raw", "Chat template", "wrap the prompt as a user message with the model's chat template (without "
+        "it the prompt is raw text)")] = True
     kv_method: Annotated[str, Text(32), Setting(
         "--kv-cache", "KV cache as", "full precision (full), quantized (fp8, quanto4, quanto2, hqq4) or "
-        "evicted to its S first and W most recent positions (sinks:S+W); the heatmap shows what it holds")] = "full"
+        "evicted to its S first and W most recent positions (sinks:S+W); the heatmap shows what it holds",
+        offered=RUN_CHOICES)] = "full"
 
     def __post_init__(self) -> None:
         for shape in shapes(GenerationParams):          # the declared ranges, checked with words a user acts on
@@ -88,8 +93,6 @@ class GenerationParams:
             raise ParameterError("compiled decode needs the static KV cache (static_cache=True, kv_cache=True)")
         if self.compiled and self.capture_attention:
             raise ParameterError("attention cannot be captured from a compiled decode: turn one of them off")
-        from engine.facts.kv_methods import parse_method
-
         method = parse_method(self.kv_method, for_run=True)           # H2O refused here, in one line
         object.__setattr__(self, "kv_method", method.name)           # one spelling: "FP8 " is "fp8"
         if method.kind != "full" and (not self.kv_cache or self.static_cache or self.compiled):
@@ -127,6 +130,17 @@ class GenerationParams:
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
 
+    @classmethod
+    def admits(cls, name: str, value: object) -> bool:
+        """Whether one setting may hold ``value`` by every rule its declaration and this class's own checks set (a
+        remembered value is checked here), with what it ``needs`` on and the rest at their defaults."""
+        needs = shape_of(cls, name).setting.needs if shape_of(cls, name).setting is not None else ""
+        try:
+            cls(**{name: value, **({needs: True} if needs else {})})
+        except (ParameterError, TypeError):
+            return False
+        return True
+
 
 def _check_int(name: str, value: object, *, low: int, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
@@ -139,3 +153,32 @@ def _check_int(name: str, value: object, *, low: int, high: int | None = None) -
 def _check_float(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ParameterError(f"{name} must be a finite number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """What a load takes, declared once like the run settings: the CLI's flags (``python -m engine`` and the
+    window's command line), the Model box in Controls (labels, tooltips, choices, ranges), the window's load
+    request (``app.requests.Load`` adds to it) and the settings file's checks read these fields.
+    ``memory_budget`` is bytes (the CLI takes ``300MiB``; Controls shows GiB). It does not check itself when made:
+    a source is whatever the user typed, judged by the loader with a message of its own."""
+
+    model: Annotated[str, Text(4096), Setting(
+        "--model", "Source", "'embedded' (SmolLM2-135M-Instruct), a Hugging Face folder, a .gguf file, a hub id "
+        "such as HuggingFaceTB/SmolLM2-360M-Instruct, or a serving engine's address such as http://127.0.0.1:8080 "
+        "(llama-server, vLLM, TGI, SGLang)")] = "embedded"
+    device: Annotated[str, Text(8, DEVICES), Setting(
+        "--device", "Device", "where the model runs: auto takes a GPU when there is one, else the CPU")] = "auto"
+    dtype: Annotated[str, Text(8, DTYPES), Setting(
+        "--dtype", "dtype", "the weights' format: auto measures which float is fastest here (once, then cached); "
+        "int8 and int4 quantize the weights")] = "auto"
+    trust_remote_code: Annotated[bool, Setting(
+        "--trust-remote-code", "Allow this model's own code", "trust_remote_code: runs Python shipped with the "
+        "model. Allowed per model: the window clears it when the source changes and never remembers it")] = False
+    memory_budget: Annotated[int, Range(0, MAX_BYTES), Setting(
+        "--memory-budget", "Memory budget", "at most this much of the weights in memory (per tier: the GPU, the "
+        "CPU); the rest is offloaded to disk and read back at every step (the offloading lesson)", unit="bytes",
+        special="no limit")] = 0
+    deadline_s: Annotated[float, Range(1.0, MAX_DEADLINE_S), Setting(
+        "--deadline", "Server deadline", "give up on a server run after this long, keeping what arrived",
+        unit="s", step=1.0)] = DEADLINE_S

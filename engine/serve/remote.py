@@ -48,7 +48,7 @@ from engine.facts.events import (
     TokenStep,
 )
 from engine.facts.fields import MAX_CANDIDATES, MAX_CONTEXT, MAX_NUMBER, MAX_TEXT, MAX_VOCAB
-from engine.facts.params import GenerationParams
+from engine.facts.params import DEADLINE_S, GenerationParams
 from engine.facts.tally import RunTally
 from engine.facts.textstream import clean_text
 from engine.serve import metrics
@@ -59,7 +59,6 @@ MAX_LINE = 1 << 20                    # bytes in one SSE line
 MAX_DIGITS = 40                       # digits of one whole number in a server's JSON
 MAX_URL = 2048
 MAX_FIGURES = 64                      # a server's own figures kept per run
-DEADLINE_S = 600.0                    # a run that takes longer (a server that never stops, or drips) is ended
 UNSTATED_CONTEXT = 1 << 18            # tokens read from a server that states no context (memory stays bounded)
 Sink = Callable[[object], None]
 

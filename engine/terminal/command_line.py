@@ -20,9 +20,9 @@ from typing import Any
 
 from engine.facts.errors import ParameterError
 from engine.facts.events import LoadProgress
-from engine.facts.params import DEVICES, DTYPES
+from engine.facts.params import LoadSettings
 from engine.facts.textstream import clean_text, safe_line
-from engine.facts.validation import MISSING, shapes
+from engine.facts.validation import MISSING, shape_of, shapes
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
@@ -69,20 +69,31 @@ def prompt_text(text: str) -> str:
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="embedded",
-                   help="'embedded' (SmolLM2-135M-Instruct), a Hugging Face folder, a .gguf file or a hub id")
-    p.add_argument("--device", default="auto", choices=DEVICES,
-                   help="where the model runs: auto takes a GPU when there is one, else the CPU (default auto)")
-    p.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="the weights' format: auto measures which float is fastest here (once, then cached); "
-                        "int8 and int4 quantize the weights (default auto)")
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="allow this model's own Python code to run (off by default)")
-    p.add_argument("--memory-budget", type=byte_size, default=0, metavar="SIZE",
-                   help="at most this much of the weights in memory (per tier: the GPU, the CPU), e.g. 300MiB or "
-                        "1.5GiB; the rest is offloaded to disk and read back at every step (default: no limit)")
+    """The load settings' flags (``LoadSettings``: its help, choices and defaults), the server's deadline aside
+    (``add_server_arguments``), and where offloaded weights go."""
+    add_load_flags(p, ("model", "device", "dtype", "trust_remote_code", "memory_budget"))
     p.add_argument("--offload-folder", default=None, metavar="FOLDER",
                    help="where offloaded weights are written (default: KVScope's cache folder)")
+
+
+def add_load_flags(p: argparse.ArgumentParser, names: tuple[str, ...], defaults: bool = True,
+                   note: str = "") -> None:
+    """Flags for the named ``LoadSettings`` fields, from their declarations. ``defaults``: each flag's default is
+    the declared one (False: None, for a caller that tells "not given" from the default, as the window does, whose
+    ``note`` says what it takes instead)."""
+    for name in names:
+        shape = shape_of(LoadSettings, name)
+        setting = shape.setting
+        default = shape.default if defaults else None
+        if shape.base is bool:
+            p.add_argument(setting.flag, dest=name, action="store_true", help=f"{setting.help} (off by default)")
+            continue
+        shown = f" (default {setting.special or _shown(shape.default)})" if defaults else note
+        choices = shape.text.choices if shape.text is not None and shape.text.choices else None
+        p.add_argument(setting.flag, dest=name, default=default, help=(setting.help + shown).replace("%", "%%"),
+                       metavar=None if choices else {"bytes": "SIZE", "s": "SECONDS"}.get(setting.unit, name.upper()),
+                       choices=choices,
+                       type=byte_size if setting.unit == "bytes" else None if shape.base is str else _parser_for(shape))
 
 
 UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4, "pib": 1024 ** 5,
@@ -146,14 +157,11 @@ def load_with_progress(args: argparse.Namespace) -> Any:
 
 
 def add_server_arguments(p: argparse.ArgumentParser, required: bool = False) -> None:
-    from engine.serve.remote import DEADLINE_S
-
     p.add_argument("--server", metavar="URL", required=required,
                    help="run through a serving engine instead (llama-server, vLLM, TGI, SGLang: its OpenAI-compatible "
                         "API); an API key is read from the KVSCOPE_API_KEY environment variable, and user:password "
                         "in the URL is sent as HTTP basic authentication, never stored")
-    p.add_argument("--deadline", type=bounded(1.0, 86_400.0, whole=False), default=DEADLINE_S, metavar="SECONDS",
-                   help=f"give up on a server run after this long, keeping what arrived (default {DEADLINE_S:g})")
+    add_load_flags(p, ("deadline_s",))
 
 
 # --- traces --------------------------------------------------------------------------------------------------------

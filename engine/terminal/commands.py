@@ -232,8 +232,8 @@ def load_main(argv: list[str]) -> int:
     from engine.serve.remote import RemoteSession, probe
 
     writer = trace_writer(args.trace)
-    facts = probe(args.server, deadline_s=args.deadline)
-    return _run(lesson, RemoteSession(facts, deadline_s=args.deadline), settings, args, writer, None)
+    facts = probe(args.server, deadline_s=args.deadline_s)
+    return _run(lesson, RemoteSession(facts, deadline_s=args.deadline_s), settings, args, writer, None)
 
 
 def _run(lesson: Lesson, target: Any, settings: Any, args: argparse.Namespace, writer: Any, peaks: Any) -> int:

@@ -4,6 +4,7 @@ since the model loaded is pending, and says so."""
 
 from __future__ import annotations
 
+import pytest
 from PySide6.QtCore import QSettings
 
 from app.phase import plural
@@ -156,3 +157,28 @@ def test_a_remembered_value_the_run_would_refuse_is_reset_when_restored():
     settings.params()                                    # what Run builds: accepted
     settings.restore({"temperature": 0.01})
     assert settings.choices.temperature == 0.01 and settings.notes == []
+
+
+def test_the_load_settings_say_the_same_in_the_cli_and_controls_and_share_one_deadline_range(window, capsys):
+    import argparse
+
+    from engine.facts.params import LoadSettings
+    from engine.facts.validation import shape_of
+    from engine.terminal.command_line import add_model_arguments, add_server_arguments
+
+    p = argparse.ArgumentParser()
+    add_model_arguments(p)
+    add_server_arguments(p)
+    flags = {a.dest: a for a in p._actions}
+    c = window.controls
+    for name, widget in (("model", c.model_box), ("device", c.device_box), ("memory_budget", c.budget),
+                         ("trust_remote_code", c.trust_box), ("deadline_s", c.deadline)):
+        shape = shape_of(LoadSettings, name)
+        assert widget.toolTip().lower().startswith(shape.setting.help[:60].lower()), name
+        assert flags[name].help.startswith(shape.setting.help), name
+    deadline = shape_of(LoadSettings, "deadline_s")
+    assert (c.deadline.minimum(), c.deadline.maximum()) == (deadline.span.low, deadline.span.high)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--deadline", str(deadline.span.high + 1)])
+    assert "out of range" in capsys.readouterr().err
+    assert [c.device_box.itemText(i) for i in range(c.device_box.count())] == list(flags["device"].choices)
