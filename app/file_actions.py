@@ -16,8 +16,9 @@ from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QFileDialog, QFileIconProvider, QInputDialog, QWidget
 
 from app import export
-from app.controller import Controller, Surface
+from app.controller import Controller
 from app.lecture_file import is_lecture_file
+from app.routing import Surface
 from app.store import RunStore
 from app.viewstate import ViewState
 from engine.facts.errors import TraceError

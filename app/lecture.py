@@ -158,7 +158,7 @@ class Lecture:
             record = self.store.latest_experiment(lesson)
             if record is not None and run.run_id in record.run_ids:
                 self.state.select(run.run_id, f"{lesson} sweep")
-        elif kind == "ended" and self.controller.replaying:
+        elif kind == "ended" and self.controller.activity.replaying:
             self._select_scene_run(self.state.scene)
             self._open_at_the_cut(self.state.scene)
 

@@ -23,7 +23,7 @@ from engine.facts.fields import Key, Range
 from engine.facts.kvformula import format_bytes
 from engine.facts.params import GenerationParams
 from engine.facts.validation import FieldShape, shape_of, shapes
-from engine.serve.remote import without_credentials
+from engine.serve.client import without_credentials
 
 SLOW_MAX_MS = 1000
 PARAMS = GenerationParams()           # the declared defaults, shared with the CLI

@@ -11,11 +11,11 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDockWidget, QHBoxLayout, QLabel, QMainWindow, QPushButton, QWidget
 
 from app import lessons as app_lessons
-from app.controller import describe_loaded
 from app.dialogs import FirstRunDialog
 from app.panels.chat import ChatPanel
 from app.panels.controls import ControlsPanel
 from app.panels.experiments import ExperimentsPanel
+from app.routing import describe_loaded
 from app.status import StatusStrip
 from engine.facts.events import LoadProgress, ModelLoaded
 

@@ -144,13 +144,14 @@ class EngineWorker(QObject):
         return self.session
 
     def _load(self, request: rq.Load) -> None:
-        from engine.serve.remote import is_server
+        from engine.serve.client import is_server
 
         if is_server(request.model):
             self._attach_server(request)
             return
         from engine.model.models import Offload, load
-        from engine.run.session import STOPPABLE, RunOptions, Session
+        from engine.run.passes import STOPPABLE
+        from engine.run.session import RunOptions, Session
 
         loaded = load(request.model, request.device, request.dtype, trust_remote_code=request.trust_remote_code,
                       progress=self.push, cancelled=self.control.cancel.is_set,
@@ -164,7 +165,8 @@ class EngineWorker(QObject):
 
     def _attach_server(self, request: rq.Load) -> None:
         """A server "loads" when it answers: no weights here, no peaks to measure (they are the server's)."""
-        from engine.serve.remote import RemoteSession, probe, without_credentials
+        from engine.serve.client import without_credentials
+        from engine.serve.remote import RemoteSession, probe
 
         self.push(LoadProgress("connect", f"Connecting to {without_credentials(request.model)}", None))
         started = time.perf_counter()

@@ -41,7 +41,7 @@ from app.run_settings import (
 from app.setting_widgets import control, narrow
 from engine.facts.params import GenerationParams, LoadSettings
 from engine.facts.validation import FieldShape, shape_of, shapes
-from engine.serve.remote import without_credentials
+from engine.serve.client import without_credentials
 
 GIB = 1 << 30
 MAX_BUDGET_GIB = 4096.0              # what the spin box offers (the declaration allows far more)

@@ -33,10 +33,10 @@ from engine.facts.params import GenerationParams
 from engine.facts.vocabulary import LessonPoint
 from engine.run.experiment import SERVER, Counter, Experiment, Lesson, Span
 from engine.run.workloads import sample_texts
-from engine.serve import kv_events, metrics, remote, slots
+from engine.serve import client, kv_events, metrics, slots
 from engine.serve.block_events import KVBlocks, RequestBlocks
+from engine.serve.client import RemoteError, get_text
 from engine.serve.prefix_tree import PrefixTree
-from engine.serve.remote import RemoteError, get_text
 from engine.serve.workload import Workload, read_workload
 
 MAX_REQUESTS = 64
@@ -214,7 +214,7 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
         params = GenerationParams(max_new_tokens=(asked and asked.max_tokens) or settings.new_tokens,
                                   temperature=0.0, seed=index)
         messages = asked.chat() if asked else conversation(settings, index, experiment.exp_id)
-        prompt_ids = remote.tokenize(session.address, session.facts.name, messages) if subscriber else None
+        prompt_ids = client.tokenize(session.address, session.facts.name, messages) if subscriber else None
         with lock:                          # what the blocks stored so far could give: a prediction, not the answer
             size = events_seen["block_size"]
             predicted = tree.reused_tokens(prompt_ids, size) if prompt_ids and size else 0
@@ -285,7 +285,7 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
         """llama-server's slots, polled beside /metrics: a slow answer (a long prompt in progress) or a server
         started with --no-slots is said once, and polling goes on."""
         try:
-            found, more = slots.read_slots(remote.get_json(session.address, "/slots",
+            found, more = slots.read_slots(client.get_json(session.address, "/slots",
                                                             timeout=max(settings.poll_s, 2.0)))
         except (RemoteError, slots.SlotsError) as exc:
             slot_polls["error"] = slot_polls["error"] or str(exc)[:300]
@@ -471,7 +471,7 @@ def _texts(session: object, fact: kv_events.Fact) -> list[str]:
     """Each stored block's tokens as the server's own tokenizer decodes them (the slow part, outside any lock)."""
     if not isinstance(fact, kv_events.Stored) or len(fact.tokens) > 64:
         return []
-    return [remote.detokenize(session.address, session.facts.name, list(tokens), timeout=2.0) for tokens in fact.tokens]
+    return [client.detokenize(session.address, session.facts.name, list(tokens), timeout=2.0) for tokens in fact.tokens]
 
 
 def _blocks_event(experiment: Experiment, fact: kv_events.Fact, texts: list[str]) -> KVBlocks:

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -42,21 +42,17 @@ from engine.facts.tally import RunTally
 from engine.facts.textstream import TextStream, clean_text, pieces
 from engine.model import attention, chat_template, gguf, kvcache
 from engine.model.clock import StepClock
-from engine.model.compiled import CompiledDecode, Graph, cache_length
+from engine.model.compiled import CompiledDecode, Graph
 from engine.model.layer_clock import LayerClock
 from engine.model.models import LoadedModel
-from engine.model.sampling import Choice, choose, make_generator
+from engine.model.sampling import choose
 from engine.run import faults
+from engine.run.passes import GraphSaid, Passes, Prefilled, Request, Step, Waiter
 
 log = logging.getLogger(__name__)
 Sink = Callable[[object], None]
 FaultHook = Callable[[str, int], None]
-Waiter = Callable[[int], None]
 NORMS_EVERY = 8      # decode steps between KVNorms events: one batched read instead of eight small ones
-STOPPABLE = -1       # RunOptions.prefill_chunk: passes sized to stop within a second (see RunOptions)
-PASS_S = 0.5         # the longest a prefill pass may take when the run must stop within a second
-FIRST_PASS = 32      # a stoppable prefill's first pass on a session that has measured no prefill yet
-UNCHUNKED = 64       # ...and the longest prompt it sends in one pass before it has measured one
 
 
 @dataclass(frozen=True)
@@ -79,59 +75,6 @@ class RunOptions:
     time_layers: bool = False
     record_kv_norms: bool = True
     prefill_chunk: int = 0
-
-
-@dataclass
-class _Request:
-    """One run as asked: the ids to prefill (all of them; ``reused`` come from a kept cache), where events
-    go, how to stop, and the clock it started on."""
-
-    ids: list[int]
-    prompt: str
-    kind: str
-    params: GenerationParams
-    emit: Sink
-    cancelled: Callable[[], bool]
-    before_step: Waiter | None
-    t0: float
-    options: RunOptions = RunOptions()
-    layer_clock: LayerClock | None = None
-    reused: int = 0
-    cache: Any = None
-    cache_note: str = ""
-    allocated: int = 0
-    tokenize_ms: float = 0.0
-    prefill_chunk: int = 0          # this run's first prefill pass, in positions (0: the prompt in one pass)
-    graph_started: bool = False     # this run started building its compiled graph
-    graph_noted: bool = False       # the run has said why it decodes eagerly
-    evictor: Any = None             # a cache kept as sinks:S+W: what it keeps after every pass
-    switched: bool = False          # decode has gone through the compiled graph
-
-
-@dataclass
-class Step:
-    """One forward pass and its token: step 0 from the prefill's last position, then one per decode step."""
-
-    index: int
-    position: int                  # where the chosen token will sit in the cache
-    choice: Choice
-    forward_ms: float
-    latency_ms: float
-    kv: list[list[int]]
-    held: list[int]
-    storage: list[int] = field(default_factory=list)
-    compiled: bool = False         # decoded through the compiled graph
-
-
-@dataclass
-class Prefilled:
-    """The prompt's forward pass has ended (before its first token is chosen): what the cache holds now."""
-
-    forward_ms: float
-    kv: list[list[int]]
-    held: list[int]
-    storage: list[int]
-    passes: int = 1
 
 
 class Session:
@@ -160,6 +103,7 @@ class Session:
         self.compiled = CompiledDecode(self.model, self.device)
         self._attention: attention.Capture | None = None     # made on the first run that captures
         self.prefill_rate: float | None = None   # prompt positions per second, measured by the last prefill pass
+        self.passes = Passes(self)
 
     # --- prompt -------------------------------------------------------------------------------------------
     @property
@@ -274,7 +218,7 @@ class Session:
         ids = self.encode(prompt, params.chat_template)
         if self._kept_cache is not None:
             self.forget("a plain run since the last turn replaced the conversation's cache")
-        return self._run(_Request(ids, prompt, "generate", params, sink or _ignore, _cancelled(cancel), before_step,
+        return self._run(Request(ids, prompt, "generate", params, sink or _ignore, _cancelled(cancel), before_step,
                                   t0, options or self.options))
 
     def run_ids(self, prompt_ids: list[int], params: GenerationParams, sink: Sink | None = None,
@@ -285,7 +229,7 @@ class Session:
         if self._kept_cache is not None:
             self.forget("a plain run since the last turn replaced the conversation's cache")
         text = self.tokenizer.decode(prompt_ids)
-        return self._run(_Request(list(prompt_ids), text, "generate", params.with_(chat_template=False),
+        return self._run(Request(list(prompt_ids), text, "generate", params.with_(chat_template=False),
                                   sink or _ignore, _cancelled(cancel), None, t0, options or self.options))
 
     def chat(self, messages: list[dict], params: GenerationParams, sink: Sink | None = None,
@@ -305,7 +249,7 @@ class Session:
                         "a static cache is allocated for one run at a time" if params.static_cache else
                         f"a cache kept as {params.kv_method} is not carried to the next turn")
             reuse = False
-        request = _Request(ids, messages[-1]["content"], "chat", params, sink or _ignore, _cancelled(cancel),
+        request = Request(ids, messages[-1]["content"], "chat", params, sink or _ignore, _cancelled(cancel),
                            before_step, t0, options or self.options)
         if reuse:
             request.cache, request.reused, request.cache_note = self._reusable_cache(ids)
@@ -319,7 +263,7 @@ class Session:
     def kept_tokens(self) -> int:
         return len(self._kept_ids)
 
-    def _run(self, request: _Request) -> RunFinished | RunFailed:
+    def _run(self, request: Request) -> RunFinished | RunFailed:
         self.check_prompt(len(request.ids))
         params = request.params
         if params.top_k > self.facts.vocab_size:
@@ -333,9 +277,9 @@ class Session:
         own_clock = request.options.time_layers and not self._split     # a split model is always timed
         request.layer_clock = LayerClock(self.model, self.device) if own_clock else self._split_clock
         request.tokenize_ms = (time.perf_counter() - request.t0) * 1000.0
-        request.prefill_chunk = self._first_pass(request)
-        tally = RunTally()
-        observer = _Observer(self, request, tally)
+        request.prefill_chunk = self.passes.first_pass(request)
+        observer = _Observer(self, request)
+        tally = observer.tally
         observer.started()
         failure: tuple[str, str] | None = None
         cache = None
@@ -343,7 +287,7 @@ class Session:
             capture.active = True
         try:
             with torch.inference_mode():
-                reason, cache = observer.follow(self._steps(request, tally, observer))
+                reason, cache = observer.follow(self.passes.steps(request))
         except NonFiniteLogits:
             failure = ("non_finite_logits",
                        f"The model's next-token scores were not numbers (NaN or infinity) at token "
@@ -376,29 +320,6 @@ class Session:
         # The summary's text is decoded once from all ids, so a character the run cut in half still shows.
         return observer.finished(reason, self.tokenizer.decode(tally.token_ids, skip_special_tokens=True))
 
-    def _first_pass(self, request: _Request) -> int:
-        """How many positions the prompt's first pass takes (0: all of them, one pass). Chunks need the KV cache
-        and a cache that keeps every position (eviction between passes would move them); attention is recorded
-        over one pass."""
-        chunk, params = request.options.prefill_chunk, request.params
-        left = len(request.ids) - request.reused
-        if not chunk or not params.kv_cache or params.capture_attention or params.kv_method.startswith(
-                ("sinks", "h2o")):
-            return 0
-        if chunk != STOPPABLE:
-            return chunk if chunk < left else 0
-        return self._stoppable_pass(left)
-
-    def _stoppable_pass(self, left: int) -> int:
-        """A pass that takes at most ``PASS_S`` at the measured rate (a power of two, at least 16), or 0 when the
-        rest of the prompt fits in one such pass."""
-        if self.prefill_rate is None:
-            return 0 if left <= UNCHUNKED else FIRST_PASS
-        fits = self.prefill_rate * PASS_S
-        if left <= fits:
-            return 0
-        return max(16, 1 << max(int(fits).bit_length() - 1, 0))
-
     def _broken_weights_words(self) -> str:
         """Why the scores could be broken: a converted copy in the cache is checked thoroughly first (a damaged
         one is removed and converted again at the next load), else the weights or the dtype."""
@@ -430,107 +351,6 @@ class Session:
         note = "" if shared == kept else f"{kept - shared:,} kept positions differed from the new conversation"
         return cache, shared, note
 
-    def _steps(self, request: _Request, tally: RunTally, observer: _Observer) -> Iterator[Prefilled | Step]:
-        """Prefill (``Prefilled`` once its pass ends, then step 0: its token), then one decode step each time the
-        consumer asks for the next token: forward, sample, read the cache. ``request.cache`` is the live cache
-        throughout (the observer reads norms from it)."""
-        params, clock, ids, reused = request.params, self.clock, request.ids, request.reused
-        generator = make_generator(self.device, params.seed)
-        sequence = torch.tensor([ids], device=self.device)                 # [1, n]
-        self._fault("prefill", 0)
-        needed = min(len(ids) + params.max_new_tokens, self.facts.max_context)
-        if params.compiled:
-            needed = cache_length(needed, self.facts.max_context)    # runs share a graph per length
-        request.allocated = needed if params.static_cache and params.kv_cache and request.cache is None else 0
-        if self.device.type == "cpu":
-            observer.meter.start()
-        compressed = params.kv_method != "full"
-        if compressed:                                      # quantized or evicted: its own cache from the start
-            request.cache, request.evictor = self._compressed_cache(params.kv_method)
-        chunk, first, passes = request.prefill_chunk, reused, 0
-        start = clock.mark()
-        while first < len(ids):
-            if passes and request.cancelled():
-                return                                      # stopped between two passes of a long prompt
-            last = min(first + chunk, len(ids)) if chunk else len(ids)
-            began = clock.mark()
-            logits, request.cache = self.prefill(sequence[:, first:last], params.kv_cache, request.cache,
-                                                 request.allocated, request.options.offload_kv)
-            took_ms = clock.elapsed_ms(began, clock.mark())
-            if took_ms > 0:
-                self.prefill_rate = (last - first) / (took_ms / 1000.0)
-            first, passes = last, passes + 1
-            if chunk and request.options.prefill_chunk == STOPPABLE:     # the next pass from this one's time
-                chunk = self._stoppable_pass(len(ids) - first) or len(ids) - first
-        if request.evictor is not None:
-            request.evictor.after_pass(request.cache, len(ids))
-        forward_end = clock.mark()
-        cached = self._read_cache(request.cache)
-        yield Prefilled(clock.elapsed_ms(start, forward_end), *cached, passes=passes)   # measured, whatever follows
-        self._fault("first", 0)
-        choice = choose(logits, params, generator)
-        end = clock.mark()
-        position = len(ids)
-        yield Step(0, position, choice, clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end), *cached)
-        graph = self._compiled_graph(request, tally) if params.compiled else None
-        index = 0
-        while True:
-            token = torch.tensor([choice.token_id], device=self.device)
-            if request.cache is None:
-                sequence = torch.cat([sequence, token.view(1, 1)], dim=1)     # [1, position + 1]
-            index += 1
-            self._fault("decode", index)
-            compiled_now = graph is not None and self._decode_compiled(graph, index, request, tally)
-            start = clock.mark()
-            logits = self.decode_step(token, position, request.cache, sequence,
-                                      graph if compiled_now else None)
-            if request.evictor is not None:
-                request.evictor.after_pass(request.cache, position + 1)
-            forward_end = clock.mark()
-            choice = choose(logits, params, generator)
-            end = clock.mark()
-            position += 1
-            yield Step(index, position, choice, clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end),
-                       *self._read_cache(request.cache), compiled=compiled_now)
-
-    def _compiled_graph(self, request: _Request, tally: RunTally) -> Graph:
-        """The compiled graph for this run's cache length: built already, built now or waited for (compile
-        time, outside every step), or being built beside the decode (``RunOptions.compile_in_background``), which stays
-        eager until it is ready."""
-        started = time.perf_counter()
-        background = request.options.compile_in_background
-        graph, request.graph_started = self.compiled.graph(request.allocated, background)
-        waited = not background and not graph.ready.is_set()
-        if waited:
-            graph.ready.wait()
-        if graph.ready.is_set() and (request.graph_started or waited):
-            tally.compile_ms = (time.perf_counter() - started) * 1000.0
-        return graph
-
-    @staticmethod
-    def _decode_compiled(graph: Graph, index: int, request: _Request, tally: RunTally) -> bool:
-        """Whether decode step ``index`` goes through the compiled graph: from the first step boundary after
-        it is built. Says once why a run decoded eagerly (a failed build) or partly eagerly."""
-        if not graph.ready.is_set():
-            return False
-        if graph.error is not None:
-            if not request.graph_noted:
-                request.graph_noted = True
-                tally.notes.append(f"the compiled graph could not be built ({graph.error}): decoded eagerly")
-            return False
-        if not request.switched:                        # the first compiled step: what the run says of its graph
-            if graph.note:
-                tally.notes.append(graph.note)
-            tally.compile_loaded = graph.loaded and request.graph_started
-            if index > 1:
-                tally.notes.append(
-                    f"steps 1-{index - 1:,} decoded eagerly while the compiled graph was built beside them, on the "
-                    f"same cores (slower than a quiet eager run); compiled from step {index:,}")
-                if request.graph_started:
-                    tally.compile_ms = graph.compile_ms
-        request.switched = True
-        return True
-
     def check_kv_method(self, name: str) -> None:
         """Refuse, in one line before anything runs, a cache this model or this machine cannot keep as ``name``."""
         from engine.facts.kv_methods import available, parse_method
@@ -542,24 +362,6 @@ class Session:
         if self._split:
             raise ParameterError(f"The KV cache cannot be kept as {name} for a model split across devices or disk")
 
-    def _compressed_cache(self, name: str) -> tuple[Any, Any]:
-        """A run's cache kept as ``name`` (``GenerationParams.kv_method``), and its evictor (None: quantized)."""
-        from engine.facts.kv_methods import parse_method
-        from engine.model import kv_compress
-
-        method = parse_method(name)
-        evictor = kv_compress.Evictor(method, self.facts.num_layers) if method.kind == "evicted" else None
-        return kv_compress.new_cache(self.model, method), evictor
-
-    def _read_cache(self, cache: Any) -> tuple[list[list[int]], list[int], list[int]]:
-        if cache is not None and type(cache).__name__ == "QuantizedCache":
-            from engine.model import kv_compress
-
-            return (kv_compress.held_per_layer(cache), [kv_compress.layer_positions(layer) for layer in cache.layers],
-                    [])
-        kv, held = kvcache.held_per_layer(cache, self.facts.num_layers)
-        return kv, held, kvcache.storage_per_layer(cache, kv)
-
     def stop_reason(self, token_id: int, generated: int, length: int, params: GenerationParams) -> str | None:
         if token_id in self.eos_ids:
             return "eos"
@@ -569,17 +371,13 @@ class Session:
             return "context_full"
         return None
 
-    def _fault(self, phase: str, step: int) -> None:
-        if self.fault_hook is not None:
-            self.fault_hook(phase, step)
-
-
 class _Observer:
-    """Turns a run's steps into events (``TokenStep``, attention, norms), keeps its tally, waits where the user
-    asked it to (pause, single step, slow motion) and decides when the run ends."""
+    """Turns a run's steps into events (``TokenStep``, attention, norms), keeps its tally and its CPU meter (the
+    only writer of either), waits where the user asked it to (pause, single step, slow motion) and decides when
+    the run ends."""
 
-    def __init__(self, session: Session, request: _Request, tally: RunTally) -> None:
-        self.session, self.request, self.tally = session, request, tally
+    def __init__(self, session: Session, request: Request) -> None:
+        self.session, self.request, self.tally = session, request, RunTally()
         self.run_id = uuid.uuid4().hex[:12]
         self.text = TextStream(session.tokenizer)
         self.meter = LoadMeter()
@@ -606,7 +404,12 @@ class _Observer:
         r, s = self.request, self.session
         if r.cancelled():
             return "stopped", r.cache
+        if s.device.type == "cpu":
+            self.meter.start()                           # how busy the cores were, measured over the passes
         for step in steps:
+            if isinstance(step, GraphSaid):
+                self._graph_said(step)
+                continue
             if isinstance(step, Prefilled):
                 self.emit(PrefillDone(self.run_id, self.since(), len(r.ids) - r.reused, r.tokenize_ms,
                                       step.forward_ms, step.kv, r.reused, step.held, r.cache_note, r.allocated,
@@ -635,6 +438,13 @@ class _Observer:
         if r.cancelled():                                   # the steps ended inside a long prompt's passes
             return "stopped", r.cache
         raise AssertionError("the steps never end on their own")
+
+    def _graph_said(self, said: GraphSaid) -> None:
+        if said.compile_ms is not None:
+            self.tally.compile_ms = said.compile_ms
+        if said.loaded is not None:
+            self.tally.compile_loaded = said.loaded
+        self.tally.notes.extend(said.notes)
 
     def _token_step(self, step: Step) -> TokenStep:
         s, choice = self.session, step.choice

@@ -16,28 +16,24 @@ deadline, and bounded lines, nesting and numbers; whatever ends a run, the token
 Credentials in the address (``http://user:pw@host``) are sent as HTTP basic authentication and never stored:
 ``ServerFacts.url`` and every message carry the address without them.
 
-Only the standard library talks HTTP (``http.client``): a run is one request and a load test a few dozen, and the
-errors (unreachable, 401, a dropped stream, a malformed line) each become one line a user can act on.
+The requests themselves go through ``engine.serve.client`` (the standard library's ``http.client``, within
+bounds): a run is one request and a load test a few dozen, and the errors (unreachable, 401, a dropped stream, a
+malformed line) each become one line a user can act on.
 """
 
 from __future__ import annotations
 
-import base64
 import http.client
-import json
 import math
-import os
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
-from engine.facts.errors import EngineError, PromptError
+from engine.facts.errors import PromptError
 from engine.facts.events import (
     Candidate,
     RunFailed,
@@ -52,253 +48,25 @@ from engine.facts.params import DEADLINE_S, GenerationParams
 from engine.facts.tally import RunTally
 from engine.facts.textstream import clean_text
 from engine.serve import metrics
+from engine.serve.client import (
+    MAX_LINE,
+    RemoteError,
+    StreamDropped,
+    address,
+    address_of,
+    get_json,
+    get_text,
+    loads,
+    reason_of,
+    remember_credentials,
+    request,
+    short,
+)
 
-API_KEY_ENV = "KVSCOPE_API_KEY"       # read at request time, never stored
 TOP_LOGPROBS = 5
-MAX_LINE = 1 << 20                    # bytes in one SSE line
-MAX_DIGITS = 40                       # digits of one whole number in a server's JSON
-MAX_URL = 2048
 MAX_FIGURES = 64                      # a server's own figures kept per run
 UNSTATED_CONTEXT = 1 << 18            # tokens read from a server that states no context (memory stays bounded)
 Sink = Callable[[object], None]
-
-
-class RemoteError(EngineError):
-    """The server could not be used; one line a user can act on."""
-
-
-class StreamDropped(RemoteError):
-    """The stream ended before the server said it was done."""
-
-
-# --- addresses and requests -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Address:
-    """Where a server is (``url``: never with credentials) and the credentials the user typed in it, if any."""
-
-    url: str
-    user: str = ""
-    password: str = ""
-
-    def __repr__(self) -> str:                      # a log line or a traceback never shows the password
-        return f"Address({self.url!r}{', with credentials' if self.user else ''})"
-
-
-def address(text: str) -> Address:
-    """``http(s)://[user:pw@]host[:port]`` with any trailing ``/`` or ``/v1`` removed; anything else is refused.
-    The credentials are split off the address."""
-    text = (text or "").strip()
-    if len(text) > MAX_URL:
-        raise RemoteError(f"The server address is {len(text):,} characters long: at most {MAX_URL:,} are allowed")
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise RemoteError(f"{without_credentials(text)!r} is not a server address: use http://host:port (e.g. "
-                          "http://127.0.0.1:8080)")
-    try:
-        port = parts.port
-    except ValueError:
-        raise RemoteError(f"{without_credentials(text)!r} has a port that is not a number from 1 to 65535") from None
-    path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[:-3]
-    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-    netloc = host + (f":{port}" if port is not None else "")
-    return Address(f"{parts.scheme}://{netloc}{path}", unquote(parts.username or ""), unquote(parts.password or ""))
-
-
-def server_url(text: str) -> str:
-    """The server's address as KVScope shows and keeps it: normalised, without credentials."""
-    return address(text).url
-
-
-def without_credentials(text: str) -> str:
-    """``text`` with any ``user:password@`` removed (for settings, history and messages)."""
-    parts = urlsplit((text or "").strip())
-    if parts.username is None and parts.password is None:
-        return (text or "").strip()
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    return parts._replace(netloc=netloc).geturl()
-
-
-def is_server(spec: str) -> bool:
-    return spec.strip().lower().startswith(("http://", "https://"))
-
-
-def _headers(where: Address, extra: dict | None = None) -> dict:
-    headers = {"Accept": "application/json", "User-Agent": "KVScope"}
-    if where.user or where.password:
-        token = base64.b64encode(f"{where.user}:{where.password}".encode()).decode("ascii")
-        headers["Authorization"] = f"Basic {token}"
-    else:
-        key = os.environ.get(API_KEY_ENV, "").strip()
-        if key:
-            if any(ord(c) < 32 or ord(c) == 127 for c in key):
-                raise RemoteError(f"{API_KEY_ENV} holds a line break or another control character: set it to the "
-                                  "key alone")
-            headers["Authorization"] = f"Bearer {key}"
-    return {**headers, **(extra or {})}
-
-
-def _connect(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
-    parts = urlsplit(url)
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    return cls(parts.hostname, parts.port, timeout=timeout), parts.path
-
-
-@dataclass
-class Exchange:
-    """One request's connection, its answer, and the socket under both: a server that closes after its answer
-    (HTTP/1.0) hands the socket to the answer and the connection forgets it, so whoever must cut the answer
-    short (Stop, a deadline) holds the socket itself."""
-
-    connection: http.client.HTTPConnection
-    response: http.client.HTTPResponse
-    sock: socket.socket | None
-
-    def close(self) -> None:
-        self.response.close()
-        self.connection.close()
-
-
-def request(where: Address, method: str, path: str, body: dict | None = None, timeout: float = 10.0) -> Exchange:
-    """Send one request; raise ``RemoteError`` (one line) for anything but a 2xx answer."""
-    url = where.url
-    connection, base = _connect(url, timeout)
-    payload = json.dumps(body).encode() if body is not None else None
-    headers = _headers(where, {"Content-Type": "application/json"} if payload is not None else None)
-    try:
-        connection.request(method, base + path, body=payload, headers=headers)
-        sock = connection.sock
-        response = connection.getresponse()
-    except (ConnectionRefusedError, socket.gaierror, socket.timeout, TimeoutError, OSError,
-            http.client.HTTPException, ValueError) as exc:
-        connection.close()
-        raise RemoteError(f"Cannot reach the server at {url}: {_reason(exc)}") from None
-    if response.status >= 300:
-        detail = _error_detail(response)
-        connection.close()
-        if response.status in (401, 403):
-            how = "check the user and password in the address" if where.user else \
-                f"set the API key in the {API_KEY_ENV} environment variable"
-            raise RemoteError(f"The server at {url} refused the request ({response.status}): {how}{detail}")
-        if response.status == 404:
-            raise RemoteError(f"The server at {url} has no {path} ({response.status}): is it an OpenAI-compatible "
-                              f"server?{detail}")
-        raise RemoteError(f"The server at {url} answered {response.status} {_short(response.reason)}{detail}")
-    return Exchange(connection, response, sock)
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused (is it running, on this port?)"
-    if isinstance(exc, socket.gaierror):
-        return "no such host"
-    if isinstance(exc, (socket.timeout, TimeoutError)):
-        return "no answer in time"
-    return _short(exc) or type(exc).__name__
-
-
-def _short(value: object, limit: int = 200) -> str:
-    text = str(value).strip()
-    return text.splitlines()[0][:limit] if text else ""
-
-
-def _error_detail(response: http.client.HTTPResponse) -> str:
-    try:
-        data = loads(response.read(4096).decode("utf-8", "replace"))
-        message = data.get("error", data) if isinstance(data, dict) else data
-        if isinstance(message, dict):
-            message = message.get("message", "")
-        text = _short(message)
-    except (ValueError, OSError, http.client.HTTPException, RemoteError):
-        text = ""
-    return f": {text}" if text else ""
-
-
-def loads(text: str) -> Any:
-    """A server's JSON, bounded: numbers of at most ``MAX_DIGITS`` digits, nesting the decoder can follow."""
-    try:
-        return _DECODER.decode(text)
-    except RecursionError:
-        raise RemoteError("the server sent JSON nested too deeply to be an answer") from None
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_DIGITS:
-        raise ValueError(f"a whole number of {len(text):,} digits")
-    return int(text)
-
-
-_DECODER = json.JSONDecoder(parse_int=_bounded_int)
-
-
-def get_text(where: Address | str, path: str, timeout: float = 5.0, limit: int = metrics.MAX_PAGE + 1) -> str:
-    """A GET's body as text, at most ``limit`` bytes (a page larger than that is not what was asked for)."""
-    where = where if isinstance(where, Address) else address(where)
-    exchange = request(where, "GET", path, timeout=timeout)
-    deadline = time.monotonic() + timeout              # for the whole answer: a server may drip it a byte at a time
-    pieces: list[bytes] = []
-    size = 0
-    try:
-        while size < limit:
-            if time.monotonic() > deadline:
-                raise RemoteError(f"The server at {where.url} took more than {timeout:g} s to answer {path}")
-            piece = exchange.response.read1(min(1 << 16, limit - size))
-            if not piece:
-                break
-            pieces.append(piece)
-            size += len(piece)
-    except (OSError, http.client.HTTPException) as exc:
-        raise RemoteError(f"The server at {where.url} broke off its answer to {path}: {_reason(exc)}") from None
-    finally:
-        exchange.close()
-    return b"".join(pieces).decode("utf-8", "replace")
-
-
-def get_json(where: Address, path: str, timeout: float = 5.0) -> Any:
-    try:
-        return loads(get_text(where, path, timeout, MAX_LINE))
-    except ValueError:
-        raise RemoteError(f"The server at {where.url} answered {path} with something that is not JSON") from None
-
-
-def post_json(where: Address, path: str, body: dict, timeout: float = 5.0) -> Any:
-    """A POST's JSON answer, bounded in size and time like every other answer."""
-    exchange = request(where, "POST", path, body, timeout=timeout)
-    try:
-        data = exchange.response.read(MAX_LINE)
-    except (OSError, http.client.HTTPException) as exc:
-        raise RemoteError(f"The server at {where.url} broke off its answer to {path}: {_reason(exc)}") from None
-    finally:
-        exchange.close()
-    try:
-        return loads(data.decode("utf-8", "replace"))
-    except ValueError:
-        raise RemoteError(f"The server at {where.url} answered {path} with something that is not JSON") from None
-
-
-def tokenize(where: Address, model: str, messages: list[dict], timeout: float = 5.0) -> list[int] | None:
-    """The prompt ids the server makes of ``messages`` with its own chat template (vLLM's ``/tokenize``), or None
-    where the server has no such endpoint or answers with something else."""
-    try:
-        data = post_json(where, "/tokenize", {"model": model, "messages": messages, "add_generation_prompt": True},
-                         timeout)
-    except RemoteError:
-        return None
-    tokens = data.get("tokens") if isinstance(data, dict) else None
-    if isinstance(tokens, list) and len(tokens) <= MAX_LINE and all(isinstance(t, int) and t >= 0 for t in tokens):
-        return tokens
-    return None
-
-
-def detokenize(where: Address, model: str, tokens: list[int], timeout: float = 5.0) -> str:
-    """The text the server makes of ``tokens`` (vLLM's ``/detokenize``), or "" where it cannot say."""
-    try:
-        data = post_json(where, "/detokenize", {"model": model, "tokens": tokens}, timeout)
-    except RemoteError:
-        return ""
-    text = data.get("prompt") if isinstance(data, dict) else None
-    return clean_text(text)[0][:4096] if isinstance(text, str) else ""
 
 
 # --- what the server reveals ------------------------------------------------------------------------------
@@ -343,20 +111,6 @@ def probe(url: str, timeout: float = 5.0, deadline_s: float = DEADLINE_S) -> Ser
         reveals.append("its own prompt and decode timings per response (timings: prompt_ms, predicted_ms, cache_n)")
     return ServerFacts(name=name or "model", url=where.url, engine=engine or "OpenAI-compatible server",
                        context=context, metrics=has_metrics, reveals=reveals)
-
-
-_CREDENTIALS: dict[str, Address] = {}          # url -> the address with credentials, this process only
-
-
-def remember_credentials(where: Address) -> None:
-    """Keep the credentials of a server the user named, in memory only, so later requests to the same address
-    (a load test, the next run) authenticate too."""
-    if where.user or where.password:
-        _CREDENTIALS[where.url] = where
-
-
-def _address_of(url: str) -> Address:
-    return _CREDENTIALS.get(url) or Address(url)
 
 
 def _context(value: object) -> int | None:
@@ -432,7 +186,7 @@ class RemoteSession:
     def __init__(self, facts: ServerFacts, timeout: float = 60.0, deadline_s: float = DEADLINE_S) -> None:
         self.facts = facts
         self.url = facts.url
-        self.address = _address_of(facts.url)
+        self.address = address_of(facts.url)
         self.timeout = timeout
         self.deadline_s = deadline_s
         self.has_chat_template = True          # the server applies its own
@@ -533,7 +287,7 @@ class _Stream:
             elif isinstance(exc, RemoteError):
                 return self._failed("dropped" if isinstance(exc, StreamDropped) else "stream", str(exc))
             else:
-                return self._failed("dropped", f"the connection broke mid-stream: {_reason(exc)} "
+                return self._failed("dropped", f"the connection broke mid-stream: {reason_of(exc)} "
                                                f"({self.tally.generated} tokens arrived; they are kept)")
         finally:
             watchdog.close()
@@ -545,7 +299,7 @@ class _Stream:
         if kind and kind != "text/event-stream":
             head = response.read(200).decode("utf-8", "replace")
             raise RemoteError(f"the server answered with {kind}, not a token stream (text/event-stream): "
-                              f"{_short(head, 80)!r}")
+                              f"{short(head, 80)!r}")
 
     def _read(self, response: http.client.HTTPResponse) -> str:
         """Tokens until the server says it is done, the run has its ``max_new_tokens``, or Stop."""
@@ -563,14 +317,14 @@ class _Stream:
             if "error" in chunk:
                 message = chunk["error"].get("message", chunk["error"]) if isinstance(chunk["error"], dict) \
                     else chunk["error"]
-                raise RemoteError(f"the server reported an error mid-stream: {_short(message)}")
+                raise RemoteError(f"the server reported an error mid-stream: {short(message)}")
             self.figures.absorb(chunk)
             for text, token_id, prob, candidates, cut in _pieces(chunk):
                 if self.tally.generated >= self.limit:                  # more than it can or was asked to send
                     self.figures.note_cut_stream(self.limit, self._limit_words())
                     return "max_tokens" if self.limit == self.params.max_new_tokens else "context_full"
                 self._token(text, token_id, prob, candidates, cut)
-            finish = _finish_reason(chunk)
+            finish = _finishreason_of(chunk)
             if finish is not None:
                 reason = finish
         if reason is None:
@@ -669,7 +423,7 @@ def _number(value: object) -> bool:
     return (type(value) is int or type(value) is float) and math.isfinite(value)
 
 
-def _finish_reason(chunk: dict) -> str | None:
+def _finishreason_of(chunk: dict) -> str | None:
     choices = chunk.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return None

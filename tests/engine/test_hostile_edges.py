@@ -25,7 +25,8 @@ from engine.facts.errors import TraceError
 from engine.facts.events import RunFailed, RunFinished, RunStarted, TokenStep
 from engine.facts.params import GenerationParams
 from engine.output.trace import MAX_CONTAINERS, MAX_LINE_BYTES, VERSION, read_trace, write_trace
-from engine.serve.remote import API_KEY_ENV, RemoteError, RemoteSession, probe
+from engine.serve.client import API_KEY_ENV, RemoteError
+from engine.serve.remote import RemoteSession, probe
 from engine.store import files
 from tests.replay_server import ReplayServer, Route, chunk, drip, endless, endless_line, llamacpp_routes, streaming
 

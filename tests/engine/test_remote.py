@@ -14,7 +14,8 @@ from engine.facts.events import RunFailed, RunFinished, RunStarted, ServerFacts,
 from engine.facts.params import GenerationParams
 from engine.output.trace import read_trace, write_trace
 from engine.serve import metrics
-from engine.serve.remote import API_KEY_ENV, RemoteError, RemoteSession, probe, server_url
+from engine.serve.client import API_KEY_ENV, RemoteError, server_url
+from engine.serve.remote import RemoteSession, probe
 from tests.lessons import collect
 from tests.replay_server import ReplayServer, Route, fixture, llamacpp_routes
 

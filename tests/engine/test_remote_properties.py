@@ -16,7 +16,8 @@ from engine.facts.events import RunFailed, RunFinished, RunStarted, ServerFacts,
 from engine.facts.fields import MAX_CANDIDATES, MAX_TEXT
 from engine.facts.params import GenerationParams
 from engine.output.trace import read_trace, write_checked
-from engine.serve.remote import RemoteError, RemoteSession, _Stream
+from engine.serve.client import RemoteError
+from engine.serve.remote import RemoteSession, _Stream
 
 FACTS = ServerFacts(name="m", url="http://127.0.0.1:1", engine="llama.cpp")
 TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r"), max_size=3000)

@@ -10,7 +10,8 @@ import threading
 from engine.facts.events import PrefillDone, RunFinished, RunStarted
 from engine.facts.params import GenerationParams
 from engine.model import kvcache
-from engine.run.session import FIRST_PASS, STOPPABLE, UNCHUNKED, RunOptions, Session
+from engine.run.passes import FIRST_PASS, STOPPABLE, UNCHUNKED
+from engine.run.session import RunOptions, Session
 
 LONG = " ".join(["the cache keeps keys and values"] * 18)     # about 200 positions with the tiny tokenizer
 

@@ -66,7 +66,7 @@ def test_its_slots_and_each_answers_cache_n_are_read_in_its_own_words(llama_serv
     """/slots, polled during a load test, against /slots asked directly after it, and each answer's cache_n: a
     request sent after another with the same system prompt finished gets its prompt from a slot's cache."""
     from engine.serve import slots
-    from engine.serve.remote import get_json
+    from engine.serve.client import get_json
 
     events, end = collect("server load", RemoteSession(probe(llama_server)), requests=SLOTS, every_s=1.5,
                           new_tokens=8, poll_s=0.2, limit_s=120, shared_prefix=80)

@@ -17,7 +17,7 @@ from engine.facts.events import ExperimentPoint, ExperimentProgress, RunFinished
 from engine.facts.params import GenerationParams
 from engine.lessons import server_load
 from engine.output.trace import read_trace, write_trace
-from engine.serve import metrics, remote
+from engine.serve import client, metrics
 from engine.serve.block_events import KVBlocks, RequestBlocks
 from engine.serve.prefix_tree import tree_of
 from engine.serve.remote import RemoteSession, probe
@@ -53,12 +53,12 @@ def test_a_streamed_run_is_the_servers_own_greedy_answer(vllm_server):
     steps = [e for e in events if isinstance(e, TokenStep)]
     assert len(steps) == result.summary.generated_tokens and steps[0].candidates       # its logprobs, per token
     assert result.summary.server_timings["usage.prompt_tokens"] == len(
-        remote.tokenize(remote.address(url), "smollm2", [{"role": "user", "content": PROMPT}]))
+        client.tokenize(client.address(url), "smollm2", [{"role": "user", "content": PROMPT}]))
 
 
 def test_every_metric_kvscope_reads_is_on_the_live_page_of_the_pinned_vllm(vllm_server):
     url, _events = vllm_server
-    reading = metrics.read(remote.get_text(remote.address(url), "/metrics"))
+    reading = metrics.read(client.get_text(client.address(url), "/metrics"))
     assert reading.engine == "vLLM" and reading.notes == ()
     assert set(reading.values) == set(metrics.ENGINES["vLLM"]), sorted(set(metrics.ENGINES["vLLM"]) - set(
         reading.values))

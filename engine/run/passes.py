@@ -1,0 +1,247 @@
+"""One run's forward passes, as facts: the prompt prefilled (in passes sized to stop within a second where the
+window asks for it), then one decode step each time the consumer asks, through the compiled graph once one is
+ready. ``Passes.steps`` yields ``Prefilled``, each ``Step`` and what a compiled graph says (``GraphSaid``); it keeps
+no tally and starts no meter: the session's observer does both. Split from ``engine.run.session``, which is the
+loaded model's API (prompts, runs, chats) and the run's events."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.facts.params import GenerationParams
+from engine.model import kvcache
+from engine.model.compiled import Graph, cache_length
+from engine.model.layer_clock import LayerClock
+from engine.model.sampling import Choice, choose, make_generator
+
+Sink = Callable[[object], None]
+Waiter = Callable[[int], None]
+STOPPABLE = -1       # RunOptions.prefill_chunk: passes sized to stop within a second (see RunOptions)
+PASS_S = 0.5         # the longest a prefill pass may take when the run must stop within a second
+FIRST_PASS = 32      # a stoppable prefill's first pass on a session that has measured no prefill yet
+UNCHUNKED = 64       # ...and the longest prompt it sends in one pass before it has measured one
+
+
+@dataclass
+class Request:
+    """One run as asked: the ids to prefill (all of them; ``reused`` come from a kept cache), where events
+    go, how to stop, and the clock it started on."""
+
+    ids: list[int]
+    prompt: str
+    kind: str
+    params: GenerationParams
+    emit: Sink
+    cancelled: Callable[[], bool]
+    before_step: Waiter | None
+    t0: float
+    options: Any = None                # the run's engine.run.session.RunOptions
+    layer_clock: LayerClock | None = None
+    reused: int = 0
+    cache: Any = None
+    cache_note: str = ""
+    allocated: int = 0
+    tokenize_ms: float = 0.0
+    prefill_chunk: int = 0          # this run's first prefill pass, in positions (0: the prompt in one pass)
+    graph_started: bool = False     # this run started building its compiled graph
+    graph_noted: bool = False       # the run has said why it decodes eagerly
+    evictor: Any = None             # a cache kept as sinks:S+W: what it keeps after every pass
+    switched: bool = False          # decode has gone through the compiled graph
+
+
+@dataclass
+class Step:
+    """One forward pass and its token: step 0 from the prefill's last position, then one per decode step."""
+
+    index: int
+    position: int                  # where the chosen token will sit in the cache
+    choice: Choice
+    forward_ms: float
+    latency_ms: float
+    kv: list[list[int]]
+    held: list[int]
+    storage: list[int] = field(default_factory=list)
+    compiled: bool = False         # decoded through the compiled graph
+
+
+@dataclass
+class Prefilled:
+    """The prompt's forward pass has ended (before its first token is chosen): what the cache holds now."""
+
+    forward_ms: float
+    kv: list[list[int]]
+    held: list[int]
+    storage: list[int]
+    passes: int = 1
+
+
+@dataclass
+class GraphSaid:
+    """What the run's compiled graph said, as the steps meet it: how long its build was waited for (or took
+    beside the decode), whether it was read from an earlier launch, and notes for the run (eager steps and why)."""
+
+    compile_ms: float | None = None
+    loaded: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class Passes:
+    """The forward passes of the session's runs, one run at a time."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session          # an engine.run.session.Session: its model, clock, compiled graphs, faults
+
+    def first_pass(self, request: Request) -> int:
+        """How many positions the prompt's first pass takes (0: all of them, one pass). Chunks need the KV cache
+        and a cache that keeps every position (eviction between passes would move them); attention is recorded
+        over one pass."""
+        chunk, params = request.options.prefill_chunk, request.params
+        left = len(request.ids) - request.reused
+        if not chunk or not params.kv_cache or params.capture_attention or params.kv_method.startswith(
+                ("sinks", "h2o")):
+            return 0
+        if chunk != STOPPABLE:
+            return chunk if chunk < left else 0
+        return self.stoppable_pass(left)
+
+    def stoppable_pass(self, left: int) -> int:
+        """A pass that takes at most ``PASS_S`` at the measured rate (a power of two, at least 16), or 0 when the
+        rest of the prompt fits in one such pass."""
+        if self.session.prefill_rate is None:
+            return 0 if left <= UNCHUNKED else FIRST_PASS
+        fits = self.session.prefill_rate * PASS_S
+        if left <= fits:
+            return 0
+        return max(16, 1 << max(int(fits).bit_length() - 1, 0))
+
+    def steps(self, request: Request) -> Iterator[Prefilled | Step | GraphSaid]:
+        """Prefill (``Prefilled`` once its pass ends, then step 0: its token), then one decode step each time the
+        consumer asks for the next token: forward, sample, read the cache; what a compiled graph says comes as a
+        ``GraphSaid`` before the step it concerns. Facts only: the consumer (``_Observer``) keeps the tally and the
+        CPU meter. ``request.cache`` is the live cache throughout (the observer reads norms from it)."""
+        params, clock, ids, reused = request.params, self.session.clock, request.ids, request.reused
+        generator = make_generator(self.session.device, params.seed)
+        sequence = torch.tensor([ids], device=self.session.device)                 # [1, n]
+        self.fault("prefill", 0)
+        needed = min(len(ids) + params.max_new_tokens, self.session.facts.max_context)
+        if params.compiled:
+            needed = cache_length(needed, self.session.facts.max_context)    # runs share a graph per length
+        request.allocated = needed if params.static_cache and params.kv_cache and request.cache is None else 0
+        compressed = params.kv_method != "full"
+        if compressed:                                      # quantized or evicted: its own cache from the start
+            request.cache, request.evictor = self.compressed_cache(params.kv_method)
+        chunk, first, passes = request.prefill_chunk, reused, 0
+        start = clock.mark()
+        while first < len(ids):
+            if passes and request.cancelled():
+                return                                      # stopped between two passes of a long prompt
+            last = min(first + chunk, len(ids)) if chunk else len(ids)
+            began = clock.mark()
+            logits, request.cache = self.session.prefill(sequence[:, first:last], params.kv_cache, request.cache,
+                                                 request.allocated, request.options.offload_kv)
+            took_ms = clock.elapsed_ms(began, clock.mark())
+            if took_ms > 0:
+                self.session.prefill_rate = (last - first) / (took_ms / 1000.0)
+            first, passes = last, passes + 1
+            if chunk and request.options.prefill_chunk == STOPPABLE:     # the next pass from this one's time
+                chunk = self.stoppable_pass(len(ids) - first) or len(ids) - first
+        if request.evictor is not None:
+            request.evictor.after_pass(request.cache, len(ids))
+        forward_end = clock.mark()
+        cached = self.read_cache(request.cache)
+        yield Prefilled(clock.elapsed_ms(start, forward_end), *cached, passes=passes)   # measured, whatever follows
+        self.fault("first", 0)
+        choice = choose(logits, params, generator)
+        end = clock.mark()
+        position = len(ids)
+        yield Step(0, position, choice, clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end), *cached)
+        graph = None
+        if params.compiled:
+            graph, waited_ms = self.compiled_graph(request)
+            if waited_ms is not None:
+                yield GraphSaid(compile_ms=waited_ms)
+        index = 0
+        while True:
+            token = torch.tensor([choice.token_id], device=self.session.device)
+            if request.cache is None:
+                sequence = torch.cat([sequence, token.view(1, 1)], dim=1)     # [1, position + 1]
+            index += 1
+            self.fault("decode", index)
+            compiled_now, said = self.decode_compiled(graph, index, request) if graph is not None else (False, None)
+            if said is not None:
+                yield said
+            start = clock.mark()
+            logits = self.session.decode_step(token, position, request.cache, sequence,
+                                      graph if compiled_now else None)
+            if request.evictor is not None:
+                request.evictor.after_pass(request.cache, position + 1)
+            forward_end = clock.mark()
+            choice = choose(logits, params, generator)
+            end = clock.mark()
+            position += 1
+            yield Step(index, position, choice, clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end),
+                       *self.read_cache(request.cache), compiled=compiled_now)
+
+    def compiled_graph(self, request: Request) -> tuple[Graph, float | None]:
+        """The compiled graph for this run's cache length: built already, built now or waited for (compile
+        time, outside every step), or being built beside the decode (``RunOptions.compile_in_background``), which
+        stays eager until it is ready; and how long this run waited for it (None: it did not build or wait)."""
+        started = time.perf_counter()
+        background = request.options.compile_in_background
+        graph, request.graph_started = self.session.compiled.graph(request.allocated, background)
+        waited = not background and not graph.ready.is_set()
+        if waited:
+            graph.ready.wait()
+        if graph.ready.is_set() and (request.graph_started or waited):
+            return graph, (time.perf_counter() - started) * 1000.0
+        return graph, None
+
+    @staticmethod
+    def decode_compiled(graph: Graph, index: int, request: Request) -> tuple[bool, GraphSaid | None]:
+        """Whether decode step ``index`` goes through the compiled graph (from the first step boundary after it
+        is built), and what the run is told, once: why it decoded eagerly (a failed build) or partly eagerly."""
+        if not graph.ready.is_set():
+            return False, None
+        if graph.error is not None:
+            if request.graph_noted:
+                return False, None
+            request.graph_noted = True
+            return False, GraphSaid(notes=[f"the compiled graph could not be built ({graph.error}): decoded eagerly"])
+        said = None
+        if not request.switched:                        # the first compiled step: what the run says of its graph
+            said = GraphSaid(loaded=graph.loaded and request.graph_started, notes=[graph.note] if graph.note else [])
+            if index > 1:
+                said.notes.append(
+                    f"steps 1-{index - 1:,} decoded eagerly while the compiled graph was built beside them, on the "
+                    f"same cores (slower than a quiet eager run); compiled from step {index:,}")
+                if request.graph_started:
+                    said.compile_ms = graph.compile_ms
+        request.switched = True
+        return True, said
+
+    def compressed_cache(self, name: str) -> tuple[Any, Any]:
+        """A run's cache kept as ``name`` (``GenerationParams.kv_method``), and its evictor (None: quantized)."""
+        from engine.facts.kv_methods import parse_method
+        from engine.model import kv_compress
+
+        method = parse_method(name)
+        evictor = kv_compress.Evictor(method, self.session.facts.num_layers) if method.kind == "evicted" else None
+        return kv_compress.new_cache(self.session.model, method), evictor
+
+    def read_cache(self, cache: Any) -> tuple[list[list[int]], list[int], list[int]]:
+        if cache is not None and type(cache).__name__ == "QuantizedCache":
+            from engine.model import kv_compress
+
+            return (kv_compress.held_per_layer(cache), [kv_compress.layer_positions(layer) for layer in cache.layers],
+                    [])
+        kv, held = kvcache.held_per_layer(cache, self.session.facts.num_layers)
+        return kv, held, kvcache.storage_per_layer(cache, kv)
+
+    def fault(self, phase: str, step: int) -> None:
+        if self.session.fault_hook is not None:
+            self.session.fault_hook(phase, step)

@@ -1,0 +1,281 @@
+"""Talking HTTP to a serving engine, within bounds: addresses (credentials sent as basic authentication, never
+shown or stored), one request at a time over ``http.client`` with a timeout for the whole answer, JSON read with
+bounded nesting and numbers, and every failure (unreachable, 401, a refused body) one ``RemoteError`` line a user
+can act on. ``engine.serve.remote`` streams runs over it; the load test polls ``/metrics``, ``/slots`` and
+``/tokenize`` with it."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from engine.facts.errors import EngineError
+from engine.facts.textstream import clean_text
+from engine.serve import metrics
+
+API_KEY_ENV = "KVSCOPE_API_KEY"       # read at request time, never stored
+MAX_DIGITS = 40                       # digits of one whole number in a server's JSON
+MAX_URL = 2048
+MAX_LINE = 1 << 20                    # bytes in one line of an answer (an SSE line included)
+
+
+class RemoteError(EngineError):
+    """The server could not be used; one line a user can act on."""
+
+
+class StreamDropped(RemoteError):
+    """The stream ended before the server said it was done."""
+
+
+# --- addresses and requests -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Address:
+    """Where a server is (``url``: never with credentials) and the credentials the user typed in it, if any."""
+
+    url: str
+    user: str = ""
+    password: str = ""
+
+    def __repr__(self) -> str:                      # a log line or a traceback never shows the password
+        return f"Address({self.url!r}{', with credentials' if self.user else ''})"
+
+
+def address(text: str) -> Address:
+    """``http(s)://[user:pw@]host[:port]`` with any trailing ``/`` or ``/v1`` removed; anything else is refused.
+    The credentials are split off the address."""
+    text = (text or "").strip()
+    if len(text) > MAX_URL:
+        raise RemoteError(f"The server address is {len(text):,} characters long: at most {MAX_URL:,} are allowed")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise RemoteError(f"{without_credentials(text)!r} is not a server address: use http://host:port (e.g. "
+                          "http://127.0.0.1:8080)")
+    try:
+        port = parts.port
+    except ValueError:
+        raise RemoteError(f"{without_credentials(text)!r} has a port that is not a number from 1 to 65535") from None
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[:-3]
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    netloc = host + (f":{port}" if port is not None else "")
+    return Address(f"{parts.scheme}://{netloc}{path}", unquote(parts.username or ""), unquote(parts.password or ""))
+
+
+def server_url(text: str) -> str:
+    """The server's address as KVScope shows and keeps it: normalised, without credentials."""
+    return address(text).url
+
+
+def without_credentials(text: str) -> str:
+    """``text`` with any ``user:password@`` removed (for settings, history and messages)."""
+    parts = urlsplit((text or "").strip())
+    if parts.username is None and parts.password is None:
+        return (text or "").strip()
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return parts._replace(netloc=netloc).geturl()
+
+
+def is_server(spec: str) -> bool:
+    return spec.strip().lower().startswith(("http://", "https://"))
+
+
+def _headers(where: Address, extra: dict | None = None) -> dict:
+    headers = {"Accept": "application/json", "User-Agent": "KVScope"}
+    if where.user or where.password:
+        token = base64.b64encode(f"{where.user}:{where.password}".encode()).decode("ascii")
+        headers["Authorization"] = f"Basic {token}"
+    else:
+        key = os.environ.get(API_KEY_ENV, "").strip()
+        if key:
+            if any(ord(c) < 32 or ord(c) == 127 for c in key):
+                raise RemoteError(f"{API_KEY_ENV} holds a line break or another control character: set it to the "
+                                  "key alone")
+            headers["Authorization"] = f"Bearer {key}"
+    return {**headers, **(extra or {})}
+
+
+def _connect(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    parts = urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    return cls(parts.hostname, parts.port, timeout=timeout), parts.path
+
+
+@dataclass
+class Exchange:
+    """One request's connection, its answer, and the socket under both: a server that closes after its answer
+    (HTTP/1.0) hands the socket to the answer and the connection forgets it, so whoever must cut the answer
+    short (Stop, a deadline) holds the socket itself."""
+
+    connection: http.client.HTTPConnection
+    response: http.client.HTTPResponse
+    sock: socket.socket | None
+
+    def close(self) -> None:
+        self.response.close()
+        self.connection.close()
+
+
+def request(where: Address, method: str, path: str, body: dict | None = None, timeout: float = 10.0) -> Exchange:
+    """Send one request; raise ``RemoteError`` (one line) for anything but a 2xx answer."""
+    url = where.url
+    connection, base = _connect(url, timeout)
+    payload = json.dumps(body).encode() if body is not None else None
+    headers = _headers(where, {"Content-Type": "application/json"} if payload is not None else None)
+    try:
+        connection.request(method, base + path, body=payload, headers=headers)
+        sock = connection.sock
+        response = connection.getresponse()
+    except (ConnectionRefusedError, socket.gaierror, socket.timeout, TimeoutError, OSError,
+            http.client.HTTPException, ValueError) as exc:
+        connection.close()
+        raise RemoteError(f"Cannot reach the server at {url}: {reason_of(exc)}") from None
+    if response.status >= 300:
+        detail = _error_detail(response)
+        connection.close()
+        if response.status in (401, 403):
+            how = "check the user and password in the address" if where.user else \
+                f"set the API key in the {API_KEY_ENV} environment variable"
+            raise RemoteError(f"The server at {url} refused the request ({response.status}): {how}{detail}")
+        if response.status == 404:
+            raise RemoteError(f"The server at {url} has no {path} ({response.status}): is it an OpenAI-compatible "
+                              f"server?{detail}")
+        raise RemoteError(f"The server at {url} answered {response.status} {short(response.reason)}{detail}")
+    return Exchange(connection, response, sock)
+
+
+def reason_of(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (is it running, on this port?)"
+    if isinstance(exc, socket.gaierror):
+        return "no such host"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "no answer in time"
+    return short(exc) or type(exc).__name__
+
+
+def short(value: object, limit: int = 200) -> str:
+    text = str(value).strip()
+    return text.splitlines()[0][:limit] if text else ""
+
+
+def _error_detail(response: http.client.HTTPResponse) -> str:
+    try:
+        data = loads(response.read(4096).decode("utf-8", "replace"))
+        message = data.get("error", data) if isinstance(data, dict) else data
+        if isinstance(message, dict):
+            message = message.get("message", "")
+        text = short(message)
+    except (ValueError, OSError, http.client.HTTPException, RemoteError):
+        text = ""
+    return f": {text}" if text else ""
+
+
+def loads(text: str) -> Any:
+    """A server's JSON, bounded: numbers of at most ``MAX_DIGITS`` digits, nesting the decoder can follow."""
+    try:
+        return _DECODER.decode(text)
+    except RecursionError:
+        raise RemoteError("the server sent JSON nested too deeply to be an answer") from None
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"a whole number of {len(text):,} digits")
+    return int(text)
+
+
+_DECODER = json.JSONDecoder(parse_int=_bounded_int)
+
+
+def get_text(where: Address | str, path: str, timeout: float = 5.0, limit: int = metrics.MAX_PAGE + 1) -> str:
+    """A GET's body as text, at most ``limit`` bytes (a page larger than that is not what was asked for)."""
+    where = where if isinstance(where, Address) else address(where)
+    exchange = request(where, "GET", path, timeout=timeout)
+    deadline = time.monotonic() + timeout              # for the whole answer: a server may drip it a byte at a time
+    pieces: list[bytes] = []
+    size = 0
+    try:
+        while size < limit:
+            if time.monotonic() > deadline:
+                raise RemoteError(f"The server at {where.url} took more than {timeout:g} s to answer {path}")
+            piece = exchange.response.read1(min(1 << 16, limit - size))
+            if not piece:
+                break
+            pieces.append(piece)
+            size += len(piece)
+    except (OSError, http.client.HTTPException) as exc:
+        raise RemoteError(f"The server at {where.url} broke off its answer to {path}: {reason_of(exc)}") from None
+    finally:
+        exchange.close()
+    return b"".join(pieces).decode("utf-8", "replace")
+
+
+def get_json(where: Address, path: str, timeout: float = 5.0) -> Any:
+    try:
+        return loads(get_text(where, path, timeout, MAX_LINE))
+    except ValueError:
+        raise RemoteError(f"The server at {where.url} answered {path} with something that is not JSON") from None
+
+
+def post_json(where: Address, path: str, body: dict, timeout: float = 5.0) -> Any:
+    """A POST's JSON answer, bounded in size and time like every other answer."""
+    exchange = request(where, "POST", path, body, timeout=timeout)
+    try:
+        data = exchange.response.read(MAX_LINE)
+    except (OSError, http.client.HTTPException) as exc:
+        raise RemoteError(f"The server at {where.url} broke off its answer to {path}: {reason_of(exc)}") from None
+    finally:
+        exchange.close()
+    try:
+        return loads(data.decode("utf-8", "replace"))
+    except ValueError:
+        raise RemoteError(f"The server at {where.url} answered {path} with something that is not JSON") from None
+
+
+def tokenize(where: Address, model: str, messages: list[dict], timeout: float = 5.0) -> list[int] | None:
+    """The prompt ids the server makes of ``messages`` with its own chat template (vLLM's ``/tokenize``), or None
+    where the server has no such endpoint or answers with something else."""
+    try:
+        data = post_json(where, "/tokenize", {"model": model, "messages": messages, "add_generation_prompt": True},
+                         timeout)
+    except RemoteError:
+        return None
+    tokens = data.get("tokens") if isinstance(data, dict) else None
+    if isinstance(tokens, list) and len(tokens) <= MAX_LINE and all(isinstance(t, int) and t >= 0 for t in tokens):
+        return tokens
+    return None
+
+
+def detokenize(where: Address, model: str, tokens: list[int], timeout: float = 5.0) -> str:
+    """The text the server makes of ``tokens`` (vLLM's ``/detokenize``), or "" where it cannot say."""
+    try:
+        data = post_json(where, "/detokenize", {"model": model, "tokens": tokens}, timeout)
+    except RemoteError:
+        return ""
+    text = data.get("prompt") if isinstance(data, dict) else None
+    return clean_text(text)[0][:4096] if isinstance(text, str) else ""
+
+
+
+_CREDENTIALS: dict[str, Address] = {}          # url -> the address with credentials, this process only
+
+
+def remember_credentials(where: Address) -> None:
+    """Keep the credentials of a server the user named, in memory only, so later requests to the same address
+    (a load test, the next run) authenticate too."""
+    if where.user or where.password:
+        _CREDENTIALS[where.url] = where
+
+
+def address_of(url: str) -> Address:
+    return _CREDENTIALS.get(url) or Address(url)
+
+
