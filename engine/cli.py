@@ -67,8 +67,19 @@ def generate_parser() -> argparse.ArgumentParser:
     return p
 
 
+def worker_main(argv: list[str]) -> int:
+    """``python -m engine worker NAME ARGS...``: a process a lesson starts (not for typing: its arguments are the
+    lesson's, a socket's descriptor among them)."""
+    from engine import lessons
+
+    lessons.run_worker(argv[0], argv[1:])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "worker" and len(argv) > 1:
+        return worker_main(argv[1:])
     if argv and argv[0] in SUBCOMMANDS:
         return guarded(lambda: SUBCOMMANDS[argv[0]](argv[1:]))
     parser = generate_parser()

@@ -10,6 +10,8 @@ module here, its view in ``app/lessons/``, one line in each registry, its tests 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from engine.facts.schema import LessonVocabulary
 from engine.facts.vocabulary import LessonEvent
 from engine.lessons import (
@@ -28,6 +30,7 @@ from engine.lessons import (
     server_load,
     speculative,
 )
+from engine.run import faults
 from engine.run.experiment import MODEL, SERVER, Lesson
 
 LESSONS: tuple[Lesson, ...] = (prefill.LESSON, cache.LESSON, batch.LESSON, continuous.LESSON, chat.LESSON,
@@ -35,6 +38,15 @@ LESSONS: tuple[Lesson, ...] = (prefill.LESSON, cache.LESSON, batch.LESSON, conti
                                architectures.LESSON, offload.LESSON, depth.LESSON,
                                kv_compression.LESSON, disaggregation.LESSON)
 BY_KIND: dict[str, Lesson] = {lesson.kind: lesson for lesson in LESSONS}
+faults.declare(*(phase for lesson in LESSONS for phase in lesson.faults))     # what KVSCOPE_FAULTS may name
+
+
+def run_worker(name: str, argv: Sequence[str]) -> None:
+    """Run the process a lesson declares as ``name`` (its ``workers``), with its command line."""
+    entries = {worker: entry for lesson in LESSONS for worker, entry in lesson.workers.items()}
+    if name not in entries:
+        raise KeyError(f"Unknown worker {name!r}: the lessons start {', '.join(entries) or 'none'}")
+    entries[name](argv)
 
 
 def lesson(kind: str) -> Lesson:

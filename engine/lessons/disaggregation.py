@@ -22,6 +22,7 @@ from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.facts.fields import Bytes, Column, Count, Items, Key, Message, Number, Range, Setting
 from engine.facts.vocabulary import LessonPoint, of, table_lines
+from engine.run import prefill_worker
 from engine.run.experiment import Experiment, Lesson
 from engine.run.workloads import filler_ids, sample_texts
 
@@ -305,8 +306,16 @@ def table(points: Sequence[ExperimentPoint], result: DisaggregationResult) -> st
     return "\n".join(lines)
 
 
+def run_prefill_worker(argv: Sequence[str]) -> None:
+    """The prefill worker's process: SOURCE DTYPE THREADS FD (the socket's end it was given)."""
+    from engine.run.disaggregation import worker_entry  # torch: only in the worker's own process
+
+    worker_entry(argv)
+
+
 LESSON = Lesson(kind="disaggregation", title="Prefill and decode apart", settings=DisaggregationSettings,
                 result=DisaggregationResult, run=run, table=table, check=check, points=(ServedPoint, GapPoint),
+                faults=(prefill_worker.HANDOVER,), workers={prefill_worker.WORKER: run_prefill_worker},
                 quick={"requests": 4, "short_prompt": 8, "long_prompt": 96, "long_every": 2, "new_tokens": 5,
                        "arrive_every_ms": 20},
                 course={"long_prompt": 1024})

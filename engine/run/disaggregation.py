@@ -8,9 +8,9 @@ each row's tokens are its solo run's), prefill first, as a colocated engine with
 on both sides come from ``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for every process), so a
 hand-over is timed from the end of its prefill in one process to its tensors ready in the other.
 
-Faults for tests (``KVSCOPE_FAULTS``, see ``engine.run.faults``): ``handover:N:exit`` ends the prefill worker half-way
-through request N's bytes; ``handover:N:sleep=S`` makes it silent for S seconds before sending it;
-``handover:N:oom`` finds no free memory for request N's hand-over.
+Faults for tests (``KVSCOPE_FAULTS``, the phase ``engine.run.prefill_worker.HANDOVER``): ``handover:N:exit`` ends
+the prefill worker half-way through request N's bytes; ``handover:N:sleep=S`` makes it silent for S seconds before
+sending it; ``handover:N:oom`` finds no free memory for request N's hand-over.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from engine.model import kvcache
+from engine.run.prefill_worker import HANDOVER, command
 from engine.run.scheduler import BatchedDecoder
 from engine.run.scheduler import Request as BatchRequest
 
@@ -187,7 +188,7 @@ def _worker_main(source: str, dtype: str, threads: int, channel: Connection) -> 
     except Exception as exc:                                # noqa: BLE001  (said to the lesson, one line)
         say(outbox, "failed", f"the prefill worker could not load the model: {exc}")
         return
-    hook = faults.handover_hook()
+    handovers = faults.actions(HANDOVER)
     say(outbox, "ready", threads)
     with torch.inference_mode():
         while True:
@@ -210,7 +211,7 @@ def _worker_main(source: str, dtype: str, threads: int, channel: Connection) -> 
             ended = time.perf_counter()
             tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
             size = sum(t.numel() * t.element_size() for t in tensors)
-            action = hook(index) if hook is not None else None      # (a test's fault: silent, dying, no room)
+            action = faults.act(handovers.get(index))       # (a test's fault: silent, dying, no room)
             free = 0 if action == "oom" else memory.available_bytes("cpu")
             if free is not None and size > free:
                 say(outbox, "failed", f"request {index}'s cache is {size:,} B, more than the {free:,} B of free "
@@ -250,10 +251,8 @@ class PrefillWorker:
         self._stderr = tempfile.TemporaryFile()         # a file, not a pipe: a chatty worker never blocks on it
         # A fresh interpreter, not multiprocessing's spawn: spawn imports the parent's main module again (the
         # window's, Qt and all) in the child.
-        command = ([sys.executable, "--prefill-worker"] if getattr(sys, "frozen", False)     # a bundled app
-                   else [sys.executable, "-m", "engine.run.disaggregation"])
         self.process = subprocess.Popen(
-            [*command, source, dtype, str(threads), str(theirs.fileno())],
+            [*command(), source, dtype, str(threads), str(theirs.fileno())],
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             preexec_fn=_die_with_parent, stderr=self._stderr, env={**os.environ, "PYTHONPATH": _package_root()})
         theirs.close()
@@ -458,6 +457,3 @@ def worker_entry(argv: Sequence[str]) -> None:
     """The prefill worker's command line: SOURCE DTYPE THREADS FD (the socket's end it was given)."""
     _worker_main(argv[0], argv[1], int(argv[2]), Connection(int(argv[3])))
 
-
-if __name__ == "__main__":                  # python -m engine.run.disaggregation SOURCE DTYPE THREADS FD
-    worker_entry(sys.argv[1:])

@@ -34,6 +34,7 @@ from engine.facts.events import (
     ServerFacts,
 )
 from engine.facts.vocabulary import LessonEvent, LessonPoint
+from engine.run.faults import FaultPhase
 
 Sink = Callable[[object], None]
 MODEL, SERVER = "model", "server"        # what a lesson runs against: a model loaded here, or a serving engine
@@ -70,7 +71,9 @@ class Lesson:
     new lesson brings its own and no test keeps a table of lessons. ``course``: what the shipped course records
     (the embedded model, a few minutes on a two-core laptop), over the lesson's defaults. ``points``: the typed
 points it reports (``engine.facts.vocabulary.LessonPoint``: its table's columns, the schema's checks);
-``events``: the events of its own (``LessonEvent``), which the trace schema and the window learn from here."""
+``events``: the events of its own (``LessonEvent``), which the trace schema and the window learn from here;
+``faults``: the ``KVSCOPE_FAULTS`` phases its processes read; ``workers``: the processes it starts, by name, each
+an entry taking its command line (``python -m engine worker NAME ...`` runs one)."""
 
     kind: str
     title: str
@@ -86,6 +89,8 @@ points it reports (``engine.facts.vocabulary.LessonPoint``: its table's columns,
     course: Mapping[str, Any] = field(default_factory=dict)
     points: tuple[type[LessonPoint], ...] = ()
     events: tuple[type[LessonEvent], ...] = ()
+    faults: tuple[FaultPhase, ...] = ()
+    workers: Mapping[str, Callable[[Sequence[str]], None]] = field(default_factory=dict)
 
 
 class Experiment:

@@ -31,7 +31,7 @@ def prefill_workers(marker: str = "", parent: int | None = None) -> list[int]:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if b"engine.run.disaggregation" in cmdline and marker.encode() in cmdline and stat[0] != "Z" \
+        if b"worker prefill-worker" in cmdline and marker.encode() in cmdline and stat[0] != "Z" \
                 and (parent is None or int(stat[1]) == parent):
             found.append(int(proc.name))
     return found
@@ -188,3 +188,31 @@ def test_the_cli_exits_non_zero_when_a_worker_ended_the_lesson_early(tiny_model_
     out = capsys.readouterr().out
     assert code == 1 and "ended early: the prefill worker ended during a hand-over" in out
     assert workers_alive() == []
+
+
+def test_the_prefill_worker_runs_as_the_lessons_declared_worker_and_the_finder_sees_it(tiny_model_dir):
+    """The worker starts through the lesson registry (``python -m engine worker prefill-worker``), and the
+    process finder the tests above rely on finds it while it lives: their "none left" is not vacuous."""
+    from engine.run.disaggregation import PrefillWorker
+
+    worker = PrefillWorker(str(tiny_model_dir), "float32", 1)
+    try:
+        assert worker.process.pid in prefill_workers(str(tiny_model_dir), parent=os.getpid())
+        assert worker.process.args[1:4] == ["-m", "engine", "worker"]
+    finally:
+        worker.close()
+    assert worker.process.pid not in prefill_workers(str(tiny_model_dir))
+
+
+def test_the_hand_over_fault_grammar_is_the_lessons_declaration_read_through_the_registry(monkeypatch):
+    from engine import lessons  # noqa: F401  (the registry declares every lesson's fault phases)
+    from engine.facts.errors import ParameterError
+    from engine.run import faults
+    from engine.run.prefill_worker import HANDOVER
+
+    assert HANDOVER in lessons.lesson("disaggregation").faults
+    monkeypatch.setenv("KVSCOPE_FAULTS", "handover:2:exit,decode:1:error")
+    assert faults.actions(HANDOVER) == {2: "exit"} and faults.from_env() is not None
+    monkeypatch.setenv("KVSCOPE_FAULTS", "handover:2:explode")
+    with pytest.raises(ParameterError, match="handover:N:exit, handover:N:oom or handover:N:sleep=S"):
+        faults.actions(HANDOVER)
