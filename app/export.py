@@ -9,6 +9,8 @@ from pathlib import Path
 
 from app.store import ExperimentRecord, RunRecord
 from engine.facts.events import to_dict
+from engine.facts.validation import shapes
+from engine.facts.vocabulary import MORE
 from engine.store.files import write_bytes
 
 CSV_COLUMNS = ("step", "position", "token_id", "text", "phase", "special", "latency_ms", "forward_ms", "t_ms",
@@ -27,8 +29,13 @@ def run_csv(run: RunRecord) -> str:
 
 
 def experiment_csv(record: ExperimentRecord) -> str:
-    """One row per measured point; columns are the union of the points' values, in first-seen order."""
-    columns: list[str] = []
+    """One row per measured point: the series, then every figure the lesson's points declare (in declared order),
+    then any figure a point names at run time (a server's per-slot figures); absent figures are empty cells."""
+    from engine import lessons
+
+    declared = lessons.BY_KIND[record.kind].points if record.kind in lessons.BY_KIND else ()
+    columns = [s.name for kind in declared for s in shapes(kind) if s.name != MORE]
+    columns = list(dict.fromkeys(columns))
     for point in record.points:
         columns += [k for k in point.values if k not in columns]
     out = io.StringIO()

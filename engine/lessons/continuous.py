@@ -134,18 +134,17 @@ def run(experiment: Experiment, settings: ContinuousSettings) -> ContinuousResul
     return ContinuousResult(**figures, same_tokens_both_policies=same, tokens_match_solo=solo_match)
 
 
-def timeline(point: ExperimentPoint) -> list[Span | Counter]:
+def timeline(items: Sequence[object]) -> list[Span | Counter]:
     """A lane per request (waiting, prefill, decode) and the batch size as a counter, per policy."""
-    if RequestPoint.matches(point.series):
-        r = RequestPoint.read(point)
+    out: list[Span | Counter] = []
+    for r in of(items, RequestPoint):
         track = f"{POLICY_WORDS[r.policy]}: request {r.index}"
         spans = (("waiting", r.arrival_ms, r.admitted_ms), ("prefill", r.admitted_ms, r.first_token_ms),
                  ("decode", r.first_token_ms, r.done_ms))
-        return [Span(track, name, start, max(end - start, 0.0)) for name, start, end in spans]
-    if BatchSizePoint.matches(point.series):
-        b = BatchSizePoint.read(point)
-        return [Counter(f"batch size ({POLICY_WORDS[b.policy]})", b.t_ms, {"rows": b.batch_size})]
-    return []
+        out += [Span(track, name, start, max(end - start, 0.0)) for name, start, end in spans]
+    out += [Counter(f"batch size ({POLICY_WORDS[b.policy]})", b.t_ms, {"rows": b.batch_size})
+            for b in of(items, BatchSizePoint)]
+    return out
 
 
 def table(points: Sequence[ExperimentPoint], result: ContinuousResult) -> str:

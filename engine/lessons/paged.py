@@ -20,7 +20,7 @@ from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.facts.fields import Bytes, Column, Count, Key, Message, Number, Range, Setting
 from engine.facts.vocabulary import LessonPoint, of, table_lines
-from engine.run.experiment import Experiment, Lesson
+from engine.run.experiment import Counter, Experiment, Lesson, Span
 from engine.serve.block_events import BlockTable
 
 SYSTEM = ("You are the support assistant of a library. Answer in one short sentence, politely, and never invent "
@@ -200,6 +200,13 @@ def _timings(prefix: str, batch: list) -> dict:
             f"{prefix}_mean_e2e_ms": statistics.fmean(r.done_ms - r.arrival_ms for r in batch)}
 
 
+def timeline(items: Sequence[object]) -> list[Span | Counter]:
+    """The blocks held, shared and free after every step, as counters."""
+    return [Counter("paged KV blocks", t.t_ms, {"held": len({b for row in t.tables for b in row}),
+                                                "shared": len(t.shared_blocks), "free": t.free_blocks})
+            for t in items if isinstance(t, BlockTable)]
+
+
 def table(points: Sequence[ExperimentPoint], result: PagedResult) -> str:
     lines = table_lines(of(points, PagedRequestPoint), PagedRequestPoint)
     if result.peak_blocks_shared:
@@ -224,6 +231,6 @@ def table(points: Sequence[ExperimentPoint], result: PagedResult) -> str:
 
 
 LESSON = Lesson(kind="paged", title="Paged KV", settings=PagedSettings, result=PagedResult, run=run, table=table,
-                check=check, points=(PagedRequestPoint,), events=(BlockTable,),
+                check=check, points=(PagedRequestPoint,), events=(BlockTable,), timeline=timeline,
                 quick={"requests": 3, "new_tokens": 4},
                 course={"new_tokens": 12})

@@ -30,7 +30,7 @@ from typing import Annotated, ClassVar
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings, RunFinished
 from engine.facts.fields import Column, Count, Items, Key, Number, Range, Setting, Text
 from engine.facts.params import GenerationParams
-from engine.facts.vocabulary import LessonPoint
+from engine.facts.vocabulary import LessonPoint, of
 from engine.run.experiment import SERVER, Counter, Experiment, Lesson, Span
 from engine.run.workloads import sample_texts
 from engine.serve import client, kv_events, metrics, slots
@@ -516,16 +516,18 @@ def summarize(done: list[dict], requested: int, seen: dict[str, list[float]], po
                             notes=tuple(note[:4096] for note in list(poll_notes)[:8]))
 
 
-def timeline(point: ExperimentPoint) -> list[Span | Counter]:
+def timeline(items: Sequence[object]) -> list[Span | Counter]:
     """What the server said on /metrics, as counters; each request as a lane (waiting, then streaming)."""
-    v = point.values
-    if point.series == "metrics" and "t_ms" in v:
-        return [Counter(f"server {name}", v["t_ms"], {name: value}) for name, value in v.items() if name != "t_ms"]
-    if point.series == "request" and "ttft_ms" in v:
-        track, first = f"request {int(v['index'])} (client)", v["arrival_ms"] + v["ttft_ms"]
-        return [Span(track, "waiting for the first token", v["arrival_ms"], v["ttft_ms"]),
-                Span(track, "streaming", first, max(v["arrival_ms"] + v["e2e_ms"] - first, 0.0))]
-    return []
+    out: list[Span | Counter] = []
+    for m in of(items, MetricsPoint):
+        if m.series == MetricsPoint.series:                 # the server's sum (each engine's is in the trace)
+            out += [Counter(f"server {name}", m.t_ms, {name: value}) for name, value in m.values().items()
+                    if name != "t_ms"]
+    for r in of(items, ServedRequest):
+        track, first = f"request {r.index} (client)", r.arrival_ms + r.ttft_ms
+        out += [Span(track, "waiting for the first token", r.arrival_ms, r.ttft_ms),
+                Span(track, "streaming", first, max(r.arrival_ms + r.e2e_ms - first, 0.0))]
+    return out
 
 
 def table(points: Sequence[ExperimentPoint], result: ServerLoadResult) -> str:

@@ -37,7 +37,7 @@ from engine.facts.fields import (
 )
 from engine.facts.validation import FieldError
 from engine.facts.vocabulary import LessonEvent, LessonPoint, of, table_lines
-from engine.run.experiment import Experiment, Lesson
+from engine.run.experiment import Counter, Experiment, Lesson, Span
 from engine.store.resources import SPECULATIVE_PROMPTS as PROMPTS
 
 PROMPT_LOOKUP, SELF = "prompt lookup", "self"
@@ -223,6 +223,26 @@ def _emit_passes(experiment: Experiment, repeat: int, result: Any) -> None:
                                   p.verify_ms))
 
 
+def timeline(items: Sequence[object]) -> list[Span | Counter]:
+    """Each repeat's verification passes on a track of its own, draft then verify, back to back from their
+    measured durations (the last ending when they were reported)."""
+    by_repeat: dict[int, list[DraftPass]] = {}
+    for p in items:
+        if isinstance(p, DraftPass):
+            by_repeat.setdefault(p.repeat, []).append(p)
+    out: list[Span | Counter] = []
+    laid = {"layout": "back to back from measured durations"}
+    for repeat, done in by_repeat.items():
+        track = f"speculative repeat {repeat + 1}: draft, then verify"
+        start = max(done[0].t_ms - sum(p.draft_ms + p.verify_ms for p in done), 0.0)
+        for p in done:
+            out.append(Span(track, f"draft {len(p.drafted)}", start, p.draft_ms, "draft", laid))
+            out.append(Span(track, f"verify: kept {p.accepted} of {len(p.drafted)}", start + p.draft_ms,
+                            p.verify_ms, "verify", {**laid, "kept": p.accepted, "guessed": "".join(p.drafted_text)}))
+            start += p.draft_ms + p.verify_ms
+    return out
+
+
 def table(points: Sequence[ExperimentPoint], result: SpeculativeResult) -> str:
     lines = table_lines(of(points, DecodePoint), DecodePoint)
     if result.speedup is not None:
@@ -239,6 +259,6 @@ def table(points: Sequence[ExperimentPoint], result: SpeculativeResult) -> str:
 
 LESSON = Lesson(kind="speculative", title="Speculative decoding", settings=SpeculativeSettings,
                 result=SpeculativeResult, run=run, table=table, check=check, points=(DecodePoint,),
-                events=(DraftPass,),
+                events=(DraftPass,), timeline=timeline,
                 quick={"new_tokens": 12, "repeats": 1, "prompt": "The cache keeps what attention has already read."},
                 course={"new_tokens": 48, "repeats": 1})

@@ -31,9 +31,8 @@ from engine.facts.events import (
     TokenStep,
     plain,
 )
-from engine.lessons.speculative import DraftPass
+from engine.facts.vocabulary import LessonEvent
 from engine.run.experiment import Span
-from engine.serve.block_events import BlockTable
 from engine.store.files import write_text
 
 TRACKS = {"forward": 1, "sampling": 2, "waits": 3}
@@ -48,7 +47,7 @@ def trace_events(events: Iterable[object]) -> list[dict]:
     kinds: dict[str, str] = {}                          # experiment id -> its lesson's kind
     lanes: dict[tuple[int, str], int] = {}              # (pid, track name) -> tid, for lessons' own tracks
     timed: set[tuple[int, int]] = set()                 # per-layer tracks named so far
-    passes: dict[tuple[str, int], list[DraftPass]] = {}     # (experiment, repeat) -> its passes, in order
+    items: dict[str, list[object]] = {}                 # experiment id -> its points and own events, in order
 
     def process(key: str, name: str) -> int:
         pid = pids.setdefault(key, len(pids) + 1)
@@ -102,19 +101,8 @@ def trace_events(events: Iterable[object]) -> list[dict]:
             name = event.reason if isinstance(event, RunFinished) else f"failed: {event.error}"
             out.append({"ph": "i", "name": name, "cat": "end", "pid": pid, "tid": base + TRACKS["forward"],
                         "ts": _us(event.t_ms), "s": "t"})
-        elif isinstance(event, ExperimentPoint) and event.exp_id in experiments:
-            pid = experiments[event.exp_id]
-            timeline = lessons.BY_KIND[kinds[event.exp_id]].timeline if kinds[event.exp_id] in lessons.BY_KIND \
-                else None
-            for item in timeline(event) if timeline is not None else ():
-                if isinstance(item, Span):
-                    if (pid, item.track) not in lanes:
-                        lanes[(pid, item.track)] = 1000 + len([k for k in lanes if k[0] == pid])
-                        thread(pid, lanes[(pid, item.track)], item.track)
-                    out.append(_slice(pid, lanes[(pid, item.track)], item.name, item.name, item.start_ms,
-                                      item.duration_ms, {}))
-                else:
-                    out.append({"ph": "C", "name": item.name, "pid": pid, "ts": _us(item.t_ms), "args": item.values})
+        elif isinstance(event, (ExperimentPoint, LessonEvent)) and event.exp_id in experiments:
+            items.setdefault(event.exp_id, []).append(event)
         elif isinstance(event, LayerTimes) and event.run_id in run_track:
             pid, base = run_track[event.run_id]
             if (pid, base + LAYERS) not in timed:
@@ -125,30 +113,18 @@ def trace_events(events: Iterable[object]) -> list[dict]:
                 out.append(_slice(pid, base + LAYERS, f"layer {layer} ({device})", device, start, ms,
                                   {"step": event.step}))
                 start += ms
-        elif isinstance(event, BlockTable) and event.exp_id in experiments:
-            shared = len(event.shared_blocks)
-            held = len({b for table in event.tables for b in table})
-            out.append({"ph": "C", "name": "paged KV blocks", "pid": experiments[event.exp_id],
-                        "ts": _us(event.t_ms), "args": {"held": held, "shared": shared, "free": event.free_blocks}})
-        elif isinstance(event, DraftPass) and event.exp_id in experiments:
-            passes.setdefault((event.exp_id, event.repeat), []).append(event)
-    for (exp_id, repeat), done in passes.items():
-        out.extend(_passes(experiments[exp_id], repeat, done, thread))
-    return out
-
-
-def _passes(pid: int, repeat: int, done: list[DraftPass], thread) -> list[dict]:
-    """One repeat's verification passes, back to back, the last ending when they were reported."""
-    tid = 2000 + repeat
-    thread(pid, tid, f"speculative repeat {repeat + 1}: draft, then verify")
-    start = max(done[0].t_ms - sum(p.draft_ms + p.verify_ms for p in done), 0.0)
-    out = []
-    for p in done:
-        laid = {"layout": "back to back from measured durations"}
-        out.append(_slice(pid, tid, f"draft {len(p.drafted)}", "draft", start, p.draft_ms, laid))
-        out.append(_slice(pid, tid, f"verify: kept {p.accepted} of {len(p.drafted)}", "verify", start + p.draft_ms,
-                          p.verify_ms, {**laid, "kept": p.accepted, "guessed": "".join(p.drafted_text)}))
-        start += p.draft_ms + p.verify_ms
+    for exp_id, found in items.items():                 # what each lesson draws of its own (lanes, counters)
+        lesson = lessons.BY_KIND.get(kinds[exp_id])
+        pid = experiments[exp_id]
+        for item in lesson.timeline(found) if lesson is not None and lesson.timeline is not None else ():
+            if isinstance(item, Span):
+                if (pid, item.track) not in lanes:
+                    lanes[(pid, item.track)] = 1000 + len([k for k in lanes if k[0] == pid])
+                    thread(pid, lanes[(pid, item.track)], item.track)
+                out.append(_slice(pid, lanes[(pid, item.track)], item.name, item.category or item.name,
+                                  item.start_ms, item.duration_ms, dict(item.args)))
+            else:
+                out.append({"ph": "C", "name": item.name, "pid": pid, "ts": _us(item.t_ms), "args": item.values})
     return out
 
 

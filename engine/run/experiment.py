@@ -43,12 +43,14 @@ MODEL, SERVER = "model", "server"        # what a lesson runs against: a model l
 @dataclass(frozen=True)
 class Span:
     """A stretch of time on a named track, for timeline exports (Perfetto): ``start_ms`` from the experiment's
-    start, as measured."""
+    start, as measured; ``category`` (the name where none is given) and ``args`` as Perfetto shows them."""
 
     track: str
     name: str
     start_ms: float
     duration_ms: float
+    category: str = ""
+    args: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -62,18 +64,18 @@ class Counter:
 
 @dataclass(frozen=True)
 class Lesson:
-    """A lesson as the registry lists it. ``run(experiment, settings)`` measures and returns the typed
-    result; ``check(target, settings)`` refuses settings the loaded model cannot run, before anything starts;
-    ``table(points, result)`` is what the CLI prints; ``timeline(point)`` what a point adds to a Perfetto trace
-    (lanes of requests, counters), if anything; ``timed`` is False for a lesson whose figures are bytes, which
-    no busy machine changes (no busy note). ``quick``: settings for a short run on a small model (a 256-position
-    context, seconds), what the tests that take every lesson and a quick demonstration use: declared here so a
-    new lesson brings its own and no test keeps a table of lessons. ``course``: what the shipped course records
-    (the embedded model, a few minutes on a two-core laptop), over the lesson's defaults. ``points``: the typed
-points it reports (``engine.facts.vocabulary.LessonPoint``: its table's columns, the schema's checks);
-``events``: the events of its own (``LessonEvent``), which the trace schema and the window learn from here;
-``faults``: the ``KVSCOPE_FAULTS`` phases its processes read; ``workers``: the processes it starts, by name, each
-an entry taking its command line (``python -m engine worker NAME ...`` runs one)."""
+    """A lesson as the registry lists it, and everything it declares of its own. ``run(experiment, settings)``
+    measures and returns the typed result; ``check(target, settings)`` refuses settings the loaded model cannot
+    run, before anything starts; ``table(points, result)`` is what the CLI prints; ``timeline(items)`` what an
+    experiment's points and own events (all of them, in order) add to a Perfetto trace (lanes, counters), if
+    anything; ``timed`` is False for a lesson whose figures are bytes, which no busy machine changes (no busy
+    note). ``quick``: settings for a short run on a small model (a 256-position context, seconds), what the tests
+    that take every lesson and a quick demonstration use; ``course``: what the shipped course records (the
+    embedded model, a few minutes on a two-core laptop), over the lesson's defaults. ``points``: the typed points
+    it reports (``engine.facts.vocabulary.LessonPoint``: its table's columns, the schema's checks); ``events``:
+    the events of its own (``LessonEvent``), which the trace schema and the window learn from here; ``faults``:
+    the ``KVSCOPE_FAULTS`` phases its processes read; ``workers``: the processes it starts, by name, each an entry
+    taking its command line (the engine's ``worker`` command runs one)."""
 
     kind: str
     title: str
@@ -83,7 +85,7 @@ an entry taking its command line (``python -m engine worker NAME ...`` runs one)
     table: Callable[[Sequence[ExperimentPoint], LessonResult], str]
     target: str = MODEL
     check: Callable[[Any, Any], None] | None = None
-    timeline: Callable[[ExperimentPoint], list[Span | Counter]] | None = None
+    timeline: Callable[[Sequence[object]], list[Span | Counter]] | None = None
     timed: bool = True          # False: it measures bytes, not time, so a busy machine changes nothing
     quick: Mapping[str, Any] = field(default_factory=dict)
     course: Mapping[str, Any] = field(default_factory=dict)
