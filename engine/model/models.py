@@ -111,9 +111,9 @@ def pick_device(requested: str = "auto") -> Any:
 
 def pick_dtype(requested: str, device: Any, config: Any = None, recalibrate: bool = False,
                measuring: Callable[[], None] = lambda: None) -> tuple[Any, str | None, str]:
-    """``(float dtype, weight format or None, why)``. Explicit float choices stay explicit. ``auto``, and the
-    activations of ``int8`` / ``int4`` weights, take the float dtype this machine ran fastest in its
-    calibration (``engine.model.calibrate``), with the measured reason."""
+    """``(float dtype, weight format or None, why)``. Explicit float choices stay explicit. ``auto`` takes the
+    float dtype this machine ran a layer's matmuls fastest in, and ``int8`` / ``int4`` weights the activations'
+    float their own quantized kernel ran fastest with (``engine.model.calibrate``), with the measured reason."""
     import torch
 
     requested = (requested or "auto").strip().lower()
@@ -129,8 +129,8 @@ def pick_dtype(requested: str, device: Any, config: Any = None, recalibrate: boo
     # The matmuls timed are a sample at most this large (a config's 40,000-wide layer would fill the memory):
     # the dtypes' order is the same at the model's sizes and at a sample's.
     hidden, intermediate = min(hidden, CALIBRATE_HIDDEN), min(intermediate, 4 * CALIBRATE_HIDDEN)
-    calibration = calibrate(device, hidden, intermediate, recalibrate, measuring)
     fmt = None if requested == "auto" else requested
+    calibration = calibrate(device, hidden, intermediate, recalibrate, measuring, weights=fmt or "")
     return getattr(torch, calibration.best), fmt, calibration.reason()
 
 
