@@ -188,7 +188,7 @@ def test_the_window_draws_the_tree_through_vllm(qtbot, vllm_server, tmp_path, mo
         wait_idle(qtbot, window, timeout=300_000)
         window.refresh(force=True)
         record = window.store.latest_experiment("server load")
-        assert record.result.completed == 4 and record.blocks
+        assert record.result.completed == 4 and record.of(KVBlocks, RequestBlocks)
         assert view.tree_chart.isVisibleTo(window) and view.tree_chart.blocks
         assert "from the server's answers" in html.unescape(view.explain.text())
         cached = [view.table.item(row, [c[0] for c in view.columns].index("cached_tokens")).text()
