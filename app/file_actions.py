@@ -183,10 +183,16 @@ class FileActions:
                 self.show_error(f"Could not write {path}: {exc.strerror or exc}. Any file that was there is "
                                 "unchanged.")
 
+    def events_of(self, record) -> list | None:
+        """What an export takes: ``record``'s events (an experiment), else the selected run's, else None."""
+        if record is not None:
+            return record.events
+        run = self.selected_run()
+        return run.events if run is not None else None
+
     def export_perfetto(self, record) -> None:
         """The selected run (``record`` None) or an experiment, as a Chrome/Perfetto trace."""
-        events = record.events if record is not None else (self.selected_run().events if self.selected_run()
-                                                             else None)
+        events = self.events_of(record)
         if not events:
             self.show_error("There is nothing to export yet: run something first.")
             return
@@ -204,8 +210,7 @@ class FileActions:
         spans in OTLP/JSON, for the tracing a team already runs."""
         from engine.output.otlp import OTLPError, write_otlp
 
-        events = record.events if record is not None else (self.selected_run().events if self.selected_run()
-                                                             else None)
+        events = self.events_of(record)
         if not events:
             self.show_error("There is nothing to export yet: run something first.")
             return
@@ -228,8 +233,7 @@ class FileActions:
         scene = scene or "prefill"
         kind = scene_lesson(scene)
         record = self.store.latest_experiment(kind) if kind else None
-        events = record.events if record is not None else (self.selected_run().events if self.selected_run()
-                                                             else None)
+        events = self.events_of(record)
         if not events:
             self.show_error("There is nothing to render in this scene yet: run it first.")
             return

@@ -241,6 +241,7 @@ class ExperimentRecord:
         self.events: list[object] = [started]
         self.points: list[ExperimentPoint] = []
         self._by_type: dict[type, list[object]] = {}      # the lesson's own events, by class
+        self._typed: dict[type, tuple[list, int]] = {}      # points read typed, and how many points were read
         self.progress: ExperimentProgress | None = None
         self.end: ExperimentFinished | ExperimentFailed | None = None
         self.run_ids: list[str] = []
@@ -286,8 +287,12 @@ class ExperimentRecord:
         return [e for e in self.events if isinstance(e, kinds)]
 
     def typed(self, kind: type[P]) -> list[P]:
-        """The points that are ``kind`` (a lesson's declared ``LessonPoint``), typed, in order."""
-        return vocabulary.of(self.points, kind)
+        """The points that are ``kind`` (a lesson's declared ``LessonPoint``), typed, in order. Points only ever
+        arrive, so each is read once: a view redrawn at every event reads only the new ones."""
+        read, seen = self._typed.get(kind, ([], 0))
+        read = read + vocabulary.of(self.points[seen:], kind)
+        self._typed[kind] = (read, len(self.points))
+        return list(read)
 
 
 class RunStore:

@@ -134,7 +134,8 @@ class GenerationParams:
     def admits(cls, name: str, value: object) -> bool:
         """Whether one setting may hold ``value`` by every rule its declaration and this class's own checks set (a
         remembered value is checked here), with what it ``needs`` on and the rest at their defaults."""
-        needs = shape_of(cls, name).setting.needs if shape_of(cls, name).setting is not None else ""
+        setting = shape_of(cls, name).setting
+        needs = setting.needs if setting is not None else ""
         try:
             cls(**{name: value, **({needs: True} if needs else {})})
         except (ParameterError, TypeError):
