@@ -55,11 +55,11 @@ class Calibration:
         """Why ``auto`` chose what it chose, in one line (shown beside the model and in ``--json``)."""
         base, best = self.timing("float32"), self.timing(self.best)
         native = {True: "native bf16 on this CPU", False: "bf16 emulated on this CPU", None: ""}[self.native_bf16]
+        of = f" activations for {self.weights} weights" if self.weights else ""
         if self.by_rule:
-            return (f"{self.best} by rule, {native or 'for this device'}: the machine was busy when the floats "
+            return (f"{self.best}{of} by rule, {native or 'for this device'}: the machine was busy when the floats "
                     "were timed, so the timing did not decide")
         native = f" ({native})" if native else ""
-        of = f" activations for {self.weights} weights" if self.weights else ""
         if base is None or best is None or best.dtype == "float32":
             others = [t for t in self.timings if t.dtype != "float32"]
             slower = ", ".join(f"{t.dtype} {base.run_ms / t.run_ms:.2f}x" for t in others) if base else ""
