@@ -206,6 +206,11 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
         converted = True
         model, tokenizer = _load_folder(folder, config, torch_device, torch_dtype, trust_remote_code, placement)
     _check_placement(model, offload.memory_budget)
+    if "offload_folder" not in placement:              # before quantizing and the kernels: they take the fused
+        from engine.model.fused import fuse
+
+        fusion = fuse(model).words()
+        reason = f"{reason}; {fusion}" if reason and fusion else reason or fusion
     weights_text = str(torch_dtype).removeprefix("torch.")
     if weights is not None:
         from engine.model.quantize import quantize
