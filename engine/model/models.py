@@ -207,10 +207,12 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
         model, tokenizer = _load_folder(folder, config, torch_device, torch_dtype, trust_remote_code, placement)
     _check_placement(model, offload.memory_budget)
     if "offload_folder" not in placement:              # before quantizing and the kernels: they take the fused
+        from engine.model.attention import use_grouped_sdpa
         from engine.model.fused import fuse
 
         fusion = fuse(model).words()
         reason = f"{reason}; {fusion}" if reason and fusion else reason or fusion
+        use_grouped_sdpa(model)
     weights_text = str(torch_dtype).removeprefix("torch.")
     if weights is not None:
         from engine.model.quantize import quantize

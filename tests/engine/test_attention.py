@@ -108,3 +108,37 @@ def test_attention_before_its_token_or_twice_is_refused(recorded, tmp_path):
     swapped = rows[:i - 1] + [rows[i], rows[i - 1]] + rows[i + 1:]
     _refused(tmp_path, swapped, "TokenStep")
     _refused(tmp_path, rows[:i + 1] + [rows[i]] + rows[i + 1:], "once")
+
+
+def test_a_cpu_model_reads_grouped_keys_as_they_are_and_computes_what_sdpa_does(tiny_model_dir, monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations import sdpa_attention
+
+    from engine.model import attention
+    from engine.model.models import load
+
+    model = load(str(tiny_model_dir), device="cpu", dtype="float32").model
+    assert model.config._attn_implementation == attention.NAME
+    assert not attention.use_grouped_sdpa(AutoModelForCausalLM.from_pretrained(
+        str(tiny_model_dir), attn_implementation="eager"))                 # only a model on sdpa is moved
+    module = model.model.layers[0].self_attn
+    heads, groups, dim = model.config.num_attention_heads, module.num_key_value_groups, module.head_dim
+    copies = []
+    repeat = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: copies.append(n) or repeat(x, n))
+    monkeypatch.setattr(sdpa_attention, "is_torchdynamo_compiling", lambda: True)    # as in a compiled graph
+    torch.manual_seed(0)
+    keys, values = (torch.randn(1, heads // groups, 16, dim) for _ in range(2))
+    for rows in (1, 6):                                    # a decode step and a prefill, each with its mask
+        query = torch.randn(1, heads, rows, dim)
+        mask = torch.ones(rows, 16, dtype=torch.bool).tril(diagonal=16 - rows)[None, None]
+        mask[..., 12:] = False                             # a static cache's unwritten slots
+        copies.clear()
+        expected, _ = sdpa_attention.sdpa_attention_forward(module, query, keys, values, mask,
+                                                            scaling=module.scaling)
+        assert copies == [groups, groups]                  # transformers copies keys and values out per head
+        copies.clear()
+        got, _ = attention._sdpa(module, query, keys, values, mask, scaling=module.scaling)
+        assert copies == []
+        assert torch.equal(got, expected)
