@@ -222,11 +222,17 @@ def test_an_api_key_with_a_line_break_is_named_not_called_malformed_json(monkeyp
 
 
 # --- signals ---------------------------------------------------------------------------------------------------
+def _interruptible() -> None:
+    """In the child: SIGINT handled as a user's terminal has it. A suite started in the background by a shell
+    without job control ignores SIGINT, and a child inherits that (Python then never raises KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def started_subprocess(args: list[str], env: dict) -> subprocess.Popen:
     """``python -m engine ARGS``, returned once it has written generated text to stdout: the run is under way
     (a test that signals it earlier would be testing the load, not the run)."""
     process = subprocess.Popen([sys.executable, "-m", "engine", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, env={**os.environ, **env})
+                               stderr=subprocess.PIPE, env={**os.environ, **env}, preexec_fn=_interruptible)
     ready, _, _ = select.select([process.stdout], [], [], 300)
     assert ready, "the run never started"
     assert os.read(process.stdout.fileno(), 1), process.stderr.read()
