@@ -17,10 +17,10 @@ import argparse
 from tests.benchmarks.common import copy_words, machine, save
 
 PROMPT = "Explain in three sentences why decoding one token at a time is limited by memory bandwidth."
-# The operators that multiply by a weight matrix, eager and compiled (inductor calls aten's or oneDNN's).
+# The operators that multiply by a weight matrix, eager and compiled (inductor calls ATen's, oneDNN's or MKL's).
 PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm",
             "aten::_weight_int4pack_mm_for_cpu", "mkldnn::_linear_pointwise", "onednn::qlinear_pointwise",
-            "aten::_int_mm")
+            "aten::_int_mm", "mkl::_mkl_linear")
 
 
 def profile_steps(session, compiled: bool, steps: int, warmup: int = 4) -> dict:
