@@ -253,8 +253,15 @@ class CompiledDecode:
 
 
 def _configure() -> str:
-    """Point inductor at KVScope's cache folder, once it is checked; what the check said ("" when all was well)."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compiled_graphs_dir()))
+    """Point inductor at KVScope's cache folder, once it is checked; what the check said ("" when all was well).
+    A folder the user chose is kept; torch's own default is not a choice: importing ``torch._dynamo`` (which
+    transformers' cache utilities do, through hqq) writes it into the environment, and there the graphs were
+    shared with every torch program on the machine (whose writes broke the folder's seal, so it was put aside and
+    every graph built again) and lost at reboot."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, os.path.abspath(default_cache_dir())):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compiled_graphs_dir())
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     return trusted_inductor_cache()
 

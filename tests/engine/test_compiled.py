@@ -260,3 +260,30 @@ def test_a_decode_step_that_cannot_be_compiled_ahead_of_time_is_compiled_for_thi
     assert s.token_ids == eager.summary.token_ids and all(step.compiled for step in steps)
     assert any(n.startswith("compiled for this launch only, not saved (AttributeError:") for n in s.notes)
     assert not saved.exists() and not s.compile_loaded
+
+
+def test_graphs_go_to_kvscopes_folder_even_after_torch_wrote_its_default_and_a_chosen_folder_is_kept(tmp_path):
+    """Importing transformers' cache utilities imports torch._dynamo, which writes torch's default folder into the
+    environment; the graphs must still go to KVScope's cache, and a folder the user set must stay."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = ("import os, transformers.cache_utils\n"
+              "from engine.model import compiled\n"
+              "before = os.environ.get('TORCHINDUCTOR_CACHE_DIR')\n"
+              "compiled._configure()\n"
+              "print(before); print(compiled.inductor_dir())\n")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["KVSCOPE_CACHE_DIR"] = str(tmp_path / "cache")
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    lines = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=root,
+                           timeout=300, check=True).stdout.splitlines()[-2:]
+    assert lines[0] != "None"                              # torch had written its default before KVScope looked
+    assert Path(lines[1]) == tmp_path / "cache" / "torch-compile"
+    chosen = tmp_path / "mine"
+    lines = subprocess.run([sys.executable, "-c", script], env={**env, "TORCHINDUCTOR_CACHE_DIR": str(chosen)},
+                           capture_output=True, text=True, cwd=root, timeout=300, check=True).stdout.splitlines()[-2:]
+    assert Path(lines[1]) == chosen
