@@ -1,8 +1,9 @@
 """Which kernel computes a model's matrix products on this CPU, measured once per machine and model shape.
 
-A decode step is some two hundred matrix-vector products, one per linear layer, and reads every weight once;
-how near it gets to the memory bandwidth depends on the kernel. The candidates (``CANDIDATES``): ATen's
-``linear`` (what ``nn.Linear`` calls), oneDNN's linear over weights reordered once into its blocked layout
+A decode step is a hundred or more matrix-vector products, one per linear layer (121 for SmolLM2 once its
+projections are fused, ``engine.model.fused``), and reads every weight once; how near it gets to the memory
+bandwidth depends on the kernel. The candidates (``CANDIDATES``): ATen's ``linear`` (what ``nn.Linear``
+calls), oneDNN's linear over weights reordered once into its blocked layout
 (``torch.ops.mkldnn._linear_pointwise``, what inductor's weight prepacking uses) and, for float32, MKL's GEMM
 over weights packed once for one row (``torch.ops.mkl._mkl_linear``). Which is fastest differs by CPU and dtype
 (on a Sapphire Rapids VM, oneDNN took bfloat16 decode from 28.5 to 37.0 tok/s and float32 from 30.6 down to
@@ -113,7 +114,7 @@ def _graph_op(kernel: Kernel) -> Any:
     inductor cannot lower oneDNN's linear over a weight packed outside the graph, but calls an operator it does
     not know as it is, so the graph fuses the small operators around the products and leaves the products to the
     kernel. Defined with ``torch.library.Library`` rather than ``custom_op``, whose wrapper cost 4 us a call
-    against 1.5 (two hundred calls a step); eager calls skip it altogether."""
+    against 1.5 (some 120 calls a step); eager calls skip it altogether."""
     name = f"{kernel.name}_linear"
     _LIBRARY.define(f"{name}(Tensor x, Tensor packed, Tensor weight, Tensor? bias) -> Tensor")
     _LIBRARY.impl(name, kernel.product, "CompositeExplicitAutograd")
