@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import re
+import weakref
 from typing import Any
 
 import torch
@@ -205,6 +206,31 @@ def _held(tensor: Any) -> bool:
 
 
 # --- reading a live cache (metadata only) ----------------------------------------------------------------------
+# A plain static cache's per-layer bytes, capacities and allocations, read once: allocated up front, they never
+# change, only how far the cache is filled. Reading them again at every step took 0.6 ms of a 14-25 ms step.
+_STATIC_LAYOUT: weakref.WeakKeyDictionary[Any, tuple[list[list[int]], list[int], list[int]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _static_layout(cache: Any) -> tuple[list[list[int]], list[int], list[int]] | None:
+    """``(bytes per layer, capacity per layer, storage per layer)`` of a static cache whose every layer is laid
+    out and holds nothing beside its keys and values; None for any other cache."""
+    layout = _STATIC_LAYOUT.get(cache)
+    if layout is not None:
+        return layout
+    layers = list(getattr(cache, "layers", ()))
+    if not layers or not all(hasattr(layer, "max_cache_len") and _held(getattr(layer, "keys", None))
+                             and _held(getattr(layer, "values", None)) and not _extras(layer)
+                             and not _series(layer) and not _series_bytes(layer) for layer in layers):
+        return None
+    sizes = [[int(layer.keys.nbytes), 0 if _shared(layer.keys, layer.values) else int(layer.values.nbytes)]
+             for layer in layers]
+    capacities = [int(layer.keys.shape[-2]) for layer in layers]
+    layout = (sizes, capacities, _allocated(cache))
+    _STATIC_LAYOUT[cache] = layout
+    return layout
+
+
 def held_per_layer(cache: Any, num_layers: int) -> tuple[list[list[int]], list[int]]:
     """``[keys (and extras) bytes, values bytes]`` and positions per layer, read from the cache tensors'
     metadata in one pass (no device work): what attention reads. A dynamic cache grows by concatenation, so
@@ -212,6 +238,10 @@ def held_per_layer(cache: Any, num_layers: int) -> tuple[list[list[int]], list[i
     holds nothing; neither does a state layer."""
     if cache is None:
         return [[0, 0] for _ in range(num_layers)], [0] * num_layers
+    layout = _static_layout(cache)
+    if layout is not None:
+        seen = positions_seen(cache)
+        return [list(pair) for pair in layout[0]], [min(seen, capacity) for capacity in layout[1]]
     sizes, positions = [], []
     seen = None
     for layer in cache.layers:
@@ -236,6 +266,13 @@ def storage_per_layer(cache: Any, exposed: list[list[int]]) -> list[int]:
     a decode step. Empty when every layer's allocation equals what it exposes (the usual case)."""
     if cache is None:
         return []
+    layout = _static_layout(cache)
+    allocated = list(layout[2]) if layout is not None else _allocated(cache)
+    return allocated if any(a != k + v for a, (k, v) in zip(allocated, exposed)) else []
+
+
+def _allocated(cache: Any) -> list[int]:
+    """Each layer's distinct storages' bytes."""
     allocated = []
     for layer in cache.layers:
         seen: dict[int, int] = {}
@@ -246,7 +283,7 @@ def storage_per_layer(cache: Any, exposed: list[list[int]]) -> list[int]:
                 storage = t.untyped_storage()
                 seen[storage.data_ptr()] = storage.nbytes()
         allocated.append(sum(seen.values()))
-    return allocated if any(a != k + v for a, (k, v) in zip(allocated, exposed)) else []
+    return allocated
 
 
 def positions_seen(cache: Any) -> int:

@@ -81,3 +81,25 @@ def test_format_bytes_uses_binary_units():
 def test_no_cache_holds_nothing():
     assert kvcache.held_per_layer(None, 3) == ([[0, 0]] * 3, [0] * 3)
     assert kvcache.positions_seen(None) == 0
+
+
+def test_a_static_caches_layout_is_read_once_and_reads_as_a_fresh_look_does(tiny, monkeypatch):
+    import torch
+
+    model, layers = tiny.model, tiny.facts.num_layers
+    cache = kvcache.new_cache(model, 32)
+    fresh = []
+    with torch.inference_mode():
+        kvcache.forward(model, torch.tensor([[5, 17, 42, 8]]), cache)
+        for position in range(4, 8):
+            kvcache.forward(model, torch.tensor([[7]]), cache, positions=torch.tensor([[position]]))
+            assert kvcache._static_layout(cache) is not None              # read once, kept for the cache
+            held = kvcache.held_per_layer(cache, layers)
+            storage = kvcache.storage_per_layer(cache, held[0])
+            with monkeypatch.context() as m:                              # the same, read afresh
+                m.setattr(kvcache, "_static_layout", lambda _cache: None)
+                fresh_held = kvcache.held_per_layer(cache, layers)
+                fresh.append((fresh_held, kvcache.storage_per_layer(cache, fresh_held[0])))
+            assert (held, storage) == fresh[-1]
+    assert [positions for (_sizes, positions), _storage in fresh] == [[p + 1] * layers for p in range(4, 8)]
+    assert kvcache._static_layout(kvcache.new_cache(model)) is None            # a dynamic cache: read every time
