@@ -117,6 +117,11 @@ def use_grouped_sdpa(model: Any) -> bool:
     they are); whether it now is."""
     if getattr(model.config, "_attn_implementation", None) != "sdpa" or model.device.type != "cpu":
         return False
+    return _switched(model)
+
+
+def _switched(model: Any) -> bool:
+    """Put ``model`` on this module's attention function; whether it now is (a model may refuse)."""
     _register()
     try:
         model.set_attn_implementation(NAME)
@@ -158,12 +163,7 @@ def attach(model: Any, num_layers: int) -> Capture:
     if implementation == "eager":
         return Capture(OUTPUTS, layers, num_layers)
     if implementation in ("sdpa", NAME):
-        _register()
-        try:
-            model.set_attn_implementation(NAME)
-        except (ValueError, NotImplementedError):
-            pass
-        if getattr(model.config, "_attn_implementation", None) == NAME:
+        if _switched(model):
             capture = Capture(HOOK, layers, num_layers)
             for module in modules:
                 module._kvscope_capture = capture

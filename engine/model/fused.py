@@ -16,6 +16,7 @@ if its logits on a probe agree with the unfused model's; otherwise it is put bac
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from dataclasses import dataclass
@@ -135,9 +136,15 @@ def _joined(layers: list[nn.Linear]) -> nn.Linear:
     return joined
 
 
+@functools.cache
+def _computes_as(cls: type, reference: str) -> bool:
+    """Whether ``cls``'s forward is Llama's ``reference`` class's code (compared once per class, not per layer)."""
+    return same_code(cls.forward, getattr(_llama(), reference).forward)
+
+
 def _attention_parts(module: Any) -> list[nn.Linear] | None:
     """The query, key and value projections of a module that computes as Llama's attention does, or None."""
-    if not same_code(type(module).forward, _llama().LlamaAttention.forward):
+    if not _computes_as(type(module), "LlamaAttention"):
         return None
     parts = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj")]
     return parts if _plain(*parts) else None
@@ -145,7 +152,7 @@ def _attention_parts(module: Any) -> list[nn.Linear] | None:
 
 def _mlp_parts(module: Any) -> list[nn.Linear] | None:
     """The gate and up projections of a module that computes as Llama's MLP does, or None."""
-    if not same_code(type(module).forward, _llama().LlamaMLP.forward):
+    if not _computes_as(type(module), "LlamaMLP"):
         return None
     parts = [getattr(module, name, None) for name in ("gate_proj", "up_proj")]
     return parts if _plain(*parts) and parts[0].out_features == parts[1].out_features else None
