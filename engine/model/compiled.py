@@ -29,10 +29,14 @@ around the products (SmolLM2, 2-vCPU Sapphire Rapids, a graph's step read back f
 22.8 -> 21.9 ms, bfloat16 17.4 -> 16.1, int8 weights 14.0 -> 11.1). It compiles slower the first time (18 -> 62 s
 on 2 cores) and reads back as fast (2.2 s).
 
-Freezing (inductor folding the weights into the graph as constants) is off: it decoded 2-24% faster in
-bfloat16 on two machines but would put the weights inside every saved graph; ``freezing`` turns it on (the
-benchmarks compare both), compiled in-process like a GPU's graph. On a GPU the graph is built in the calling
-thread (CUDA graphs are recorded per thread), with CUDA graphs replaying a decode step as one launch.
+A model whose weights fit (``engine.model.packaged``: up to 2 GiB, a copy at most a quarter of the free memory)
+is saved as an AOTInductor package instead: exported, its weights folded into the graph as constants (inductor's
+freezing) so that inductor packs them for its own C++ GEMM kernels, each chosen by timing at its shape; a whole
+bfloat16 step went from 19.3 to 12.8 ms (SmolLM2, same VM), the package is read in about 2 s, and it is the
+model's own (its name carries a digest of the weights). Dynamo's saved graphs cannot hold frozen weights, and an
+in-process frozen compile is built again at every launch (71 s), so freezing has no other path. On a GPU the graph
+is built in the calling thread (CUDA graphs are recorded per thread), with CUDA graphs replaying a decode step as
+one launch.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from typing import Any
 
 import torch
 
-from engine.model import kernels, kvcache
+from engine.model import kernels, kvcache, packaged
 from engine.store import sealed  # kernels: registers the packed products' operators a graph calls
 from engine.store.paths import compiled_graphs_dir
 
@@ -60,6 +64,7 @@ SHORTEST = 256          # the smallest static cache a compiled run allocates
 # (beyond which it silently decodes eagerly).
 RECOMPILE_LIMIT = 32
 SAVED = "kvscope-decode"     # the folder, among torch.compile's caches, of the saved graphs
+PACKAGE = "package"          # a saved graph that is an AOTInductor package with the weights in it
 GRAPH = "a saved compiled graph"
 INDUCTOR = "torch.compile's cache folder"
 CPU_OPTIONS = {"cpp_wrapper": True}      # inductor's options for a CPU's graph (see above); in the graph's name
@@ -87,12 +92,15 @@ def cache_length(needed: int, max_context: int) -> int:
     return min(length, max_context)
 
 
-def graph_key(model: Any, length: int) -> str:
+def graph_key(model: Any, length: int, package: bool | None = None) -> str:
     """What a saved graph was compiled for, as a file name: everything its skipped guards would have checked.
     Another model, cache length, instruction set, torch, transformers, KVScope's step or the source of a module
-    of KVScope's inside the model (a packed or quantized layer) gives another name."""
+    of KVScope's inside the model (a packed or quantized layer) gives another name; a package (``package``: None
+    when the model can have one, ``engine.model.packaged``) holds the weights, so other weights do too."""
     import transformers
 
+    if package is None:
+        package = packaged.usable(model) is None
     params = [(name, tuple(t.shape), str(t.dtype)) for name, t in
               [*model.named_parameters(), *model.named_buffers()]]
     classes = {type(m) for m in model.modules()}
@@ -107,10 +115,11 @@ def graph_key(model: Any, length: int) -> str:
         "isa": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version,
         "step": _code(decode_step) + _code(kvcache.forward),
-        "options": CPU_OPTIONS,
+        "options": {**CPU_OPTIONS, **packaged.OPTIONS} if package else CPU_OPTIONS,
+        "weights": packaged.weights_digest(model) if package else None,
     }
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
-    return f"{type(model).__name__}-{length}-{digest}"
+    return f"{type(model).__name__}-{length}-{PACKAGE if package else 'graph'}-{digest}"
 
 
 def _code(thing: Any) -> str:
@@ -128,8 +137,12 @@ def _bytecode(code: Any) -> str:
 
 def saved_graph(key: str) -> Path:
     """Beside inductor's caches (``TORCHINDUCTOR_CACHE_DIR``), which a saved graph reads its kernels from (without
-    them reading it compiles its C++ again: 12 s instead of 1)."""
-    return inductor_dir() / SAVED / f"{key}.bin"
+    them reading it compiles its C++ again: 12 s instead of 1); a package holds its own."""
+    return inductor_dir() / SAVED / f"{key}{'.pt2' if _is_package(key) else '.bin'}"
+
+
+def _is_package(key: str) -> bool:
+    return key.rsplit("-", 2)[-2] == PACKAGE
 
 
 def inductor_dir() -> Path:
@@ -177,7 +190,6 @@ class CompiledDecode:
 
     def __init__(self, model: Any, device: torch.device) -> None:
         self.model, self.device = model, device
-        self.freezing = False                   # a CPU's weights folded into the graph as constants
         self._forward: Any = None
         self._graphs: dict[int, Graph] = {}
         self._lock = threading.Lock()           # guards _graphs
@@ -185,19 +197,18 @@ class CompiledDecode:
 
     @property
     def saves(self) -> bool:
-        """Whether graphs are compiled ahead of time and saved (a CPU, without freezing)."""
-        return self.device.type == "cpu" and not self.freezing
+        """Whether graphs are compiled ahead of time and saved (on a CPU)."""
+        return self.device.type == "cpu"
 
     def forward(self) -> Step:
-        """``decode_step`` compiled in this process (a GPU's graphs, freezing, or a model dynamo cannot trace
-        whole): dynamo keeps one graph per cache length and checks its guards at every call."""
+        """``decode_step`` compiled in this process (a GPU's graphs, or a model dynamo cannot trace whole): dynamo
+        keeps one graph per cache length and checks its guards at every call."""
         if self._forward is None:
             _configure()
             if self.device.type == "cuda":
                 self._forward = torch.compile(decode_step, mode="reduce-overhead", dynamic=False)
             else:
-                self._forward = torch.compile(decode_step, dynamic=False,
-                                              options={"freezing": self.freezing, **CPU_OPTIONS})
+                self._forward = torch.compile(decode_step, dynamic=False, options=CPU_OPTIONS)
         return self._forward
 
     def graph(self, length: int, background: bool) -> tuple[Graph, bool]:
@@ -238,7 +249,7 @@ class CompiledDecode:
                     args = (self.model, token, torch.ones((1, 1), dtype=torch.long, device=self.device), twin)
                     if self.saves:
                         graph.step, graph.loaded, graph.note = _ahead_of_time(args, graph.length)
-                    if graph.step is None:                  # a GPU, freezing, or not compiled ahead of time
+                    if graph.step is None:                  # a GPU, or not compiled ahead of time
                         refused = _configure()
                         graph.step = self.forward()
                         graph.note = "; ".join(n for n in (graph.note, refused) if n)
@@ -272,17 +283,35 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _ahead_of_time(args: tuple, length: int) -> tuple[Step | None, bool, str]:
-    """``decode_step`` for this model and length: already read or built in this process, or read from the graph
-    an earlier launch saved (both ``loaded``), or compiled ahead of time and saved. A saved graph that cannot be
-    read or run is compiled again; for a model dynamo cannot trace as one graph it gives None and why (the caller
-    compiles in-process, not saved)."""
-    refused_folder = _configure()
-    key = graph_key(args[0], length)
+    """``decode_step`` for this model and length: already read or built in this process, or read from the file
+    an earlier launch saved (both ``loaded``), or compiled ahead of time and saved: a package with the weights
+    folded in where the model can have one (``engine.model.packaged``), else a graph whose weights are inputs. A
+    saved file that cannot be read or run is compiled again; a package that cannot be built falls back to the
+    graph; a model dynamo cannot trace as one graph gives None and why (the caller compiles in-process, not
+    saved)."""
+    note = _configure()
+    model = args[0]
+    package = packaged.usable(model) is None
+    if package:
+        step, loaded, said = _saved_or_compiled(args, graph_key(model, length, package=True))
+        if step is not None:
+            return step, loaded, _joined(note, said)
+        note = _joined(note, said)
+    step, loaded, said = _saved_or_compiled(args, graph_key(model, length, package=False))
+    return step, loaded, _joined(note, said)
+
+
+def _joined(*notes: str) -> str:
+    return "; ".join(n for n in notes if n)
+
+
+def _saved_or_compiled(args: tuple, key: str) -> tuple[Step | None, bool, str]:
+    """The step ``key`` names: read in this process, read from its sealed file, or compiled and saved."""
     with _READ_LOCK:
         known = _READ.get(key)
     if known is not None:
         return known, True, ""
-    path, note = saved_graph(key), refused_folder
+    path, note, package = saved_graph(key), "", _is_package(key)
     if path.exists():
         try:
             data = sealed.read_sealed(path, GRAPH)          # checked before any byte reaches the unpickler
@@ -290,7 +319,9 @@ def _ahead_of_time(args: tuple, length: int) -> tuple[Step | None, bool, str]:
             note = f"{exc}: compiled again"
         else:
             try:
-                step = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=globals())
+                step = packaged.load(data, path.parent) if package else \
+                    torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=globals())
+                del data
                 step(*args)
                 with _READ_LOCK:
                     _READ[key] = step
@@ -298,6 +329,18 @@ def _ahead_of_time(args: tuple, length: int) -> tuple[Step | None, bool, str]:
             except Exception as exc:  # noqa: BLE001  (sealed, but it no longer loads: kept aside, compiled again)
                 note = sealed.put_aside(path, f"the saved graph {path} could not be used ({_first_line(exc)})") \
                     + ": compiled again"
+    sealed.private_folder(path.parent)
+    if package:
+        try:
+            packaged.build(decode_step, args, path)
+            sealed.seal(path, GRAPH)
+            step = packaged.load(path.read_bytes(), path.parent)
+        except Exception as exc:  # noqa: BLE001  (export or AOTInductor refused the model: the graph, weights as inputs)
+            path.unlink(missing_ok=True)
+            return None, False, _joined(note, f"not packaged with its weights ({_first_line(exc)})")
+        with _READ_LOCK:
+            _READ[key] = step
+        return step, False, note
     try:
         with torch._dynamo.config.patch(enable_aot_compile=True):
             compiling = torch.compile(decode_step, fullgraph=True, dynamic=False,
@@ -305,13 +348,13 @@ def _ahead_of_time(args: tuple, length: int) -> tuple[Step | None, bool, str]:
                                                **CPU_OPTIONS})
         step = compiling.aot_compile((args, {}))
     except Exception as exc:  # noqa: BLE001  (graph breaks, or a torch without it: compiled in this process only)
-        return None, False, f"compiled for this launch only, not saved ({_first_line(exc)})"
+        return None, False, _joined(note, f"compiled for this launch only, not saved ({_first_line(exc)})")
     try:
-        sealed.private_folder(path.parent)
         step.save_compiled_function(str(path))              # written atomically
         sealed.seal(path, GRAPH)
     except (OSError, sealed.Refused) as exc:
-        note = f"the graph could not be saved for a later launch ({getattr(exc, 'strerror', None) or exc})"
+        note = _joined(note, f"the graph could not be saved for a later launch "
+                             f"({getattr(exc, 'strerror', None) or exc})")
     with _READ_LOCK:
         _READ[key] = step
     return step, False, note

@@ -132,16 +132,20 @@ GRAPH_OPS = {name: _graph_op(k) for name, k in CANDIDATES.items() if name != "at
 
 class PackedLinear(nn.Module):
     """``nn.Linear``'s product through another kernel over its weight packed once. The original weight is kept:
-    MKL's kernel multiplies a prefill's many rows by it, and the model's facts count it."""
+    MKL's kernel multiplies a prefill's many rows by it, the model's facts count it, and an exported step (a
+    package, ``engine.model.packaged``) multiplies by it so that inductor packs it for kernels of its own. The
+    packed copy is no buffer of the module, so an export never meets it."""
 
     def __init__(self, linear: nn.Linear, kernel: Kernel) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.kernel = kernel
-        self.register_buffer("packed", kernel.pack(linear.weight.detach()), persistent=False)
+        self.packed = kernel.pack(linear.weight.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_exporting():
+            return torch.nn.functional.linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling():
             return GRAPH_OPS[self.kernel.name](x, self.packed, self.weight, self.bias)
         return self.kernel.product(x, self.packed, self.weight, self.bias)

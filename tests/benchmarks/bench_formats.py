@@ -112,23 +112,23 @@ def prefill_times(session, llm, lengths: tuple[int, ...], rounds: int) -> list[d
     return out
 
 
-def compile_launches(dtype: str, freezing: bool = False, launches: int = 2) -> list[dict]:
+def compile_launches(dtype: str, launches: int = 2) -> list[dict]:
     """Compile time of a fresh process, ``launches`` times over one empty graph cache: the first launch on a
     machine compiles from nothing, later ones find torch's cached graphs. Each launch is ``launch_child``."""
     cache = tempfile.mkdtemp(prefix="kvscope-compile-")
     out = []
     for _ in range(launches):
         started = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "tests.benchmarks.bench_formats", "--launch-child", dtype,
-                            "--freezing" if freezing else "--no-freezing"], capture_output=True, text=True,
-                           timeout=900, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
+        r = subprocess.run([sys.executable, "-m", "tests.benchmarks.bench_formats", "--launch-child", dtype],
+                           capture_output=True, text=True, timeout=900,
+                           env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
         if r.returncode != 0:
             raise RuntimeError(f"compiled run failed: {r.stderr.strip().splitlines()[-1:]}")
         out.append({**json.loads(r.stdout.strip().splitlines()[-1]), "process_s": time.perf_counter() - started})
     return out
 
 
-def launch_child(dtype: str, freezing: bool) -> None:
+def launch_child(dtype: str) -> None:
     """A launch as the CLI makes it (load, one compiled run that waits for its graph), printing its compile time
     and decode rate as JSON."""
     from engine.facts.params import GenerationParams
@@ -136,15 +136,13 @@ def launch_child(dtype: str, freezing: bool) -> None:
     from engine.run.session import Session
 
     session = Session(load("embedded", "cpu", dtype))
-    session.compiled.freezing = freezing
     s = session.run(PROMPT, GenerationParams(max_new_tokens=32, **COMPILED)).summary
     print(json.dumps({"compile_ms": s.compile_ms, "decode_tok_s": s.decode_tok_s, "loaded": s.compile_loaded,
                       "token_ids": s.token_ids}))
 
 
 def all_launches() -> dict[str, list[dict]]:
-    return {f"{dtype}{', freezing' if freezing else ''}": compile_launches(dtype, freezing)
-            for dtype, freezing in (("float32", False), ("bfloat16", False), ("bfloat16", True))}
+    return {dtype: compile_launches(dtype) for dtype in ("float32", "bfloat16")}
 
 
 def print_launches(launches: dict[str, list[dict]]) -> dict:
@@ -192,13 +190,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--launch-child", metavar="DTYPE", help=argparse.SUPPRESS)
-    p.add_argument("--freezing", action=argparse.BooleanOptionalAction, default=False, help=argparse.SUPPRESS)
     p.add_argument("--launches-only", action="store_true", help="only the fresh-process compile times")
     p.add_argument("--no-launches", dest="launches", action="store_false",
                    help="skip the first- and second-launch compile times (two fresh processes per dtype)")
     args = p.parse_args(argv)
     if args.launch_child:
-        launch_child(args.launch_child, args.freezing)
+        launch_child(args.launch_child)
         return {}
     if args.launches_only:
         return print_launches(all_launches())
@@ -238,23 +235,16 @@ def main(argv: list[str] | None = None) -> dict:
             llm = Llama(model_path=str(ggufs[name]), n_threads=args.threads, n_ctx=1024, verbose=False,
                         logits_all=False)
         compiled_session = Session(load("embedded", "cpu", fmt))       # a model of its own (graphs are per model)
-        # bfloat16 also with freezing, and eager over the static cache, to show what each part gives
-        frozen_session = None
-        if fmt == "bfloat16":
-            frozen_session = Session(load("embedded", "cpu", fmt))
-            frozen_session.compiled.freezing = True
         kvscope_run(session, prompt, 4)                                # warm-up all of them
         first = kvscope_run(compiled_session, prompt, 4, compiled=True)
-        frozen_first = kvscope_run(frozen_session, prompt, 4, compiled=True) if frozen_session else None
         if llm is not None:
             llama_cpp_run(llm, prompt, 4)
-        ours, compiled, theirs, static, frozen = [], [], [], [], []
+        ours, compiled, theirs, static = [], [], [], []
         for _ in range(args.rounds):
             ours.append(kvscope_run(session, prompt, args.tokens))
             compiled.append(kvscope_run(compiled_session, prompt, args.tokens, compiled=True))
-            if frozen_session is not None:
+            if fmt == "bfloat16":                     # eager over the static cache: what compiling gives
                 static.append(kvscope_run(session, prompt, args.tokens, static=True))
-                frozen.append(kvscope_run(frozen_session, prompt, args.tokens, compiled=True))
             if llm is not None:
                 theirs.append(llama_cpp_run(llm, prompt, args.tokens))
         row = {"kvscope": fmt, "weights_mib": loaded.facts.weight_bytes / 2**20,
@@ -271,17 +261,15 @@ def main(argv: list[str] | None = None) -> dict:
                if loaded.kernel else {},
                "lowest_cpu_share": min((r["cpu_share"] for r in ours + compiled if r["cpu_share"]), default=None),
                "prefill": prefill_times(session, llm, PREFILL_LENGTHS, args.rounds)}
-        if frozen_session is not None:
-            row.update({"static_decode_tok_s": statistics.median(r["decode_tok_s"] for r in static),
-                        "frozen_decode_tok_s": statistics.median(r["decode_tok_s"] for r in frozen),
-                        "frozen_compile_ms": frozen_first["compile_ms"]})
+        if static:
+            row["static_decode_tok_s"] = statistics.median(r["decode_tok_s"] for r in static)
         if theirs:
             row.update({"llama_cpp": name, "llama_cpp_build": build["name"] if build else "installed",
                         "gguf_mib": ggufs[name].stat().st_size / 2**20,
                         "llama_cpp_decode_tok_s": statistics.median(r["decode_tok_s"] for r in theirs),
                         "llama_cpp_ttft_ms": statistics.median(r["ttft_ms"] for r in theirs)})
         rows.append(row)
-        del session, compiled_session, frozen_session, loaded, llm
+        del session, compiled_session, loaded, llm
     launches = all_launches() if args.launches else {}
     result = {"machine": machine(), "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
               "rows": rows, "compile_launches": launches, "llama_cpp_build": build}
@@ -309,10 +297,8 @@ def main(argv: list[str] | None = None) -> dict:
     for r in rows:
         if "static_decode_tok_s" in r:
             theirs = r.get("llama_cpp_decode_tok_s")
-            for name, key in (("eager over the static cache", "static_decode_tok_s"),
-                              ("compiled with inductor's freezing", "frozen_decode_tok_s")):
-                ratio = f", {r[key] / theirs:.2f} of llama.cpp" if theirs else ""
-                print(f"{r['kvscope']}, {name}: {r[key]:.1f} tok/s{ratio}")
+            ratio = f", {r['static_decode_tok_s'] / theirs:.2f} of llama.cpp" if theirs else ""
+            print(f"{r['kvscope']}, eager over the static cache: {r['static_decode_tok_s']:.1f} tok/s{ratio}")
     print_kernels(rows)
     print("prefill, one forward pass over the same text's first N tokens (KVScope forward / llama.cpp eval), "
           "tok/s and KVScope / llama.cpp:")
@@ -330,9 +316,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"| {r['kvscope']} | {r.get('llama_cpp', '-')} | " + " | ".join(cells) + " |")
     for r in rows:
         how = "read the graph saved by an earlier launch" if r["compile_loaded"] else "built"
-        print(f"compile, in this process ({r['kvscope']}): {r['compile_ms_in_process'] / 1000:,.1f} s ({how})"
-              + (f"; with freezing {r['frozen_compile_ms'] / 1000:,.1f} s" if "frozen_compile_ms" in r
-                 else ""))
+        print(f"compile, in this process ({r['kvscope']}): {r['compile_ms_in_process'] / 1000:,.1f} s ({how})")
     print_launches(launches)
     print("ceiling: the measured copy bandwidth over the bytes one decode step reads (weights + KV), computed; "
           "a copy measured on a busy machine gives none")

@@ -215,44 +215,113 @@ def test_a_graph_read_from_an_earlier_launch_is_reported_as_read_not_built(model
     assert "building" not in text
 
 
-def test_one_graph_shared_by_two_models_of_the_same_shapes_is_read_once_and_computes_each_ones_own_logits(
-        tiny_model_dir, model):
-    """A saved graph is named by shapes, not by weights: the weights must be its inputs, never constants in it."""
+def _step_against_eager(session: Session, graph) -> None:
+    """One compiled step and one eager step from the same cache: the same logits, and the run's own cache updated
+    in place as eager's was (a package takes the cache's tensors as inputs)."""
     import torch
 
     from engine.model import kvcache
+
+    model = session.model
+    with torch.inference_mode():
+        cache, twin = kvcache.new_cache(model, SHORTEST), kvcache.new_cache(model, SHORTEST)
+        for c in (cache, twin):
+            kvcache.forward(model, torch.tensor([[1, 2, 3]]), c)
+        compiled = session.compiled.run(graph, torch.tensor([[4]]), torch.tensor([[3]]), cache)
+        eager = kvcache.forward(model, torch.tensor([[4]]), twin, positions=torch.tensor([[3]]),
+                                logits_to_keep=0).logits
+    torch.testing.assert_close(compiled, eager)
+    for ours, theirs in zip(cache.layers, twin.layers):
+        assert int(ours.cumulative_length) == int(theirs.cumulative_length) == 4
+        torch.testing.assert_close(ours.keys[:, :, :4], theirs.keys[:, :, :4])
+        torch.testing.assert_close(ours.values[:, :, :4], theirs.values[:, :, :4])
+
+
+def test_a_package_holds_its_models_weights_so_other_weights_get_their_own_and_each_computes_its_own_logits(
+        tiny_model_dir, model):
+    """A package folds the weights in as constants: the same weights loaded again read the one already built,
+    a model of the same shapes with other weights builds its own, and each computes its own model's logits
+    and fills the run's cache."""
+    import torch
+
+    from engine.model import compiled
     from engine.model.models import load
 
+    again = load(str(tiny_model_dir), "cpu", "float32")
     other = load(str(tiny_model_dir), "cpu", "float32")
     with torch.no_grad():
         for p in other.model.parameters():
             p.mul_(0.5)
-    graphs = [Session(m).compiled.graph(SHORTEST, background=False)[0] for m in (model, other)]
-    assert graphs[0].step is graphs[1].step and graphs[1].loaded          # the second built nothing
-    for loaded, graph in zip((model, other), graphs):
-        session = Session(loaded)
-        with torch.inference_mode():
-            cache, twin = kvcache.new_cache(loaded.model, SHORTEST), kvcache.new_cache(loaded.model, SHORTEST)
-            for c in (cache, twin):
-                kvcache.forward(loaded.model, torch.tensor([[1, 2, 3]]), c)
-            compiled = session.compiled.run(graph, torch.tensor([[4]]), torch.tensor([[3]]), cache)
-            eager = kvcache.forward(loaded.model, torch.tensor([[4]]), twin, positions=torch.tensor([[3]]),
-                                    logits_to_keep=0).logits
-        torch.testing.assert_close(compiled, eager)
+    graphs = [Session(m).compiled.graph(SHORTEST, background=False)[0] for m in (model, again, other)]
+    assert all(g.error is None for g in graphs), [g.error for g in graphs]
+    assert graphs[1].step is graphs[0].step and graphs[1].loaded                # the same weights built nothing
+    assert graphs[2].step is not graphs[0].step
+    keys = [compiled.graph_key(m.model, SHORTEST) for m in (model, again, other)]
+    assert keys[0] == keys[1] != keys[2] and all(compiled.saved_graph(k).suffix == ".pt2" for k in keys)
+    for loaded, graph in zip((model, other), (graphs[0], graphs[2])):
+        _step_against_eager(Session(loaded), graph)
 
 
-def test_a_decode_step_that_cannot_be_compiled_ahead_of_time_is_compiled_for_this_launch_and_says_so(
+def test_a_model_that_cannot_be_packaged_gets_the_graph_with_its_weights_as_inputs_and_the_run_says_why(
         model, monkeypatch):
-    """A model dynamo cannot trace as one graph, or a torch without ``aot_compile``: compiled as usual, in this
-    process, with eager's tokens, and nothing saved."""
+    """Export or AOTInductor refusing a model costs the package, not the saved graph: the weights stay inputs,
+    the graph is saved, decode keeps eager's tokens, and the run says why."""
     import torch
 
     from engine.model import compiled
 
+    def refused(*_args, **_kwargs):
+        raise RuntimeError("export refused this model")
+
+    monkeypatch.setattr(torch.export, "export", refused)
     monkeypatch.setattr(compiled, "_READ", {})
+    compiled._configure()
+    plain = compiled.saved_graph(compiled.graph_key(model.model, SHORTEST, package=False))
+    package = compiled.saved_graph(compiled.graph_key(model.model, SHORTEST))
+    for path in (plain, package):
+        path.unlink(missing_ok=True)
+    eager, _ = _run(Session(model), "hello world")
+    session = Session(model)
+    result, steps = _run(session, "hello world", compiled=True)
+    s = result.summary
+    assert s.token_ids == eager.summary.token_ids and all(step.compiled for step in steps)
+    assert any("not packaged with its weights (RuntimeError: export refused this model)" in n for n in s.notes)
+    assert plain.exists() and not package.exists()
+    [graph] = session.compiled.graphs()
+    _step_against_eager(session, graph)
+
+
+def test_a_model_over_the_bound_is_not_packaged_and_the_digest_follows_every_weight(tiny_model_dir, monkeypatch):
+    import torch
+
+    from engine.model import packaged
+    from engine.model.models import load
+
+    first, same, changed = (load(str(tiny_model_dir), "cpu", "float32") for _ in range(3))
+    with torch.no_grad():
+        next(changed.model.parameters()).view(-1)[0] += 1.0
+    assert packaged.weights_digest(first.model) == packaged.weights_digest(same.model)
+    assert packaged.weights_digest(first.model) != packaged.weights_digest(changed.model)
+    assert packaged.usable(first.model) is None
+    monkeypatch.setattr(packaged, "MAX_BYTES", 1024)
+    why = packaged.usable(first.model)
+    assert why is not None and why.startswith("its weights (") and "are more than a package holds" in why
+
+
+def test_a_decode_step_that_cannot_be_compiled_ahead_of_time_is_compiled_for_this_launch_and_says_so(
+        model, monkeypatch):
+    """A model too large for a package that dynamo cannot trace as one graph, or a torch without
+    ``aot_compile``: compiled as usual, in this process, with eager's tokens, and nothing saved."""
+    import torch
+
+    from engine.model import compiled, packaged
+
+    monkeypatch.setattr(compiled, "_READ", {})
+    monkeypatch.setattr(packaged, "MAX_BYTES", 0)              # a model too large for a package
     monkeypatch.delattr(torch.compiler, "skip_all_guards_unsafe")
     compiled._configure()
     saved = compiled.saved_graph(compiled.graph_key(model.model, SHORTEST))
+    assert saved.suffix == ".bin"
     saved.unlink(missing_ok=True)
     eager, _ = _run(Session(model), "hello world")
     result, steps = _run(Session(model), "hello world", compiled=True)

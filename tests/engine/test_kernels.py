@@ -65,13 +65,19 @@ def test_packed_layers_keep_their_weights_for_the_facts_and_multiply_a_step_thro
     assert not torch.allclose(layer(step), step_expected)             # the step went through the packed copy
 
 
+@pytest.mark.parametrize("package", [True, False], ids=["package", "graph"])
 @pytest.mark.parametrize("kernel", [k for k in kernels.KERNELS if k != "aten"])
-def test_a_compiled_decode_multiplies_through_the_packed_kernel_with_atens_float32_tokens(
-        tiny_model_dir, monkeypatch, kernel):
-    """The graph calls the kernel's own operator over the packed weights (not ATen's product it would trace
-    otherwise), and decodes ATen's eager greedy tokens."""
+def test_a_compiled_decode_multiplies_through_the_kernel_its_kind_packs_for_with_atens_float32_tokens(
+        tiny_model_dir, monkeypatch, kernel, package):
+    """A graph whose weights are inputs calls the kernel's own operator over the packed weights (not ATen's
+    product it would trace otherwise); a package multiplies by the layers' weights, which inductor packs for
+    kernels of its own, and never calls the eager kernel's operator. Both decode ATen's eager greedy tokens."""
     from torch.profiler import profile
 
+    from engine.model import packaged
+
+    if not package:
+        monkeypatch.setattr(packaged, "MAX_BYTES", 0)
     params = GenerationParams(max_new_tokens=8, static_cache=True)
     plain = Session(fresh(tiny_model_dir, "float32")).run("hello world", params).summary.token_ids
     monkeypatch.setenv(kernels.ENV, kernel)
@@ -88,7 +94,7 @@ def test_a_compiled_decode_multiplies_through_the_packed_kernel_with_atens_float
             session.compiled.run(graph, torch.tensor([[4]]), torch.tensor([[3]]), cache)
     calls = {e.key: e.count for e in prof.key_averages()}
     linears = sum(isinstance(m, kernels.PackedLinear) for m in session.model.modules())
-    assert calls.get(f"kvscope::{kernel}_linear") == linears
+    assert linears and calls.get(f"kvscope::{kernel}_linear", 0) == (0 if package else linears)
 
 
 def test_the_choice_is_measured_once_and_again_under_another_torch(tiny_model_dir, monkeypatch):
