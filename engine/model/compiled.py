@@ -314,12 +314,12 @@ def _saved_or_compiled(args: tuple, key: str) -> tuple[Step | None, bool, str]:
     path, note, package = saved_graph(key), "", _is_package(key)
     if path.exists():
         try:
-            data = sealed.read_sealed(path, GRAPH)          # checked before any byte reaches the unpickler
+            data = sealed.read_sealed(path, GRAPH)          # checked before any byte is unpickled or loaded
         except sealed.Refused as exc:
             note = f"{exc}: compiled again"
         else:
             try:
-                step = packaged.load(data, path.parent) if package else \
+                step = packaged.load(path) if package else \
                     torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=globals())
                 del data
                 step(*args)
@@ -334,7 +334,7 @@ def _saved_or_compiled(args: tuple, key: str) -> tuple[Step | None, bool, str]:
         try:
             packaged.build(decode_step, args, path)
             sealed.seal(path, GRAPH)
-            step = packaged.load(path.read_bytes(), path.parent)
+            step = packaged.load(path)
         except Exception as exc:  # noqa: BLE001  (export or AOTInductor refused the model: the graph, weights as inputs)
             path.unlink(missing_ok=True)
             return None, False, _joined(note, f"not packaged with its weights ({_first_line(exc)})")

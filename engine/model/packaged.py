@@ -63,14 +63,14 @@ def _weight_bytes(model: nn.Module) -> int:
 def weights_digest(model: nn.Module) -> str:
     """A digest of every weight's bytes: a package folds them in, so another model of the same shapes (another
     fine-tune, the same model quantized otherwise) must not read it. Kept per model object (weights do not change
-    after a load)."""
+    after a load). SHA-256, which CPUs compute in hardware: 0.35 s for 600 MB here, blake2b 0.75."""
     known = _DIGESTS.get(model)
     if known is None:
-        h = hashlib.blake2b(digest_size=16)
+        h = hashlib.sha256()
         for name, t in _tensors(model):
             h.update(name.encode())
             h.update(memoryview(t.detach().contiguous().view(-1).view(torch.uint8).numpy()))
-        known = _DIGESTS[model] = h.hexdigest()
+        known = _DIGESTS[model] = h.hexdigest()[:32]
     return known
 
 
@@ -119,23 +119,18 @@ def build(step: Callable[..., torch.Tensor], args: tuple, path: Path) -> None:
         Path(partial).unlink(missing_ok=True)
 
 
-def load(data: bytes, folder: Path) -> Callable[..., torch.Tensor]:
-    """The step a package's bytes (already checked) hold, as ``step(model, token, position, cache)``. The bytes
-    are written to a private file of this process to be read: the checked bytes are the ones that run."""
+def load(path: Path) -> Callable[..., torch.Tensor]:
+    """The step the package at ``path`` holds, as ``step(model, token, position, cache)``. The caller has checked
+    the file (sealed by this user's KVScope, in a folder only this user can write: nobody else can swap it
+    before it is read)."""
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
-    fd, name = tempfile.mkstemp(dir=folder, suffix=".pt2")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        # Loading checks the package's instruction set against this CPU's by building and loading a probe library
-        # per instruction set (9 s on 2 cores); the package was built here, for this CPU (its name says so).
-        with config.patch({"cpp.vec_isa_ok": True}):
-            runner = torch._inductor.aoti_load_package(name)
-        valid_vec_isa_list.cache_clear()          # a compile later in this process probes as usual
-    finally:
-        Path(name).unlink(missing_ok=True)
+    # Loading checks the package's instruction set against this CPU's by building and loading a probe library per
+    # instruction set (9 s on 2 cores); the package was built here, for this CPU (its name says so).
+    with config.patch({"cpp.vec_isa_ok": True}):
+        runner = torch._inductor.aoti_load_package(str(path))
+    valid_vec_isa_list.cache_clear()              # a compile later in this process probes as usual
 
     def packaged_step(_model: Any, token: torch.Tensor, position: torch.Tensor, cache: Any) -> torch.Tensor:
         return runner(token, position, *cache_tensors(cache))
