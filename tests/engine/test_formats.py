@@ -63,6 +63,21 @@ def test_int8_matches_float_within_quantization_error():
     assert (q4(x) - layer(x)).abs().max() < 0.25 * layer(x).abs().max()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_int8_layer_computes_a_prefills_rows_as_its_int8_kernel_does_a_steps(dtype):
+    """Many rows go through the float GEMM over the widened codes, a few through torch's int8 kernel: the same
+    product either way, row for row."""
+    layer = quantize.Int8Linear(torch.nn.Linear(64, 48), dtype)
+    x = torch.randn(2, quantize.PREFILL_ROWS, 64, dtype=dtype)                  # a prefill: the float GEMM
+    wide = layer(x)
+    one_row = torch.cat([layer(x[b, t].reshape(1, 1, 64)) for b in range(2)        # a step: the int8 kernel
+                         for t in range(quantize.PREFILL_ROWS)]).reshape(wide.shape)
+    tolerance = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.02}
+    torch.testing.assert_close(wide, one_row, **tolerance)
+    layer.weight_int8.zero_()                                      # both paths read the same codes
+    assert layer(x).abs().max() == layer.bias.abs().max() and layer(x[:1, :1]).abs().max() == layer.bias.abs().max()
+
+
 def test_auto_never_picks_a_dtype_slower_than_float32_in_its_own_calibration():
     found = calibrate.measure(torch.device("cpu"), 128, 256)
     best, base = found.timing(found.best), found.timing("float32")
