@@ -62,9 +62,10 @@ def llama_cpp_run(llm, prompt: str, tokens: int) -> dict:
 
 COMPILED = {"static_cache": True, "compiled": True}
 STATIC = {"static_cache": True}
-PREFILL_LENGTHS = (32, 128, 512)
+PREFILL_LENGTHS = (32, 128, 512, 4096)
 PREFILL_TEXT = " ".join([PROMPT, "The weights are read once per step whatever the batch; the keys and values grow "
-                         "with every token, and the arithmetic per byte decides which limit binds."] * 24)
+                         "with every token, and the arithmetic per byte decides which limit binds."] * 100)
+LLAMA_CONTEXT = max(1024, max(PREFILL_LENGTHS) + 64)     # llama.cpp's context: the longest prefill fits
 
 
 def kvscope_run(session, prompt: str, tokens: int, compiled: bool = False, static: bool = False) -> dict:
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
         if name in ggufs:
             from llama_cpp import Llama
 
-            llm = Llama(model_path=str(ggufs[name]), n_threads=args.threads, n_ctx=1024, verbose=False,
+            llm = Llama(model_path=str(ggufs[name]), n_threads=args.threads, n_ctx=LLAMA_CONTEXT, verbose=False,
                         logits_all=False)
         compiled_session = Session(load("embedded", "cpu", fmt))       # a model of its own (graphs are per model)
         kvscope_run(session, prompt, 4)                                # warm-up all of them

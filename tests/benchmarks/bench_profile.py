@@ -6,7 +6,8 @@ The products read every weight once per step (the tied embedding as the output l
 one row), so "reached" is the weights' bytes over the measured time in products: achieved. The ceiling
 beside it is this machine's copy bandwidth, measured on a quiet machine (none is shown otherwise). The
 profiler's own cost slows every step a little; the step times here are for reading the split, the speed itself
-is ``bench_formats``'s.
+is ``bench_formats``'s. A compiled step saved as a package (``engine.model.packaged``) runs inductor's own
+kernels, products included, which the profiler does not see: its row gives the step and says so.
 Run: ``python -m tests.benchmarks.bench_profile --dtype bfloat16`` (``make bench`` does).
 """
 
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
     peaks = hardware.quiet_peaks(torch.device("cpu"), getattr(torch, args.dtype, torch.float32))
     copy = peaks.bytes_per_s if peaks is not None else None          # None: every copy measured was busy
     for row in rows.values():
-        row["reached_gb_s"] = weights / (row["product_ms_per_step"] / 1000.0) / 1e9
+        seen = row["product_ms_per_step"] > 0
+        row["reached_gb_s"] = weights / (row["product_ms_per_step"] / 1000.0) / 1e9 if seen else None
     result = {"machine": machine(), "dtype": args.dtype, "steps": args.steps, "weight_bytes": weights,
               "copy_gb_s": copy / 1e9 if copy else None, "rows": rows}
     print(f"machine: {result['machine']}; {args.dtype}, {args.steps} profiled decode steps after 4 warm-up "
@@ -98,9 +100,16 @@ def main(argv: list[str] | None = None) -> dict:
           "share of step | bandwidth reached (achieved) | of the copy bandwidth (measured) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for path, r in rows.items():
+        if r["reached_gb_s"] is None:          # a package: its products are inductor's kernels, unseen
+            print(f"| {path} | {r['step_ms']:.1f} | {r['operator_calls_per_step']:,.0f} | not seen | not seen | - | "
+                  "- | - |")
+            continue
         print(f"| {path} | {r['step_ms']:.1f} | {r['operator_calls_per_step']:,.0f} | {r['products_per_step']:.0f} | "
               f"{r['product_ms_per_step']:.1f} | {r['product_ms_per_step'] / r['step_ms']:.0%} | "
               f"{r['reached_gb_s']:.1f} GB/s | {copy_words(r['reached_gb_s'], result['copy_gb_s'])} |")
+    if any(r["reached_gb_s"] is None for r in rows.values()):
+        print("not seen: the compiled step is a package, whose kernels (inductor's own, products included) run "
+              "without the profiler's records")
     save(f"profile-{args.dtype}", result)
     return result
 
