@@ -332,7 +332,7 @@ def _saved_or_compiled(args: tuple, key: str) -> tuple[Step | None, bool, str]:
     sealed.private_folder(path.parent)
     if package:
         try:
-            packaged.build(decode_step, args, path)
+            packaged.build(decode_step, args, path, inductor_dir())
             sealed.seal(path, GRAPH)
             step = packaged.load(path)
         except Exception as exc:  # noqa: BLE001  (export or AOTInductor refused the model: the graph, weights as inputs)

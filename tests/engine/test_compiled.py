@@ -49,7 +49,10 @@ def test_cache_length_rounds_up_to_a_power_of_two_within_the_context():
 def test_waiting_for_the_graph_compiles_every_decode_step_with_eagers_float32_tokens_and_the_build_apart(
         model, monkeypatch):
     """The CLI's way: the graph is built before the first decode step (timed as compile, in no step), every
-    decode step is compiled and its greedy tokens are eager's; the graph is saved in KVScope's cache folder."""
+    decode step is compiled and its greedy tokens are eager's; the graph is saved in KVScope's cache folder, and
+    nothing it was built from is left in inductor's (a package's library holds a copy of the weights)."""
+    import zipfile
+
     from engine.model import compiled
     from engine.store.paths import compiled_graphs_dir
 
@@ -67,6 +70,11 @@ def test_waiting_for_the_graph_compiles_every_decode_step_with_eagers_float32_to
     assert max(step.latency_ms for step in steps) < s.compile_ms      # the build is in no step
     saved = compiled.saved_graph(compiled.graph_key(model.model, SHORTEST))
     assert saved.parent.parent == compiled_graphs_dir() and saved.stat().st_size > 0
+    with zipfile.ZipFile(saved) as package:                  # what it was built from is not left behind
+        built = {name.rsplit("/", 1)[-1].split(".")[0] for name in package.namelist() if "/aotinductor/" in name}
+    assert any(name.endswith(".so") for name in package.namelist())
+    left = [f for f in compiled_graphs_dir().rglob("*") if f.is_file() and f.name.split(".")[0] in built]
+    assert built and left == []
     text = report(session.facts, s)
     assert f"building the compiled decode graph took {s.compile_ms:,.0f} ms, before the first decode step" in text
     assert "decode compiled from step 1" in text.splitlines()
