@@ -19,6 +19,7 @@ weights are inputs (``engine.model.compiled``).
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import os
 import tempfile
@@ -110,8 +111,8 @@ def build(step: Callable[..., torch.Tensor], args: tuple, path: Path, inductor_c
     """Export ``step(model, token, position, cache)`` at ``args`` and compile it into the package ``path``
     (written atomically), leaving nothing of the build in ``inductor_cache``."""
     model, token, position, cache = args
-    exported = torch.export.export(_Exported(step, model, cache), (token, position, *cache_tensors(cache)),
-                                   strict=False)
+    exported = torch.export.export(_Exported(step, structure_copy(model), cache),
+                                   (token, position, *cache_tensors(cache)), strict=False)
     fd, partial = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial.pt2")
     os.close(fd)
     try:
@@ -120,6 +121,17 @@ def build(step: Callable[..., torch.Tensor], args: tuple, path: Path, inductor_c
     finally:
         Path(partial).unlink(missing_ok=True)
     drop_build_files(path, inductor_cache)
+
+
+def structure_copy(module: nn.Module) -> nn.Module:
+    """``module`` and its submodules copied, their weights shared (none is copied). Export traces by putting fake
+    tensors in place of a module's weights for a while; on the live model, an eager decode running beside the
+    build (the window's way) would meet them."""
+    clone = copy.copy(module)
+    clone._parameters = dict(module._parameters)
+    clone._buffers = dict(module._buffers)
+    clone._modules = {name: None if child is None else structure_copy(child) for name, child in module._modules.items()}
+    return clone
 
 
 def drop_build_files(package: Path, cache: Path) -> int:

@@ -364,3 +364,34 @@ def test_graphs_go_to_kvscopes_folder_even_after_torch_wrote_its_default_and_a_c
     lines = subprocess.run([sys.executable, "-c", script], env={**env, "TORCHINDUCTOR_CACHE_DIR": str(chosen)},
                            capture_output=True, text=True, cwd=root, timeout=300, check=True).stdout.splitlines()[-2:]
     assert Path(lines[1]) == chosen
+
+
+def test_exporting_a_package_traces_a_copy_and_never_swaps_the_live_models_weights(model, monkeypatch, tmp_path):
+    """Export puts fake tensors in place of a module's weights while it traces; the window decodes eagerly on the
+    live model while its package is built beside it, so the export must trace a copy that shares the weights."""
+    import zipfile
+
+    import torch
+
+    from engine.model import compiled, kvcache, packaged
+
+    weights = list(model.model.parameters())
+    live, traced = [], []
+
+    def step(traced_model, token, position, cache):
+        live.append(all(a is b for a, b in zip(model.model.parameters(), weights)))
+        traced.append(any(a is not b for a, b in zip(traced_model.parameters(), weights)))
+        return compiled.decode_step(traced_model, token, position, cache)
+
+    def package(_exported, package_path, inductor_configs):          # the compile is not what is tested here
+        zipfile.ZipFile(package_path, "w").close()
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", package)
+    with torch.inference_mode():
+        twin = kvcache.new_cache(model.model, SHORTEST)
+        token = torch.zeros((1, 1), dtype=torch.long)
+        kvcache.forward(model.model, token, twin)
+        packaged.build(step, (model.model, token, torch.ones((1, 1), dtype=torch.long), twin),
+                       tmp_path / "step.pt2", tmp_path / "inductor")
+    assert live and all(live) and all(traced)          # the copy's weights were swapped, the live model's never
+    assert all(a is b for a, b in zip(model.model.parameters(), weights))
