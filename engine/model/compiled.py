@@ -29,7 +29,7 @@ around the products (SmolLM2, 2-vCPU Sapphire Rapids, a graph's step read back f
 22.8 -> 21.9 ms, bfloat16 17.4 -> 16.1, int8 weights 14.0 -> 11.1). It compiles slower the first time (18 -> 62 s
 on 2 cores) and reads back as fast (2.2 s).
 
-A model whose weights fit (``engine.model.packaged``: up to 2 GiB, a copy at most a quarter of the free memory)
+A model whose weights fit (``engine.model.packaged``: up to 1 GiB, a copy at most a quarter of the free memory)
 is saved as an AOTInductor package instead: exported, its weights folded into the graph as constants (inductor's
 freezing) so that inductor packs them for its own C++ GEMM kernels, each chosen by timing at its shape; a whole
 bfloat16 step went from 19.3 to 12.8 ms (SmolLM2, same VM), the package is read in about 2 s, and it is the
