@@ -314,14 +314,14 @@ def _saved_or_compiled(args: tuple, key: str) -> tuple[Step | None, bool, str]:
     path, note, package = saved_graph(key), "", _is_package(key)
     if path.exists():
         try:
-            data = sealed.read_sealed(path, GRAPH)          # checked before any byte is unpickled or loaded
+            # checked before any byte is unpickled or loaded (a package, by the path of the file checked)
+            data = sealed.check_sealed(path, GRAPH) if package else sealed.read_sealed(path, GRAPH)
         except sealed.Refused as exc:
             note = f"{exc}: compiled again"
         else:
             try:
-                step = packaged.load(path) if package else \
+                step = packaged.load(path) if data is None else \
                     torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=globals())
-                del data
                 step(*args)
                 with _READ_LOCK:
                     _READ[key] = step

@@ -171,14 +171,9 @@ def usable(model: nn.Module) -> str | None:
         return "its weights are not all in one float format"
     if len(candidates(dtypes.pop())) < 2:
         return "this torch has no other kernel for its format"
-    from engine.model.memory import available_bytes
+    from engine.model.memory import copy_refused
 
-    extra = sum(child.weight.nbytes for _p, _n, child in linears)
-    free = available_bytes("cpu")
-    if free is not None and extra > free // 4:
-        return (f"the packed copy of its weights ({extra / 2**30:.1f} GiB) would take more than a quarter of the "
-                "free memory")
-    return None
+    return copy_refused("the packed copy of its weights", sum(child.weight.nbytes for _p, _n, child in linears))
 
 
 def _step_ms(linears: list[tuple[nn.Module, str, nn.Linear]], kernels: list[Kernel]) -> dict[str, float]:

@@ -65,3 +65,12 @@ def total_bytes() -> int | None:
             return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (OSError, ValueError, AttributeError):
             return None
+
+
+def copy_refused(what: str, nbytes: int) -> str | None:
+    """Why a second copy of ``nbytes`` (a kernel's packed weights, a package's) is not made, or None: it would take
+    more than a quarter of the free memory."""
+    free = available_bytes("cpu")
+    if free is not None and nbytes > free // 4:
+        return f"{what} ({nbytes / 2**30:.1f} GiB) would take more than a quarter of the free memory"
+    return None

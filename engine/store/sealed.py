@@ -32,6 +32,7 @@ from engine.store.files import write_bytes
 from engine.store.paths import config_dir
 
 SEAL = ".seal"
+MAC_PIECE = 4 << 20          # a file sealed or checked is read this much at a time
 MANIFEST = "kvscope-manifest.json"
 KEY_FILE = "seal.key"
 
@@ -76,11 +77,17 @@ def _exposed(path: Path, secret: bool = False) -> str:
     return ""
 
 
-def _mac(purpose: str, name: str, data: bytes) -> str:
+def _mac(purpose: str, name: str, data: bytes | Path) -> str:
+    """The seal of ``data``, or of the file at ``data`` read in pieces (a file of hundreds of MB is never held)."""
     digest = hmac.new(_key(), digestmod=hashlib.sha256)
     for part in (purpose.encode(), b"\0", name.encode(), b"\0"):
         digest.update(part)
-    digest.update(data)
+    if isinstance(data, Path):
+        with open(data, "rb") as f:
+            while piece := f.read(MAC_PIECE):
+                digest.update(piece)
+    else:
+        digest.update(data)
     return digest.hexdigest()
 
 
@@ -104,9 +111,8 @@ def _tighten(path: Path) -> None:
 
 def seal(path: Path, purpose: str, data: bytes | None = None) -> None:
     """Seal ``path`` (its bytes now, or ``data`` when the caller has them) for ``purpose``."""
-    data = path.read_bytes() if data is None else data
     seal_path = path.with_name(path.name + SEAL)
-    write_bytes(seal_path, _mac(purpose, path.name, data).encode(), what="a seal")
+    write_bytes(seal_path, _mac(purpose, path.name, path if data is None else data).encode(), what="a seal")
     for written in (path, seal_path):
         _tighten(written)
 
@@ -128,8 +134,17 @@ def read_sealed(path: Path, purpose: str, aside: bool = True) -> bytes:
     return data
 
 
-def _checked(path: Path, purpose: str) -> tuple[bytes, str]:
-    """The file's bytes and "", or b"" and why they are refused."""
+def check_sealed(path: Path, purpose: str) -> None:
+    """``read_sealed``'s check without the bytes, for a file another library then reads by its path (a package's
+    shared library): the file is read in pieces, and lies in a folder only this user can write, so nobody else
+    can swap it between the check and the read."""
+    _, problem = _checked(path, purpose, keep=False)
+    if problem:
+        raise Refused(put_aside(path, f"{purpose} {path} {problem}"))
+
+
+def _checked(path: Path, purpose: str, keep: bool = True) -> tuple[bytes, str]:
+    """The file's bytes (b"" unless ``keep``) and "", or b"" and why they are refused."""
     for place in (path.parent, path):
         exposed = _exposed(place)
         if exposed:
@@ -137,9 +152,9 @@ def _checked(path: Path, purpose: str) -> tuple[bytes, str]:
     seal_path = path.with_name(path.name + SEAL)
     if not seal_path.exists():
         return b"", "is refused: KVScope did not write it (it has no seal)"
-    data = path.read_bytes()
+    data = path.read_bytes() if keep else b""
     expected = seal_path.read_bytes().decode("ascii", "replace").strip()
-    if not hmac.compare_digest(expected, _mac(purpose, path.name, data)):
+    if not hmac.compare_digest(expected, _mac(purpose, path.name, data if keep else path)):
         return b"", "is refused: its seal does not match its bytes (written elsewhere, or changed since)"
     return data, ""
 
