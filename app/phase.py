@@ -180,6 +180,9 @@ def prefill_passes(run: RunRecord, forward: bool = True) -> str:
     one = "in one forward pass" if forward else "in one pass"
     if run.prefill is not None:
         passes = getattr(run.prefill, "passes", 1)
+        if getattr(run.prefill, "compiled", False):       # the first pass through the compiled prefill package
+            one = "in one compiled forward pass" if forward else "in one compiled pass"
+            return one if passes <= 1 else f"in {passes} passes, the first compiled (so Stop works between them)"
         return one if passes <= 1 else f"in {passes} passes (so Stop works between them)"
     if getattr(run.started, "prefill_chunk", 0):
         return "in passes of half a second or less (Stop works between them)"

@@ -312,7 +312,8 @@ class TimingPanel(QWidget):
             parts.append(f"TTFT <b>{f.ttft_ms:,.0f} ms</b>")
         if f.prefill_ms is not None:
             passes = getattr(run.prefill, "passes", 1) if run.prefill is not None else 1
-            parts.append(f"prefill {plural(f.prompt_tokens, 'token')} in {f.prefill_ms:,.0f} ms "
+            compiled = " (compiled)" if getattr(run.prefill, "compiled", False) else ""
+            parts.append(f"prefill{compiled} {plural(f.prompt_tokens, 'token')} in {f.prefill_ms:,.0f} ms "
                          f"({rate(f.prefill_tok_s)} tok/s)" + (f" in {passes} passes, so Stop could act between them "
                                                               "(one pass is what the prefill lesson times)"
                                                               if passes > 1 else "")

@@ -190,6 +190,7 @@ class PrefillDone:
     kv_allocated: Positions = 0     # a static cache: positions allocated up front (0: the cache grows)
     kv_storage_per_layer: Annotated[list[Bytes], Items(MAX_LAYERS)] = field(default_factory=list)
     passes: Count = 1
+    compiled: bool = False          # the (first) pass went through the compiled prefill package
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,10 @@ is saved as an AOTInductor package instead: exported, its weights folded into th
 freezing) so that inductor packs them for its own C++ GEMM kernels, each chosen by timing at its shape; a whole
 bfloat16 step went from 19.3 to 12.8 ms (SmolLM2, same VM), the package is read in about 2 s, and it is the
 model's own (its name carries a digest of the weights). Dynamo's saved graphs cannot hold frozen weights, and an
-in-process frozen compile is built again at every launch (71 s), so freezing has no other path. On a GPU the graph
+in-process frozen compile is built again at every launch (71 s), so freezing has no other path. After a graph,
+the same thread reads or builds the model's prefill package (``then``: ``engine.model.compiled_prefill``), which
+later compiled runs prefill through; a run that waits for its graph waits for that too (compile time, in no
+step). On a GPU the graph
 is built in the calling thread (CUDA graphs are recorded per thread), with CUDA graphs replaying a decode step as
 one launch.
 """
@@ -92,11 +95,13 @@ def cache_length(needed: int, max_context: int) -> int:
     return min(length, max_context)
 
 
-def graph_key(model: Any, length: int, package: bool | None = None) -> str:
+def graph_key(model: Any, length: int, package: bool | None = None, step: Callable[..., Any] = decode_step) -> str:
     """What a saved graph was compiled for, as a file name: everything its skipped guards would have checked.
-    Another model, cache length, instruction set, torch, transformers, KVScope's step or the source of a module
-    of KVScope's inside the model (a packed or quantized layer) gives another name; a package (``package``: None
-    when the model can have one, ``engine.model.packaged``) holds the weights, so other weights do too."""
+    Another model, cache length, instruction set, torch, transformers, KVScope's ``step`` (``decode_step``, or
+    ``engine.model.compiled_prefill.prefill``, whose ``length`` is the longest prompt it takes) or the source of a
+    module of KVScope's inside the model (a packed or quantized layer) gives another name; a package
+    (``package``: None when the model can have one, ``engine.model.packaged``) holds the weights, so other
+    weights do too."""
     import transformers
 
     if package is None:
@@ -114,12 +119,13 @@ def graph_key(model: Any, length: int, package: bool | None = None) -> str:
         "length": length,
         "isa": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version,
-        "step": _code(decode_step) + _code(kvcache.forward),
+        "step": _code(step) + _code(kvcache.forward) + (_code(kvcache.new_cache) if step is not decode_step else ""),
         "options": {**CPU_OPTIONS, **packaged.OPTIONS} if package else CPU_OPTIONS,
         "weights": packaged.weights_digest(model) if package else None,
     }
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
-    return f"{type(model).__name__}-{length}-{PACKAGE if package else 'graph'}-{digest}"
+    label = length if step is decode_step else f"prefill{length}"
+    return f"{type(model).__name__}-{label}-{PACKAGE if package else 'graph'}-{digest}"
 
 
 def _code(thing: Any) -> str:
@@ -204,26 +210,27 @@ class CompiledDecode:
         """``decode_step`` compiled in this process (a GPU's graphs, or a model dynamo cannot trace whole): dynamo
         keeps one graph per cache length and checks its guards at every call."""
         if self._forward is None:
-            _configure()
+            configure()
             if self.device.type == "cuda":
                 self._forward = torch.compile(decode_step, mode="reduce-overhead", dynamic=False)
             else:
                 self._forward = torch.compile(decode_step, dynamic=False, options=CPU_OPTIONS)
         return self._forward
 
-    def graph(self, length: int, background: bool) -> tuple[Graph, bool]:
+    def graph(self, length: int, background: bool, then: Callable[[], Any] | None = None) -> tuple[Graph, bool]:
         """The graph for ``length``, and whether this call started its build. A new one is built now, or
-        beside the caller when ``background`` on a CPU (CUDA graphs are recorded per thread)."""
+        beside the caller when ``background`` on a CPU (CUDA graphs are recorded per thread); ``then`` is done
+        after the build, in its thread, with the graph ready meanwhile (a CPU's prefill package)."""
         with self._lock:
             graph = self._graphs.get(length)
             if graph is not None:
                 return graph, False
             graph = self._graphs[length] = Graph(length)
         if background and self.device.type == "cpu":
-            threading.Thread(target=self._build, args=(graph,), name=f"kvscope-compile-{length}",
+            threading.Thread(target=self._build, args=(graph, then), name=f"kvscope-compile-{length}",
                              daemon=True).start()
         else:
-            self._build(graph)
+            self._build(graph, then)
         return graph, True
 
     def graphs(self) -> list[Graph]:
@@ -236,7 +243,7 @@ class CompiledDecode:
         assert graph.step is not None, "the graph is not built"
         return graph.step(self.model, token, position, cache)
 
-    def _build(self, graph: Graph) -> None:
+    def _build(self, graph: Graph, then: Callable[[], Any] | None = None) -> None:
         """The graph for its length, read or compiled, then called once on a twin cache of that length (laid out
         by an eager first step) with the arguments every compiled decode step passes."""
         with self.build_lock:
@@ -250,20 +257,22 @@ class CompiledDecode:
                     if self.saves:
                         graph.step, graph.loaded, graph.note = _ahead_of_time(args, graph.length)
                     if graph.step is None:                  # a GPU, or not compiled ahead of time
-                        refused = _configure()
+                        refused = configure()
                         graph.step = self.forward()
                         graph.note = "; ".join(n for n in (graph.note, refused) if n)
                     graph.step(*args)
                     del twin
                 seal_inductor_cache()
             except Exception as exc:  # noqa: BLE001  (a failed build leaves decode eager; the run says why)
-                graph.step, graph.error = None, _first_line(exc)
+                graph.step, graph.error = None, first_line(exc)
             finally:
                 graph.compile_ms = (time.perf_counter() - started) * 1000.0
                 graph.ready.set()
+            if then is not None:                        # decode goes on through its graph meanwhile
+                then()
 
 
-def _configure() -> str:
+def configure() -> str:
     """Point inductor at KVScope's cache folder, once it is checked; what the check said ("" when all was well).
     A folder the user chose is kept; torch's own default is not a choice: importing ``torch._dynamo`` (which
     transformers' cache utilities do, through hqq) writes it into the environment, and there the graphs were
@@ -277,7 +286,7 @@ def _configure() -> str:
     return trusted_inductor_cache()
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
@@ -289,7 +298,7 @@ def _ahead_of_time(args: tuple, length: int) -> tuple[Step | None, bool, str]:
     saved file that cannot be read or run is compiled again; a package that cannot be built falls back to the
     graph; a model dynamo cannot trace as one graph gives None and why (the caller compiles in-process, not
     saved)."""
-    note = _configure()
+    note = configure()
     model = args[0]
     package = packaged.usable(model) is None
     if package:
@@ -307,40 +316,16 @@ def _joined(*notes: str) -> str:
 
 def _saved_or_compiled(args: tuple, key: str) -> tuple[Step | None, bool, str]:
     """The step ``key`` names: read in this process, read from its sealed file, or compiled and saved."""
-    with _READ_LOCK:
-        known = _READ.get(key)
-    if known is not None:
-        return known, True, ""
-    path, note, package = saved_graph(key), "", _is_package(key)
-    if path.exists():
-        try:
-            # checked before any byte is unpickled or loaded (a package, by the path of the file checked)
-            data = sealed.check_sealed(path, GRAPH) if package else sealed.read_sealed(path, GRAPH)
-        except sealed.Refused as exc:
-            note = f"{exc}: compiled again"
-        else:
-            try:
-                step = packaged.load(path) if data is None else \
-                    torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=globals())
-                step(*args)
-                with _READ_LOCK:
-                    _READ[key] = step
-                return step, True, note
-            except Exception as exc:  # noqa: BLE001  (sealed, but it no longer loads: kept aside, compiled again)
-                note = sealed.put_aside(path, f"the saved graph {path} could not be used ({_first_line(exc)})") \
-                    + ": compiled again"
-    sealed.private_folder(path.parent)
-    if package:
-        try:
-            packaged.build(decode_step, args, path, inductor_dir())
-            sealed.seal(path, GRAPH)
-            step = packaged.load(path)
-        except Exception as exc:  # noqa: BLE001  (export or AOTInductor refused the model: the graph, weights as inputs)
-            path.unlink(missing_ok=True)
-            return None, False, _joined(note, f"not packaged with its weights ({_first_line(exc)})")
-        with _READ_LOCK:
-            _READ[key] = step
-        return step, False, note
+    if _is_package(key):
+        return saved_package(key, lambda path: packaged.build(decode_step, args, path, inductor_dir()),
+                             packaged.decode_step, lambda step: step(*args))
+    step, note = _read_saved(key, lambda path: sealed.read_sealed(path, GRAPH),      # before any byte is unpickled
+                             lambda _path, data: torch.compiler.load_compiled_function(io.BytesIO(data),
+                                                                                       f_globals=globals()),
+                             lambda step: step(*args))
+    if step is not None:
+        return step, True, note
+    path = saved_graph(key)
     try:
         with torch._dynamo.config.patch(enable_aot_compile=True):
             compiling = torch.compile(decode_step, fullgraph=True, dynamic=False,
@@ -348,13 +333,74 @@ def _saved_or_compiled(args: tuple, key: str) -> tuple[Step | None, bool, str]:
                                                **CPU_OPTIONS})
         step = compiling.aot_compile((args, {}))
     except Exception as exc:  # noqa: BLE001  (graph breaks, or a torch without it: compiled in this process only)
-        return None, False, _joined(note, f"compiled for this launch only, not saved ({_first_line(exc)})")
+        return None, False, _joined(note, f"compiled for this launch only, not saved ({first_line(exc)})")
     try:
         step.save_compiled_function(str(path))              # written atomically
         sealed.seal(path, GRAPH)
     except (OSError, sealed.Refused) as exc:
         note = _joined(note, f"the graph could not be saved for a later launch "
                              f"({getattr(exc, 'strerror', None) or exc})")
+    _remember(key, step)
+    return step, False, note
+
+
+def saved_package(key: str, build: Callable[[Path], None], wrap: Callable[[Any], Any],
+                  probe: Callable[[Any], Any]) -> tuple[Any, bool, str]:
+    """The package ``key`` names, as ``wrap`` makes it callable: read in this process, read from its sealed file
+    (checked, then loaded from the path checked, and called once by ``probe``), or built by ``build(path)``,
+    sealed and read; and whether it was read, and what happened on the way. A package that cannot be built
+    gives None and why (the caller falls back)."""
+    step, note = _read_saved(key, lambda path: sealed.check_sealed(path, GRAPH),
+                             lambda path, _checked: wrap(packaged.load(path)), probe)
+    if step is not None:
+        return step, True, note
+    path = saved_graph(key)
+    try:
+        build(path)
+        sealed.seal(path, GRAPH)
+        step = wrap(packaged.load(path))
+    except Exception as exc:  # noqa: BLE001  (export or AOTInductor refused the model: the caller's fallback)
+        path.unlink(missing_ok=True)
+        return None, False, _joined(note, f"not packaged with its weights ({first_line(exc)})")
+    _remember(key, step)
+    return step, False, note
+
+
+def _read_saved(key: str, check: Callable[[Path], Any], read: Callable[[Path, Any], Any],
+                probe: Callable[[Any], Any]) -> tuple[Any, str]:
+    """The step ``key`` names, read in this process or from its file (``check``ed by its seal before ``read``,
+    then called once by ``probe``), or None; and what happened on the way. A file that fails its seal, or is
+    sealed but no longer loads or runs, is put aside, said, and left for the caller to build again; the folder
+    is made private for that build."""
+    with _READ_LOCK:
+        known = _READ.get(key)
+    if known is not None:
+        return known, ""
+    path, note = saved_graph(key), ""
+    if path.exists():
+        try:
+            checked = check(path)
+        except sealed.Refused as exc:
+            note = f"{exc}: compiled again"
+        else:
+            try:
+                step = read(path, checked)
+                probe(step)
+                _remember(key, step)
+                return step, note
+            except Exception as exc:  # noqa: BLE001  (sealed, but it no longer loads: kept aside, compiled again)
+                note = sealed.put_aside(path, f"the saved graph {path} could not be used ({first_line(exc)})") \
+                    + ": compiled again"
+    sealed.private_folder(path.parent)
+    return None, note
+
+
+def known(key: str) -> bool:
+    """Whether the step ``key`` names was read or built in this process."""
+    with _READ_LOCK:
+        return key in _READ
+
+
+def _remember(key: str, step: Any) -> None:
     with _READ_LOCK:
         _READ[key] = step
-    return step, False, note

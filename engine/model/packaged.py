@@ -1,7 +1,8 @@
-"""A CPU's decode step as an AOTInductor package: exported, compiled with the weights folded into the graph as
-constants (inductor's freezing) and every product's kernel chosen by timing it at its shape (``max_autotune``:
-inductor's C++ GEMM templates, with AMX / AVX-512 micro-kernels over weights packed once at compile time, against
-ATen's), and saved as one file that a later launch loads in about a second.
+"""A CPU's decode step (and prefill: ``engine.model.compiled_prefill``) as an AOTInductor package: exported,
+compiled with the weights folded into the graph as constants (inductor's freezing) and every product's kernel
+chosen by timing it at its shape (``max_autotune``: inductor's C++ GEMM templates, with AMX / AVX-512
+micro-kernels over weights packed once at compile time, against ATen's), and saved as one file that a later
+launch loads in about a second.
 
 Why: a decode step is a hundred or more one-row products, and the kernels torch calls for them from a graph
 whose weights are inputs read the weights well below the memory bandwidth. Folded in, the products become
@@ -39,13 +40,14 @@ OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends":
 _DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def usable(model: nn.Module) -> str | None:
-    """Why ``model``'s decode step cannot be packaged with its weights here, or None."""
+def usable(model: nn.Module, widened: int = 0) -> str | None:
+    """Why ``model``'s decode step cannot be packaged with its weights here, or None. ``widened``: bytes the
+    package's copy holds beyond the model's own (a prefill package widens int8 weights to their float)."""
     from engine.model.memory import copy_refused
 
     if not hasattr(torch._inductor, "aoti_compile_and_package"):
         return "this torch has no AOTInductor packages"
-    weights = _weight_bytes(model)
+    weights = _weight_bytes(model) + widened
     if weights > MAX_BYTES:
         return f"its weights ({weights / 2**30:.1f} GiB) are more than a package holds ({MAX_BYTES >> 30} GiB)"
     return copy_refused("the package's copy of its weights", weights)
@@ -114,12 +116,37 @@ class _Exported(nn.Module):
                 setattr(layer, name, tensor)
 
 
+class _Prefill(nn.Module):
+    """``step(model, ids)`` as a module export can trace, over a copy of ``model`` (see ``structure_copy``)."""
+
+    def __init__(self, step: Callable[..., tuple[torch.Tensor, ...]], model: nn.Module) -> None:
+        super().__init__()
+        self.model, self.step = model, step
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.step(self.model, ids)
+
+
 def build(step: Callable[..., torch.Tensor], args: tuple, path: Path, inductor_cache: Path) -> None:
     """Export ``step(model, token, position, cache)`` at ``args`` and compile it into the package ``path``
     (written atomically), leaving nothing of the build in ``inductor_cache``."""
     model, token, position, cache = args
     exported = torch.export.export(_Exported(step, structure_copy(model), cache),
                                    (token, position, *cache_tensors(cache)), strict=False)
+    _compile(exported, path, inductor_cache)
+
+
+def build_prefill(step: Callable[..., tuple[torch.Tensor, ...]], model: nn.Module, ids: torch.Tensor, longest: int,
+                  path: Path, inductor_cache: Path) -> None:
+    """Export ``step(model, ids)`` for any prompt of 2 to ``longest`` tokens (one graph whatever the length: the
+    products' kernels are chosen for a symbolic number of rows) and compile it into the package ``path``."""
+    tokens = torch.export.Dim("tokens", min=2, max=longest)
+    exported = torch.export.export(_Prefill(step, structure_copy(model)), (ids,), dynamic_shapes=({1: tokens},),
+                                   strict=False)
+    _compile(exported, path, inductor_cache)
+
+
+def _compile(exported: Any, path: Path, inductor_cache: Path) -> None:
     fd, partial = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial.pt2")
     os.close(fd)
     try:
@@ -160,10 +187,10 @@ def drop_build_files(package: Path, cache: Path) -> int:
     return dropped
 
 
-def load(path: Path) -> Callable[..., torch.Tensor]:
-    """The step the package at ``path`` holds, as ``step(model, token, position, cache)``. The caller has checked
-    the file (sealed by this user's KVScope, in a folder only this user can write: nobody else can swap it
-    before it is read)."""
+def load(path: Path) -> Callable[..., Any]:
+    """What the package at ``path`` computes, called with the exported inputs. The caller has checked the file
+    (sealed by this user's KVScope, in a folder only this user can write: nobody else can swap it before it is
+    read)."""
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
@@ -172,6 +199,11 @@ def load(path: Path) -> Callable[..., torch.Tensor]:
     with config.patch({"cpp.vec_isa_ok": True}):
         runner = torch._inductor.aoti_load_package(str(path))
     valid_vec_isa_list.cache_clear()              # a compile later in this process probes as usual
+    return runner
+
+
+def decode_step(runner: Callable[..., Any]) -> Callable[..., torch.Tensor]:
+    """A decode package as ``step(model, token, position, cache)``, over the run's own cache's tensors."""
 
     def packaged_step(_model: Any, token: torch.Tensor, position: torch.Tensor, cache: Any) -> torch.Tensor:
         return runner(token, position, *cache_tensors(cache))

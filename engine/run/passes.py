@@ -16,6 +16,7 @@ import torch
 from engine.facts.params import GenerationParams
 from engine.model import kvcache
 from engine.model.compiled import Graph, cache_length
+from engine.model.compiled_prefill import refused
 from engine.model.layer_clock import LayerClock
 from engine.model.sampling import Choice, choose, make_generator
 
@@ -52,6 +53,7 @@ class Request:
     graph_noted: bool = False       # the run has said why it decodes eagerly
     evictor: Any = None             # a cache kept as sinks:S+W: what it keeps after every pass
     switched: bool = False          # decode has gone through the compiled graph
+    prefill_read_ms: float | None = None    # the compiled prefill package read for this run (an earlier launch's)
 
 
 @dataclass
@@ -78,6 +80,7 @@ class Prefilled:
     held: list[int]
     storage: list[int]
     passes: int = 1
+    compiled: bool = False      # the first pass went through the compiled prefill package
 
 
 @dataclass
@@ -135,15 +138,23 @@ class Passes:
         compressed = params.kv_method != "full"
         if compressed:                                      # quantized or evicted: its own cache from the start
             request.cache, request.evictor = self.compressed_cache(params.kv_method)
-        chunk, first, passes = request.prefill_chunk, reused, 0
+        chunk, first, passes, packaged = request.prefill_chunk, reused, 0, False
+        if params.compiled and self.session.compiled_prefill is not None and request.cache is None:
+            request.prefill_read_ms = self.session.compiled_prefill.read_saved()    # saved by an earlier launch
         start = clock.mark()
         while first < len(ids):
             if passes and request.cancelled():
                 return                                      # stopped between two passes of a long prompt
             last = min(first + chunk, len(ids)) if chunk else len(ids)
             began = clock.mark()
-            logits, request.cache = self.session.prefill(sequence[:, first:last], params.kv_cache, request.cache,
-                                                 request.allocated, request.options.offload_kv)
+            if request.cache is None and not compressed and self.session.prefill_packaged(
+                    last - first, params, request.options.offload_kv, request.layer_clock is not None):
+                logits, request.cache = self.session.packaged_prefill(sequence[:, first:last], request.allocated)
+                packaged = True
+            else:
+                logits, request.cache = self.session.prefill(sequence[:, first:last], params.kv_cache,
+                                                             request.cache, request.allocated,
+                                                             request.options.offload_kv)
             took_ms = clock.elapsed_ms(began, clock.mark())
             if took_ms > 0:
                 self.session.prefill_rate = (last - first) / (took_ms / 1000.0)
@@ -154,7 +165,8 @@ class Passes:
             request.evictor.after_pass(request.cache, len(ids))
         forward_end = clock.mark()
         cached = self.read_cache(request.cache)
-        yield Prefilled(clock.elapsed_ms(start, forward_end), *cached, passes=passes)   # measured, whatever follows
+        yield Prefilled(clock.elapsed_ms(start, forward_end), *cached, passes=passes,   # measured, whatever follows
+                        compiled=packaged)
         self.fault("first", 0)
         choice = choose(logits, params, generator)
         end = clock.mark()
@@ -164,7 +176,7 @@ class Passes:
         if params.compiled:
             graph, waited_ms = self.compiled_graph(request)
             if waited_ms is not None:
-                yield GraphSaid(compile_ms=waited_ms)
+                yield GraphSaid(compile_ms=waited_ms, notes=self.prefill_notes(request))
         index = 0
         while True:
             token = torch.tensor([choice.token_id], device=self.session.device)
@@ -193,16 +205,35 @@ class Passes:
         stays eager until it is ready; and how long this run waited for it (None: it did not build or wait)."""
         started = time.perf_counter()
         background = request.options.compile_in_background
-        graph, request.graph_started = self.session.compiled.graph(request.allocated, background)
+        then = self.session.compiled_prefill.build if self.session.compiled_prefill is not None else None
+        graph, request.graph_started = self.session.compiled.graph(request.allocated, background, then)
         waited = not background and not graph.ready.is_set()
         if waited:
             graph.ready.wait()
+        read = request.prefill_read_ms or 0.0           # the prefill package, read before the prompt's pass
         if graph.ready.is_set() and (request.graph_started or waited):
-            return graph, (time.perf_counter() - started) * 1000.0
-        return graph, None
+            return graph, (time.perf_counter() - started) * 1000.0 + read
+        return graph, read or None
 
-    @staticmethod
-    def decode_compiled(graph: Graph, index: int, request: Request) -> tuple[bool, GraphSaid | None]:
+    def prefill_notes(self, request: Request) -> list[str]:
+        """What a run that waited for its compiled graph says of the prefill package: read before its prompt
+        went through, or read or built after the graph in the wait (part of the compile time), or why there is
+        none."""
+        package = self.session.compiled_prefill.graph if self.session.compiled_prefill is not None else None
+        if package is None or not package.ready.is_set():
+            return []
+        if request.prefill_read_ms is not None:
+            return [f"the compiled prefill package, saved by an earlier launch, was read in "
+                    f"{request.prefill_read_ms / 1000:,.1f} s before the prompt went through it (compile time)"]
+        if not request.graph_started or request.options.compile_in_background:
+            return []
+        if package.step is None:
+            return [f"prefill stays eager: no compiled prefill package ({package.error})"]
+        how = "read (saved by an earlier launch)" if package.loaded else "built"
+        return [f"the compiled prefill package was {how} in {package.compile_ms / 1000:,.1f} s after the decode graph "
+                "(compile time); later compiled runs prefill through it"]
+
+    def decode_compiled(self, graph: Graph, index: int, request: Request) -> tuple[bool, GraphSaid | None]:
         """Whether decode step ``index`` goes through the compiled graph (from the first step boundary after it
         is built), and what the run is told, once: why it decoded eagerly (a failed build) or partly eagerly."""
         if not graph.ready.is_set():
@@ -221,8 +252,19 @@ class Passes:
                     f"same cores (slower than a quiet eager run); compiled from step {index:,}")
                 if request.graph_started:
                     said.compile_ms = graph.compile_ms
+            if request.graph_started and request.options.compile_in_background and self.prefill_builds_beside():
+                said.notes.append(f"from step {index:,} the compiled prefill package was built beside the decode "
+                                  "(after its graph, in the same thread), on the same cores: steps slower than a "
+                                  "quiet run's until it is done")
         request.switched = True
         return True, said
+
+    def prefill_builds_beside(self) -> bool:
+        """Whether the build that made the decode graph goes on with the prefill package (not built, not read
+        already, and one the model can have)."""
+        package = self.session.compiled_prefill
+        return package is not None and (package.graph is None or not package.graph.ready.is_set()) \
+            and refused(package.model) is None and not package.saved()
 
     def compressed_cache(self, name: str) -> tuple[Any, Any]:
         """A run's cache kept as ``name`` (``GenerationParams.kv_method``), and its evictor (None: quantized)."""

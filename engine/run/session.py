@@ -43,6 +43,7 @@ from engine.facts.textstream import TextStream, clean_text, pieces
 from engine.model import attention, chat_template, gguf, kvcache
 from engine.model.clock import StepClock
 from engine.model.compiled import CompiledDecode, Graph
+from engine.model.compiled_prefill import LONGEST, CompiledPrefill
 from engine.model.layer_clock import LayerClock
 from engine.model.models import LoadedModel
 from engine.model.sampling import choose
@@ -100,6 +101,9 @@ class Session:
         self._kept_cache: Any = None        # the cache a chat keeps between turns
         self._kept_ids: list[int] = []      # ...and the ids it holds
         self._dropped = "this is the first turn"     # why there is no kept cache, for the next turn to say
+        # A CPU's compiled runs prefill through a package built after a decode graph (engine.model.compiled_prefill)
+        self.compiled_prefill = CompiledPrefill(self.model, min(LONGEST, self.facts.max_context)) \
+            if self.device.type == "cpu" else None
         self.compiled = CompiledDecode(self.model, self.device)
         self._attention: attention.Capture | None = None     # made on the first run that captures
         self.prefill_rate: float | None = None   # prompt positions per second, measured by the last prefill pass
@@ -168,13 +172,32 @@ class Session:
         self._collect(out)
         return out.logits[0, -1]                                           # [V]
 
-    def timed_prefill(self, ids: list[int]) -> tuple[float, float]:
-        """One prefill of ``ids`` with a fresh cache, greedy first token: (forward ms, forward + sampling ms)."""
+    def packaged_prefill(self, input_ids: torch.Tensor, static_positions: int = 0) -> tuple[torch.Tensor, Any]:
+        """``prefill`` through the compiled prefill package (``prefill_packaged`` says when it can), into a new
+        cache (with ``static_positions``, allocated for that many up front)."""
+        assert self.compiled_prefill is not None
+        cache = kvcache.new_cache(self.model, static_positions)
+        return self.compiled_prefill.run(input_ids, cache), cache
+
+    def prefill_packaged(self, n_tokens: int, params: GenerationParams, offload_kv: bool = False,
+                         layers_timed: bool = False) -> bool:
+        """Whether a prompt's first pass of ``n_tokens`` into a new cache goes through the prefill package: a
+        compiled run with the whole cache kept, no attention captured, no layer timed (the package runs none of
+        the hooks) and the package built."""
+        return (params.compiled and params.kv_cache and params.kv_method == "full" and not params.capture_attention
+                and not offload_kv and not layers_timed and self.compiled_prefill is not None
+                and self.compiled_prefill.ready(n_tokens))
+
+    def timed_prefill(self, ids: list[int], compiled: bool = False) -> tuple[float, float]:
+        """One prefill of ``ids`` with a fresh cache, greedy first token: (forward ms, forward + sampling ms).
+        ``compiled``: through the prefill package, which must be built, as a compiled run's prefill is."""
         prompt = torch.tensor([ids], device=self.device)
         clock = self.clock
+        if compiled and not self.prefill_packaged(len(ids), GenerationParams(compiled=True, static_cache=True)):
+            raise ParameterError("the compiled prefill is not built (CompiledPrefill.build) or cannot take this prompt")
         with torch.inference_mode():
             a = clock.mark()
-            logits, cache = self.prefill(prompt, use_cache=True)
+            logits, cache = self.packaged_prefill(prompt) if compiled else self.prefill(prompt, use_cache=True)
             b = clock.mark()
             choose(logits, GenerationParams(), None)
             c = clock.mark()
@@ -413,7 +436,7 @@ class _Observer:
             if isinstance(step, Prefilled):
                 self.emit(PrefillDone(self.run_id, self.since(), len(r.ids) - r.reused, r.tokenize_ms,
                                       step.forward_ms, step.kv, r.reused, step.held, r.cache_note, r.allocated,
-                                      step.storage, step.passes))
+                                      step.storage, step.passes, step.compiled))
                 continue
             self.emit(self._token_step(step))          # step 0's time is the TTFT: the norms come after it
             if r.layer_clock is not None:

@@ -85,3 +85,20 @@ def test_a_run_saved_from_the_window_replays_with_the_peaks_it_was_judged_with(q
         from tests.app.conftest import close_and_dispose
 
         close_and_dispose(replayed)
+
+
+def test_the_prefills_words_say_when_its_first_pass_went_through_the_compiled_package():
+    from types import SimpleNamespace
+
+    from app.phase import prefill_passes
+    from engine.facts.events import PrefillDone
+
+    def run(**fields):
+        return SimpleNamespace(prefill=PrefillDone("r", 1.0, 12, 0.1, 5.0, [], **fields), started=None)
+
+    assert prefill_passes(run()) == "in one forward pass"
+    assert prefill_passes(run(compiled=True)) == "in one compiled forward pass"
+    assert prefill_passes(run(compiled=True), forward=False) == "in one compiled pass"
+    assert prefill_passes(run(compiled=True, passes=3)) == \
+        "in 3 passes, the first compiled (so Stop works between them)"
+    assert prefill_passes(run(passes=3)) == "in 3 passes (so Stop works between them)"

@@ -87,30 +87,63 @@ def kvscope_run(session, prompt: str, tokens: int, compiled: bool = False, stati
             "compile_loaded": s.compile_loaded}
 
 
-def prefill_times(session, llm, lengths: tuple[int, ...], rounds: int) -> list[dict]:
+def prefill_times(session, compiled_session, llm, lengths: tuple[int, ...], rounds: int) -> list[dict]:
     """One forward pass over the first ``n`` tokens of the same text, fresh cache each time: KVScope's prefill
-    (``Session.timed_prefill``, the forward alone) beside llama.cpp's prompt processing (``Llama.eval`` after a
-    reset, which computes the last position's logits), interleaved, medians of ``rounds``."""
+    (``Session.timed_prefill``, the forward alone), eager and through the compiled prefill package (what a
+    compiled run's prefill goes through once the package is built), beside llama.cpp's prompt processing
+    (``Llama.eval`` after a reset, which computes the last position's logits), interleaved, medians of
+    ``rounds``."""
     ours_ids = session.encode(PREFILL_TEXT, chat_template=False)
     theirs_ids = llm.tokenize(PREFILL_TEXT.encode(), add_bos=True) if llm is not None else []
+    package = compiled_session.compiled_prefill
+    if package is not None:
+        package.build()
     out = []
     for n in lengths:
         if n > len(ours_ids):
             continue
-        ours, theirs = [], []
+        ours, packed, theirs = [], [], []
+        packaged = package is not None and package.ready(n)      # else a compiled run prefills eagerly
         session.timed_prefill(ours_ids[:n])                      # warm-up at this length
+        if packaged:
+            compiled_session.timed_prefill(ours_ids[:n], compiled=True)
         for _ in range(rounds):
             ours.append(session.timed_prefill(ours_ids[:n])[0])
+            if packaged:
+                packed.append(compiled_session.timed_prefill(ours_ids[:n], compiled=True)[0])
             if llm is not None and n <= len(theirs_ids):
                 llm.reset()
                 started = time.perf_counter()
                 llm.eval(theirs_ids[:n])
                 theirs.append((time.perf_counter() - started) * 1000.0)
         row = {"tokens": n, "kvscope_ms": statistics.median(ours)}
+        if packed:
+            row["compiled_ms"] = statistics.median(packed)
         if theirs:
             row["llama_cpp_ms"] = statistics.median(theirs)
         out.append(row)
     return out
+
+
+def prefill_cell(p: dict) -> str:
+    """One length's cell: eager / compiled / llama.cpp tok/s (a figure not measured is left out) and the best
+    of KVScope's over llama.cpp's."""
+    rates = {k: p["tokens"] / p[k] * 1000.0 for k in ("kvscope_ms", "compiled_ms", "llama_cpp_ms") if k in p}
+    cell = " / ".join(f"{rates[k]:,.0f}" if k in rates else "-" for k in ("kvscope_ms", "compiled_ms", "llama_cpp_ms"))
+    if "llama_cpp_ms" in rates:
+        best = max(rates.get("kvscope_ms", 0.0), rates.get("compiled_ms", 0.0))
+        cell += f" ({best / rates['llama_cpp_ms']:.2f})"
+    return cell
+
+
+def prefill_package_said(session) -> str:
+    """How the compiled session's prefill package came to be: built (how long), read, or why there is none."""
+    graph = session.compiled_prefill.graph if session.compiled_prefill else None
+    if graph is None:
+        return "none (not a CPU)"
+    if graph.step is None:
+        return f"none: {graph.error}"
+    return f"{'read' if graph.loaded else 'built'} in {graph.compile_ms / 1000:,.1f} s"
 
 
 def compile_launches(dtype: str, launches: int = 2) -> list[dict]:
@@ -190,6 +223,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--formats", nargs="+", choices=[fmt for fmt, _name, _ftype in PAIRS],
+                   default=[fmt for fmt, _name, _ftype in PAIRS], help="KVScope's weight formats to time (all)")
     p.add_argument("--launch-child", metavar="DTYPE", help=argparse.SUPPRESS)
     p.add_argument("--launches-only", action="store_true", help="only the fresh-process compile times")
     p.add_argument("--no-launches", dest="launches", action="store_false",
@@ -222,7 +257,7 @@ def main(argv: list[str] | None = None) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     ggufs = gguf_variants(folder) if llama_cpp is not None else {}
     rows = []
-    for fmt, name, _ftype in PAIRS:
+    for fmt, name, _ftype in [pair for pair in PAIRS if pair[0] in args.formats]:
         loaded = load("embedded", "cpu", fmt)
         session = Session(loaded)
         prompt = loaded.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}],
@@ -261,7 +296,8 @@ def main(argv: list[str] | None = None) -> dict:
                "kernel_gb_s": {k: v / 1e9 for k, v in loaded.kernel.reached_bytes_per_s().items()}
                if loaded.kernel else {},
                "lowest_cpu_share": min((r["cpu_share"] for r in ours + compiled if r["cpu_share"]), default=None),
-               "prefill": prefill_times(session, llm, PREFILL_LENGTHS, args.rounds)}
+               "prefill": prefill_times(session, compiled_session, llm, PREFILL_LENGTHS, args.rounds),
+               "prefill_package": prefill_package_said(compiled_session)}
         if static:
             row["static_decode_tok_s"] = statistics.median(r["decode_tok_s"] for r in static)
         if theirs:
@@ -301,20 +337,14 @@ def main(argv: list[str] | None = None) -> dict:
             ratio = f", {r['static_decode_tok_s'] / theirs:.2f} of llama.cpp" if theirs else ""
             print(f"{r['kvscope']}, eager over the static cache: {r['static_decode_tok_s']:.1f} tok/s{ratio}")
     print_kernels(rows)
-    print("prefill, one forward pass over the same text's first N tokens (KVScope forward / llama.cpp eval), "
-          "tok/s and KVScope / llama.cpp:")
+    print("prefill, one forward pass over the same text's first N tokens, tok/s: KVScope eager / compiled (the "
+          "prefill package) / llama.cpp eval, and KVScope's best / llama.cpp:")
     print("| KVScope weights | llama.cpp | " + " | ".join(f"{n} tokens" for n in PREFILL_LENGTHS) + " |")
     print("|---|---|" + "---:|" * len(PREFILL_LENGTHS))
     for r in rows:
-        cells = []
-        for p in r["prefill"]:
-            ours = p["tokens"] / p["kvscope_ms"] * 1000.0
-            if "llama_cpp_ms" in p:
-                theirs = p["tokens"] / p["llama_cpp_ms"] * 1000.0
-                cells.append(f"{ours:,.0f} / {theirs:,.0f} ({ours / theirs:.2f})")
-            else:
-                cells.append(f"{ours:,.0f}")
-        print(f"| {r['kvscope']} | {r.get('llama_cpp', '-')} | " + " | ".join(cells) + " |")
+        print(f"| {r['kvscope']} | {r.get('llama_cpp', '-')} | " + " | ".join(map(prefill_cell, r["prefill"])) + " |")
+    for r in rows:
+        print(f"prefill package ({r['kvscope']}): {r['prefill_package']}")
     for r in rows:
         how = "read the graph saved by an earlier launch" if r["compile_loaded"] else "built"
         print(f"compile, in this process ({r['kvscope']}): {r['compile_ms_in_process'] / 1000:,.1f} s ({how})")

@@ -58,7 +58,7 @@ def test_waiting_for_the_graph_compiles_every_decode_step_with_eagers_float32_to
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setattr(compiled, "_READ", {})                # nothing compiled before counts: this run builds
-    compiled._configure()
+    compiled.configure()
     compiled.saved_graph(compiled.graph_key(model.model, SHORTEST)).unlink(missing_ok=True)
     eager, _ = _run(Session(model), "hello world")
     session = Session(model)
@@ -207,7 +207,10 @@ def test_a_crafted_saved_graph_never_runs_is_kept_aside_and_a_later_launch_reads
                            timeout=600, env=dict(os.environ))
     assert child.returncode == 0, child.stderr[-2000:]
     launch = json.loads(child.stdout.strip().splitlines()[-1])
-    assert launch == {"loaded": True, "tokens": eager.summary.token_ids, "from": 1, "notes": []}
+    notes = launch.pop("notes")
+    assert launch == {"loaded": True, "tokens": eager.summary.token_ids, "from": 1}
+    assert len(notes) == 1 and notes[0].startswith("the compiled prefill package, saved by an earlier launch, "
+                                                   "was read in ")            # the first run's prefill went through it
     text = report(model.facts, s)
     assert "compile: building the compiled decode graph took" in text
 
@@ -283,7 +286,7 @@ def test_a_model_that_cannot_be_packaged_gets_the_graph_with_its_weights_as_inpu
 
     monkeypatch.setattr(torch.export, "export", refused)
     monkeypatch.setattr(compiled, "_READ", {})
-    compiled._configure()
+    compiled.configure()
     plain = compiled.saved_graph(compiled.graph_key(model.model, SHORTEST, package=False))
     package = compiled.saved_graph(compiled.graph_key(model.model, SHORTEST))
     for path in (plain, package):
@@ -327,7 +330,7 @@ def test_a_decode_step_that_cannot_be_compiled_ahead_of_time_is_compiled_for_thi
     monkeypatch.setattr(compiled, "_READ", {})
     monkeypatch.setattr(packaged, "MAX_BYTES", 0)              # a model too large for a package
     monkeypatch.delattr(torch.compiler, "skip_all_guards_unsafe")
-    compiled._configure()
+    compiled.configure()
     saved = compiled.saved_graph(compiled.graph_key(model.model, SHORTEST))
     assert saved.suffix == ".bin"
     saved.unlink(missing_ok=True)
@@ -350,7 +353,7 @@ def test_graphs_go_to_kvscopes_folder_even_after_torch_wrote_its_default_and_a_c
     script = ("import os, transformers.cache_utils\n"
               "from engine.model import compiled\n"
               "before = os.environ.get('TORCHINDUCTOR_CACHE_DIR')\n"
-              "compiled._configure()\n"
+              "compiled.configure()\n"
               "print(before); print(compiled.inductor_dir())\n")
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
     env["KVSCOPE_CACHE_DIR"] = str(tmp_path / "cache")

@@ -1,0 +1,140 @@
+"""A CPU's prefill as an AOTInductor package: one graph for every short prompt, the weights folded in.
+
+Why: a short prompt's prefill is a few hundred products and thousands of small operators around them, each
+called from Python (SmolLM2-135M, 32 tokens: some 5,800 operator calls), and on two cores those calls cost as much
+as the arithmetic. Compiled, the operators between the products are fused into a few dozen C++ kernels and the
+products run inductor's own GEMM kernels over weights packed once, chosen by timing them (``max_autotune``); the
+number of tokens stays symbolic, so one package serves every prompt from 2 to ``LONGEST`` tokens (a longer
+one's products are large enough for ATen's GEMM, and it prefills eagerly).
+
+The package starts from an empty cache and returns the prompt's keys and values for every layer beside the last
+position's logits; the caller writes them into the run's own cache with the cache's own ``update`` (a static
+cache of any length, or a growing one), so one package serves every run. It is built after a compiled run's
+decode graph, in the same thread (``engine.model.compiled``), and later runs prefill through it; what cannot be
+packaged (a model a package does not hold, a cache whose layers keep only part of the prompt) prefills eagerly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import torch
+
+from engine.model import compiled, kvcache, packaged
+
+SHORTEST = 2         # a one-token prompt prefills eagerly: export's symbolic sizes start at 2
+# Longer prompts prefill eagerly: their products are large enough that ATen's GEMM beats kernels tuned for a
+# symbolic number of rows, and the calls around them weigh little (SmolLM2 float32, 2-vCPU AMD EPYC, eager ->
+# package tok/s: 32 tokens 77 -> 216, 128 tokens 205 -> 254, 512 tokens 339 -> 264, 4,096 tokens 204 -> 127).
+LONGEST = 256
+PROBE_TOKENS = 8     # the prompt a build traces and a read package is called with once
+_BUILDING = threading.Lock()     # one prefill build at a time in a process: another session's waits, then reads it
+
+
+def prefill(model: Any, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What the package computes: ``ids`` (``[1, n]``) through ``model`` from an empty cache; the last
+    position's logits (``[1, 1, V]``), then each layer's keys and values (``[1, kv_heads, n, head_dim]``)."""
+    cache = kvcache.new_cache(model)
+    logits = kvcache.forward(model, ids, cache).logits
+    return (logits, *[t for layer in cache.layers for t in (layer.keys, layer.values)])
+
+
+def refused(model: Any) -> str | None:
+    """Why ``model``'s prefill cannot be packaged here, or None."""
+    from transformers.cache_utils import DynamicLayer
+
+    why = packaged.usable(model, widened=_widened_bytes(model))
+    if why is not None:
+        return why
+    kinds = {type(layer) for layer in kvcache.new_cache(model).layers}
+    if kinds != {DynamicLayer}:
+        return f"its cache's layers ({', '.join(sorted(k.__name__ for k in kinds))}) keep other than every position"
+    return None
+
+
+def _widened_bytes(model: Any) -> int:
+    """What the package's copy holds beyond the model's weights: int8 products go through the float GEMM in a
+    prefill (``engine.model.quantize``), so the package folds in their weights widened to the activations'
+    float."""
+    from engine.model.quantize import Int8Linear
+
+    return sum(m.weight_int8.numel() * (m.scales.element_size() - 1) for m in model.modules()
+               if isinstance(m, Int8Linear))
+
+
+class CompiledPrefill:
+    """The model's prefill package: ``graph`` is built once (``build``, in the thread that builds decode graphs)
+    and, once ready without error, ``run`` prefills through it."""
+
+    def __init__(self, model: Any, longest: int = LONGEST) -> None:
+        self.model, self.longest = model, longest
+        self.graph: compiled.Graph | None = None      # None: never asked for
+        self._lock = threading.Lock()                  # guards graph: a run's thread and a build's may ask at once
+
+    def ready(self, n_tokens: int) -> bool:
+        """Whether a prompt of ``n_tokens`` can prefill through the package now."""
+        graph = self.graph
+        return (graph is not None and graph.ready.is_set() and graph.step is not None
+                and SHORTEST <= n_tokens <= self.longest)
+
+    def read_saved(self) -> float | None:
+        """Read the package if an earlier launch saved it and this session has not asked for it yet, so a run's
+        prefill can go through it before any graph is built: the time it took (ms), or None (nothing read)."""
+        if self.graph is not None or refused(self.model) is not None:
+            return None
+        configured = compiled.configure()
+        if not self.saved():
+            return None
+        graph = self.build(configured)
+        return graph.compile_ms if graph.step is not None else None
+
+    def saved(self) -> bool:
+        """Whether the package was read or built in this process, or saved by an earlier launch."""
+        return compiled.known(self.key()) or compiled.saved_graph(self.key()).exists()
+
+    def key(self) -> str:
+        return compiled.graph_key(self.model, self.longest, package=True, step=prefill)
+
+    def build(self, note: str = "") -> compiled.Graph:
+        """Read or build the package (once per session; a later call returns what the first found)."""
+        with self._lock:
+            if self.graph is not None:
+                return self.graph
+            graph = self.graph = compiled.Graph(0)
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                note = note or compiled.configure()
+                why = refused(self.model)
+                if why is not None:
+                    graph.error = why
+                    return graph
+                key = self.key()
+                ids = torch.zeros((1, PROBE_TOKENS), dtype=torch.long)
+                with _BUILDING:
+                    step, graph.loaded, said = compiled.saved_package(
+                        key, lambda path: packaged.build_prefill(prefill, self.model, ids, self.longest, path,
+                                                                 compiled.inductor_dir()),
+                        lambda runner: runner, lambda runner: runner(ids))
+                if step is None:
+                    graph.error = said
+                else:
+                    graph.step, graph.note = step, "; ".join(n for n in (note, said) if n)
+            compiled.seal_inductor_cache()
+        except Exception as exc:  # noqa: BLE001  (a failed build leaves prefill eager; the run says why)
+            graph.step, graph.error = None, compiled.first_line(exc)
+        finally:
+            graph.compile_ms = (time.perf_counter() - started) * 1000.0
+            graph.ready.set()
+        return graph
+
+    def run(self, ids: torch.Tensor, cache: Any) -> torch.Tensor:
+        """``ids`` (``[1, n]``, the prompt's first pass: ``cache`` holds nothing yet) through the package, its
+        keys and values written into ``cache``; the last position's logits ``[V]``."""
+        assert self.graph is not None and self.graph.step is not None, "the package is not built"
+        logits, *kv = self.graph.step(ids)
+        for layer in range(len(kv) // 2):
+            cache.update(kv[2 * layer], kv[2 * layer + 1], layer)
+        return logits[0, -1]

@@ -1,0 +1,132 @@
+"""Compiled prefill: one package for every prompt length, built after a compiled run's decode graph, that the
+next compiled runs prefill through with eager's logits and cache, and that a run's events say it used."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from engine.facts.events import PrefillDone, RunFinished
+from engine.facts.params import GenerationParams
+from engine.model import compiled, kvcache, packaged
+from engine.model.compiled_prefill import SHORTEST, refused
+from engine.run.session import RunOptions, Session
+
+PARAMS = dict(max_new_tokens=4, temperature=0.0, static_cache=True, compiled=True, chat_template=False)
+
+
+@pytest.fixture
+def model(tiny_model_dir):
+    """A model of its own (its packages fold in its weights)."""
+    from engine.model.models import load
+
+    return load(str(tiny_model_dir), "cpu", "float32")
+
+
+def _run(session: Session, prompt: str, before_step=None, **params) -> tuple[RunFinished, PrefillDone]:
+    events: list = []
+    result = session.run(prompt, GenerationParams(**{**PARAMS, **params}), events.append, before_step=before_step)
+    assert isinstance(result, RunFinished), result
+    [prefill] = [e for e in events if isinstance(e, PrefillDone)]
+    return result, prefill
+
+
+def test_a_compiled_run_builds_the_prefill_package_after_its_graph_and_the_next_prefills_through_it(model):
+    """The first compiled run prefills eagerly (nothing is built yet) and builds the package after its decode
+    graph; the next compiled run's prefill goes through it, says so, and chooses eager's greedy tokens; an eager
+    run and a one-token prompt never use it."""
+    session = Session(model)
+    first, first_prefill = _run(session, "the cache grows")
+    graph = session.compiled_prefill.graph
+    assert graph is not None and graph.ready.is_set() and graph.error is None, graph and graph.error
+    assert not first_prefill.compiled
+    second, second_prefill = _run(session, "the cache grows")
+    eager, eager_prefill = _run(session, "the cache grows", compiled=False, static_cache=False)
+    assert second_prefill.compiled and not eager_prefill.compiled
+    assert second.summary.token_ids == first.summary.token_ids == eager.summary.token_ids
+    one_token = session.tokenizer.decode(session.encode("the", chat_template=False)[:1])
+    assert len(session.encode(one_token, chat_template=False)) < SHORTEST
+    assert not _run(session, one_token)[1].compiled
+
+
+@pytest.mark.parametrize("length", [2, 9, 40])
+def test_the_package_gives_eagers_logits_and_fills_a_static_or_growing_cache_as_eager_does(model, length):
+    """One package for every length: its logits are eager's and the keys and values it writes into the run's
+    cache (static, or growing) are eager's, position for position, with the cache's length where eager left it."""
+    session = Session(model)
+    graph = session.compiled_prefill.build()
+    assert graph.error is None, graph.error
+    ids = torch.randint(3, model.model.config.vocab_size, (1, length))
+    with torch.inference_mode():
+        for allocated in (compiled.SHORTEST, 0):
+            ours_logits, ours = session.packaged_prefill(ids, allocated)
+            theirs_logits, theirs = session.prefill(ids, True, None, allocated)
+            torch.testing.assert_close(ours_logits, theirs_logits)
+            assert ours.get_seq_length() == theirs.get_seq_length() == length
+            for a, b in zip(ours.layers, theirs.layers):
+                torch.testing.assert_close(a.keys[:, :, :length], b.keys[:, :, :length])
+                torch.testing.assert_close(a.values[:, :, :length], b.values[:, :, :length])
+            # the next decode step reads the package's cache as it reads eager's
+            step = torch.tensor([[5]])
+            at = torch.tensor([[length]])
+            torch.testing.assert_close(
+                kvcache.forward(model.model, step, ours, positions=at).logits,
+                kvcache.forward(model.model, step, theirs, positions=at).logits)
+
+
+def test_a_read_package_is_the_one_built_and_a_model_it_cannot_hold_prefills_eagerly_saying_why(model, monkeypatch):
+    """A second session of the same weights reads the package the first built (nothing built again); a model
+    over a package's bound is refused with the reason, and its compiled runs prefill eagerly."""
+    built = Session(model).compiled_prefill.build()
+    again = Session(model).compiled_prefill.build()
+    assert built.error is None and again.loaded and again.step is built.step
+    monkeypatch.setattr(packaged, "MAX_BYTES", 0)
+    assert refused(model.model).startswith("its weights (")
+    session = Session(model)
+    graph = session.compiled_prefill.build()
+    assert graph.step is None and graph.error.startswith("its weights (")
+    assert not _run(session, "the cache grows")[1].compiled
+
+
+def test_a_later_launchs_first_compiled_run_prefills_through_the_package_an_earlier_one_saved(model, monkeypatch):
+    """A package saved by an earlier launch is read before the first compiled run's prompt goes through, so that
+    run's prefill is compiled already; the run's compile time includes the reading."""
+    assert Session(model).compiled_prefill.build().error is None          # an earlier launch built and saved it
+    monkeypatch.setattr(compiled, "_READ", {})                           # a new process has read nothing
+    session = Session(model)
+    result, prefill = _run(session, "the cache grows")
+    graph = session.compiled_prefill.graph
+    assert prefill.compiled and graph.loaded and graph.compile_ms > 0
+    assert result.summary.compile_ms >= graph.compile_ms
+
+
+def test_a_window_run_says_its_compiled_steps_ran_beside_the_prefill_packages_build(model, monkeypatch):
+    """The window's way: the thread that built the decode graph goes on with the prefill package while decode
+    runs through the graph, on the same cores; the run says from which step (a build that takes minutes is
+    held here until the run has ended)."""
+    from engine.model.compiled_prefill import CompiledPrefill
+
+    release, built = threading.Event(), []
+
+    def held_build(_self, note: str = "") -> compiled.Graph:
+        built.append(release.wait(300))
+        return compiled.Graph(0)
+
+    monkeypatch.setattr(CompiledPrefill, "saved", lambda _self: False)        # nothing saved: it must be built
+    monkeypatch.setattr(CompiledPrefill, "build", held_build)
+    session = Session(model, RunOptions(compile_in_background=True))
+
+    def before_step(step: int) -> None:
+        if step == 2:
+            [graph] = session.compiled.graphs()
+            assert graph.ready.wait(300)
+
+    result, _prefill = _run(session, "the cache grows", before_step=before_step)
+    release.set()
+    notes = result.summary.notes
+    assert result.summary.compiled_from_step == 2
+    assert any(n.startswith("from step 2 the compiled prefill package was built beside the decode") for n in notes)
+    quiet, _ = _run(Session(model), "the cache grows")           # waiting for its graph: no decode beside a build
+    assert not any("built beside the decode" in n for n in quiet.summary.notes)
