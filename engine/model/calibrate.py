@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
 from engine.facts.contention import LoadMeter, busy
+from engine.model.hardware import native_bf16
 from engine.store import machine_cache
 
 CANDIDATES = {"cpu": ("float32", "bfloat16"), "cuda": ("float32", "bfloat16", "float16"), "mps": ("float32", "float16")}
@@ -66,19 +66,6 @@ class Calibration:
             return f"float32{of}: the others were slower here{native} ({slower} the speed, measured)"
         return (f"{best.dtype}{of}: {base.decode_ms / best.decode_ms:.1f}x the decode and "
                 f"{base.prefill_ms / best.prefill_ms:.1f}x the prefill speed of float32{native} (measured)")
-
-
-def native_bf16(device: torch.device) -> bool | None:
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type != "cpu":
-        return None
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")),
-                     "")
-    except OSError:
-        return None
-    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
 def _layer(hidden: int, intermediate: int, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:

@@ -151,3 +151,17 @@ def implausible(peaks: HardwarePeaks, achieved_flops_per_s: float, achieved_byte
 
 def as_device(peaks: HardwarePeaks) -> Device:
     return Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
+
+
+def native_bf16(device: torch.device) -> bool | None:
+    """Whether ``device`` computes bfloat16 natively (a CPU: AVX512_BF16 or AMX units; else it is emulated)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return None
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")),
+                     "")
+    except OSError:
+        return None
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))

@@ -37,7 +37,7 @@ def _gemm_dtype(act_dtype: torch.dtype, device_type: str) -> torch.dtype:
     """The float a prefill's widened int8 product runs in: the activations' own, except bfloat16 on a CPU
     without bf16 units, where the GEMM emulates it (SmolLM2's 32 x 576 x 1536 product, 2-vCPU AMD EPYC:
     bfloat16 3.9 ms, float32 1.9 ms); the output goes back to the activations' float."""
-    from engine.model.calibrate import native_bf16
+    from engine.model.hardware import native_bf16
 
     if act_dtype == torch.bfloat16 and device_type == "cpu" and not native_bf16(torch.device("cpu")):
         return torch.float32

@@ -1,6 +1,7 @@
 """Weight formats side by side: KVScope's float32 / bfloat16 / int8 / int4, eager and compiled (torch.compile over
 the static cache), against llama.cpp (llama-cpp-python, bench-only) at the nearest bit widths,
-on the same weights, prompt and thread count; and what compiling costs on a machine's first launch and later ones.
+on the same weights, prompt and thread count; prefill eager and through the compiled prefill package (a compiled
+run's, up to its longest prompt); and what compiling costs on a machine's first launch and later ones.
 
 Every GGUF is made from the embedded SmolLM2 Q4_1 GGUF with llama.cpp's own ``llama_model_quantize``
 (requantizing): F32, BF16, Q8_0 and Q4_0 hold the same dequantized values KVScope converts to float32, so
