@@ -15,6 +15,7 @@ kernels (``engine.model.quantize``).
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -75,8 +76,19 @@ KERNELS = tuple(CANDIDATES)
 
 
 def candidates(dtype: torch.dtype) -> list[Kernel]:
-    """The kernels this torch has for weights in ``dtype``, ATen's first."""
-    return [k for k in CANDIDATES.values() if dtype in k.dtypes and k.available()]
+    """The kernels this torch has for weights in ``dtype`` on this CPU, ATen's first."""
+    return [k for k in CANDIDATES.values() if dtype in k.dtypes and k.available() and _packs(k.name, dtype)]
+
+
+@functools.cache
+def _packs(name: str, dtype: torch.dtype) -> bool:
+    """Whether the kernel packs a weight in ``dtype`` on this CPU: oneDNN refuses bfloat16 without AVX-512 (BW,
+    VL, DQ) or AVX-NE-CONVERT ("bf16 path needs the cpu support ..."), an AVX2-only AMD EPYC for one."""
+    try:
+        CANDIDATES[name].pack(torch.zeros((16, 16), dtype=dtype))
+    except RuntimeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -156,6 +168,9 @@ def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
             if type(child) is nn.Linear]
 
 
+NO_OTHER = "this torch has no other kernel for its format on this CPU"
+
+
 def usable(model: nn.Module) -> str | None:
     """Why no other kernel can stand in for ATen's in this model's layers, or None."""
     linears = _linears(model)
@@ -170,7 +185,7 @@ def usable(model: nn.Module) -> str | None:
     if dtypes - set(DTYPES) or len(dtypes) > 1:
         return "its weights are not all in one float format"
     if len(candidates(dtypes.pop())) < 2:
-        return "this torch has no other kernel for its format"
+        return NO_OTHER
     from engine.model.memory import copy_refused
 
     return copy_refused("the packed copy of its weights", sum(child.weight.nbytes for _p, _n, child in linears))
@@ -246,6 +261,8 @@ def choose(model: nn.Module, device_name: str, measuring: Any = lambda: None) ->
         unknown = f"{ENV}={wanted[:20]} is not one of {', '.join(CANDIDATES)} or auto: chosen as auto"
         wanted = "auto"
     why = usable(model)
+    if why == NO_OTHER and wanted in CANDIDATES and wanted != "aten":
+        why = f"{ENV}={wanted}: that kernel has nothing for this format here"
     if why is not None or wanted == "aten":
         return KernelChoice("aten", reason=f"products through ATen's linear ({why or f'{ENV}=aten'})")
     linears = _linears(model)

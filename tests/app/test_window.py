@@ -314,7 +314,7 @@ def test_a_compiled_run_starts_at_once_and_the_charts_mark_the_step_where_decode
 
     session = window.client.worker.session
     monkeypatch.setattr(compiled_graphs, "_READ", {})          # built here, not read from an earlier test's
-    compiled_graphs._configure()
+    compiled_graphs.configure()
     compiled_graphs.saved_graph(compiled_graphs.graph_key(session.model, compiled_graphs.SHORTEST)).unlink(
         missing_ok=True)
     compiled = session.compiled

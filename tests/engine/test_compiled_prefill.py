@@ -33,19 +33,27 @@ def _run(session: Session, prompt: str, before_step=None, **params) -> tuple[Run
     return result, prefill
 
 
-def test_a_compiled_run_builds_the_prefill_package_after_its_graph_and_the_next_prefills_through_it(model):
-    """The first compiled run prefills eagerly (nothing is built yet) and builds the package after its decode
-    graph; the next compiled run's prefill goes through it, says so, and chooses eager's greedy tokens; an eager
-    run and a one-token prompt never use it."""
+def test_a_compiled_run_prefills_eagerly_until_the_package_is_there_and_through_it_after_with_eagers_tokens(
+        model, monkeypatch):
+    """Before a package is built or saved a compiled run prefills eagerly (the build, held here, comes after its
+    graph); once the package is built (or read: an earlier test may have saved it) the next compiled run's
+    prefill goes through it, says so, and chooses eager's greedy tokens; an eager run and a one-token prompt
+    never use it."""
+    from engine.model.compiled_prefill import CompiledPrefill
+
+    with monkeypatch.context() as held:
+        held.setattr(CompiledPrefill, "saved", lambda _self: False)
+        held.setattr(CompiledPrefill, "build", lambda _self, note="": compiled.Graph(0))    # never ready
+        before, before_prefill = _run(Session(model), "the cache grows")
+    assert not before_prefill.compiled
     session = Session(model)
-    first, first_prefill = _run(session, "the cache grows")
+    _run(session, "the cache grows")                    # builds the package after its graph, or reads it
     graph = session.compiled_prefill.graph
     assert graph is not None and graph.ready.is_set() and graph.error is None, graph and graph.error
-    assert not first_prefill.compiled
-    second, second_prefill = _run(session, "the cache grows")
+    after, after_prefill = _run(session, "the cache grows")
     eager, eager_prefill = _run(session, "the cache grows", compiled=False, static_cache=False)
-    assert second_prefill.compiled and not eager_prefill.compiled
-    assert second.summary.token_ids == first.summary.token_ids == eager.summary.token_ids
+    assert after_prefill.compiled and not eager_prefill.compiled
+    assert after.summary.token_ids == before.summary.token_ids == eager.summary.token_ids
     one_token = session.tokenizer.decode(session.encode("the", chat_template=False)[:1])
     assert len(session.encode(one_token, chat_template=False)) < SHORTEST
     assert not _run(session, one_token)[1].compiled
