@@ -57,7 +57,7 @@ class GenerationParams:
         "--static-cache", "static", "allocate the KV cache for prompt + new tokens up front (what compiled "
         "decode needs)")] = False
     compiled: Annotated[bool, Setting(
-        "--compile", "compiled decode", "decode through torch.compile over the static cache, rounded up to a "
+        "--compile", "compiled", "decode through torch.compile over the static cache, rounded up to a "
         "power of two (CUDA graphs on a GPU; implies --static-cache); the graph's build time is reported apart "
         "from decode. On a CPU decoding starts at once, eagerly, while the graph is built beside it, and switches "
         "to it at the next step: the timing charts mark where; after the graph a prefill package is built, and "
