@@ -243,7 +243,9 @@ def test_a_publisher_that_floods_is_read_at_a_bounded_rate_and_the_rest_said_dro
         heard = list(subscriber.read(0.8))
         stop.set()
         flood.join()
-        assert subscriber.dropped > 0 and len(heard) <= 60 * max(len(kv_events.decode(RECORDED[0])[0]), 1)
+        # at most 50 messages in any second, the ones heard before the flood counted too (a fixed window let
+        # up to twice that through when its edge fell inside the read)
+        assert subscriber.dropped > 0 and len(heard) <= 50 * max(len(kv_events.decode(RECORDED[0])[0]), 1)
         assert any("more than 50 messages a second" in note for note in subscriber.notes)
     finally:
         subscriber.close()
