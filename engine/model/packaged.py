@@ -37,6 +37,9 @@ from torch import nn
 # one over 2 GB is past what a shared library's 32-bit offsets reach.
 MAX_BYTES = 1 << 30
 OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+# Inductor writes every product's autotuning table to stderr (six lines a product, hundreds for SmolLM2): noise in
+# a user's terminal. Not in OPTIONS, which name the graph: they change what is printed, not what is computed.
+QUIET = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 _DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -150,7 +153,7 @@ def _compile(exported: Any, path: Path, inductor_cache: Path) -> None:
     fd, partial = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial.pt2")
     os.close(fd)
     try:
-        torch._inductor.aoti_compile_and_package(exported, package_path=partial, inductor_configs=dict(OPTIONS))
+        torch._inductor.aoti_compile_and_package(exported, package_path=partial, inductor_configs={**OPTIONS, **QUIET})
         os.replace(partial, path)
     finally:
         Path(partial).unlink(missing_ok=True)

@@ -47,10 +47,11 @@ def test_cache_length_rounds_up_to_a_power_of_two_within_the_context():
 
 
 def test_waiting_for_the_graph_compiles_every_decode_step_with_eagers_float32_tokens_and_the_build_apart(
-        model, monkeypatch):
+        model, monkeypatch, capfd):
     """The CLI's way: the graph is built before the first decode step (timed as compile, in no step), every
     decode step is compiled and its greedy tokens are eager's; the graph is saved in KVScope's cache folder, and
-    nothing it was built from is left in inductor's (a package's library holds a copy of the weights)."""
+    nothing it was built from is left in inductor's (a package's library holds a copy of the weights). The build
+    writes none of inductor's autotuning tables to the terminal."""
     import zipfile
 
     from engine.model import compiled
@@ -62,7 +63,10 @@ def test_waiting_for_the_graph_compiles_every_decode_step_with_eagers_float32_to
     compiled.saved_graph(compiled.graph_key(model.model, SHORTEST)).unlink(missing_ok=True)
     eager, _ = _run(Session(model), "hello world")
     session = Session(model)
+    capfd.readouterr()
     result, steps = _run(session, "hello world", compiled=True)
+    printed = capfd.readouterr()
+    assert "AUTOTUNE" not in printed.err + printed.out and "Autotune Choices" not in printed.err + printed.out
     s = result.summary
     assert s.token_ids == eager.summary.token_ids
     assert s.compiled_from_step == 1 and s.compile_ms > 0 and not s.compile_loaded
