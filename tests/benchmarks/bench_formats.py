@@ -173,7 +173,7 @@ def launch_child(dtype: str) -> None:
     session = Session(load("embedded", "cpu", dtype))
     s = session.run(PROMPT, GenerationParams(max_new_tokens=32, **COMPILED)).summary
     print(json.dumps({"compile_ms": s.compile_ms, "decode_tok_s": s.decode_tok_s, "loaded": s.compile_loaded,
-                      "token_ids": s.token_ids}))
+                      "prefill_package": prefill_package_said(session), "token_ids": s.token_ids}))
 
 
 def all_launches() -> dict[str, list[dict]]:
@@ -185,7 +185,9 @@ def print_launches(launches: dict[str, list[dict]]) -> dict:
         print(f"compile, fresh processes over one graph cache ({name}): "
               + ", then ".join(f"{x['compile_ms'] / 1000:,.1f} s"
                                + (" (read the saved graph)" if x.get("loaded") else " (built)") for x in runs)
-              + " (first launch, then later); decode " + ", ".join(f"{x['decode_tok_s']:.1f}" for x in runs)
+              + " (first launch, then later); prefill package "
+              + ", then ".join(x.get("prefill_package", "?") for x in runs)
+              + "; decode " + ", ".join(f"{x['decode_tok_s']:.1f}" for x in runs)
               + " tok/s; greedy tokens "
               + ("the same in every launch" if len({tuple(x["token_ids"]) for x in runs}) == 1 else "DIFFER"))
     return {"compile_launches": launches}
