@@ -34,12 +34,13 @@ is saved as an AOTInductor package instead: exported, its weights folded into th
 freezing) so that inductor packs them for its own C++ GEMM kernels, each chosen by timing at its shape; a whole
 bfloat16 step went from 19.3 to 12.8 ms (SmolLM2, same VM), the package is read in about 2 s, and it is the
 model's own (its name carries a digest of the weights). Dynamo's saved graphs cannot hold frozen weights, and an
-in-process frozen compile is built again at every launch (71 s), so freezing has no other path. After a graph,
-the same thread reads or builds the model's prefill package (``then``: ``engine.model.compiled_prefill``), which
-later compiled runs prefill through; a run that waits for its graph waits for that too (compile time, in no
-step). On a GPU the graph
-is built in the calling thread (CUDA graphs are recorded per thread), with CUDA graphs replaying a decode step as
-one launch.
+in-process frozen compile is built again at every launch (71 s), so freezing has no other path. A package
+whose build failed (export refused the model, a kernel did not compile) leaves its reason beside where it would
+have been, and later launches take the fallback at once, saying why, instead of failing the same way for
+minutes. After a graph, the same thread reads or builds the model's prefill package (``then``:
+``engine.model.compiled_prefill``), which later compiled runs prefill through; a run that waits for its graph
+waits for that too (compile time, in no step). On a GPU the graph is built in the calling thread (CUDA graphs
+are recorded per thread), with CUDA graphs replaying a decode step as one launch.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from typing import Any
 import torch
 
 from engine.model import kernels, kvcache, packaged
-from engine.store import sealed  # kernels: registers the packed products' operators a graph calls
+from engine.store import files, sealed  # kernels: registers the packed products' operators a graph calls
 from engine.store.paths import compiled_graphs_dir
 
 SHORTEST = 256          # the smallest static cache a compiled run allocates
@@ -68,6 +69,7 @@ SHORTEST = 256          # the smallest static cache a compiled run allocates
 RECOMPILE_LIMIT = 32
 SAVED = "kvscope-decode"     # the folder, among torch.compile's caches, of the saved graphs
 PACKAGE = "package"          # a saved graph that is an AOTInductor package with the weights in it
+FAILED = ".failed"           # beside a package whose build failed: the reason (``failed_build``)
 GRAPH = "a saved compiled graph"
 INDUCTOR = "torch.compile's cache folder"
 CPU_OPTIONS = {"cpp_wrapper": True}      # inductor's options for a CPU's graph (see above); in the graph's name
@@ -355,15 +357,50 @@ def saved_package(key: str, build: Callable[[Path], None], wrap: Callable[[Any],
     if step is not None:
         return step, True, note
     path = saved_graph(key)
+    marker = failed_build(key)
+    earlier = _earlier_failure(marker)
+    if earlier is not None:
+        return None, False, _joined(note, f"not packaged with its weights: its build failed on an earlier launch "
+                                          f"({earlier}); delete {marker} to try again")
     try:
         build(path)
         sealed.seal(path, GRAPH)
         step = wrap(packaged.load(path))
     except Exception as exc:  # noqa: BLE001  (export or AOTInductor refused the model: the caller's fallback)
         path.unlink(missing_ok=True)
-        return None, False, _joined(note, f"not packaged with its weights ({first_line(exc)})")
+        reason = first_line(exc)
+        if _lasting(exc):
+            try:
+                files.write_text(marker, reason + "\n")
+            except OSError:
+                pass                            # not remembered: the next launch tries again
+        return None, False, _joined(note, f"not packaged with its weights ({reason})")
     _remember(key, step)
     return step, False, note
+
+
+def failed_build(key: str) -> Path:
+    """Where a package build that failed leaves its reason: a failed build can take minutes (export, then a C++
+    compile per product), and with the same ``key`` (the same model, code, torch and CPU) it fails the same way
+    at every launch, so later launches read the reason instead of trying again."""
+    path = saved_graph(key)
+    return path.with_name(path.name + FAILED)
+
+
+def _earlier_failure(marker: Path) -> str | None:
+    """The reason an earlier launch's build failed, or None; a marker that cannot be read is no marker."""
+    try:
+        if marker.is_file():
+            return marker.read_text(errors="replace").strip()[:300] or "no reason given"
+    except OSError:
+        pass
+    return None
+
+
+def _lasting(exc: BaseException) -> bool:
+    """Whether a failed build would fail again with the same key: not for a full disk, a file that could not be
+    written or a compiler not found (``OSError``), nor for memory that ran out, which another launch may have."""
+    return not isinstance(exc, (OSError, MemoryError)) and "out of memory" not in str(exc).lower()
 
 
 def _read_saved(key: str, check: Callable[[Path], Any], read: Callable[[Path, Any], Any],

@@ -295,15 +295,59 @@ def test_a_model_that_cannot_be_packaged_gets_the_graph_with_its_weights_as_inpu
     package = compiled.saved_graph(compiled.graph_key(model.model, SHORTEST))
     for path in (plain, package):
         path.unlink(missing_ok=True)
-    eager, _ = _run(Session(model), "hello world")
-    session = Session(model)
-    result, steps = _run(session, "hello world", compiled=True)
-    s = result.summary
-    assert s.token_ids == eager.summary.token_ids and all(step.compiled for step in steps)
-    assert any("not packaged with its weights (RuntimeError: export refused this model)" in n for n in s.notes)
-    assert plain.exists() and not package.exists()
-    [graph] = session.compiled.graphs()
-    _step_against_eager(session, graph)
+    try:
+        eager, _ = _run(Session(model), "hello world")
+        session = Session(model)
+        result, steps = _run(session, "hello world", compiled=True)
+        s = result.summary
+        assert s.token_ids == eager.summary.token_ids and all(step.compiled for step in steps)
+        assert any("not packaged with its weights (RuntimeError: export refused this model)" in n for n in s.notes)
+        assert plain.exists() and not package.exists()
+        [graph] = session.compiled.graphs()
+        _step_against_eager(session, graph)
+    finally:             # the refusal is remembered beside the package: later tests of this model build theirs
+        for marker in package.parent.glob(f"*{compiled.FAILED}"):
+            marker.unlink()
+
+
+def test_a_package_build_that_failed_is_not_tried_again_until_its_reason_is_deleted_but_a_full_disk_is(
+        monkeypatch):
+    """A failed build can take minutes and, with the same model, code and torch, fails the same way next launch:
+    its reason is kept and said instead. A full disk, or memory that ran out, may not be there next time."""
+    from engine.model import compiled
+
+    monkeypatch.setattr(compiled, "_READ", {})
+    compiled.configure()
+    key = "NeverBuilt-256-package-" + "f" * 24
+    builds: list = []
+
+    def failing(error: Exception):
+        def build(path):
+            builds.append(path)
+            raise error
+        return build
+
+    def package(build):
+        return compiled.saved_package(key, build, lambda runner: runner, lambda step: None)
+
+    refused, full = failing(RuntimeError("export refused this model")), failing(OSError(28, "No space left"))
+    marker = compiled.failed_build(key)
+    marker.unlink(missing_ok=True)
+    step, loaded, said = package(refused)
+    assert step is None and not loaded and said == "not packaged with its weights (RuntimeError: export refused " \
+        "this model)" and len(builds) == 1 and marker.is_file()
+    step, loaded, said = package(refused)
+    assert step is None and len(builds) == 1
+    assert said == (f"not packaged with its weights: its build failed on an earlier launch (RuntimeError: export "
+                    f"refused this model); delete {marker} to try again")
+    marker.unlink()
+    package(refused)
+    assert len(builds) == 2 and marker.is_file()
+    marker.unlink()
+    for _ in range(2):
+        step, _loaded, said = package(full)
+        assert step is None and "No space left" in said and not marker.exists()
+    assert len(builds) == 4
 
 
 def test_a_model_over_the_bound_is_not_packaged_and_the_digest_follows_every_weight(tiny_model_dir, monkeypatch):
