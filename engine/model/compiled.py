@@ -59,8 +59,8 @@ from typing import Any
 
 import torch
 
-from engine.model import kernels, kvcache, packaged
-from engine.store import files, sealed  # kernels: registers the packed products' operators a graph calls
+from engine.model import kernels, kvcache, packaged  # kernels: registers the packed products' operators a graph calls
+from engine.store import sealed
 from engine.store.paths import compiled_graphs_dir
 
 SHORTEST = 256          # the smallest static cache a compiled run allocates
@@ -71,6 +71,7 @@ SAVED = "kvscope-decode"     # the folder, among torch.compile's caches, of the 
 PACKAGE = "package"          # a saved graph that is an AOTInductor package with the weights in it
 FAILED = ".failed"           # beside a package whose build failed: the reason (``failed_build``)
 GRAPH = "a saved compiled graph"
+FAILURE = "a failed package build's reason"
 INDUCTOR = "torch.compile's cache folder"
 CPU_OPTIONS = {"cpp_wrapper": True}      # inductor's options for a CPU's graph (see above); in the graph's name
 _CHECKED: dict[str, str] = {}    # inductor folders checked in this process, and what the check found
@@ -371,8 +372,8 @@ def saved_package(key: str, build: Callable[[Path], None], wrap: Callable[[Any],
         reason = first_line(exc)
         if _lasting(exc):
             try:
-                files.write_text(marker, reason + "\n")
-            except OSError:
+                sealed.write_sealed(marker, FAILURE, reason.encode())
+            except (OSError, sealed.Refused):
                 pass                            # not remembered: the next launch tries again
         return None, False, _joined(note, f"not packaged with its weights ({reason})")
     _remember(key, step)
@@ -388,13 +389,14 @@ def failed_build(key: str) -> Path:
 
 
 def _earlier_failure(marker: Path) -> str | None:
-    """The reason an earlier launch's build failed, or None; a marker that cannot be read is no marker."""
+    """The reason an earlier launch's build failed, or None: sealed like every file KVScope reads back, so a
+    marker it did not write (refused, put aside) or cannot read is no marker, and the build is tried."""
+    if not marker.exists():
+        return None
     try:
-        if marker.is_file():
-            return marker.read_text(errors="replace").strip()[:300] or "no reason given"
-    except OSError:
-        pass
-    return None
+        return sealed.read_sealed(marker, FAILURE).decode(errors="replace").strip()[:300] or "no reason given"
+    except (OSError, sealed.Refused):
+        return None
 
 
 def _lasting(exc: BaseException) -> bool:

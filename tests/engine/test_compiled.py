@@ -306,7 +306,7 @@ def test_a_model_that_cannot_be_packaged_gets_the_graph_with_its_weights_as_inpu
         [graph] = session.compiled.graphs()
         _step_against_eager(session, graph)
     finally:             # the refusal is remembered beside the package: later tests of this model build theirs
-        for marker in package.parent.glob(f"*{compiled.FAILED}"):
+        for marker in package.parent.glob(f"*{compiled.FAILED}*"):          # and its seal
             marker.unlink()
 
 
@@ -348,6 +348,11 @@ def test_a_package_build_that_failed_is_not_tried_again_until_its_reason_is_dele
         step, _loaded, said = package(full)
         assert step is None and "No space left" in said and not marker.exists()
     assert len(builds) == 4
+    step, _loaded, said = package(failing(MemoryError()))
+    assert step is None and said.startswith("not packaged with its weights (MemoryError") and not marker.exists()
+    marker.write_text("RuntimeError: a reason KVScope never wrote\n")        # no seal: no marker, built again
+    step, _loaded, said = package(refused)
+    assert len(builds) == 6 and "never wrote" not in said
 
 
 def test_a_model_over_the_bound_is_not_packaged_and_the_digest_follows_every_weight(tiny_model_dir, monkeypatch):
