@@ -52,6 +52,7 @@ import os
 import sys
 import threading
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,8 +147,8 @@ def _bytecode(code: Any) -> str:
 
 def saved_graph(key: str) -> Path:
     """Beside inductor's caches (``TORCHINDUCTOR_CACHE_DIR``), which a saved graph reads its kernels from (without
-    them reading it compiles its C++ again: 12 s instead of 1); a package holds its own."""
-    return inductor_dir() / SAVED / f"{key}{'.pt2' if _is_package(key) else '.bin'}"
+    them reading it compiles its C++ again: 12 s instead of 1); a package's shared library holds its own."""
+    return inductor_dir() / SAVED / f"{key}{'.so' if _is_package(key) else '.bin'}"
 
 
 def _is_package(key: str) -> bool:
@@ -353,8 +354,10 @@ def saved_package(key: str, build: Callable[[Path], None], wrap: Callable[[Any],
     (checked, then loaded from the path checked, and called once by ``probe``), or built by ``build(path)``,
     sealed and read; and whether it was read, and what happened on the way. A package that cannot be built
     gives None and why (the caller falls back)."""
-    step, note = _read_saved(key, lambda path: sealed.check_sealed(path, GRAPH),
-                             lambda path, _checked: wrap(packaged.load(path)), probe)
+    note = _from_whole_package(key)
+    step, read_note = _read_saved(key, lambda path: sealed.check_sealed(path, GRAPH),
+                                  lambda path, _checked: wrap(packaged.load(path)), probe)
+    note = _joined(note, read_note)
     if step is not None:
         return step, True, note
     path = saved_graph(key)
@@ -378,6 +381,28 @@ def saved_package(key: str, build: Callable[[Path], None], wrap: Callable[[Any],
         return None, False, _joined(note, f"not packaged with its weights ({reason})")
     _remember(key, step)
     return step, False, note
+
+
+def _from_whole_package(key: str) -> str:
+    """KVScope saved whole packages (``KEY.pt2``) before it kept their libraries: a sealed one becomes its
+    library (read in a second or two, where a build takes minutes) and is deleted. Returns what went wrong, or
+    "" (a package refused or unreadable is left to the build, and said)."""
+    library = saved_graph(key)
+    package = library.with_suffix(".pt2")
+    if library.exists() or not package.exists():
+        return ""
+    try:
+        sealed.check_sealed(package, GRAPH)
+        packaged.library_from(package, library)
+        sealed.seal(library, GRAPH)
+    except sealed.Refused as exc:
+        return f"{exc}: compiled again"
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        library.unlink(missing_ok=True)
+        return f"the saved package {package} could not be read ({first_line(exc)}): compiled again"
+    for old in (package, package.with_name(package.name + sealed.SEAL)):
+        old.unlink(missing_ok=True)
+    return ""
 
 
 def failed_build(key: str) -> Path:

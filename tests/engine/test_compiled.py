@@ -49,11 +49,9 @@ def test_cache_length_rounds_up_to_a_power_of_two_within_the_context():
 def test_waiting_for_the_graph_compiles_every_decode_step_with_eagers_float32_tokens_and_the_build_apart(
         model, monkeypatch, capfd):
     """The CLI's way: the graph is built before the first decode step (timed as compile, in no step), every
-    decode step is compiled and its greedy tokens are eager's; the graph is saved in KVScope's cache folder, and
-    nothing it was built from is left in inductor's (a package's library holds a copy of the weights). The build
-    writes none of inductor's autotuning tables to the terminal."""
-    import zipfile
-
+    decode step is compiled and its greedy tokens are eager's; the package's library is saved in KVScope's cache
+    folder, and nothing it was built from is left in inductor's (the library holds a copy of the weights). The
+    build writes none of inductor's autotuning tables to the terminal."""
     from engine.model import compiled
     from engine.store.paths import compiled_graphs_dir
 
@@ -63,6 +61,7 @@ def test_waiting_for_the_graph_compiles_every_decode_step_with_eagers_float32_to
     compiled.saved_graph(compiled.graph_key(model.model, SHORTEST)).unlink(missing_ok=True)
     eager, _ = _run(Session(model), "hello world")
     session = Session(model)
+    before = set(compiled_graphs_dir().rglob("*"))
     capfd.readouterr()
     result, steps = _run(session, "hello world", compiled=True)
     printed = capfd.readouterr()
@@ -74,11 +73,12 @@ def test_waiting_for_the_graph_compiles_every_decode_step_with_eagers_float32_to
     assert max(step.latency_ms for step in steps) < s.compile_ms      # the build is in no step
     saved = compiled.saved_graph(compiled.graph_key(model.model, SHORTEST))
     assert saved.parent.parent == compiled_graphs_dir() and saved.stat().st_size > 0
-    with zipfile.ZipFile(saved) as package:                  # what it was built from is not left behind
-        built = {name.rsplit("/", 1)[-1].split(".")[0] for name in package.namelist() if "/aotinductor/" in name}
-    assert any(name.endswith(".so") for name in package.namelist())
-    left = [f for f in compiled_graphs_dir().rglob("*") if f.is_file() and f.name.split(".")[0] in built]
-    assert built and left == []
+    assert saved.suffix == ".so" and saved.read_bytes()[:4] == b"\x7fELF"        # the package's library alone
+    # what it was built from (AOTInductor's wrapper code and library, which holds a copy of the weights) is not
+    # left behind, nor the package
+    left = [f for f in set(compiled_graphs_dir().rglob("*")) - before if f.is_file() and f.parent != saved.parent
+            and ".wrapper" in f.name]
+    assert left == [] and [f.name for f in saved.parent.iterdir() if ".pt2" in f.name] == []
     text = report(session.facts, s)
     assert f"building the compiled decode graph took {s.compile_ms:,.0f} ms, before the first decode step" in text
     assert "decode compiled from step 1" in text.splitlines()
@@ -196,7 +196,9 @@ def test_a_crafted_saved_graph_never_runs_is_kept_aside_and_a_later_launch_reads
     assert path.stat().st_size > 0 and path.with_name(path.name + ".seal").exists()
     marker = tmp_path / "the planted pickle ran"
     crafted = pickle.dumps(Planted(str(marker)))
-    path.write_bytes(crafted)
+    planted = path.with_name("planted")
+    planted.write_bytes(crafted)
+    os.replace(planted, path)          # not written in place: this process has the package's library mapped from it
     monkeypatch.setattr(compiled, "_READ", {})                # as a new process: nothing read yet
     result, steps = _run(Session(model), "hello world", compiled=True)
     s = result.summary
@@ -217,6 +219,54 @@ def test_a_crafted_saved_graph_never_runs_is_kept_aside_and_a_later_launch_reads
                                                    "was read in ")            # the first run's prefill went through it
     text = report(model.facts, s)
     assert "compile: building the compiled decode graph took" in text
+
+
+def test_an_earlier_versions_sealed_package_becomes_its_library_unpacking_nothing_and_an_unsealed_one_is_refused(
+        model, tiny_model_dir, monkeypatch, tmp_path):
+    """KVScope saved whole AOTInductor packages (a zip around the shared library) before it kept the library
+    alone: a later launch reads a sealed one's library instead of building (eager's tokens), deletes the package
+    and loads the library where it lies, unpacking nothing into the temporary folder; a package without a seal
+    is refused, kept aside and never read."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import zipfile
+
+    from engine.model import compiled
+    from engine.store import sealed
+    from engine.store.paths import compiled_graphs_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(compiled_graphs_dir()))
+    eager, _ = _run(Session(model), "hello world")
+    _run(Session(model), "hello world", compiled=True)          # read, or built and saved
+    library = compiled.saved_graph(compiled.graph_key(model.model, SHORTEST))
+    package = library.with_suffix(".pt2")
+    with zipfile.ZipFile(package, "w") as archive:            # where AOTInductor's packages hold it
+        archive.write(library, "model/data/aotinductor/model/cabc.wrapper.so")
+        archive.writestr("model/data/aotinductor/model/cabc.wrapper.cpp", "")
+    sealed.seal(package, compiled.GRAPH)
+    for old in (library, library.with_name(library.name + sealed.SEAL)):
+        old.unlink()
+    temporary = tmp_path / "temporary"
+    temporary.mkdir()
+    child = subprocess.run([sys.executable, "-c", LAUNCH, str(tiny_model_dir)], capture_output=True, text=True,
+                           timeout=600, env={**os.environ, "TMPDIR": str(temporary)})
+    assert child.returncode == 0, child.stderr[-2000:]
+    launch = json.loads(child.stdout.strip().splitlines()[-1])
+    launch.pop("notes")
+    assert launch == {"loaded": True, "tokens": eager.summary.token_ids, "from": 1}
+    assert not package.exists() and not package.with_name(package.name + sealed.SEAL).exists()
+    sealed.check_sealed(library, compiled.GRAPH)                 # raises if the library is not sealed
+    assert list(temporary.iterdir()) == []
+
+    unsealed = compiled.saved_graph("LlamaForCausalLM-256-package-0").with_suffix(".pt2")
+    unsealed.write_bytes(package_bytes := b"PK\x05\x06" + bytes(18))
+    note = compiled._from_whole_package("LlamaForCausalLM-256-package-0")
+    assert note.startswith(f"a saved compiled graph {unsealed} is refused: KVScope did not write it")
+    assert note.endswith(f"kept aside as {unsealed}.refused: compiled again")
+    assert unsealed.with_name(unsealed.name + ".refused").read_bytes() == package_bytes
+    assert not unsealed.exists() and not unsealed.with_suffix(".so").exists()
 
 
 def test_a_graph_read_from_an_earlier_launch_is_reported_as_read_not_built(model):
@@ -272,7 +322,7 @@ def test_a_package_holds_its_models_weights_so_other_weights_get_their_own_and_e
     assert graphs[1].step is graphs[0].step and graphs[1].loaded                # the same weights built nothing
     assert graphs[2].step is not graphs[0].step
     keys = [compiled.graph_key(m.model, SHORTEST) for m in (model, again, other)]
-    assert keys[0] == keys[1] != keys[2] and all(compiled.saved_graph(k).suffix == ".pt2" for k in keys)
+    assert keys[0] == keys[1] != keys[2] and all(compiled.saved_graph(k).suffix == ".so" for k in keys)
     for loaded, graph in zip((model, other), (graphs[0], graphs[2])):
         _step_against_eager(Session(loaded), graph)
 
@@ -440,7 +490,8 @@ def test_exporting_a_package_traces_a_copy_and_never_swaps_the_live_models_weigh
         return compiled.decode_step(traced_model, token, position, cache)
 
     def package(_exported, package_path, inductor_configs):          # the compile is not what is tested here
-        zipfile.ZipFile(package_path, "w").close()
+        with zipfile.ZipFile(package_path, "w") as archive:
+            archive.writestr("step/data/aotinductor/model/step.wrapper.so", b"")
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", package)
     with torch.inference_mode():
@@ -448,6 +499,6 @@ def test_exporting_a_package_traces_a_copy_and_never_swaps_the_live_models_weigh
         token = torch.zeros((1, 1), dtype=torch.long)
         kvcache.forward(model.model, token, twin)
         packaged.build(step, (model.model, token, torch.ones((1, 1), dtype=torch.long), twin),
-                       tmp_path / "step.pt2", tmp_path / "inductor")
+                       tmp_path / "step.so", tmp_path / "inductor")
     assert live and all(live) and all(traced)          # the copy's weights were swapped, the live model's never
     assert all(a is b for a, b in zip(model.model.parameters(), weights))
