@@ -15,11 +15,13 @@ kernels (``engine.model.quantize``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import statistics
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,6 +144,22 @@ def _graph_op(kernel: Kernel) -> Any:
 GRAPH_OPS = {name: _graph_op(k) for name, k in CANDIDATES.items() if name != "aten"}
 
 
+_EXPORTING = threading.local()
+
+
+@contextlib.contextmanager
+def exporting() -> Iterator[None]:
+    """While this thread exports a step: packed layers multiply by their plain weights, which the export traces and
+    inductor packs for kernels of its own. Kept per thread, not read from torch's ``is_exporting`` (one flag for
+    the whole process): the window decodes eagerly beside an export, and that decode's products must still go
+    through the kernel chosen for them."""
+    _EXPORTING.active = True
+    try:
+        yield
+    finally:
+        _EXPORTING.active = False
+
+
 class PackedLinear(nn.Module):
     """``nn.Linear``'s product through another kernel over its weight packed once. The original weight is kept:
     MKL's kernel multiplies a prefill's many rows by it, the model's facts count it, and an exported step (a
@@ -156,7 +174,7 @@ class PackedLinear(nn.Module):
         self.packed = kernel.pack(linear.weight.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_exporting():
+        if getattr(_EXPORTING, "active", False):
             return torch.nn.functional.linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling():
             return GRAPH_OPS[self.kernel.name](x, self.packed, self.weight, self.bias)

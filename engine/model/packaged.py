@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.model import kernels
+
 # Weights a package may fold in: its shared library holds them packed (657 MB for 513 MB of float32 weights), and
 # one over 2 GB is past what a shared library's 32-bit offsets reach.
 MAX_BYTES = 1 << 30
@@ -135,8 +137,9 @@ def build(step: Callable[..., torch.Tensor], args: tuple, path: Path, inductor_c
     """Export ``step(model, token, position, cache)`` at ``args`` and compile it into the package ``path``
     (written atomically), leaving nothing of the build in ``inductor_cache``."""
     model, token, position, cache = args
-    exported = torch.export.export(_Exported(step, structure_copy(model), cache),
-                                   (token, position, *cache_tensors(cache)), strict=False)
+    with kernels.exporting():
+        exported = torch.export.export(_Exported(step, structure_copy(model), cache),
+                                       (token, position, *cache_tensors(cache)), strict=False)
     _compile(exported, path, inductor_cache)
 
 
@@ -145,8 +148,9 @@ def build_prefill(step: Callable[..., tuple[torch.Tensor, ...]], model: nn.Modul
     """Export ``step(model, ids)`` for any prompt of 2 to ``longest`` tokens (one graph whatever the length: the
     products' kernels are chosen for a symbolic number of rows) and compile it into the package ``path``."""
     tokens = torch.export.Dim("tokens", min=2, max=longest)
-    exported = torch.export.export(_Prefill(step, structure_copy(model)), (ids,), dynamic_shapes=({1: tokens},),
-                                   strict=False)
+    with kernels.exporting():
+        exported = torch.export.export(_Prefill(step, structure_copy(model)), (ids,),
+                                       dynamic_shapes=({1: tokens},), strict=False)
     _compile(exported, path, inductor_cache)
 
 

@@ -65,6 +65,56 @@ def test_packed_layers_keep_their_weights_for_the_facts_and_multiply_a_step_thro
     assert not torch.allclose(layer(step), step_expected)             # the step went through the packed copy
 
 
+def test_a_packed_layer_beside_another_threads_export_multiplies_through_its_packed_copy(
+        tiny_model_dir, monkeypatch, tmp_path):
+    """The window decodes eagerly while a package is exported beside it. Torch's export flag is one for the whole
+    process, so a layer that read it sent the eager decode's products through the plain weight (ATen) for as
+    long as the export traced; the layer now asks whether its own thread exports."""
+    import threading
+    import zipfile
+
+    from engine.model import compiled, kvcache, packaged
+
+    monkeypatch.setenv(kernels.ENV, next(name for name, _dtype in KERNEL_FORMATS))
+    loaded = fresh(tiny_model_dir, "float32")
+    layer = next(m for m in loaded.model.modules() if isinstance(m, kernels.PackedLinear))
+    zeros = torch.zeros_like(layer.weight)
+    layer.packed = layer.kernel.pack(zeros)               # the packed copy and the weight now give different products
+    tracing, traced = threading.Event(), threading.Event()
+
+    def step(traced_model, token, position, cache):
+        tracing.set()
+        assert traced.wait(120)
+        return compiled.decode_step(traced_model, token, position, cache)
+
+    def package(_exported, package_path, inductor_configs):          # the compile is not what is tested here
+        with zipfile.ZipFile(package_path, "w") as archive:
+            archive.writestr("step/data/aotinductor/model/step.wrapper.so", b"")
+
+    def export() -> None:
+        with torch.inference_mode():
+            cache = kvcache.new_cache(loaded.model, compiled.SHORTEST)
+            token = torch.zeros((1, 1), dtype=torch.long)
+            kvcache.forward(loaded.model, token, cache)
+            packaged.build(step, (loaded.model, token, torch.ones((1, 1), dtype=torch.long), cache),
+                           tmp_path / "step.so", tmp_path / "inductor")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", package)
+    exporting = threading.Thread(target=export)
+    exporting.start()
+    try:
+        assert tracing.wait(300)
+        assert torch.compiler.is_exporting()                     # torch's flag is up in this thread as well
+        x = torch.randn(1, 1, layer.in_features)
+        beside = layer(x)
+    finally:
+        traced.set()
+        exporting.join(300)
+    torch.testing.assert_close(beside, torch.nn.functional.linear(x, zeros, layer.bias))   # the packed copy
+    assert not torch.allclose(beside, torch.nn.functional.linear(x, layer.weight, layer.bias))
+    assert (tmp_path / "step.so").exists()                        # the export itself went on and was packaged
+
+
 @pytest.mark.parametrize("package", [True, False], ids=["package", "graph"])
 @pytest.mark.parametrize("kernel", [k for k in kernels.KERNELS if k != "aten"])
 def test_a_compiled_decode_multiplies_through_the_kernel_its_kind_packs_for_with_atens_float32_tokens(
