@@ -45,6 +45,7 @@ are recorded per thread), with CUDA graphs replaying a decode step as one launch
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -71,6 +72,7 @@ RECOMPILE_LIMIT = 32
 SAVED = "kvscope-decode"     # the folder, among torch.compile's caches, of the saved graphs
 PACKAGE = "package"          # a saved graph that is an AOTInductor package with the weights in it
 FAILED = ".failed"           # beside a package whose build failed: the reason (``failed_build``)
+SAVED_BYTES = 4 << 30        # saved graphs kept; past it the least recently used go (``_keep_within_bound``)
 GRAPH = "a saved compiled graph"
 FAILURE = "a failed package build's reason"
 INDUCTOR = "torch.compile's cache folder"
@@ -341,6 +343,7 @@ def _saved_or_compiled(args: tuple, key: str) -> tuple[Step | None, bool, str]:
     try:
         step.save_compiled_function(str(path))              # written atomically
         sealed.seal(path, GRAPH)
+        _keep_within_bound(path)
     except (OSError, sealed.Refused) as exc:
         note = _joined(note, f"the graph could not be saved for a later launch "
                              f"({getattr(exc, 'strerror', None) or exc})")
@@ -369,6 +372,7 @@ def saved_package(key: str, build: Callable[[Path], None], wrap: Callable[[Any],
     try:
         build(path)
         sealed.seal(path, GRAPH)
+        _keep_within_bound(path)
         step = wrap(packaged.load(path))
     except Exception as exc:  # noqa: BLE001  (export or AOTInductor refused the model: the caller's fallback)
         path.unlink(missing_ok=True)
@@ -403,6 +407,21 @@ def _from_whole_package(key: str) -> str:
     for old in (package, package.with_name(package.name + sealed.SEAL)):
         old.unlink(missing_ok=True)
     return ""
+
+
+def _keep_within_bound(saved: Path) -> None:
+    """Keep the saved graphs under ``SAVED_BYTES``, the least recently used (saved or read) going first, the one
+    just ``saved`` staying whatever its size. Why: a package holds a copy of its model's weights (146-657 MiB for
+    SmolLM2's formats), and every other model, format, torch or KVScope version names new files while nothing
+    reads the old ones again, so the folder grew by gigabytes with nothing to stop it."""
+    with contextlib.suppress(OSError):
+        files = [(f.stat(), f) for f in saved.parent.iterdir() if f.suffix in (".so", ".bin", ".pt2")]
+        total = 0
+        for info, file in sorted(files, key=lambda pair: pair[0].st_mtime, reverse=True):
+            total += info.st_size
+            if file != saved and total > SAVED_BYTES:
+                for gone in (file, file.with_name(file.name + sealed.SEAL)):
+                    gone.unlink(missing_ok=True)
 
 
 def failed_build(key: str) -> Path:
@@ -451,6 +470,8 @@ def _read_saved(key: str, check: Callable[[Path], Any], read: Callable[[Path, An
                 step = read(path, checked)
                 probe(step)
                 _remember(key, step)
+                with contextlib.suppress(OSError):
+                    os.utime(path)                     # used now: the bound removes the least recently used first
                 return step, note
             except Exception as exc:  # noqa: BLE001  (sealed, but it no longer loads: kept aside, compiled again)
                 note = sealed.put_aside(path, f"the saved graph {path} could not be used ({first_line(exc)})") \

@@ -269,6 +269,42 @@ def test_an_earlier_versions_sealed_package_becomes_its_library_unpacking_nothin
     assert not unsealed.exists() and not unsealed.with_suffix(".so").exists()
 
 
+def test_saved_graphs_past_their_bound_go_least_recently_used_first_and_a_read_counts_as_a_use(
+        monkeypatch, tmp_path):
+    """A package holds a copy of its model's weights, and a new model, format or torch names new files: past the
+    bound the least recently saved or read go, with their seals; the one just saved stays, and a build's failure
+    reason and a file kept aside are not saved graphs."""
+    import os
+
+    from engine.model import compiled
+    from engine.store import sealed
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compiled, "_READ", {})
+    monkeypatch.setattr(compiled, "SAVED_BYTES", 250)
+    keys = {name: f"LlamaForCausalLM-256-{kind}-{name}" for name, kind in
+            (("a", "package"), ("b", "graph"), ("c", "package"), ("d", "package"))}
+    paths = {name: compiled.saved_graph(key) for name, key in keys.items()}
+    paths["a"].parent.mkdir(parents=True)
+    for age, (name, path) in enumerate(sorted(paths.items())):
+        path.write_bytes(bytes(100))
+        sealed.seal(path, compiled.GRAPH)
+        os.utime(path, (1_000_000 + age, 1_000_000 + age))         # a oldest, d newest
+    others = [paths["b"].with_name(paths["b"].name + ".failed"), paths["c"].with_name(paths["c"].name + ".refused")]
+    for other in others:
+        other.write_bytes(bytes(1000))
+    step, note = compiled._read_saved(keys["a"], lambda path: None, lambda path, checked: "the step", lambda s: None)
+    assert (step, note) == ("the step", "")
+    compiled._keep_within_bound(paths["d"])
+    kept = {name for name, path in paths.items() if path.exists()}
+    assert kept == {"a", "d"}                                      # read last, and saved last: 200 of 250 bytes
+    assert all(path.with_name(path.name + sealed.SEAL).exists() == (name in kept) for name, path in paths.items())
+    assert all(other.exists() for other in others)
+    monkeypatch.setattr(compiled, "SAVED_BYTES", 0)
+    compiled._keep_within_bound(paths["d"])
+    assert [p.exists() for p in (paths["a"], paths["d"])] == [False, True]      # the one just saved stays
+
+
 def test_a_graph_read_from_an_earlier_launch_is_reported_as_read_not_built(model):
     from engine.facts.events import RunSummary
 
