@@ -413,9 +413,11 @@ def _keep_within_bound(saved: Path) -> None:
     """Keep the saved graphs under ``SAVED_BYTES``, the least recently used (saved or read) going first, the one
     just ``saved`` staying whatever its size. Why: a package holds a copy of its model's weights (146-657 MiB for
     SmolLM2's formats), and every other model, format, torch or KVScope version names new files while nothing
-    reads the old ones again, so the folder grew by gigabytes with nothing to stop it."""
+    reads the old ones again, so the folder grew by gigabytes with nothing to stop it. A build's partial file
+    (another process's build) is never counted or removed."""
     with contextlib.suppress(OSError):
-        files = [(f.stat(), f) for f in saved.parent.iterdir() if f.suffix in (".so", ".bin", ".pt2")]
+        files = [(f.stat(), f) for f in saved.parent.iterdir()
+                 if f.suffix in (".so", ".bin", ".pt2") and ".partial" not in f.name]     # not a build's own
         total = 0
         for info, file in sorted(files, key=lambda pair: pair[0].st_mtime, reverse=True):
             total += info.st_size

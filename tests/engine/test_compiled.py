@@ -273,7 +273,7 @@ def test_saved_graphs_past_their_bound_go_least_recently_used_first_and_a_read_c
         monkeypatch, tmp_path):
     """A package holds a copy of its model's weights, and a new model, format or torch names new files: past the
     bound the least recently saved or read go, with their seals; the one just saved stays, and a build's failure
-    reason and a file kept aside are not saved graphs."""
+    reason, a file kept aside and another build's partial file are not saved graphs."""
     import os
 
     from engine.model import compiled
@@ -290,7 +290,8 @@ def test_saved_graphs_past_their_bound_go_least_recently_used_first_and_a_read_c
         path.write_bytes(bytes(100))
         sealed.seal(path, compiled.GRAPH)
         os.utime(path, (1_000_000 + age, 1_000_000 + age))         # a oldest, d newest
-    others = [paths["b"].with_name(paths["b"].name + ".failed"), paths["c"].with_name(paths["c"].name + ".refused")]
+    others = [paths["b"].with_name(paths["b"].name + ".failed"), paths["c"].with_name(paths["c"].name + ".refused"),
+              paths["c"].with_name(paths["c"].name + "x1.partial.pt2")]                # another process's build
     for other in others:
         other.write_bytes(bytes(1000))
     step, note = compiled._read_saved(keys["a"], lambda path: None, lambda path, checked: "the step", lambda s: None)
