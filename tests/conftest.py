@@ -53,6 +53,21 @@ def _no_build_outlives_its_test():
                 pytest.fail(f"a compiled build ({thread.name}) still runs {BUILD_PATIENCE_S} s after its test ended")
 
 
+@pytest.fixture
+def compile_skipped(monkeypatch):
+    """AOTInductor's compile replaced by a package holding one empty library, for tests of what happens around a
+    package build (its export, its threads) rather than of the compile."""
+    import zipfile
+
+    import torch
+
+    def package(_exported, package_path, inductor_configs):
+        with zipfile.ZipFile(package_path, "w") as archive:
+            archive.writestr("step/data/aotinductor/model/step.wrapper.so", b"")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", package)
+
+
 @pytest.fixture(scope="session")
 def cache_root(tmp_path_factory: pytest.TempPathFactory):
     """One cache for the whole run, so the embedded model is converted once per run (never across runs)."""
