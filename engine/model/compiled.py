@@ -14,9 +14,9 @@ And on a CPU the graph is compiled ahead of time (dynamo's ``aot_compile``, what
 saved graph of it names a function that cannot be found again, while ``decode_step`` can. The saved graph keeps
 no guards (a guard on the model object would never hold in another process); everything a guard would have
 checked is in the file's name instead (``graph_key``: the model's classes, config, weights' shapes and dtypes,
-the cache length, the CPU's instruction set, torch's and transformers' versions, and the code of this function
-and of KVScope's own layers). A later launch reads it in about a second where tracing the model again took 6 s
-(Sapphire Rapids, 2 vCPUs).
+the cache length, the CPU's instruction set, torch's and transformers' versions, and the code of this function,
+of KVScope's own layers and of its attention function). A later launch reads it in about a second where tracing
+the model again took 6 s (Sapphire Rapids, 2 vCPUs).
 
 Nothing read from these folders runs unless this user's KVScope wrote it (``engine.store.sealed``): a saved graph is a
 pickle, so it is read only with a valid seal, and inductor's cache folder (pickles and shared libraries, which
@@ -61,7 +61,7 @@ from typing import Any
 
 import torch
 
-from engine.model import kernels, kvcache, packaged  # kernels: registers the packed products' operators a graph calls
+from engine.model import attention, kernels, kvcache, packaged  # kernels: registers the operators a graph calls
 from engine.store import sealed
 from engine.store.paths import compiled_graphs_dir
 
@@ -120,7 +120,7 @@ def graph_key(model: Any, length: int, package: bool | None = None, step: Callab
         "ours": sorted(_code(c) for c in classes if c.__module__.startswith("engine.")),     # they have no version
         "kernels": sorted({m.kernel.name for m in model.modules() if isinstance(m, kernels.PackedLinear)}),
         "config": model.config.to_dict(),
-        "attention": getattr(model.config, "_attn_implementation", None),
+        "attention": [getattr(model.config, "_attn_implementation", None), *map(_code, attention.TRACED)],
         "params": params,
         "length": length,
         "isa": torch.backends.cpu.get_cpu_capability(),

@@ -142,3 +142,49 @@ def test_a_cpu_model_reads_grouped_keys_as_they_are_and_computes_what_sdpa_does(
         got, _ = attention._sdpa(module, query, keys, values, mask, scaling=module.scaling)
         assert copies == []
         assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-5), ("bfloat16", 2e-2)])
+def test_a_compiled_steps_one_query_attention_computes_what_sdpa_does_without_its_kernel(
+        tiny_model_dir, monkeypatch, dtype, tolerance):
+    """In a compiled graph a one-row query goes through ``one_query`` (two batched products), not torch's
+    attention kernel, and gives sdpa's numbers: grouped and one KV head per query head, a boolean mask with a
+    static cache's unwritten slots, an additive mask, none; a prefill's rows still go to the kernel."""
+    import torch
+    from transformers.integrations import sdpa_attention
+
+    from engine.model import attention
+    from engine.model.models import load
+
+    module = load(str(tiny_model_dir), device="cpu", dtype="float32").model.model.layers[0].self_attn
+    heads, dim = module.config.num_attention_heads, module.head_dim
+    kernel_calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: kernel_calls.append(a[0].shape[-2]) or sdpa(*a, **k))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(sdpa_attention, "is_torchdynamo_compiling", lambda: True)
+    torch.manual_seed(0)
+    as_dtype = getattr(torch, dtype)
+    written = torch.ones(1, 1, 1, 16, dtype=torch.bool)
+    written[..., 12:] = False
+    masks = {"boolean": written, "additive": torch.where(written, 0.0, -1e4).to(as_dtype), "none": None}
+    for kv_heads in (module.config.num_key_value_heads, heads):
+        monkeypatch.setattr(module, "num_key_value_groups", heads // kv_heads)
+        keys, values = (torch.randn(1, kv_heads, 16, dim, dtype=as_dtype) for _ in range(2))
+        query = torch.randn(1, heads, 1, dim, dtype=as_dtype)
+        for name, mask in masks.items():
+            kernel_calls.clear()
+            got, _ = attention._sdpa(module, query, keys, values, mask, scaling=module.scaling)
+            assert kernel_calls == [], name
+            grouped_keys, grouped_values = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (keys, values))
+            expected = sdpa(query.float(), grouped_keys.float(), grouped_values.float(),
+                            attn_mask=None if mask is None else mask.float() if mask.dtype != torch.bool else mask,
+                            scale=module.scaling).transpose(1, 2)
+            assert got.shape == (1, 1, heads, dim) and got.dtype == as_dtype
+            assert torch.allclose(got.float(), expected, atol=tolerance, rtol=tolerance), (kv_heads, name)
+    prefill = torch.randn(1, heads, 6, dim)
+    mask = torch.ones(6, 16, dtype=torch.bool).tril(diagonal=10)[None, None]
+    monkeypatch.setattr(module, "num_key_value_groups", 1)
+    attention._sdpa(module, prefill, *(torch.randn(1, heads, 16, dim) for _ in range(2)), mask, scaling=module.scaling)
+    assert kernel_calls == [6]

@@ -137,6 +137,7 @@ def test_a_saved_graph_is_named_by_what_it_was_compiled_for_without_reading_sour
         tiny_model_dir, model, monkeypatch):
     import inspect
 
+    from engine.model import attention
     from engine.model.compiled import graph_key
     from engine.model.models import load
 
@@ -150,6 +151,9 @@ def test_a_saved_graph_is_named_by_what_it_was_compiled_for_without_reading_sour
     assert graph_key(model.model, 256) == graph_key(again.model, 256)       # another load of the same model
     assert graph_key(model.model, 256) != graph_key(model.model, 512)
     assert graph_key(model.model, 256) != graph_key(halved.model, 256)
+    before = graph_key(model.model, 256)
+    monkeypatch.setattr(attention, "TRACED", (*attention.TRACED[:1], no_source, *attention.TRACED[2:]))
+    assert graph_key(model.model, 256) != before          # a graph traced through other attention code
 
 
 LAUNCH = """
