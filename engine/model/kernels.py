@@ -103,7 +103,8 @@ class KernelChoice:
     busy: bool = False                            # measured while the machine was busy (kept, marked)
 
     def words(self) -> str:
-        """For the model's status line."""
+        """For the model's status line: eager decode's kernel, said as such (a compiled step multiplies through
+        inductor's own kernels, chosen when its graph is built)."""
         if not self.step_ms:
             return self.reason
         timing = ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(self.step_ms.items()))
@@ -111,7 +112,8 @@ class KernelChoice:
         if self.busy:
             how += " while it was busy; measured again at a launch when it is quiet"
         extra = f"; {self.reason}" if self.reason else ""
-        return f"products through {CANDIDATES[self.kernel].title} ({timing} a decode step's products, {how}){extra}"
+        title = CANDIDATES[self.kernel].title
+        return f"eager products through {title} ({timing} a decode step's products, {how}){extra}"
 
     def reached_bytes_per_s(self) -> dict[str, float]:
         """Each candidate's bandwidth over the weights it reads, by kernel (achieved: bytes over a measured time)."""
@@ -282,17 +284,17 @@ def choose(model: nn.Module, device_name: str, measuring: Any = lambda: None) ->
     if why == NO_OTHER and wanted in CANDIDATES and wanted != "aten":
         why = f"{ENV}={wanted}: that kernel has nothing for this format here"
     if why is not None or wanted == "aten":
-        return KernelChoice("aten", reason=f"products through ATen's linear ({why or f'{ENV}=aten'})")
+        return KernelChoice("aten", reason=f"eager products through ATen's linear ({why or f'{ENV}=aten'})")
     linears = _linears(model)
     weight_bytes = sum(child.weight.nbytes for _p, _n, child in linears)
     offered = candidates(linears[0][2].weight.dtype)
     if wanted in CANDIDATES:
         kernel = CANDIDATES[wanted]
         if kernel not in offered:
-            return KernelChoice("aten", reason=f"products through ATen's linear ({ENV}={wanted}: that kernel has "
+            return KernelChoice("aten", reason=f"eager products through ATen's linear ({ENV}={wanted}: that kernel has "
                                                "nothing for this format here)")
         _swap(model, kernel)
-        return KernelChoice(wanted, reason=f"products through {kernel.title} ({ENV}={wanted})")
+        return KernelChoice(wanted, reason=f"eager products through {kernel.title} ({ENV}={wanted})")
     shapes = sorted({(c.out_features, c.in_features) for _p, _n, c in linears})
     dtype = str(linears[0][2].weight.dtype).removeprefix("torch.")
     key = (f"{device_name}|torch {torch.__version__}|threads {torch.get_num_threads()}|{dtype}|{shapes}"

@@ -35,14 +35,15 @@ def test_each_packed_kernel_gives_atens_greedy_tokens(tiny_model_dir, monkeypatc
     a = Session(plain).run("the cache keeps what attention read", params).summary.token_ids
     b = Session(packed).run("the cache keeps what attention read", params).summary.token_ids
     assert a == b and len(a) == 16
-    assert kernels.CANDIDATES[kernel].title in packed.dtype_reason
+    assert f"eager products through {kernels.CANDIDATES[kernel].title}" in packed.dtype_reason   # not a compiled step's
 
 
 def test_a_kernel_without_this_format_leaves_atens_and_says_so(tiny_model_dir, monkeypatch):
     monkeypatch.setenv(kernels.ENV, "mkl")
     loaded = fresh(tiny_model_dir, "bfloat16")
     assert not any(isinstance(m, kernels.PackedLinear) for m in loaded.model.modules())
-    assert "KVSCOPE_LINEAR=mkl: that kernel has nothing for this format here" in loaded.dtype_reason
+    assert "eager products through ATen's linear (KVSCOPE_LINEAR=mkl: that kernel has nothing for this format here)" \
+        in loaded.dtype_reason
 
 
 @pytest.mark.parametrize("kernel", [k for k in kernels.KERNELS if k != "aten"])
