@@ -204,14 +204,17 @@ class EventRouter:
             start()
 
 
-def describe_loaded(loaded: ModelLoaded) -> str:
+def describe_loaded(loaded: ModelLoaded, brief: bool = False) -> str:
+    """The loaded model in one line. ``brief`` leaves out why its format and kernel were chosen: the status
+    bar shows one line, which that reason ran past (cut mid-word at 1280x720); the model's label wraps it."""
     m = loaded.model
     if isinstance(m, ServerFacts):
         context = f", {m.context:,} positions per request" if m.context else ""
         watched = "; /metrics answers" if m.metrics else "; no /metrics"
         return f"{m.name} served by {m.engine} at {m.url}{context}{watched} (answered in {loaded.load_ms:,.0f} ms)"
     how = " (converted from GGUF this time)" if loaded.converted else ""
-    why = f" ({loaded.dtype_reason})" if loaded.dtype_reason and loaded.dtype_reason != "chosen" else ""
+    why = f" ({loaded.dtype_reason})" if loaded.dtype_reason and loaded.dtype_reason != "chosen" and not brief \
+        else ""
     return (f"{m.name}: {m.num_params / 1e6:,.0f}M parameters, {m.num_layers} layers, {m.weights or m.dtype} on "
             f"{m.device}{why}; loaded in {loaded.load_ms / 1000:.1f} s{how}")
 

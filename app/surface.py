@@ -105,7 +105,7 @@ class WindowSurface:
     def model_loaded(self, loaded: ModelLoaded) -> None:
         m = loaded.model
         self.controls.model_status.setText(describe_loaded(loaded))
-        self.status.showMessage(describe_loaded(loaded), 8000)
+        self.status.showMessage(describe_loaded(loaded, brief=True), 8000)
         self.window.setWindowTitle(f"KVScope — {m.name} on {m.device}")
         if loaded.warnings:
             self.show_warning(" ".join(loaded.warnings))

@@ -173,3 +173,16 @@ def test_the_stop_key_during_a_run_names_what_stops(qtbot, window):
     window.controller.stop()
     assert window.status.currentMessage() == "Stopping: the run ends at its next step."
     wait_idle(qtbot, window)
+
+
+def test_the_status_bar_names_the_loaded_model_without_why_and_the_model_label_keeps_it(qtbot, window):
+    from app.routing import describe_loaded
+
+    loaded = window.client.model
+    reason = loaded.dtype_reason
+    assert reason and reason != "chosen"                  # the tiny model's load gives one (its kernel, at least)
+    window.surface.model_loaded(loaded)                    # what the worker's event does
+    said = window.status.currentMessage()
+    assert said == describe_loaded(loaded, brief=True) and reason not in said and said.startswith(loaded.model.name)
+    assert window.status.fontMetrics().horizontalAdvance(said) < 1280 - 40
+    assert reason in window.controls.model_status.text()
