@@ -149,7 +149,8 @@ def test_a_compiled_steps_one_query_attention_computes_what_sdpa_does_without_it
         tiny_model_dir, monkeypatch, dtype, tolerance):
     """In a compiled graph a one-row query goes through ``one_query`` (two batched products), not torch's
     attention kernel, and gives sdpa's numbers: grouped and one KV head per query head, a boolean mask with a
-    static cache's unwritten slots, an additive mask, none; a prefill's rows still go to the kernel."""
+    static cache's unwritten slots, an additive mask, none; a mask per head and a prefill's rows still go to the
+    kernel."""
     import torch
     from transformers.integrations import sdpa_attention
 
@@ -183,6 +184,11 @@ def test_a_compiled_steps_one_query_attention_computes_what_sdpa_does_without_it
                             scale=module.scaling).transpose(1, 2)
             assert got.shape == (1, 1, heads, dim) and got.dtype == as_dtype
             assert torch.allclose(got.float(), expected, atol=tolerance, rtol=tolerance), (kv_heads, name)
+    per_head = written.expand(1, heads, 1, 16)               # a mask of each head's own: the kernel's to apply
+    attention._sdpa(module, torch.randn(1, heads, 1, dim), *(torch.randn(1, heads, 16, dim) for _ in range(2)),
+                    per_head, scaling=module.scaling)
+    assert kernel_calls == [1]
+    kernel_calls.clear()
     prefill = torch.randn(1, heads, 6, dim)
     mask = torch.ones(6, 16, dtype=torch.bool).tril(diagonal=10)[None, None]
     monkeypatch.setattr(module, "num_key_value_groups", 1)
