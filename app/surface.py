@@ -57,6 +57,7 @@ class WindowSurface:
         self.lecture = lambda: False                  # the window says whether a scene is shown
         self.work_ended = lambda: None                # the scene's footer forgets "Stopping…"
         self.cancel_load = lambda: None
+        self._failure_shown: tuple[str, str] | None = None    # the failure the banner says (``show_failure``)
 
     def show_error(self, message: str) -> None:
         log.info("shown to the user: %s", message)
@@ -65,7 +66,15 @@ class WindowSurface:
     def show_warning(self, message: str) -> None:
         self.banner.show_message(message, warning=True)
 
+    def show_failure(self, key: tuple[str, str], message: str) -> None:
+        """A failure that repeats at every frame is said once, not at every frame; said again once the banner
+        was cleared (a new run), since it still happens."""
+        if key != self._failure_shown:
+            self._failure_shown = key
+            self.show_error(message)
+
     def clear_banner(self) -> None:
+        self._failure_shown = None
         self.banner.hide()
 
     def show_status(self, message: str, ms: int = 5000) -> None:

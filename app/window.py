@@ -69,7 +69,6 @@ class MainWindow(QMainWindow):
         self.run_settings = run_settings
         self.settings = open_settings()
         self.worker_stopped = True
-        self._last_failure: tuple[str, str] | None = None
         self.setWindowTitle("KVScope")
         self.setObjectName("KVScopeMain")
         self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowNestedDocks)
@@ -323,12 +322,10 @@ class MainWindow(QMainWindow):
             return True
         except Exception as exc:  # noqa: BLE001  (anything a panel or a hostile trace can raise)
             log.exception("%s failed", what)
-            key = (what, type(exc).__name__)
-            if key != self._last_failure:
-                self._last_failure = key
-                text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-                self.surface.show_error(f"{what} failed ({type(exc).__name__}{': ' + text if text else ''}). The "
-                                        "window keeps working; what was recorded is kept.")
+            text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+            self.surface.show_failure((what, type(exc).__name__),
+                                      f"{what} failed ({type(exc).__name__}{': ' + text if text else ''}). The "
+                                      "window keeps working; what was recorded is kept.")
             return False
 
     def refresh(self, force: bool = False) -> None:

@@ -42,7 +42,7 @@ def test_every_fuzzed_trace_the_reader_accepts_draws_without_an_exception(qtbot,
             elif not isinstance(event, ReplayGap):
                 window.store.add(event)
         window.refresh(force=True)
-        assert window._last_failure is None, (case, window.banner.label.text())
+        assert window.surface._failure_shown is None, (case, window.banner.label.text())
         drawn += 1
     assert drawn >= 5
 
@@ -59,6 +59,17 @@ def test_a_panel_that_raises_ends_in_a_banner_and_the_window_keeps_working(qtbot
     assert window.tokens.rendered_tokens() == run.prompt_tokens + run.n_steps     # the other panels drew
     monkeypatch.undo()
     assert run_and_wait(qtbot, window).n_steps == 3 and window.kv.image.image.shape[1] > 0
+
+
+def test_a_failure_that_goes_on_is_said_again_after_a_new_run_cleared_the_banner(qtbot, window):
+    def broken() -> None:
+        raise ValueError("injected drawing failure")
+
+    assert not window.guarded("Drawing the KV heatmap", broken) and window.banner.isVisible()
+    window.banner.hide()
+    assert not window.guarded("Drawing the KV heatmap", broken) and not window.banner.isVisible()   # said once
+    window.surface.clear_banner()                          # what a new run's start does
+    assert not window.guarded("Drawing the KV heatmap", broken) and window.banner.isVisible()
 
 
 def test_model_and_file_text_is_shown_as_text_not_html(qtbot, window, tiny, tmp_path):
