@@ -18,7 +18,11 @@ cached positions, the same numbers out. ``use_grouped_sdpa`` puts a CPU model on
 And in a compiled decode step on a CPU (one query) it computes attention as two small products and a softmax
 (``one_query``) instead of calling torch's CPU flash attention, which is built for many queries and spent more on
 its set-up than on one query's arithmetic: 195 us a layer of a 19.9 ms bfloat16 step at 256 cached positions
-(SmolLM2, 2-vCPU Zen 4, inductor's kernel profile), 32 us this way.
+(SmolLM2, 2-vCPU Zen 4, inductor's kernel profile), 32 us this way. Tried and left: the scores as ``K q^T``, so
+that inductor's GEMM kernel need not copy the keys into its blocked layout at every step (read in its generated
+C++). Inductor turned that three-column product into sums over the head's dim: bfloat16 steps without autotuning
+took 19 ms against 21.5 at 256 cached positions, but 31.4 against 27.2 at 2,048, and float32 40.9 against 39.5 at
+256; with autotuning, two builds of one graph decoded at 82 and 110 tok/s, a spread that hid either way.
 """
 
 from __future__ import annotations

@@ -77,6 +77,12 @@ CANDIDATES: dict[str, Kernel] = {k.name: k for k in (
 KERNELS = tuple(CANDIDATES)
 
 
+def eager_through(kernel: str, why: str) -> str:
+    """The status line's words for eager decode's kernel: only eager's (a compiled step multiplies through
+    inductor's own kernels, chosen when its graph is built)."""
+    return f"eager products through {CANDIDATES[kernel].title} ({why})"
+
+
 def candidates(dtype: torch.dtype) -> list[Kernel]:
     """The kernels this torch has for weights in ``dtype`` on this CPU, ATen's first."""
     return [k for k in CANDIDATES.values() if dtype in k.dtypes and k.available() and _packs(k.name, dtype)]
@@ -103,8 +109,7 @@ class KernelChoice:
     busy: bool = False                            # measured while the machine was busy (kept, marked)
 
     def words(self) -> str:
-        """For the model's status line: eager decode's kernel, said as such (a compiled step multiplies through
-        inductor's own kernels, chosen when its graph is built)."""
+        """For the model's status line (``eager_through``), with each kernel's measured time."""
         if not self.step_ms:
             return self.reason
         timing = ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(self.step_ms.items()))
@@ -112,8 +117,7 @@ class KernelChoice:
         if self.busy:
             how += " while it was busy; measured again at a launch when it is quiet"
         extra = f"; {self.reason}" if self.reason else ""
-        title = CANDIDATES[self.kernel].title
-        return f"eager products through {title} ({timing} a decode step's products, {how}){extra}"
+        return eager_through(self.kernel, f"{timing} a decode step's products, {how}") + extra
 
     def reached_bytes_per_s(self) -> dict[str, float]:
         """Each candidate's bandwidth over the weights it reads, by kernel (achieved: bytes over a measured time)."""
@@ -280,21 +284,20 @@ def choose(model: nn.Module, device_name: str, measuring: Any = lambda: None) ->
     if wanted not in CANDIDATES and wanted != "auto":
         unknown = f"{ENV}={wanted[:20]} is not one of {', '.join(CANDIDATES)} or auto: chosen as auto"
         wanted = "auto"
+    not_here = f"{ENV}={wanted}: that kernel has nothing for this format here"
     why = usable(model)
     if why == NO_OTHER and wanted in CANDIDATES and wanted != "aten":
-        why = f"{ENV}={wanted}: that kernel has nothing for this format here"
+        why = not_here
     if why is not None or wanted == "aten":
-        return KernelChoice("aten", reason=f"eager products through ATen's linear ({why or f'{ENV}=aten'})")
+        return KernelChoice("aten", reason=eager_through("aten", why or f"{ENV}=aten"))
     linears = _linears(model)
     weight_bytes = sum(child.weight.nbytes for _p, _n, child in linears)
     offered = candidates(linears[0][2].weight.dtype)
     if wanted in CANDIDATES:
-        kernel = CANDIDATES[wanted]
-        if kernel not in offered:
-            return KernelChoice("aten", reason=f"eager products through ATen's linear ({ENV}={wanted}: that kernel has "
-                                               "nothing for this format here)")
-        _swap(model, kernel)
-        return KernelChoice(wanted, reason=f"eager products through {kernel.title} ({ENV}={wanted})")
+        if CANDIDATES[wanted] not in offered:
+            return KernelChoice("aten", reason=eager_through("aten", not_here))
+        _swap(model, CANDIDATES[wanted])
+        return KernelChoice(wanted, reason=eager_through(wanted, f"{ENV}={wanted}"))
     shapes = sorted({(c.out_features, c.in_features) for _p, _n, c in linears})
     dtype = str(linears[0][2].weight.dtype).removeprefix("torch.")
     key = (f"{device_name}|torch {torch.__version__}|threads {torch.get_num_threads()}|{dtype}|{shapes}"
