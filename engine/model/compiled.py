@@ -139,12 +139,20 @@ def _code(thing: Any) -> str:
     from its bytecode (a frozen app has no source files to read)."""
     functions = [thing] if hasattr(thing, "__code__") else \
         [f for _name, f in sorted(vars(thing).items()) if hasattr(f, "__code__")]
-    return "|".join(f"{f.__qualname__}:{_bytecode(f.__code__)}" for f in functions)
+    return "|".join(f"{f.__qualname__}:{_bytecode(f.__code__, f.__doc__)}" for f in functions)
 
 
-def _bytecode(code: Any) -> str:
-    consts = ",".join(_bytecode(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts)
-    return f"{code.co_code.hex()}({consts})"
+def _bytecode(code: Any, doc: str | None = None) -> str:
+    """The bytecode with the names it refers to and its constants. The names, because the bytecode holds only
+    their indices: ``torch.matmul`` and ``torch.bmm``, ``self.up`` and ``self.down``, read the same bytes. Not the
+    docstring ``doc`` (a function's first constant): editing it changes nothing a graph computes, and a new name
+    costs every user a build of minutes."""
+    consts = list(code.co_consts)
+    if doc is not None and consts and consts[0] == doc:
+        consts = consts[1:]
+    names = ",".join((*code.co_names, *code.co_varnames, *code.co_freevars, *code.co_cellvars))
+    values = ",".join(_bytecode(c) if hasattr(c, "co_code") else repr(c) for c in consts)
+    return f"{code.co_code.hex()}[{names}]({values})"
 
 
 def saved_graph(key: str) -> Path:

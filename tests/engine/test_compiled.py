@@ -537,3 +537,41 @@ def test_exporting_a_package_traces_a_copy_and_never_swaps_the_live_models_weigh
                        tmp_path / "step.so", tmp_path / "inductor")
     assert live and all(live) and all(traced)          # the copy's weights were swapped, the live model's never
     assert all(a is b for a, b in zip(model.model.parameters(), weights))
+
+
+def test_a_saved_graphs_name_changes_with_the_functions_and_constants_a_step_uses_not_with_its_docstrings():
+    """Two functions whose bytecode is the same but which call other functions, read other attributes or hold
+    other constants name other graphs; the same code under another docstring names the same one."""
+    import torch
+
+    from engine.model.compiled import _code
+
+    def product(a, b):
+        """One docstring."""
+        return torch.matmul(a, b) * 2.0
+
+    def batched(a, b):
+        """One docstring."""
+        return torch.bmm(a, b) * 2.0
+
+    def halved(a, b):
+        """One docstring."""
+        return torch.matmul(a, b) * 0.5
+
+    def redocumented(a, b):
+        """Another docstring, longer than the first."""
+        return torch.matmul(a, b) * 2.0
+
+    def nested(a, b):
+        return [torch.matmul(x, b) for x in a]
+
+    def nested_batched(a, b):
+        return [torch.bmm(x, b) for x in a]
+
+    functions = [product, batched, halved, redocumented, nested, nested_batched]
+    for f in functions:
+        f.__qualname__ = "step"                             # the same name: only the code tells them apart
+    assert product.__code__.co_code == batched.__code__.co_code     # what the bytes alone could not tell apart
+    assert len({_code(f) for f in (product, batched, halved)}) == 3
+    assert _code(product) == _code(redocumented)
+    assert _code(nested) != _code(nested_batched)
