@@ -137,9 +137,22 @@ def graph_key(model: Any, length: int, package: bool | None = None, step: Callab
 def _code(thing: Any) -> str:
     """A function's or a class's compiled code, as text that is the same in every process: what it does, read
     from its bytecode (a frozen app has no source files to read)."""
-    functions = [thing] if hasattr(thing, "__code__") else \
-        [f for _name, f in sorted(vars(thing).items()) if hasattr(f, "__code__")]
-    return "|".join(f"{f.__qualname__}:{_bytecode(f.__code__, f.__doc__)}" for f in functions)
+    return "|".join(f"{f.__qualname__}:{_bytecode(f.__code__, f.__doc__)}" for f in _functions(thing))
+
+
+def _functions(thing: Any) -> list[Any]:
+    """A function, or a class's own functions: its methods, static and class methods, properties' accessors."""
+    if hasattr(thing, "__code__"):
+        return [thing]
+    found = []
+    for _name, member in sorted(vars(thing).items()):
+        if isinstance(member, (staticmethod, classmethod)):
+            member = member.__func__
+        if isinstance(member, property):
+            found += [f for f in (member.fget, member.fset, member.fdel) if f is not None]
+        elif hasattr(member, "__code__"):
+            found.append(member)
+    return found
 
 
 def _bytecode(code: Any, doc: str | None = None) -> str:

@@ -540,8 +540,9 @@ def test_exporting_a_package_traces_a_copy_and_never_swaps_the_live_models_weigh
 
 
 def test_a_saved_graphs_name_changes_with_the_functions_and_constants_a_step_uses_not_with_its_docstrings():
-    """Two functions whose bytecode is the same but which call other functions, read other attributes or hold
-    other constants name other graphs; the same code under another docstring names the same one."""
+    """Two functions whose bytecode is the same but which call other functions or hold other constants name
+    other graphs, as does a class whose property or static method does; the same code under another docstring
+    names the same one."""
     import torch
 
     from engine.model.compiled import _code
@@ -575,3 +576,35 @@ def test_a_saved_graphs_name_changes_with_the_functions_and_constants_a_step_use
     assert len({_code(f) for f in (product, batched, halved)}) == 3
     assert _code(product) == _code(redocumented)
     assert _code(nested) != _code(nested_batched)
+
+    class Plain:
+        @property
+        def scale(self):
+            return 0.5
+
+        @staticmethod
+        def act(x):
+            return torch.nn.functional.silu(x)
+
+    class OtherScale:
+        @property
+        def scale(self):
+            return 2.0
+
+        @staticmethod
+        def act(x):
+            return torch.nn.functional.silu(x)
+
+    class OtherActivation:
+        @property
+        def scale(self):
+            return 0.5
+
+        @staticmethod
+        def act(x):
+            return torch.nn.functional.gelu(x)
+
+    for cls in (Plain, OtherScale, OtherActivation):            # one class name: only the code tells them apart
+        vars(cls)["scale"].fget.__qualname__ = "Layer.scale"
+        vars(cls)["act"].__func__.__qualname__ = "Layer.act"
+    assert len({_code(Plain), _code(OtherScale), _code(OtherActivation)}) == 3
