@@ -158,8 +158,8 @@ def _functions(thing: Any) -> list[Any]:
 def _bytecode(code: Any, doc: str | None = None) -> str:
     """The bytecode with the names it refers to and its constants. The names, because the bytecode holds only
     their indices: ``torch.matmul`` and ``torch.bmm``, ``self.up`` and ``self.down``, read the same bytes. Not the
-    docstring ``doc`` (a function's first constant): editing it changes nothing a graph computes, and a new name
-    costs every user a build of minutes."""
+    docstring ``doc`` (a function's first constant): editing it changes nothing a graph computes, and a graph
+    under a new name is built again, minutes on every user's machine."""
     consts = list(code.co_consts)
     if doc is not None and consts and consts[0] == doc:
         consts = consts[1:]
