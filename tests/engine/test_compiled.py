@@ -547,64 +547,25 @@ def test_a_saved_graphs_name_changes_with_the_functions_and_constants_a_step_use
 
     from engine.model.compiled import _code
 
-    def product(a, b):
-        """One docstring."""
-        return torch.matmul(a, b) * 2.0
+    def defined(source: str) -> object:
+        """What ``source`` defines as ``step``: one name for every variant, so only the code tells them apart."""
+        namespace = {"torch": torch}
+        exec(source, namespace)
+        return namespace["step"]
 
-    def batched(a, b):
-        """One docstring."""
-        return torch.bmm(a, b) * 2.0
+    def function(call: str = "matmul", factor: float = 2.0, doc: str = "One docstring.") -> object:
+        return defined(f'def step(a, b):\n    """{doc}"""\n    return torch.{call}(a, b) * {factor}\n')
 
-    def halved(a, b):
-        """One docstring."""
-        return torch.matmul(a, b) * 0.5
+    def nested(call: str) -> object:
+        return defined(f"def step(a, b):\n    return [torch.{call}(x, b) for x in a]\n")
 
-    def redocumented(a, b):
-        """Another docstring, longer than the first."""
-        return torch.matmul(a, b) * 2.0
+    def layer(scale: float, activation: str) -> object:
+        return defined(f"class step:\n    @property\n    def scale(self):\n        return {scale}\n"
+                       f"    @staticmethod\n    def act(x):\n        return torch.nn.functional.{activation}(x)\n")
 
-    def nested(a, b):
-        return [torch.matmul(x, b) for x in a]
-
-    def nested_batched(a, b):
-        return [torch.bmm(x, b) for x in a]
-
-    functions = [product, batched, halved, redocumented, nested, nested_batched]
-    for f in functions:
-        f.__qualname__ = "step"                             # the same name: only the code tells them apart
+    product, batched = function(), function(call="bmm")
     assert product.__code__.co_code == batched.__code__.co_code     # what the bytes alone could not tell apart
-    assert len({_code(f) for f in (product, batched, halved)}) == 3
-    assert _code(product) == _code(redocumented)
-    assert _code(nested) != _code(nested_batched)
-
-    class Plain:
-        @property
-        def scale(self):
-            return 0.5
-
-        @staticmethod
-        def act(x):
-            return torch.nn.functional.silu(x)
-
-    class OtherScale:
-        @property
-        def scale(self):
-            return 2.0
-
-        @staticmethod
-        def act(x):
-            return torch.nn.functional.silu(x)
-
-    class OtherActivation:
-        @property
-        def scale(self):
-            return 0.5
-
-        @staticmethod
-        def act(x):
-            return torch.nn.functional.gelu(x)
-
-    for cls in (Plain, OtherScale, OtherActivation):            # one class name: only the code tells them apart
-        vars(cls)["scale"].fget.__qualname__ = "Layer.scale"
-        vars(cls)["act"].__func__.__qualname__ = "Layer.act"
-    assert len({_code(Plain), _code(OtherScale), _code(OtherActivation)}) == 3
+    assert len({_code(product), _code(batched), _code(function(factor=0.5))}) == 3
+    assert _code(product) == _code(function(doc="Another docstring, longer than the first."))
+    assert _code(nested("matmul")) != _code(nested("bmm"))
+    assert len({_code(layer(0.5, "silu")), _code(layer(2.0, "silu")), _code(layer(0.5, "gelu"))}) == 3
