@@ -11,11 +11,12 @@ take, stay in float and are counted.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from engine.model.hardware import gemm_dtype
 
 FORMATS = ("int8", "int4")
 INT4_GROUP = 32
@@ -30,18 +31,6 @@ def _many(rows: int | torch.SymInt) -> bool:
     prefill package, whose number of rows is symbolic (any prompt) and whose widened weights freezing computes
     once, at its build."""
     return isinstance(rows, torch.SymInt) or rows >= PREFILL_ROWS
-
-
-@functools.cache
-def _gemm_dtype(act_dtype: torch.dtype, device_type: str) -> torch.dtype:
-    """The float a prefill's widened int8 product runs in: the activations' own, except bfloat16 on a CPU
-    without bf16 units, where the GEMM emulates it (SmolLM2's 32 x 576 x 1536 product, 2-vCPU AMD EPYC:
-    bfloat16 3.9 ms, float32 1.9 ms); the output goes back to the activations' float."""
-    from engine.model.hardware import native_bf16
-
-    if act_dtype == torch.bfloat16 and device_type == "cpu" and not native_bf16(torch.device("cpu")):
-        return torch.float32
-    return act_dtype
 
 
 class Int8Linear(nn.Module):
@@ -66,7 +55,7 @@ class Int8Linear(nn.Module):
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
         if _many(rows.shape[0]):
-            wide = _gemm_dtype(rows.dtype, rows.device.type)
+            wide = gemm_dtype(rows.dtype, rows.device.type)
             y = (torch.nn.functional.linear(rows.to(wide), self.weight_int8.to(wide)) * self.scales).to(rows.dtype)
         else:
             y = torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales)

@@ -130,6 +130,24 @@ def test_the_rule_follows_the_cpu_flags(monkeypatch):
     assert calibrate.rule(torch.device("cpu")) == "float32"
 
 
+def test_a_many_row_product_widens_a_half_float_unless_the_cpus_flags_show_units_for_it(monkeypatch):
+    from engine.model import hardware
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    assert hardware.native_float(cpu, torch.bfloat16) and hardware.native_float(cpu, torch.float16) is False
+    assert hardware.gemm_dtype(torch.bfloat16, "cpu") == torch.bfloat16
+    assert hardware.gemm_dtype(torch.float16, "cpu") == torch.float32
+    assert hardware.gemm_dtype(torch.float16, "cuda") == torch.float16          # a GPU's own
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: frozenset({"avx2", "amx_fp16"}))
+    assert hardware.gemm_dtype(torch.float16, "cpu") == torch.float16
+    assert hardware.gemm_dtype(torch.bfloat16, "cpu") == torch.float32 and not hardware.native_bf16(cpu)
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: None)                   # flags nobody can read
+    assert hardware.native_float(cpu, torch.bfloat16) is None
+    assert hardware.gemm_dtype(torch.bfloat16, "cpu") == torch.float32          # float32's GEMM is never emulated
+    assert hardware.gemm_dtype(torch.float32, "cpu") == torch.float32
+
+
 def test_the_reason_names_the_measured_ratios():
     fast_bf16 = calibrate.Calibration("bfloat16", [calibrate.Timing("float32", 40.0, 1.2),
                                                    calibrate.Timing("bfloat16", 50.0, 0.6)], True)
