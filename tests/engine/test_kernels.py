@@ -1,14 +1,16 @@
 """The matrix-product kernel: every candidate gives ATen's greedy tokens, the per-machine choice is measured once
 and cached per torch version and CPU, a faster kernel with other tokens is refused, a busy comparison is not
-kept."""
+kept; where the CPU emulates the model's half float, a prefill's products run in float32."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 from engine.facts.params import GenerationParams
-from engine.model import kernels
+from engine.model import hardware, kernels
 from engine.run.session import Session
 from engine.store import machine_cache
 
@@ -17,6 +19,13 @@ def fresh(tiny_model_dir, dtype: str):
     from engine.model.models import load
 
     return load(str(tiny_model_dir), device="cpu", dtype=dtype)
+
+
+@pytest.fixture(autouse=True)
+def cpu_with_half_float_units(monkeypatch):
+    """The kernel choice alone: a CPU without bf16 units would also widen a bfloat16 model's prefill (the tests of
+    that say which CPU they are on)."""
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: frozenset({"avx2", "avx512_bf16", "avx512_fp16"}))
 
 
 KERNEL_FORMATS = [(k.name, d) for d in ("float32", "bfloat16") for k in kernels.candidates(getattr(torch, d))
@@ -228,3 +237,63 @@ def test_a_kept_choice_that_is_not_one_is_measured_again_and_an_unknown_kernel_n
     monkeypatch.setenv(kernels.ENV, "fastest")
     said = kernels.choose(fresh_model(tiny_model_dir), "this cpu")
     assert "KVSCOPE_LINEAR=fastest is not one of aten, onednn, mkl or auto: chosen as auto" in said.words()
+
+
+def _counting(layer: kernels.PackedLinear) -> list[int]:
+    """The rows of every call that went through the layer's own kernel."""
+    rows: list[int] = []
+    product = layer.kernel.product
+    layer.kernel = dataclasses.replace(layer.kernel,
+                                       product=lambda x, *rest: rows.append(x.shape[-2]) or product(x, *rest))
+    return rows
+
+
+@pytest.mark.parametrize(("dtype", "units"), [("bfloat16", "avx512_bf16"), ("float16", "avx512_fp16")])
+def test_without_units_for_its_float_a_prefills_products_run_in_float32_and_a_steps_through_its_kernel(
+        tiny_model_dir, monkeypatch, dtype, units):
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    loaded = fresh(tiny_model_dir, dtype)
+    assert not any(type(m) is torch.nn.Linear for m in loaded.model.modules())
+    layers = [m for m in loaded.model.modules() if isinstance(m, kernels.PackedLinear)]
+    assert layers and all(m.wide == torch.float32 and m.kernel.name == "aten" for m in layers)
+    assert (f"a prefill's products ({kernels.WIDE_ROWS} rows or more) in float32 over the weights widened per call: "
+            f"this CPU has no {dtype} units") in loaded.dtype_reason
+    layer = layers[0]
+    rows = _counting(layer)
+    many = torch.randn(2, kernels.WIDE_ROWS // 2, layer.in_features, dtype=getattr(torch, dtype))
+    out = layer(many)
+    bias = None if layer.bias is None else layer.bias.float()
+    assert out.dtype == many.dtype and rows == []
+    assert torch.equal(out, torch.nn.functional.linear(many.float(), layer.weight.float(), bias).to(many.dtype))
+    layer(many[:1, :1])                                               # a decode step: one row
+    layer(many[:1, :-1])                                              # one row short of widening
+    assert rows == [1, kernels.WIDE_ROWS // 2 - 1]
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: frozenset({"avx2", units}))
+    native = fresh(tiny_model_dir, dtype)
+    assert not any(isinstance(m, kernels.PackedLinear) for m in native.model.modules())
+    assert "widened" not in native.dtype_reason
+
+
+def test_a_float32_model_and_an_int8_one_are_not_widened_on_a_cpu_without_bf16_units(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: frozenset({"avx2"}))
+    for dtype in ("float32", "int8"):
+        loaded = fresh(tiny_model_dir, dtype)
+        assert not any(isinstance(m, kernels.PackedLinear) for m in loaded.model.modules())
+        assert "widened" not in loaded.dtype_reason
+
+
+def test_a_widened_models_run_gives_its_tokens_and_its_export_multiplies_by_the_plain_weights(
+        tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: frozenset({"avx2"}))
+    loaded = fresh(tiny_model_dir, "bfloat16")
+    layer = next(m for m in loaded.model.modules() if isinstance(m, kernels.PackedLinear))
+    rows = _counting(layer)
+    prompt = " ".join(["the cache keeps what attention read"] * 8)       # more tokens than WIDE_ROWS
+    result = Session(loaded).run(prompt, GenerationParams(max_new_tokens=6, chat_template=False)).summary
+    assert len(result.token_ids) == 6 and result.prompt_tokens >= kernels.WIDE_ROWS
+    assert rows == [1] * 5                                            # the prefill widened; every step did not
+    x = torch.randn(1, kernels.WIDE_ROWS, layer.in_features, dtype=torch.bfloat16)
+    with kernels.exporting():                                         # what a package traces: the layer's own float
+        traced = layer(x)
+    assert rows == [1] * 5
+    assert torch.equal(traced, torch.nn.functional.linear(x, layer.weight, layer.bias))
