@@ -313,9 +313,9 @@ def widen_many_rows(model: nn.Module) -> str:
         return ""
     dtypes = {child.weight.dtype for _p, _n, child in layers}
     dtype = dtypes.pop() if len(dtypes) == 1 else None
-    if dtype is None or gemm_dtype(dtype, "cpu") == dtype:
+    wide = None if dtype is None else gemm_dtype(dtype, "cpu")
+    if wide is None or wide == dtype:
         return ""
-    wide = gemm_dtype(dtype, "cpu")
     for parent, name, child in layers:
         if type(child) is nn.Linear:
             child = PackedLinear(child, CANDIDATES["aten"])
