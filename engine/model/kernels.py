@@ -206,20 +206,28 @@ def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
 NO_OTHER = "this torch has no other kernel for its format on this CPU"
 
 
+def _not_one_cpu_float(model: nn.Module, layers: list[tuple[nn.Module, str, nn.Module]]) -> str | None:
+    """Why ``layers`` cannot change how they multiply all together (a kernel, a widening), or None: each must be
+    on the CPU, in one float format, in a model not split across devices."""
+    if {child.weight.device.type for _p, _n, child in layers} != {"cpu"}:
+        return "its layers are not all on the CPU"
+    if getattr(model, "hf_device_map", None) and len(set(model.hf_device_map.values())) > 1:
+        return "it is split across devices or disk"
+    dtypes = {child.weight.dtype for _p, _n, child in layers}
+    if dtypes - set(DTYPES) or len(dtypes) > 1:
+        return "its weights are not all in one float format"
+    return None
+
+
 def usable(model: nn.Module) -> str | None:
     """Why no other kernel can stand in for ATen's in this model's layers, or None."""
     linears = _linears(model)
     if not linears:
         return "no plain linear layers (quantized weights keep their own kernels)"
-    devices = {child.weight.device.type for _p, _n, child in linears}
-    if devices != {"cpu"}:
-        return "its layers are not all on the CPU"
-    if getattr(model, "hf_device_map", None) and len(set(model.hf_device_map.values())) > 1:
-        return "it is split across devices or disk"
-    dtypes = {child.weight.dtype for _p, _n, child in linears}
-    if dtypes - set(DTYPES) or len(dtypes) > 1:
-        return "its weights are not all in one float format"
-    if len(candidates(dtypes.pop())) < 2:
+    why = _not_one_cpu_float(model, linears)
+    if why is not None:
+        return why
+    if len(candidates(linears[0][2].weight.dtype)) < 2:
         return NO_OTHER
     from engine.model.memory import copy_refused
 
@@ -307,14 +315,11 @@ def widen_many_rows(model: nn.Module) -> str:
 
     layers = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
               if type(child) in (nn.Linear, PackedLinear)]
-    if not layers or {child.weight.device.type for _p, _n, child in layers} != {"cpu"}:
+    if not layers or _not_one_cpu_float(model, layers) is not None:
         return ""
-    if getattr(model, "hf_device_map", None) and len(set(model.hf_device_map.values())) > 1:
-        return ""
-    dtypes = {child.weight.dtype for _p, _n, child in layers}
-    dtype = dtypes.pop() if len(dtypes) == 1 else None
-    wide = None if dtype is None else gemm_dtype(dtype, "cpu")
-    if wide is None or wide == dtype:
+    dtype = layers[0][2].weight.dtype
+    wide = gemm_dtype(dtype, "cpu")
+    if wide == dtype:
         return ""
     for parent, name, child in layers:
         if type(child) is nn.Linear:
