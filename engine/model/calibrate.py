@@ -1,12 +1,15 @@
 """Which float dtype is fastest here? Measured, not assumed: bfloat16 halves the bytes decode reads, but on a
-CPU without native bf16 units its matmuls are emulated and prefill gets several times slower.
+CPU without native bf16 units torch emulates its GEMM, and a prefill's products run in float32 over the weights
+widened per call instead (``kernels.widen_many_rows``), which costs the widening.
 
-A short calibration times one decoder layer's worth of matmuls (the model's own hidden and intermediate
-sizes) per candidate dtype: one token at a time (decode: reading weights) and 64 tokens at once (prefill:
-arithmetic). The score is the time of a typical run, a 64-token prefill plus 64 decode steps; ``auto`` takes
-the lowest, float32 on a tie, so it is never slower than float32 in its own measurement. Cached per device,
-torch version, thread count and shape (a second or two the first time). A measurement taken on a busy machine
-is not used: a stated rule (native bf16 units or not) decides, the same at every launch, and is cached too.
+A short calibration times a decoder layer's matmuls (the model's own hidden and intermediate sizes) per
+candidate dtype, as the model computes them: through the kernel its eager decode would take (``kernels.offered``),
+one token at a time over distinct layers (decode: reading weights from memory, not from a cache) and 64 tokens
+at once (prefill: arithmetic, widened where the model's are). The score is the time of a typical run, a 64-token
+prefill plus 64 decode steps; ``auto`` takes the lowest, float32 on a tie, so it is never slower than float32 in
+its own measurement. Cached per device, torch version, thread count and shape (a second or two the first time).
+A measurement taken on a busy machine is not used: a stated rule (native bf16 units or not) decides, the same at
+every launch, and is cached too.
 """
 
 from __future__ import annotations
@@ -18,11 +21,15 @@ from dataclasses import asdict, dataclass
 import torch
 
 from engine.facts.contention import LoadMeter, busy
+from engine.model import kernels
 from engine.model.hardware import native_bf16
+from engine.model.kernels import Kernel
 from engine.store import machine_cache
 
 CANDIDATES = {"cpu": ("float32", "bfloat16"), "cuda": ("float32", "bfloat16", "float16"), "mps": ("float32", "float16")}
 CACHE = "dtypes.json"
+TIMING = 2                 # how a candidate is timed (2: distinct layers, a prefill widened as the model's is)
+SAMPLE_BYTES = 128 << 20   # at least this much float32 weight is timed per candidate: beyond a CPU's last cache
 PREFILL_TOKENS = 64
 DECODE_STEPS = 64
 
@@ -63,15 +70,26 @@ class Calibration:
         if base is None or best is None or best.dtype == "float32":
             others = [t for t in self.timings if t.dtype != "float32"]
             slower = ", ".join(f"{t.dtype} {base.run_ms / t.run_ms:.2f}x" for t in others) if base else ""
-            return f"float32{of}: the others were slower here{native} ({slower} the speed, measured)"
-        return (f"{best.dtype}{of}: {base.decode_ms / best.decode_ms:.1f}x the decode and "
-                f"{base.prefill_ms / best.prefill_ms:.1f}x the prefill speed of float32{native} (measured)")
+            return (f"float32{of}: the others were slower here{native} ({slower} the speed in a layer's products, "
+                    "measured)")
+        return (f"{best.dtype}{of}: a layer's products {base.decode_ms / best.decode_ms:.1f}x as fast as float32's "
+                f"in decode and {base.prefill_ms / best.prefill_ms:.1f}x in prefill{native} (measured)")
 
 
-def _layer(hidden: int, intermediate: int, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
-    """The weights of one decoder layer's matmuls: q, k, v, o, then gate, up and down."""
+def _layer(hidden: int, intermediate: int, dtype: torch.dtype, device: torch.device,
+           kernel: Kernel | None = None) -> list[torch.nn.Module]:
+    """One decoder layer's linear layers in ``dtype`` (q, k, v, o, then gate, up and down), as a model in that
+    float computes them on a CPU: through ``kernel`` (``engine.model.kernels``), and where this CPU emulates a half
+    float a prefill's rows widened (``widen_many_rows``, the model's own rule). Timed through ATen's emulated GEMM
+    instead, bfloat16 was charged a prefill no model runs, and float32's decode ATen's one-thread product where the
+    model's runs oneDNN's (a 2-vCPU AMD EPYC: 1.6 ms a layer against 1.2)."""
+    from engine.model.kernels import PackedLinear, widen_many_rows
+
     shapes = [(hidden, hidden)] * 4 + [(intermediate, hidden)] * 2 + [(hidden, intermediate)]
-    return [torch.randn(*shape, device=device, dtype=dtype) / shape[1] ** 0.5 for shape in shapes]
+    linears = [torch.nn.Linear(i, o, bias=False, device=device, dtype=dtype) for o, i in shapes]
+    layer = torch.nn.ModuleList(linears if kernel is None else [PackedLinear(m, kernel) for m in linears])
+    widen_many_rows(layer)
+    return list(layer)
 
 
 def _quantized_layer(fmt: str, hidden: int, intermediate: int, act: torch.dtype,
@@ -84,20 +102,27 @@ def _quantized_layer(fmt: str, hidden: int, intermediate: int, act: torch.dtype,
     return [make(torch.nn.Linear(i, o, bias=False, device=device), act) for o, i in shapes]
 
 
-def _time_ms(weights: list, tokens: int, device: torch.device, repeats: int,
-             act: torch.dtype | None = None) -> float:
-    """The best of ``repeats`` passes of ``tokens`` through one layer's matmuls: weight tensors (``linear``) or
-    quantized modules (called, in ``act``)."""
-    modules = not isinstance(weights[0], torch.Tensor)
-    hidden = weights[0].in_features if modules else weights[0].shape[1]
-    x = torch.randn(tokens, hidden, device=device, dtype=act if modules else weights[0].dtype)
-    apply = (lambda w, t: w(t)) if modules else (lambda w, t: torch.nn.functional.linear(t, w))
+def copies(hidden: int, intermediate: int) -> int:
+    """How many distinct layers decode is timed over: enough to hold ``SAMPLE_BYTES`` in float32. Decode reads each
+    weight once a step, from memory; one layer timed over and over is read from the CPU's cache (an int8 layer of
+    SmolLM2's is 4 MB: on a 2-vCPU AMD EPYC its decode with bfloat16 activations timed 0.30 ms alone and 0.51 a
+    layer over nine, and "10.8x float32's" became 6.3x). A prefill's 64 rows are arithmetic over each weight it
+    reads: one layer times it (float32 activations over int4 weights took 0.3 s a pass of one layer)."""
+    per_layer = 4 * (4 * hidden * hidden + 3 * hidden * intermediate)
+    return max(1, -(-SAMPLE_BYTES // per_layer))
+
+
+def _time_ms(layers: list[list[torch.nn.Module]], tokens: int, device: torch.device, repeats: int,
+             act: torch.dtype) -> float:
+    """The best of ``repeats`` passes of ``tokens`` rows in ``act`` through every layer's linear layers, per
+    layer."""
+    x = torch.randn(tokens, layers[0][0].in_features, device=device, dtype=act)
 
     def once() -> None:
-        q, k, v, o, gate, up, down = weights
-        for w in (q, k, v, o, gate):
-            apply(w, x)
-        apply(down, apply(up, x))
+        for q, k, v, o, gate, up, down in layers:
+            for w in (q, k, v, o, gate):
+                w(x)
+            down(up(x))
         if device.type == "cuda":
             torch.cuda.synchronize()
 
@@ -108,28 +133,39 @@ def _time_ms(weights: list, tokens: int, device: torch.device, repeats: int,
             started = time.perf_counter()
             once()
             best = min(best, time.perf_counter() - started)
-    return best * 1000.0
+    return best * 1000.0 / len(layers)
 
 
 def measure(device: torch.device, hidden: int, intermediate: int, weights: str = "") -> Calibration:
-    """Each candidate float timed over one layer's matmuls; ``weights`` (int8 / int4): through that format's
-    quantized kernel, the float being its activations' (the kernels' speed differs most there: torch's int8
-    weight-only product read 11 GB/s with bfloat16 activations and 2.8 with float32 ones on one machine)."""
-    meter = LoadMeter()
-    meter.start()
+    """Each candidate float timed over a layer's matmuls (decode over ``copies`` distinct layers); ``weights``
+    (int8 / int4): through that format's quantized kernel, the float being its activations' (the kernels' speed
+    differs most there: torch's int8 weight-only product read 11 GB/s with bfloat16 activations and 2.8 with
+    float32 ones on one machine)."""
+    meter, count = LoadMeter(), copies(hidden, intermediate)
     timings = []
     for name in CANDIDATES.get(device.type, ("float32",)):
         dtype = getattr(torch, name)
-        try:
-            if weights:
-                layer, act = _quantized_layer(weights, hidden, intermediate, dtype, device), dtype
-            else:
-                layer, act = _layer(hidden, intermediate, dtype, device), None
-            timings.append(Timing(name, _time_ms(layer, PREFILL_TOKENS, device, 3, act),
-                                  _time_ms(layer, 1, device, 7, act)))
-        except (RuntimeError, TypeError, NotImplementedError):      # a dtype the device cannot compute in
-            continue
-    meter.stop()
+        ways = [None] if weights or device.type != "cpu" else kernels.offered(dtype)
+        fastest: Timing | None = None
+        for kernel in ways:                    # as ``kernels.choose`` does: the kernel of the fastest decode
+            try:
+                layers = [_quantized_layer(weights, hidden, intermediate, dtype, device) if weights
+                          else _layer(hidden, intermediate, dtype, device, kernel) for _ in range(count)]
+                # The machine's load is read over the prefill alone: a one-row product may run in one thread
+                # (ATen's float32 product did), which would read as a machine half busy.
+                meter.start()
+                try:
+                    prefill_ms = _time_ms(layers[:1], PREFILL_TOKENS, device, 3, dtype)
+                finally:
+                    meter.stop()
+                timing = Timing(name, prefill_ms, _time_ms(layers, 1, device, 7, dtype))
+                del layers
+            except (RuntimeError, TypeError, NotImplementedError):      # a dtype the device cannot compute in
+                continue
+            if fastest is None or timing.decode_ms < fastest.decode_ms:
+                fastest = timing
+        if fastest is not None:
+            timings.append(fastest)
     best = min(timings, key=lambda t: (round(t.run_ms, 6), t.dtype != "float32")).dtype
     return Calibration(best, timings, native_bf16(device), None if device.type != "cpu" else meter.share(),
                        weights=weights)
@@ -153,7 +189,7 @@ def calibrate(device: torch.device, hidden: int, intermediate: int, recalibrate:
     from engine.model.hardware import device_name
 
     key = f"{device_name(device)}|{device.type}|torch {torch.__version__}|threads {torch.get_num_threads()}|" \
-          f"{hidden}x{intermediate}" + (f"|{weights} weights" if weights else "")
+          f"{hidden}x{intermediate}|timed {TIMING}" + (f"|{weights} weights" if weights else "")
     entry = None if recalibrate else machine_cache.entry(CACHE, key)
     if entry is not None:
         try:

@@ -90,6 +90,15 @@ def candidates(dtype: torch.dtype) -> list[Kernel]:
     return [k for k in CANDIDATES.values() if dtype in k.dtypes and k.available() and _packs(k.name, dtype)]
 
 
+def offered(dtype: torch.dtype) -> list[Kernel]:
+    """The kernels a model in ``dtype`` may multiply by in eager decode here: the one ``KVSCOPE_LINEAR`` names (ATen
+    where that one has nothing for the float), else every candidate, the choice (``choose``) taking the fastest."""
+    wanted, here = os.environ.get(ENV, "auto").strip().lower(), candidates(dtype)
+    if wanted in CANDIDATES:
+        return [CANDIDATES[wanted] if CANDIDATES[wanted] in here else CANDIDATES["aten"]]
+    return here
+
+
 @functools.cache
 def _packs(name: str, dtype: torch.dtype) -> bool:
     """Whether the kernel packs a weight in ``dtype`` on this CPU: oneDNN refuses bfloat16 without AVX-512 (BW,

@@ -102,6 +102,69 @@ def test_quantized_weights_take_the_activations_their_own_kernel_ran_fastest_wit
     assert calibrate.calibrate(torch.device("cpu"), 128, 256, weights=fmt).cached
 
 
+@pytest.mark.parametrize(("flags", "prefill_in"), [({"avx2"}, torch.float32),
+                                                  ({"avx2", "avx512_bf16"}, torch.bfloat16)])
+def test_the_calibration_times_bfloat16_as_a_model_computes_it_on_this_cpu(monkeypatch, flags, prefill_in):
+    """Without bf16 units a bfloat16 model's prefill runs in float32 over widened weights: the calibration times
+    that, not torch's emulated GEMM (which charged bfloat16 a prefill no model runs); its decode stays bfloat16."""
+    from engine.model import hardware
+
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: frozenset(flags))
+    computed_in: dict[int, set[torch.dtype]] = {}
+    linear = torch.nn.functional.linear
+
+    def recording(x, w, b=None):
+        computed_in.setdefault(x.shape[0], set()).add(w.dtype)
+        assert x.dtype == w.dtype
+        return linear(x, w, b)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", recording)
+    layer = calibrate._layer(64, 128, torch.bfloat16, torch.device("cpu"), kernels.CANDIDATES["aten"])
+    calibrate._time_ms([layer], calibrate.PREFILL_TOKENS, torch.device("cpu"), 1, torch.bfloat16)
+    calibrate._time_ms([layer], 1, torch.device("cpu"), 1, torch.bfloat16)
+    assert computed_in == {calibrate.PREFILL_TOKENS: {prefill_in}, 1: {torch.bfloat16}}
+
+
+def test_the_calibration_reads_distinct_weights_beyond_its_sample_bytes_per_float(monkeypatch):
+    """Decode reads each weight once a step: one layer timed again and again would time the CPU's cache."""
+    monkeypatch.setattr(calibrate, "SAMPLE_BYTES", 1 << 20)
+    timed = calibrate._time_ms
+    read: dict[torch.dtype, set[int]] = {}
+
+    def recording(layers, tokens, device, repeats, act):
+        read.setdefault(act, set()).update(m.weight.data_ptr() for layer in layers for m in layer)
+        return timed(layers, tokens, device, repeats, act)
+
+    monkeypatch.setattr(calibrate, "_time_ms", recording)
+    found = calibrate.measure(torch.device("cpu"), 64, 128)
+    assert {t.dtype for t in found.timings} == {"float32", "bfloat16"} == {str(d)[6:] for d in read}
+    per_layer_fp32 = 4 * (4 * 64 * 64 + 3 * 64 * 128)
+    for weights in read.values():
+        assert len(weights) == 7 * calibrate.copies(64, 128) and len(weights) * per_layer_fp32 / 7 >= 1 << 20
+
+
+@pytest.mark.parametrize("linear", ["auto", "aten"])
+def test_the_calibration_times_each_float_through_the_kernel_its_decode_would_take(monkeypatch, linear):
+    """As ``kernels.choose`` does: the fastest decode among the kernels offered for the float (only the one
+    ``KVSCOPE_LINEAR`` names, when it names one), its prefill timed through the same kernel."""
+    monkeypatch.setenv("KVSCOPE_LINEAR", linear)
+    here = kernels.offered(torch.float32)
+    assert [k.name for k in here] == (["aten"] if linear == "aten" else [k.name for k in kernels.candidates(
+        torch.float32)])
+    said = {k.name: (10.0 + i, 3.0 - i) for i, k in enumerate(here)}     # the last offered decodes fastest
+    timed: list[tuple[str, str]] = []
+
+    def stated(layers, tokens, device, repeats, act):
+        name = layers[0][0].kernel.name
+        timed.append((str(act)[6:], name))
+        return said[name][0] if tokens > 1 else said[name][1]
+
+    monkeypatch.setattr(calibrate, "_time_ms", stated)
+    found = calibrate.measure(torch.device("cpu"), 64, 128)
+    assert found.timing("float32") == calibrate.Timing("float32", *said[here[-1].name])
+    assert sorted({name for dtype, name in timed if dtype == "float32"}) == sorted(said)
+
+
 def test_the_measuring_line_appears_only_when_a_calibration_is_measured(monkeypatch, tmp_path):
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
     said: list[str] = []
@@ -152,8 +215,8 @@ def test_a_many_row_product_widens_a_half_float_unless_the_cpus_flags_show_units
 def test_the_reason_names_the_measured_ratios():
     fast_bf16 = calibrate.Calibration("bfloat16", [calibrate.Timing("float32", 40.0, 1.2),
                                                    calibrate.Timing("bfloat16", 50.0, 0.6)], True)
-    assert fast_bf16.reason() == ("bfloat16: 2.0x the decode and 0.8x the prefill speed of float32 (native bf16 on "
-                                  "this CPU) (measured)")
+    assert fast_bf16.reason() == ("bfloat16: a layer's products 2.0x as fast as float32's in decode and 0.8x in "
+                                  "prefill (native bf16 on this CPU) (measured)")
     slow_bf16 = calibrate.Calibration("float32", [calibrate.Timing("float32", 40.0, 1.2),
                                                   calibrate.Timing("bfloat16", 200.0, 1.0)], False)
     assert slow_bf16.reason().startswith("float32: the others were slower here (bf16 emulated on this CPU)")
