@@ -17,17 +17,27 @@ from engine.run.session import Session
 from tests.lessons import collect
 
 
+@pytest.mark.parametrize("act", ["float32", "bfloat16"])
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_quantized_weights_load_and_generate_on_the_tiny_model(tiny_model_dir, fmt):
+def test_quantized_weights_load_and_generate_on_the_tiny_model(tiny_model_dir, monkeypatch, fmt, act):
+    """The activations' float stated, not measured (the calibration's choice varies by machine), on a CPU without
+    bf16 units: a layer kept in float is then widened for a prefill's rows when that float is bfloat16."""
+    from engine.model import hardware
+
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(calibrate, "calibrate", lambda *_a, weights="", **_k: calibrate.Calibration(
+        act, [calibrate.Timing(act, 1.0, 1.0)], False, weights=weights))
     fp32 = load(str(tiny_model_dir), "cpu", "float32")
     loaded = load(str(tiny_model_dir), "cpu", fmt)
+    assert loaded.facts.dtype == act
     layers = [m for m in loaded.model.modules() if isinstance(m, (quantize.Int8Linear, quantize.Int4Linear))]
-    # a layer kept in float, plain or wrapped to widen a prefill's rows (a CPU without units for its float)
     kept = [m for m in loaded.model.modules() if isinstance(m, (torch.nn.Linear, kernels.PackedLinear))]
     linears = [m for m in fp32.model.modules() if isinstance(m, torch.nn.Linear)]
     assert len(layers) + len(kept) == len(linears) and len(layers) >= len(linears) - 1
     if fmt == "int4":       # the 457-token output projection: the int4 kernel takes multiples of 16 outputs
         assert [m.out_features for m in kept] == [loaded.facts.vocab_size]
+        widened = [getattr(m, "wide", None) for m in kept]
+        assert widened == [torch.float32 if act == "bfloat16" else None]
     assert loaded.facts.weights.startswith(f"{fmt} weights ({len(layers)} linear layers")
     assert loaded.facts.weight_format == fmt                     # named apart from the activations' dtype
     assert loaded.facts.num_params == fp32.facts.num_params
