@@ -340,6 +340,11 @@ def widen_many_rows(model: nn.Module) -> str:
             f"this CPU has no {float_name} units, so torch emulates {float_name}'s GEMM")
 
 
+def widened(model: nn.Module) -> bool:
+    """Whether ``widen_many_rows`` widened this model's products of many rows."""
+    return any(isinstance(m, PackedLinear) and m.wide is not None for m in model.modules())
+
+
 def _chosen(model: nn.Module, device_name: str, measuring: Any) -> KernelChoice:
     wanted = os.environ.get(ENV, "auto").strip().lower()
     unknown = ""

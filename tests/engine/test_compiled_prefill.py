@@ -138,3 +138,26 @@ def test_a_window_run_says_its_compiled_steps_ran_beside_the_prefill_packages_bu
     assert any(n.startswith("from step 2 the compiled prefill package was built beside the decode") for n in notes)
     quiet, _ = _run(Session(model), "the cache grows")           # waiting for its graph: no decode beside a build
     assert not any("built beside the decode" in n for n in quiet.summary.notes)
+
+
+@pytest.mark.parametrize(("dtype", "flags", "widened"), [("bfloat16", {"avx2"}, True),
+                                                      ("bfloat16", {"avx2", "avx512_bf16"}, False),
+                                                      ("float32", {"avx2"}, False)])
+def test_a_prompt_the_cpu_widens_prefills_eagerly_and_a_shorter_one_through_the_package(
+        tiny_model_dir, monkeypatch, dtype, flags, widened):
+    """Where eager widens a half float's prefill to float32 (no units for it), the package's emulated products
+    are slower from that many rows: it serves only the shorter prompts. Elsewhere it serves up to its bound."""
+    from engine.model import hardware, kernels
+    from engine.model.compiled_prefill import LONGEST
+    from engine.model.models import load
+
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: frozenset(flags))
+    session = Session(load(str(tiny_model_dir), "cpu", dtype))
+    assert kernels.widened(session.model) == widened
+    graph = compiled.Graph(0)
+    graph.step = lambda ids: ids          # a package stated built: only which prompts go through it is asked
+    graph.ready.set()
+    session.compiled_prefill.graph = graph
+    longest = kernels.WIDE_ROWS - 1 if widened else min(LONGEST, session.facts.max_context)
+    params = GenerationParams(**PARAMS)
+    assert session.prefill_packaged(longest, params) and not session.prefill_packaged(longest + 1, params)
