@@ -102,14 +102,16 @@ def _quantized_layer(fmt: str, hidden: int, intermediate: int, act: torch.dtype,
     return [make(torch.nn.Linear(i, o, bias=False, device=device), act) for o, i in shapes]
 
 
-def copies(hidden: int, intermediate: int) -> int:
-    """How many distinct layers decode is timed over: enough to hold ``SAMPLE_BYTES`` in float32. Decode reads each
-    weight once a step, from memory; one layer timed over and over is read from the CPU's cache (an int8 layer of
-    SmolLM2's is 4 MB: on a 2-vCPU AMD EPYC its decode with bfloat16 activations timed 0.30 ms alone and 0.51 a
-    layer over nine, and "10.8x float32's" became 6.3x). A prefill's 64 rows are arithmetic over each weight it
-    reads: one layer times it (float32 activations over int4 weights took 0.3 s a pass of one layer)."""
+def copies(hidden: int, intermediate: int, layers: int | None = None) -> int:
+    """How many distinct layers decode is timed over: as many as the model has (``layers``; None: unknown), up to
+    ``SAMPLE_BYTES`` in float32. Decode reads each weight once a step: from memory when the model is larger than
+    the CPU's cache, and one layer timed over and over is read from the cache (an int8 layer of SmolLM2's is 4 MB:
+    on a 2-vCPU AMD EPYC its decode with bfloat16 activations timed 0.30 ms alone and 0.51 a layer over nine, and
+    "10.8x float32's" became 6.3x); a model smaller than that decodes from the cache, and so is timed. A
+    prefill's 64 rows are arithmetic over each weight it reads: one layer times it (float32 activations over int4
+    weights took 0.3 s a pass of one layer)."""
     per_layer = 4 * (4 * hidden * hidden + 3 * hidden * intermediate)
-    return max(1, -(-SAMPLE_BYTES // per_layer))
+    return max(1, min(-(-SAMPLE_BYTES // per_layer), layers or SAMPLE_BYTES))
 
 
 def _time_ms(layers: list[list[torch.nn.Module]], tokens: int, device: torch.device, repeats: int,
@@ -136,12 +138,14 @@ def _time_ms(layers: list[list[torch.nn.Module]], tokens: int, device: torch.dev
     return best * 1000.0 / len(layers)
 
 
-def measure(device: torch.device, hidden: int, intermediate: int, weights: str = "") -> Calibration:
-    """Each candidate float timed over a layer's matmuls (decode over ``copies`` distinct layers); ``weights``
+def measure(device: torch.device, hidden: int, intermediate: int, weights: str = "",
+            layers: int | None = None) -> Calibration:
+    """Each candidate float timed over a layer's matmuls (decode over ``copies`` distinct layers, of the model's
+    ``layers``); ``weights``
     (int8 / int4): through that format's quantized kernel, the float being its activations' (the kernels' speed
     differs most there: torch's int8 weight-only product read 11 GB/s with bfloat16 activations and 2.8 with
     float32 ones on one machine)."""
-    meter, count = LoadMeter(), copies(hidden, intermediate)
+    meter, count = LoadMeter(), copies(hidden, intermediate, layers)
     timings = []
     for name in CANDIDATES.get(device.type, ("float32",)):
         dtype = getattr(torch, name)
@@ -181,7 +185,8 @@ def rule(device: torch.device) -> str:
 
 
 def calibrate(device: torch.device, hidden: int, intermediate: int, recalibrate: bool = False,
-              measuring: Callable[[], None] = lambda: None, weights: str = "") -> Calibration:
+              measuring: Callable[[], None] = lambda: None, weights: str = "",
+              layers: int | None = None) -> Calibration:
     """The cached decision for this machine and shape, else a new one (``measuring`` is called first, so a
     progress line appears only when something is measured). A measurement taken on a quiet machine decides; one
     taken on a busy machine is not used: the stated rule (:func:`rule`) decides, and that decision is kept too,
@@ -189,7 +194,8 @@ def calibrate(device: torch.device, hidden: int, intermediate: int, recalibrate:
     from engine.model.hardware import device_name
 
     key = f"{device_name(device)}|{device.type}|torch {torch.__version__}|threads {torch.get_num_threads()}|" \
-          f"{hidden}x{intermediate}|timed {TIMING}" + (f"|{weights} weights" if weights else "")
+          f"{hidden}x{intermediate}|timed {TIMING} over {copies(hidden, intermediate, layers)}" + \
+          (f"|{weights} weights" if weights else "")
     entry = None if recalibrate else machine_cache.entry(CACHE, key)
     if entry is not None:
         try:
@@ -199,7 +205,7 @@ def calibrate(device: torch.device, hidden: int, intermediate: int, recalibrate:
         except (KeyError, TypeError):
             pass
     measuring()
-    found = measure(device, hidden, intermediate, weights)
+    found = measure(device, hidden, intermediate, weights, layers)
     if busy(found.cpu_share):
         found = Calibration(rule(device), found.timings, found.native_bf16, found.cpu_share, by_rule=True,
                             weights=weights)

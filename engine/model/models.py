@@ -129,8 +129,9 @@ def pick_dtype(requested: str, device: Any, config: Any = None, recalibrate: boo
     # The matmuls timed are a sample at most this large (a config's 40,000-wide layer would fill the memory):
     # the dtypes' order is the same at the model's sizes and at a sample's.
     hidden, intermediate = min(hidden, CALIBRATE_HIDDEN), min(intermediate, 4 * CALIBRATE_HIDDEN)
+    layers = int(getattr(text, "num_hidden_layers", 0) or 0) or None     # a small model decodes from the cache
     fmt = None if requested == "auto" else requested
-    calibration = calibrate(device, hidden, intermediate, recalibrate, measuring, weights=fmt or "")
+    calibration = calibrate(device, hidden, intermediate, recalibrate, measuring, weights=fmt or "", layers=layers)
     return getattr(torch, calibration.best), fmt, calibration.reason()
 
 

@@ -135,8 +135,10 @@ def test_the_calibration_times_bfloat16_as_a_model_computes_it_on_this_cpu(monke
     assert computed_in == {calibrate.PREFILL_TOKENS: {prefill_in}, 1: {torch.bfloat16}}
 
 
-def test_the_calibration_reads_distinct_weights_beyond_its_sample_bytes_per_float(monkeypatch):
-    """Decode reads each weight once a step: one layer timed again and again would time the CPU's cache."""
+@pytest.mark.parametrize("layers", [None, 3])
+def test_the_calibration_reads_distinct_weights_beyond_its_sample_bytes_per_float(monkeypatch, layers):
+    """Decode reads each weight once a step: one layer timed again and again would time the CPU's cache. A model
+    with fewer layers than the sample holds is timed over as many as it has (it decodes from the cache)."""
     monkeypatch.setattr(calibrate, "SAMPLE_BYTES", 1 << 20)
     timed = calibrate._time_ms
     read: dict[torch.dtype, set[int]] = {}
@@ -146,11 +148,14 @@ def test_the_calibration_reads_distinct_weights_beyond_its_sample_bytes_per_floa
         return timed(layers, tokens, device, repeats, act)
 
     monkeypatch.setattr(calibrate, "_time_ms", recording)
-    found = calibrate.measure(torch.device("cpu"), 64, 128)
+    found = calibrate.measure(torch.device("cpu"), 64, 128, layers=layers)
     assert {t.dtype for t in found.timings} == {"float32", "bfloat16"} == {str(d)[6:] for d in read}
     per_layer_fp32 = 4 * (4 * 64 * 64 + 3 * 64 * 128)
     for weights in read.values():
-        assert len(weights) == 7 * calibrate.copies(64, 128) and len(weights) * per_layer_fp32 / 7 >= 1 << 20
+        if layers is None:
+            assert len(weights) == 7 * calibrate.copies(64, 128) and len(weights) * per_layer_fp32 / 7 >= 1 << 20
+        else:
+            assert len(weights) == 7 * layers
 
 
 @pytest.mark.parametrize("linear", ["auto", "aten"])
