@@ -23,7 +23,6 @@ import torch
 from engine.facts.contention import LoadMeter, busy
 from engine.model import kernels
 from engine.model.hardware import native_bf16
-from engine.model.kernels import Kernel
 from engine.store import machine_cache
 
 CANDIDATES = {"cpu": ("float32", "bfloat16"), "cuda": ("float32", "bfloat16", "float16"), "mps": ("float32", "float16")}
@@ -76,19 +75,21 @@ class Calibration:
                 f"in decode and {base.prefill_ms / best.prefill_ms:.1f}x in prefill{native} (measured)")
 
 
+def _shapes(hidden: int, intermediate: int) -> list[tuple[int, int]]:
+    """``(out, in)`` of one decoder layer's matmuls: q, k, v, o, then gate, up and down."""
+    return [(hidden, hidden)] * 4 + [(intermediate, hidden)] * 2 + [(hidden, intermediate)]
+
+
 def _layer(hidden: int, intermediate: int, dtype: torch.dtype, device: torch.device,
-           kernel: Kernel | None = None) -> list[torch.nn.Module]:
+           kernel: kernels.Kernel | None = None) -> list[torch.nn.Module]:
     """One decoder layer's linear layers in ``dtype`` (q, k, v, o, then gate, up and down), as a model in that
     float computes them on a CPU: through ``kernel`` (``engine.model.kernels``), and where this CPU emulates a half
     float a prefill's rows widened (``widen_many_rows``, the model's own rule). Timed through ATen's emulated GEMM
     instead, bfloat16 was charged a prefill no model runs, and float32's decode ATen's one-thread product where the
     model's runs oneDNN's (a 2-vCPU AMD EPYC: 1.6 ms a layer against 1.2)."""
-    from engine.model.kernels import PackedLinear, widen_many_rows
-
-    shapes = [(hidden, hidden)] * 4 + [(intermediate, hidden)] * 2 + [(hidden, intermediate)]
-    linears = [torch.nn.Linear(i, o, bias=False, device=device, dtype=dtype) for o, i in shapes]
-    layer = torch.nn.ModuleList(linears if kernel is None else [PackedLinear(m, kernel) for m in linears])
-    widen_many_rows(layer)
+    linears = [torch.nn.Linear(i, o, bias=False, device=device, dtype=dtype) for o, i in _shapes(hidden, intermediate)]
+    layer = torch.nn.ModuleList(linears if kernel is None else [kernels.PackedLinear(m, kernel) for m in linears])
+    kernels.widen_many_rows(layer)
     return list(layer)
 
 
@@ -98,8 +99,7 @@ def _quantized_layer(fmt: str, hidden: int, intermediate: int, act: torch.dtype,
     from engine.model.quantize import Int4Linear, Int8Linear
 
     make = Int8Linear if fmt == "int8" else Int4Linear
-    shapes = [(hidden, hidden)] * 4 + [(intermediate, hidden)] * 2 + [(hidden, intermediate)]
-    return [make(torch.nn.Linear(i, o, bias=False, device=device), act) for o, i in shapes]
+    return [make(torch.nn.Linear(i, o, bias=False, device=device), act) for o, i in _shapes(hidden, intermediate)]
 
 
 def copies(hidden: int, intermediate: int, layers: int | None = None) -> int:
@@ -110,7 +110,7 @@ def copies(hidden: int, intermediate: int, layers: int | None = None) -> int:
     "10.8x float32's" became 6.3x); a model smaller than that decodes from the cache, and so is timed. A
     prefill's 64 rows are arithmetic over each weight it reads: one layer times it (float32 activations over int4
     weights took 0.3 s a pass of one layer)."""
-    per_layer = 4 * (4 * hidden * hidden + 3 * hidden * intermediate)
+    per_layer = 4 * sum(o * i for o, i in _shapes(hidden, intermediate))
     return max(1, min(-(-SAMPLE_BYTES // per_layer), layers or SAMPLE_BYTES))
 
 
@@ -138,13 +138,25 @@ def _time_ms(layers: list[list[torch.nn.Module]], tokens: int, device: torch.dev
     return best * 1000.0 / len(layers)
 
 
+def _timed(name: str, layers: list[list[torch.nn.Module]], device: torch.device, meter: LoadMeter) -> Timing:
+    """A prefill over the first layer, then decode over them all, in ``name``'s float. ``meter`` reads the
+    machine's load over the prefill alone: a one-row product may run in one thread (ATen's float32 product did),
+    which would read as a machine half busy."""
+    dtype = getattr(torch, name)
+    meter.start()
+    try:
+        prefill_ms = _time_ms(layers[:1], PREFILL_TOKENS, device, 3, dtype)
+    finally:
+        meter.stop()
+    return Timing(name, prefill_ms, _time_ms(layers, 1, device, 7, dtype))
+
+
 def measure(device: torch.device, hidden: int, intermediate: int, weights: str = "",
             layers: int | None = None) -> Calibration:
     """Each candidate float timed over a layer's matmuls (decode over ``copies`` distinct layers, of the model's
-    ``layers``); ``weights``
-    (int8 / int4): through that format's quantized kernel, the float being its activations' (the kernels' speed
-    differs most there: torch's int8 weight-only product read 11 GB/s with bfloat16 activations and 2.8 with
-    float32 ones on one machine)."""
+    ``layers``); ``weights`` (int8 / int4): through that format's quantized kernel, the float being its
+    activations' (the kernels' speed differs most there: torch's int8 weight-only product read 11 GB/s with
+    bfloat16 activations and 2.8 with float32 ones on one machine)."""
     meter, count = LoadMeter(), copies(hidden, intermediate, layers)
     timings = []
     for name in CANDIDATES.get(device.type, ("float32",)):
@@ -153,17 +165,9 @@ def measure(device: torch.device, hidden: int, intermediate: int, weights: str =
         fastest: Timing | None = None
         for kernel in ways:                    # as ``kernels.choose`` does: the kernel of the fastest decode
             try:
-                layers = [_quantized_layer(weights, hidden, intermediate, dtype, device) if weights
-                          else _layer(hidden, intermediate, dtype, device, kernel) for _ in range(count)]
-                # The machine's load is read over the prefill alone: a one-row product may run in one thread
-                # (ATen's float32 product did), which would read as a machine half busy.
-                meter.start()
-                try:
-                    prefill_ms = _time_ms(layers[:1], PREFILL_TOKENS, device, 3, dtype)
-                finally:
-                    meter.stop()
-                timing = Timing(name, prefill_ms, _time_ms(layers, 1, device, 7, dtype))
-                del layers
+                timing = _timed(name, [_quantized_layer(weights, hidden, intermediate, dtype, device) if weights
+                                       else _layer(hidden, intermediate, dtype, device, kernel) for _ in range(count)],
+                                device, meter)
             except (RuntimeError, TypeError, NotImplementedError):      # a dtype the device cannot compute in
                 continue
             if fastest is None or timing.decode_ms < fastest.decode_ms:

@@ -207,9 +207,10 @@ class PackedLinear(nn.Module):
         return self.kernel.product(x, self.packed, self.weight, self.bias)
 
 
-def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+def _linears(model: nn.Module, kinds: tuple[type, ...] = (nn.Linear,)) -> list[tuple[nn.Module, str, nn.Module]]:
+    """Every layer of exactly one of ``kinds`` (a subclass is another kernel's), with its parent and name."""
     return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-            if type(child) is nn.Linear]
+            if type(child) in kinds]
 
 
 NO_OTHER = "this torch has no other kernel for its format on this CPU"
@@ -322,8 +323,7 @@ def widen_many_rows(model: nn.Module) -> str:
     weight is a temporary of one layer's size; nothing is kept."""
     from engine.model.hardware import gemm_dtype
 
-    layers = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-              if type(child) in (nn.Linear, PackedLinear)]
+    layers = _linears(model, (nn.Linear, PackedLinear))
     if not layers or _not_one_cpu_float(model, layers) is not None:
         return ""
     dtype = layers[0][2].weight.dtype
