@@ -114,7 +114,8 @@ def test_quantized_weights_take_the_activations_their_own_kernel_ran_fastest_wit
 
 @pytest.mark.parametrize(("flags", "prefill_in"), [({"avx2"}, torch.float32),
                                                   ({"avx2", "avx512_bf16"}, torch.bfloat16)])
-def test_the_calibration_times_bfloat16_as_a_model_computes_it_on_this_cpu(monkeypatch, flags, prefill_in):
+def test_the_calibration_times_bfloat16_as_a_model_computes_it_with_or_without_bf16_units(
+        monkeypatch, flags, prefill_in):
     """Without bf16 units a bfloat16 model's prefill runs in float32 over widened weights: the calibration times
     that, not torch's emulated GEMM (which charged bfloat16 a prefill no model runs); its decode stays bfloat16."""
     from engine.model import hardware
@@ -136,7 +137,7 @@ def test_the_calibration_times_bfloat16_as_a_model_computes_it_on_this_cpu(monke
 
 
 @pytest.mark.parametrize("layers", [None, 3])
-def test_the_calibration_reads_distinct_weights_beyond_its_sample_bytes_per_float(monkeypatch, layers):
+def test_the_calibration_reads_distinct_weights_filling_its_sample_or_the_models_layers(monkeypatch, layers):
     """Decode reads each weight once a step: one layer timed again and again would time the CPU's cache. A model
     with fewer layers than the sample holds is timed over as many as it has (it decodes from the cache)."""
     monkeypatch.setattr(calibrate, "SAMPLE_BYTES", 1 << 20)
