@@ -53,7 +53,7 @@ SHAPES: dict[str, tuple[str, str, dict]] = {
         mamba_expand=1)),
     # MPT names its context max_seq_len (no max_position_embeddings)
     "mpt": ("MptConfig", "MptForCausalLM", dict(d_model=64, n_heads=4, n_layers=2, expansion_ratio=2)),
-    # Falcon's new decoder declares 2 KV heads but repeats them before caching: the cache holds all 4
+    # Falcon's new decoder: 2 KV heads in the config (num_kv_heads, not num_key_value_heads), multi_query ignored
     "falcon-new-decoder": ("FalconConfig", "FalconForCausalLM", dict(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2, new_decoder_architecture=True)),
     # RecurrentGemma: two recurrent layers whose state lives on their modules, outside the cache object, and one
@@ -105,7 +105,7 @@ EXPECTED = {
     "deepseek-v32-indexer": [("latent", 1, 16, None)] * 2,
     "falcon-h1-combined": [("full", 2, 16, None)] * 2,
     "mpt": [("full", 4, 16, None)] * 2,
-    "falcon-new-decoder": [("full", 4, 16, None)] * 2,
+    "falcon-new-decoder": [("full", 2, 16, None)] * 2,
     "deepseek-v4-compressed": [("sliding", 1, 32, WINDOW - 1)] * 4,
     "qwen3-next-hybrid": [("state", 0, 0, None)] * 3 + [("full", 2, 16, None)],
     "bailing-hybrid": [("state", 0, 0, None), ("latent", 1, 16, None)] * 2,

@@ -265,8 +265,8 @@ def sizes(cfg: dict) -> Sizes:
     # no KV cache, in those words.
     heads = number(cfg, ("num_attention_heads", "n_head", "n_heads", "num_heads"), 1, MAX_HEADS, required=False) or 1
     kv_heads = number(cfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv"), 1, heads, required=False)
-    if cfg.get("new_decoder_architecture"):
-        kv_heads = heads               # Falcon's new decoder repeats its shared heads before caching them
+    if cfg.get("new_decoder_architecture"):        # Falcon-40B's decoder caches its declared KV heads and
+        kv_heads = kv_heads or heads                 # ignores multi_query (transformers 5.25)
     elif kv_heads is None or cfg.get("multi_query"):
         kv_heads = 1 if cfg.get("multi_query") else heads
     head_dim = number(cfg, ("head_dim",), 1, MAX_HEAD_DIM, required=False) or max(hidden // heads, 1)

@@ -189,8 +189,9 @@ def heads_text(model: ModelFacts) -> str:
 
 
 def repeated_heads_text(model: ModelFacts) -> str:
-    """Where the cache holds K and V for more heads than the config's KV heads (transformers repeats the shared
-    heads before caching them, as Falcon's new decoder does), why the figure is larger than the config says."""
+    """Where the cache holds K and V for more heads than the config's KV heads (a model's code repeats the
+    shared heads before caching them, as Falcon's new decoder did up to transformers 5.24), why the figure is
+    larger than the config says."""
     declared, held = getattr(model, "config_kv_heads", 0), kv_heads(model)
     if not declared or held <= declared:
         return ""

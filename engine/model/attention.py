@@ -193,8 +193,9 @@ def attach(model: Any, num_layers: int) -> Capture:
     """A capture for ``model``: through the capturing ``sdpa`` where the model can switch to it (the same
     arithmetic as before); for a model that runs eager attention, through the weights it computes anyway
     (``output_attentions`` on the passes that capture). Raises ``ValueError`` for any other model: asking
-    a model on another kernel for ``output_attentions`` can change its arithmetic (Falcon on ``sdpa`` then
-    adds its boolean mask as numbers and attends to the future), and the view must show what the model did."""
+    a model on another kernel for ``output_attentions`` can change its arithmetic (Falcon's own attention in
+    transformers 5.24, on ``sdpa``, then added its boolean mask as numbers and attended to the future), and the
+    view must show what the model did."""
     if any("indexer" in type(m).__name__.lower() for m in model.modules()):
         raise ValueError(f"attention cannot be recorded for {type(model).__name__}: its indexer picks which cached "
                          "positions each query reads (sparse attention), and the recording would show every "
@@ -211,6 +212,6 @@ def attach(model: Any, num_layers: int) -> Capture:
             for module in modules:
                 module._kvscope_capture = capture
             return capture
-    raise ValueError(f"attention cannot be recorded for {type(model).__name__}: its attention ({implementation}) "
-                     "does not go through transformers' attention interface, and asking it for its weights would "
+    raise ValueError(f"attention cannot be recorded for {type(model).__name__}: it runs {implementation} "
+                     "attention, which KVScope records only as eager or sdpa, and asking it for its weights would "
                      "change what it computes")

@@ -26,7 +26,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from engine.facts import kvformula
 
-TESTED_WITH = "5.24"       # the transformers release whose private fields this module reads
+TESTED_WITH = "5.25"       # the transformers release whose private fields this module reads
 
 
 @dataclass

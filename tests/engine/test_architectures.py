@@ -75,8 +75,9 @@ def _tensors(value):
 
 def _tally(layer) -> tuple[int, int]:
     """(cache bytes, state bytes) of every tensor a cache layer holds, each counted once however many names
-    point at it, read straight from the object (private bookkeeping scalars aside): a count independent of
-    KVScope's own reading."""
+    point at it, read straight from the object (bookkeeping aside: private fields, and 0-d tensors, which count
+    positions and hold none, as a state layer's ``cumulative_length_linear``): a count independent of KVScope's
+    own reading."""
     cache: dict = {}
     state: dict = {}
     for name, value in vars(layer).items():
@@ -84,7 +85,8 @@ def _tally(layer) -> tuple[int, int]:
             continue
         into = state if name.rstrip("s").endswith("state") else cache
         for tensor in _tensors(value):
-            into[(tensor.data_ptr(), tuple(tensor.shape))] = tensor.nbytes
+            if tensor.dim():
+                into[(tensor.data_ptr(), tuple(tensor.shape))] = tensor.nbytes
     return sum(cache.values()), sum(state.values())
 
 
@@ -136,14 +138,12 @@ def test_recorded_attention_equals_eager_output_attentions_or_is_refused(arch):
     """What the attention view draws is what the model computed: each step's recorded weights equal the row of
     the query's position in an eager forward over the whole sequence with ``output_attentions=True``
     (sliding layers: the positions outside the window carry no weight), and recording changes no token.
-    Falcon's own attention can be neither hooked nor asked safely, and DeepSeek-V3.2's indexer picks the positions
-    each query reads: both refused before any compute."""
+    DeepSeek-V3.2's and V4's indexers pick the positions each query reads: refused before any compute."""
     from transformers import AutoModelForCausalLM
 
     name, folder, loaded = arch
     params = GenerationParams(max_new_tokens=NEW_TOKENS, chat_template=False)
-    refused = {"falcon-mqa": "FalconForCausalLM", "falcon-new-decoder": "FalconForCausalLM",
-               "deepseek-v32-indexer": "DeepseekV32ForCausalLM: its indexer",
+    refused = {"deepseek-v32-indexer": "DeepseekV32ForCausalLM: its indexer",
                "deepseek-v4-compressed": "DeepseekV4ForCausalLM: its indexer"}
     if name in refused:
         events: list = []
@@ -268,3 +268,16 @@ def test_an_encoder_decoder_model_is_refused_with_one_line(tmp_path):
     with pytest.raises(ModelSourceError, match="encoder-decoder") as err:
         load(str(folder), device="cpu", dtype="float32")
     assert "\n" not in str(err.value)
+
+
+def test_attention_on_a_kernel_kvscope_does_not_record_is_refused_before_any_compute(tmp_path):
+    """Flex attention computes no weights KVScope could read without changing what the model computes: the run
+    is refused in words, with nothing emitted."""
+    loaded = load(str(build("llama-gqa", tmp_path / "llama")), device="cpu", dtype="float32")
+    loaded.model.set_attn_implementation("flex_attention")
+    events: list = []
+    params = GenerationParams(max_new_tokens=4, chat_template=False, capture_attention=True)
+    with pytest.raises(ParameterError, match="it runs flex_attention attention, which KVScope records only as "
+                                             "eager or sdpa"):
+        Session(loaded).run(PROMPT, params, events.append)
+    assert events == []

@@ -5,6 +5,7 @@ cache, and the KV arithmetic of designs whose cache holds more, or other, than t
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import json
@@ -159,9 +160,35 @@ def test_recurrent_state_kept_on_the_modules_is_counted(tmp_path):
     assert held == 1024                                    # read independently: what the module holds
 
 
+def _repeating_heads_before_caching(model) -> None:
+    """Widen each GQA layer's K and V projections to one head per query head, each shared head's rows repeated
+    in the order ``repeat_kv`` repeats them: the same arithmetic, with the cache holding K and V for every
+    query head (as Falcon's new decoder did up to transformers 5.24)."""
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        groups, width = attn.num_key_value_groups, attn.head_dim
+        for name in ("k_proj", "v_proj"):
+            narrow = getattr(attn, name)
+            wide = torch.nn.Linear(narrow.in_features, narrow.out_features * groups, bias=False)
+            rows = narrow.weight.detach().view(-1, width, narrow.in_features).repeat_interleave(groups, dim=0)
+            wide.weight = torch.nn.Parameter(rows.reshape(-1, narrow.in_features))
+            setattr(attn, name, wide)
+        attn.num_key_value_groups = 1
+
+
 def test_a_cache_holding_more_heads_than_the_config_declares_says_why(tmp_path):
-    loaded = load(str(build("falcon-new-decoder", tmp_path / "falcon")), device="cpu", dtype="float32")
-    f = loaded.facts
+    from transformers import AutoModelForCausalLM
+
+    folder = build("llama-gqa", tmp_path / "llama")
+    loaded = load(str(folder), device="cpu", dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()     # transformers' own layers
+    ids = torch.arange(4, 20).view(1, -1)
+    with torch.inference_mode():
+        before = model(input_ids=ids).logits
+        _repeating_heads_before_caching(model)
+        torch.testing.assert_close(model(input_ids=ids).logits, before)        # the same model
+    f = models.model_facts(model, name="llama", source=str(folder), device="cpu")
+    loaded = dataclasses.replace(loaded, model=model, facts=f)
     assert kvformula.kv_heads(f) == 4 and f.config_kv_heads == 2
     assert "its config declares 2 KV heads, but the cache holds K and V for 4" in kvformula.heads_text(f)
     result = Session(loaded).run("hello world", GenerationParams(max_new_tokens=3))
