@@ -1,10 +1,13 @@
-"""GGUF to safetensors, once: loading a GGUF through transformers de-quantizes every tensor (about 15 s for
-135M parameters on 2 cores); loading the converted folder takes about a second.
+"""GGUF to safetensors, once: loading a GGUF through transformers de-quantizes every tensor (15-42 s for
+135M parameters on 2 cores, with the check below); loading the converted folder takes about a second.
 
-All transformers GGUF specifics live here (5.24: Llama goes through the legacy loader, which de-quantizes to
-plain ``nn.Linear`` and refuses ``save_pretrained`` until the quantizer is detached). A conversion is only
-published after the saved copy reloads with bit-identical logits, and it is published by renaming a finished
-temporary folder, so an interrupted conversion never leaves a half-written model behind.
+All transformers GGUF specifics live here (5.25: Llama goes through the legacy loader, which de-quantizes to
+plain ``nn.Linear`` and refuses ``save_pretrained`` until the quantizer is detached). A conversion reaches no
+network: transformers 5.25 fetches layer kernels from the Hugging Face Hub for the GGUF architectures its new
+loader reads (Qwen3.5, LFM2), de-quantized or not, and imports them; the Hub is offline to the conversion
+(``hub.hub_offline``). A conversion is only published after the saved copy reloads with bit-identical logits,
+and it is published by renaming a finished temporary folder, so an interrupted conversion never leaves a
+half-written model behind.
 
 The cache heals itself. A conversion holds a lock on its temporary folder while it works, so a folder that a
 killed process left (``.converting-*``, hundreds of MiB) is removed by the next launch, and one another process
@@ -33,6 +36,7 @@ except ImportError:                 # Windows: abandoned folders are found by th
 from engine.facts.config_facts import safetensors_header
 from engine.facts.errors import ModelSourceError
 from engine.facts.events import LoadProgress
+from engine.model.hub import hub_offline
 from engine.store import sealed
 from engine.store.paths import converted_models_dir, remove_tree
 
@@ -227,6 +231,11 @@ class _Cancelled(Exception):
 
 
 def _convert(gguf_path: Path, out: Path, report: Progress, stop: Callable[[], bool]) -> None:
+    with hub_offline():
+        _convert_offline(gguf_path, out, report, stop)
+
+
+def _convert_offline(gguf_path: Path, out: Path, report: Progress, stop: Callable[[], bool]) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 

@@ -6,6 +6,7 @@ the fix. Remote code stays off unless the caller opts in for this load.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging as std_logging
 import os
@@ -23,6 +24,7 @@ from engine.facts.errors import ModelSourceError
 from engine.facts.events import LoadProgress, ModelFacts, ModelLoaded
 from engine.facts.params import DEVICES, DTYPES, FLOATS
 from engine.model import embedded, gguf, kvcache
+from engine.model.hub import hub_offline
 from engine.store.paths import offloaded_models_dir
 
 DECODER_LAYER = kvcache.DECODER_LAYER
@@ -434,9 +436,12 @@ def _load_folder(folder: str, config: Any, device: Any, dtype: Any, trust_remote
     if "offload_folder" in placement:      # "some parameters are on the meta device": the split says so itself
         logging.set_verbosity_error()
         big_modeling.setLevel(std_logging.ERROR)
+    # Remote code the user allowed may name other repositories to fetch; nothing else reaches the network.
+    hub = contextlib.nullcontext() if trust_remote_code else hub_offline()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(folder, config=config, **kwargs)
+        with hub:
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(folder, config=config, **kwargs)
     except MemoryError:
         raise ModelSourceError(f"Not enough memory to load {folder} as {dtype}: try a smaller dtype or model") \
             from None
