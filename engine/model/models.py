@@ -25,6 +25,7 @@ from engine.facts.events import LoadProgress, ModelFacts, ModelLoaded
 from engine.facts.params import DEVICES, DTYPES, FLOATS
 from engine.model import embedded, gguf, kvcache
 from engine.model.hub import hub_offline
+from engine.model.memory import release_freed_heap
 from engine.store.paths import offloaded_models_dir
 
 DECODER_LAYER = kvcache.DECODER_LAYER
@@ -238,6 +239,7 @@ def load(spec: str = embedded.SPEC, device: str = "auto", dtype: str = "auto", *
 
     warnings += machine_cache.refused                 # a record of this machine refused: measured again, said
     machine_cache.refused.clear()
+    release_freed_heap()
     load_ms = (time.perf_counter() - started) * 1000.0
     report(LoadProgress("done", f"Loaded {name} on {facts.device} in {load_ms / 1000:.1f} s", 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, device=input_device, facts=facts, load_ms=load_ms,
