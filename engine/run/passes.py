@@ -7,6 +7,7 @@ loaded model's API (prompts, runs, chats) and the run's events."""
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,7 +98,11 @@ class Passes:
     """The forward passes of the session's runs, one run at a time."""
 
     def __init__(self, session: Any) -> None:
-        self.session = session          # an engine.run.session.Session: its model, clock, compiled graphs, faults
+        # An engine.run.session.Session (its model, clock, compiled graphs, faults), which owns this object. Held
+        # weakly: a strong reference back made a cycle, so a replaced session, with its model, waited for the
+        # garbage collector, and the window freezes the collector's view after each load (every model ever
+        # loaded stayed resident).
+        self.session = weakref.proxy(session)
 
     def first_pass(self, request: Request) -> int:
         """How many positions the prompt's first pass takes (0: all of them, one pass). Chunks need the KV cache

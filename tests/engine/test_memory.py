@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 
 import pytest
 import torch
@@ -31,3 +33,15 @@ def test_a_load_releases_what_it_freed_once_at_its_end(tiny_model_dir, monkeypat
     models.load(str(tiny_model_dir), device="cpu", dtype="float32", progress=lambda p: calls.append(p.stage))
     assert calls.count("released") == 1 and calls[-2:] == ["released", "done"]
 
+
+def test_a_session_dropped_is_freed_without_the_garbage_collector(tiny):
+    from engine.run.session import Session
+
+    session = Session(tiny)
+    dropped, passes = weakref.ref(session), weakref.ref(session.passes)
+    gc.disable()
+    try:
+        del session
+        assert dropped() is None and passes() is None
+    finally:
+        gc.enable()
