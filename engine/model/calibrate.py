@@ -8,8 +8,9 @@ one token at a time over distinct layers (decode: reading weights from memory, n
 at once (prefill: arithmetic, widened where the model's are). The score is the time of a typical run, a 64-token
 prefill plus 64 decode steps; ``auto`` takes the lowest, float32 on a tie, so it is never slower than float32 in
 its own measurement. Cached per device, torch version, thread count and shape (a second or two the first time).
-A measurement taken on a busy machine is not used: a stated rule (native bf16 units or not) decides, the same at
-every launch, and is cached too.
+A measurement taken on a busy machine is not used: a stated rule (native bf16 units or not) decides and is
+cached too, marked, and measured again at a later launch whose short probe finds the machine quiet (kept for
+good, a first launch beside a busy install chose float32 for ever on a CPU where bfloat16 decodes twice as fast).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class Calibration:
         of = f" activations for {self.weights} weights" if self.weights else ""
         if self.by_rule:
             return (f"{self.best}{of} by rule, {native or 'for this device'}: the machine was busy when the floats "
-                    "were timed, so the timing did not decide")
+                    "were timed, so the timing did not decide; measured again at a launch when it is quiet")
         native = f" ({native})" if native else ""
         if base is None or best is None or best.dtype == "float32":
             others = [t for t in self.timings if t.dtype != "float32"]
@@ -194,13 +195,17 @@ def calibrate(device: torch.device, hidden: int, intermediate: int, recalibrate:
     """The cached decision for this machine and shape, else a new one (``measuring`` is called first, so a
     progress line appears only when something is measured). A measurement taken on a quiet machine decides; one
     taken on a busy machine is not used: the stated rule (:func:`rule`) decides, and that decision is kept too,
-    so a machine that is always busy is not measured at every launch."""
+    so a machine that stays busy pays a 0.3 s probe at a launch (``kernels.quiet``), not a measurement; the first
+    launch whose probe finds it quiet measures again."""
     from engine.model.hardware import device_name
 
     key = f"{device_name(device)}|{device.type}|torch {torch.__version__}|threads {torch.get_num_threads()}|" \
           f"{hidden}x{intermediate}|timed {TIMING} over {copies(hidden, intermediate, layers)}" + \
           (f"|{weights} weights" if weights else "")
     entry = None if recalibrate else machine_cache.entry(CACHE, key)
+    if entry is not None and entry.get("by_rule") and kernels.quiet(torch.randn(intermediate, hidden,
+                                                                                 device=device)):
+        entry = None
     if entry is not None:
         try:
             return Calibration(entry["best"], [Timing(**t) for t in entry["timings"]], entry.get("native_bf16"),

@@ -370,7 +370,7 @@ def _chosen(model: nn.Module, device_name: str, measuring: Any) -> KernelChoice:
     key = (f"{device_name}|torch {torch.__version__}|threads {torch.get_num_threads()}|{dtype}|{shapes}"
            f"|timed {TIMING}")
     entry = _kept(machine_cache.entry(CACHE, key), {k.name for k in offered})
-    if entry is not None and not (entry["busy"] and _quiet(linears[0][2])):
+    if entry is not None and not (entry["busy"] and quiet(linears[0][2].weight)):
         if entry["kernel"] != "aten":
             _swap(model, CANDIDATES[entry["kernel"]])
         return KernelChoice(entry["kernel"], entry["step_ms"], _joined(entry["reason"], unknown), cached=True,
@@ -416,15 +416,16 @@ def _kept(entry: dict | None, names: set[str]) -> dict | None:
             "reason": entry.get("reason", ""), "busy": entry.get("busy", False)}
 
 
-def _quiet(linear: nn.Linear) -> bool:
-    """Whether the machine is quiet now: ``QUIET_PROBE_S`` of this model's products, and this process's share of
-    the CPU over them."""
-    x = torch.randn(1, linear.in_features, dtype=linear.weight.dtype)
+def quiet(weight: torch.Tensor) -> bool:
+    """Whether the machine is quiet now: ``QUIET_PROBE_S`` of one-row products through ``weight`` (a model's own,
+    or one of its shape), and this process's share of the CPU over them. A decision kept from a busy machine is
+    redone only after this says yes, so a machine that stays busy pays the probe, not the measurement."""
+    x = torch.randn(1, weight.shape[1], dtype=weight.dtype)
     meter = LoadMeter()
     meter.start()
     end = time.perf_counter() + QUIET_PROBE_S
     with torch.inference_mode():
         while time.perf_counter() < end:
-            torch.nn.functional.linear(x, linear.weight)
+            torch.nn.functional.linear(x, weight)
     meter.stop()
     return not busy(meter.share())

@@ -184,24 +184,41 @@ def test_the_calibration_times_each_float_through_the_kernel_its_decode_would_ta
 
 def test_the_measuring_line_appears_only_when_a_calibration_is_measured(monkeypatch, tmp_path):
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibrate, "busy", lambda _share: False)     # a quiet machine's: not this one's load
     said: list[str] = []
     first = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
     again = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
     assert said == ["measuring"] and not first.cached and again.cached and again.best == first.best
 
 
-def test_a_busy_measurement_is_not_used_and_the_rule_decides_at_every_launch(monkeypatch, tmp_path):
+def test_a_busy_measurement_is_not_used_and_is_measured_again_only_at_a_quiet_launch(monkeypatch, tmp_path):
     """On a busy machine the timings say little: the stated rule (native bf16 units or not) chooses, the reason
-    says so, and the decision is kept, so the next launch neither measures again nor chooses otherwise."""
+    says so, and the decision is kept, marked: a launch that finds the machine still busy neither measures again
+    nor chooses otherwise; the first that finds it quiet measures, and its measurement decides from then on."""
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "busy", lambda _share: True)
     said: list[str] = []
+    probes: list[tuple[int, ...]] = []
+
+    def probe(answer: bool):
+        return lambda weight: probes.append(tuple(weight.shape)) or answer
+
     first = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
+    monkeypatch.setattr(kernels, "quiet", probe(False))
     again = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
     rule = calibrate.rule(torch.device("cpu"))
     assert first.best == again.best == rule and first.by_rule and again.by_rule and again.cached
-    assert said == ["measuring"]
+    assert said == ["measuring"] and probes == [(128, 64)]
     assert first.reason().startswith(f"{rule} by rule") and "busy" in first.reason()
+    assert "measured again at a launch when it is quiet" in first.reason()
+
+    monkeypatch.setattr(kernels, "quiet", probe(True))
+    monkeypatch.setattr(calibrate, "busy", lambda _share: False)
+    quiet = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
+    assert said == ["measuring", "measuring"] and not quiet.by_rule and not quiet.cached
+    kept = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
+    assert kept.cached and not kept.by_rule and kept.best == quiet.best
+    assert said == ["measuring", "measuring"] and len(probes) == 2          # a quiet decision is not probed
 
 
 def test_the_rule_follows_the_cpu_flags(monkeypatch):

@@ -212,10 +212,10 @@ def test_a_comparison_made_on_a_busy_machine_is_kept_marked_and_measured_again_o
     monkeypatch.setattr(kernels, "_step_ms", lambda linears, offered: measured.append(1) or real(linears, offered))
     choice = kernels.choose(fresh_model(tiny_model_dir), "this cpu")
     assert choice.busy and choice.step_ms and "while it was busy" in choice.words()
-    monkeypatch.setattr(kernels, "_quiet", lambda linear: False)       # still busy: the kept one, no minutes lost
+    monkeypatch.setattr(kernels, "quiet", lambda weight: False)       # still busy: the kept one, no minutes lost
     again = kernels.choose(fresh_model(tiny_model_dir), "this cpu")
     assert len(measured) == 1 and again.cached and again.busy and again.kernel == choice.kernel
-    monkeypatch.setattr(kernels, "_quiet", lambda linear: True)        # quiet now: measured again, kept unmarked
+    monkeypatch.setattr(kernels, "quiet", lambda weight: True)        # quiet now: measured again, kept unmarked
     monkeypatch.setattr(kernels, "busy", lambda share: False)
     quiet = kernels.choose(fresh_model(tiny_model_dir), "this cpu")
     assert len(measured) == 2 and not quiet.cached and not quiet.busy
