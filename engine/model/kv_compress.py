@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from engine.facts.kv_methods import Method
-from engine.model import kvcache
+from engine.model import hqq_deferred, kvcache
 
 FULL, QUANT, DROPPED = 2, 1, 0          # what a position is in a layer (the heatmap's three states)
 
@@ -35,6 +35,8 @@ def new_cache(model: Any, method: Method) -> Any:
     if method.kind == "quantized":
         from transformers.cache_utils import QuantizedCache
 
+        if method.backend == "hqq":
+            hqq_deferred.hand_over()
         return QuantizedCache(method.backend, model.config, **dict(method.options))
     return kvcache.new_cache(model)
 

@@ -8,6 +8,7 @@ from tests.benchmarks import (
     bench_experiments,
     bench_formats,
     bench_gui,
+    bench_load,
     bench_prefill_passes,
     bench_profile,
     bench_stop,
@@ -15,6 +16,7 @@ from tests.benchmarks import (
 )
 
 PARTS = (
+    ("a launch's wait for its model: import and load in fresh processes, HQQ deferred or not", bench_load, ["--ab"]),
     ("engine: the instrumented session vs model.generate, whole runs by the wall clock", bench_engine, []),
     ("engine, compiled: the session's sinks vs the compiled forward alone", bench_engine, ["--compiled"]),
     ("traces: reading with validation, and the window opening a full-context run", bench_trace, []),
