@@ -8,6 +8,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("KVSCOPE_LINEAR", "aten")      # one kernel in every test; tests/engine/test_kernels.py tries both
+# Packages built without timing inductor's GEMM templates (a package build in 22 s instead of 57): what the tests
+# check is what KVScope does around a package; tests/engine/test_compiled.py builds one with the default.
+os.environ.setdefault("KVSCOPE_PACKAGE_AUTOTUNE", "0")
 
 import pytest  # noqa: E402
 

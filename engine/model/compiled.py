@@ -126,7 +126,7 @@ def graph_key(model: Any, length: int, package: bool | None = None, step: Callab
         "isa": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version,
         "step": _code(step) + _code(kvcache.forward) + (_code(kvcache.new_cache) if step is not decode_step else ""),
-        "options": {**CPU_OPTIONS, **packaged.OPTIONS} if package else CPU_OPTIONS,
+        "options": {**CPU_OPTIONS, **packaged.options()} if package else CPU_OPTIONS,
         "weights": packaged.weights_digest(model) if package else None,
     }
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]

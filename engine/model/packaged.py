@@ -40,10 +40,21 @@ from engine.model import kernels
 # one over 2 GB is past what a shared library's 32-bit offsets reach.
 MAX_BYTES = 1 << 30
 OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+# KVSCOPE_PACKAGE_AUTOTUNE=0: products through ATen's and oneDNN's kernels over weights frozen in, without timing
+# inductor's GEMM templates against them (the tiny test model's decode package: 57 s to build with them, 22 s
+# without): a first launch on a slow machine, and the tests but for the ones of the default.
+AUTOTUNE_ENV = "KVSCOPE_PACKAGE_AUTOTUNE"
 # Inductor writes every product's autotuning table to stderr (six lines a product, hundreds for SmolLM2): noise in
-# a user's terminal. Not in OPTIONS, which name the graph: they change what is printed, not what is computed.
+# a user's terminal. Not in options(), which name the graph: they change what is printed, not what is computed.
 QUIET = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 _DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def options() -> dict[str, Any]:
+    """Inductor's options for a package (part of its name: a package built otherwise is another file)."""
+    if os.environ.get(AUTOTUNE_ENV, "1").strip().lower() in ("0", "off", "no", "false"):
+        return {"freezing": True}
+    return dict(OPTIONS)
 
 
 def usable(model: nn.Module, widened: int = 0) -> str | None:
@@ -158,7 +169,8 @@ def _compile(exported: Any, path: Path, inductor_cache: Path) -> None:
     fd, partial = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial.pt2")
     os.close(fd)
     try:
-        torch._inductor.aoti_compile_and_package(exported, package_path=partial, inductor_configs={**OPTIONS, **QUIET})
+        torch._inductor.aoti_compile_and_package(exported, package_path=partial,
+                                                 inductor_configs={**options(), **QUIET})
         library_from(Path(partial), path)
         drop_build_files(Path(partial), inductor_cache)
     finally:

@@ -46,21 +46,36 @@ def test_cache_length_rounds_up_to_a_power_of_two_within_the_context():
     assert cache_length(200, 200) == 200
 
 
+def test_a_package_built_without_timing_gemm_templates_is_another_file_and_a_graph_is_the_same(model, monkeypatch):
+    from engine.model import compiled, packaged
+
+    monkeypatch.delenv(packaged.AUTOTUNE_ENV, raising=False)
+    timed = compiled.graph_key(model.model, SHORTEST, package=True), compiled.graph_key(model.model, SHORTEST, False)
+    monkeypatch.setenv(packaged.AUTOTUNE_ENV, "0")
+    assert packaged.options() == {"freezing": True}
+    untimed = compiled.graph_key(model.model, SHORTEST, package=True), compiled.graph_key(model.model, SHORTEST, False)
+    assert timed[0] != untimed[0] and timed[1] == untimed[1]
+
+
 def test_waiting_for_the_graph_compiles_every_decode_step_with_eagers_float32_tokens_and_the_build_apart(
         model, monkeypatch, capfd):
     """The CLI's way: the graph is built before the first decode step (timed as compile, in no step), every
     decode step is compiled and its greedy tokens are eager's; the package's library is saved in KVScope's cache
     folder, and nothing it was built from is left in inductor's (the library holds a copy of the weights). The
-    build writes none of inductor's autotuning tables to the terminal."""
-    from engine.model import compiled
+    build writes none of inductor's autotuning tables to the terminal. Built as a user's launch builds it, with
+    inductor's GEMM templates timed (the other tests build without)."""
+    from engine.model import compiled, packaged
     from engine.store.paths import compiled_graphs_dir
 
+    monkeypatch.delenv(packaged.AUTOTUNE_ENV, raising=False)
+    assert packaged.options() == packaged.OPTIONS and packaged.OPTIONS["max_autotune"]
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setattr(compiled, "_READ", {})                # nothing compiled before counts: this run builds
     compiled.configure()
     compiled.saved_graph(compiled.graph_key(model.model, SHORTEST)).unlink(missing_ok=True)
     eager, _ = _run(Session(model), "hello world")
     session = Session(model)
+    session.compiled_prefill = None      # built after the graph, tested in tests/engine/test_compiled_prefill.py
     before = set(compiled_graphs_dir().rglob("*"))
     capfd.readouterr()
     result, steps = _run(session, "hello world", compiled=True)

@@ -186,8 +186,8 @@ def test_the_measuring_line_appears_only_when_a_calibration_is_measured(monkeypa
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "busy", lambda _share: False)     # a quiet machine's: not this one's load
     said: list[str] = []
-    first = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
-    again = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
+    first = calibrate.calibrate(torch.device("cpu"), 64, 128, layers=2, measuring=lambda: said.append("measuring"))
+    again = calibrate.calibrate(torch.device("cpu"), 64, 128, layers=2, measuring=lambda: said.append("measuring"))
     assert said == ["measuring"] and not first.cached and again.cached and again.best == first.best
 
 
@@ -203,9 +203,9 @@ def test_a_busy_measurement_is_not_used_and_is_measured_again_only_at_a_quiet_la
     def probe(answer: bool):
         return lambda weight: probes.append(tuple(weight.shape)) or answer
 
-    first = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
+    first = calibrate.calibrate(torch.device("cpu"), 64, 128, layers=2, measuring=lambda: said.append("measuring"))
     monkeypatch.setattr(kernels, "quiet", probe(False))
-    again = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
+    again = calibrate.calibrate(torch.device("cpu"), 64, 128, layers=2, measuring=lambda: said.append("measuring"))
     rule = calibrate.rule(torch.device("cpu"))
     assert first.best == again.best == rule and first.by_rule and again.by_rule and again.cached
     assert said == ["measuring"] and probes == [(128, 64)]
@@ -214,9 +214,9 @@ def test_a_busy_measurement_is_not_used_and_is_measured_again_only_at_a_quiet_la
 
     monkeypatch.setattr(kernels, "quiet", probe(True))
     monkeypatch.setattr(calibrate, "busy", lambda _share: False)
-    quiet = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
+    quiet = calibrate.calibrate(torch.device("cpu"), 64, 128, layers=2, measuring=lambda: said.append("measuring"))
     assert said == ["measuring", "measuring"] and not quiet.by_rule and not quiet.cached
-    kept = calibrate.calibrate(torch.device("cpu"), 64, 128, measuring=lambda: said.append("measuring"))
+    kept = calibrate.calibrate(torch.device("cpu"), 64, 128, layers=2, measuring=lambda: said.append("measuring"))
     assert kept.cached and not kept.by_rule and kept.best == quiet.best
     assert said == ["measuring", "measuring"] and len(probes) == 2          # a quiet decision is not probed
 
