@@ -2,8 +2,9 @@
 
 transformers' cache module imports HQQ's quantizer as it loads whenever the hqq package is installed (KVScope's
 ``kv`` extra installs it for the ``hqq4`` KV cache), and HQQ's module wraps three functions in ``torch.compile``
-as it is imported, which imports inductor's compiler: 1.3 s of a 5.8 s load of the built-in model on a 2-vCPU AMD
-EPYC VM (2.2 s with cold files), paid at every launch for a cache only ``hqq4`` builds.
+as it is imported, which imports inductor's compiler, paid at every launch for a cache only ``hqq4`` builds: a
+fresh process importing KVScope's loader and loading the built-in model took 8.06 s with it and 6.40 s without
+(medians of five, ``tests/benchmarks/bench_load.py --ab``, a 2-vCPU AMD EPYC VM).
 
 :func:`defer` (run when ``engine.model`` is imported) has transformers' cache module load as if hqq were absent,
 and gives the module its real availability check back once loaded; :func:`hand_over` imports the quantizer and

@@ -3,6 +3,7 @@ formula at every depth, attention timed inside each step; and the chunked prefil
 one pass, stopped between two chunks."""
 
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -34,15 +35,23 @@ def test_each_depth_holds_the_formulas_bytes_and_spends_part_of_its_step_in_atte
     assert isinstance(finished, ExperimentFinished) and not r.incomplete
     assert [f.depth for f in r.figures] == [64, 128, 251]
     facts = Session(tiny).facts
-    for f in r.figures:
+    steps = [e for e in events if isinstance(e, TokenStep)]
+    runs: list[list[float]] = []
+    for e in steps:
+        if e.step == 0:
+            runs.append([])
+        else:
+            runs[-1].append(e.latency_ms)
+    assert [len(run) for run in runs] == [4, 4, 4]
+    for f, run in zip(r.figures, runs, strict=True):
         assert f.positions == f.depth + 4                   # the prompt, then 4 decoded tokens' keys and values
         assert f.kv_bytes == f.kv_formula_bytes == kvformula.predicted_kv_bytes(facts, f.positions)
+        assert f.decode_ms == statistics.median(run)        # the median step, as the attention's is the median
         assert f.decode_ms > 0 and 0 < f.attention_ms < f.decode_ms
     assert r.full_context_bytes == kvformula.full_context_kv_bytes(facts)
     assert r.slowdown == pytest.approx(r.figures[-1].decode_ms / r.figures[0].decode_ms)
     table = depth.table([], r)
     assert "     251 |" in table and "KV held (measured)" in table
-    steps = [e for e in events if isinstance(e, TokenStep)]
     assert max(max(e.kv_positions_per_layer) for e in steps) == 255     # the heatmap beside the curves: to the end
 
 
