@@ -135,7 +135,7 @@ def run(experiment: Experiment, settings: DepthSettings) -> DepthResult:
             if not steps:
                 continue
             # Both medians over the same steps: a step's attention is inside that step, so its median is too (a
-            # mean step beside a median attention read 8.29 ms against 8.36 on a busy machine).
+            # mean step beside a median attention read 8.29 ms against 8.36 in a test run with both cores in use).
             decode_ms = statistics.median(steps)
             attention_ms = statistics.median(attention) if attention else None
             figure = DepthFigures(depth=length, decode_ms=decode_ms, attention_ms=attention_ms,
