@@ -116,18 +116,39 @@ def test_long_prompt_error_says_by_how_much(tiny):
     assert "holds 256" in message and "shorten it by" in message
 
 
-def test_cancel_during_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
+def test_a_conversion_cancelled_at_its_first_tensor_read_the_gguf_once_and_leaves_nothing_behind(tmp_path,
+                                                                                                 monkeypatch):
+    """By its first de-quantized tensor a conversion has read the tokenizer, the config and the weights' index,
+    each of which transformers reads from the file's metadata; they share one read, and one tensor-name table."""
+    import gguf as package
+
     from engine.model import embedded, gguf
 
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
-    calls = []
+    made: list[str] = []
+    reader, name_map = package.GGUFReader, package.get_tensor_name_map
 
-    def cancelled():
-        calls.append(1)
-        return len(calls) > 3                                   # a few stages in, the user presses Cancel
+    def counted_reader(*args, **kwargs):
+        made.append("reader")
+        return reader(*args, **kwargs)
+
+    def counted_name_map(*args, **kwargs):
+        made.append("name map")
+        return name_map(*args, **kwargs)
+
+    monkeypatch.setattr(package, "GGUFReader", counted_reader)
+    monkeypatch.setattr(package, "get_tensor_name_map", counted_name_map)
+    said: list[str] = []
+
+    def cancelled():                                          # the user presses Cancel at the first tensor
+        return bool(said) and said[-1].startswith("De-quantizing tensor")
 
     with pytest.raises(ModelSourceError, match="Conversion cancelled"):
-        gguf.ensure_converted(embedded.embedded_gguf(), cancelled=cancelled)
+        gguf.ensure_converted(embedded.embedded_gguf(), progress=lambda p: said.append(p.message),
+                              cancelled=cancelled)
+    assert said[-1] == "De-quantizing tensor 0 of 272"
+    assert made == ["reader", "name map"]
+    assert package.GGUFReader is counted_reader and package.get_tensor_name_map is counted_name_map
     assert not gguf.is_converted(embedded.embedded_gguf())
     assert list((tmp_path / "converted").iterdir()) == []      # the staging folder went too
 
