@@ -85,8 +85,12 @@ class MainWindow(QMainWindow):
         wv = QVBoxLayout(self.workbench)
         wv.setContentsMargins(0, 0, 0, 0)
         wv.addWidget(self.tokens, 1)
+        arrangements = self._scene_arrangements()
+        lesson_views = list(self.experiments.views.values())
+        self._scene_lesson_views = {scene: [panel for panel, _ in panels if panel in lesson_views]
+                                    for scene, panels in arrangements.items()}
         self.scene_view = SceneView(Context(store, state, conversation, choices), run_settings,
-                                    self._scene_arrangements(), self._enter_scene, self._leave_scene)
+                                    arrangements, self._enter_scene, self._leave_scene)
         self.stack = QStackedWidget()
         self.stack.addWidget(self.workbench)
         self.stack.addWidget(self.scene_view)
@@ -209,15 +213,17 @@ class MainWindow(QMainWindow):
     def _enter_scene(self, name: str) -> None:
         self.tokens.set_legend_wrap(name != "prefill")          # the full width there, over the timeline
         lesson = BY_NAME[name].lesson if name in BY_NAME else None
-        self._set_scene_mode(True, whole_window=lesson is not None and "kv" in app_lessons.beside(lesson))
+        self._set_scene_mode(name, True, whole_window=lesson is not None and "kv" in app_lessons.beside(lesson))
 
-    def _leave_scene(self, _name: str) -> None:
+    def _leave_scene(self, name: str) -> None:
         self.tokens.set_legend_wrap(True)
-        self._set_scene_mode(False, whole_window=False)
+        self._set_scene_mode(name, False, whole_window=False)
 
-    def _set_scene_mode(self, scene: bool, whole_window: bool) -> None:
-        """Panels in a scene show their chart; the scene's caption carries the claim, so their controls step back."""
-        for view in self.experiments.views.values():
+    def _set_scene_mode(self, name: str, scene: bool, whole_window: bool) -> None:
+        """Panels in a scene show their chart; the scene's caption carries the claim, so their controls step back.
+        Only the lesson views this scene borrows change: the others are not on screen in a scene, and compacting
+        all fourteen at every scene change cost 45 ms a change (their charts' titles are rich text)."""
+        for view in self._scene_lesson_views.get(name, []):
             view.set_compact(scene)
         self.kv.whole_window_only = whole_window
         for panel in (self.kv, self.tokens, self.attention):
