@@ -48,11 +48,7 @@ def _key() -> bytes:
     path = folder / KEY_FILE
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not path.exists():
-        key = secrets.token_bytes(32)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as f:
-            f.write(key)
-        return key
+        _publish_key(path)
     problem = _exposed(path, secret=True) or _exposed(folder)
     if problem:
         raise Refused(f"KVScope's key {path} {problem}: no cache file is trusted until it is private (chmod 600 "
@@ -61,6 +57,36 @@ def _key() -> bytes:
     if len(key) < 32:
         raise Refused(f"KVScope's key {path} is damaged (delete it: every cache is then built again)")
     return key
+
+
+def _publish_key(path: Path) -> None:
+    """Make a key whole beside ``path`` and link it in, so it appears complete or not at all. Two first launches
+    at once (the window and a terminal run) each make one; the first link wins and the other reads the winner's.
+    Creating the file in place let the loser fail, or read it half-written and call it damaged. Where the file
+    system has no hard links, the key is created in place as before."""
+    key = secrets.token_bytes(32)
+    draft = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        _write_new(draft, key)
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            pass                                   # another launch published first: its key is this user's key
+        except OSError:
+            try:
+                _write_new(path, key)
+            except FileExistsError:
+                pass
+    finally:
+        draft.unlink(missing_ok=True)
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _exposed(path: Path, secret: bool = False) -> str:

@@ -74,6 +74,32 @@ def test_a_folder_or_key_others_could_write_is_refused_and_a_folder_kvscope_made
         os.chmod(key, 0o600)
 
 
+def test_a_first_launch_that_finds_the_key_made_meanwhile_by_another_seals_with_that_key(tmp_path, monkeypatch):
+    """Two first launches at once: the second looked for the key before the first published it. It must not fail
+    nor make a key of its own, and what each seals the other reads."""
+    monkeypatch.setenv("KVSCOPE_CONFIG_DIR", str(tmp_path / "config"))
+    first = tmp_path / "first.bin"
+    sealed.write_sealed(first, "a test record", b"the first launch's")            # the first launch made the key
+    key = tmp_path / "config" / sealed.KEY_FILE
+    made = key.read_bytes()
+    exists = Path.exists
+    looked: list[Path] = []
+
+    def not_yet(path: Path) -> bool:                    # the second launch's look came before the first's link
+        if path == key and not looked:
+            looked.append(path)
+            return False
+        return exists(path)
+
+    monkeypatch.setattr(Path, "exists", not_yet)
+    second = tmp_path / "second.bin"
+    sealed.write_sealed(second, "a test record", b"the second launch's")
+    assert looked == [key]
+    assert key.read_bytes() == made and os.stat(key).st_mode & 0o077 == 0
+    assert sealed.read_sealed(second, "a test record") == b"the second launch's"
+    assert sorted(p.name for p in key.parent.iterdir()) == [sealed.KEY_FILE]       # no draft left beside it
+
+
 def test_a_machine_record_kvscope_did_not_write_is_not_read_and_is_measured_again(tmp_path, monkeypatch, crafted):
     data, marker = crafted
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
