@@ -72,6 +72,12 @@ def defer() -> None:
     sys.meta_path.insert(0, _Finder())
 
 
+def undo() -> None:
+    """Let transformers' cache module, if not yet loaded, import HQQ's quantizer itself again (the load
+    benchmark's "as before" arm)."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
+
+
 def hand_over() -> None:
     """Import HQQ's quantizer and give it to transformers' cache module, as its import would have."""
     from hqq.core.quantize import Quantizer

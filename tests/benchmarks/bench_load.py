@@ -20,7 +20,7 @@ started = time.perf_counter()
 import engine.model
 if sys.argv[2] == "hqq at import":
     from engine.model import hqq_deferred
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, hqq_deferred._Finder)]
+    hqq_deferred.undo()
 from engine.model.models import load
 load(sys.argv[1], "cpu", "auto")
 print(json.dumps({"s": time.perf_counter() - started, "hqq": "hqq.core.quantize" in sys.modules}))
