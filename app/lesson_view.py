@@ -326,8 +326,8 @@ class LessonView(QWidget):
         self.cancel_button.setEnabled(busy and mine)
 
     def set_theme(self, theme: th.Theme) -> None:
-        """A view off screen is restyled when it is next shown: a lecture-mode switch restyled all fourteen
-        views, ~75 ms of a switch, for the one a scene shows."""
+        """A view off screen is restyled when it is next shown: a lecture-mode switch restyled every lesson's
+        view for the one a scene shows (entering lecture mode took 118 ms with that, 89 ms without)."""
         self.theme = theme
         self._styled = False
         if self.isVisible():

@@ -222,7 +222,7 @@ class MainWindow(QMainWindow):
     def _set_scene_mode(self, name: str, scene: bool, whole_window: bool) -> None:
         """Panels in a scene show their chart; the scene's caption carries the claim, so their controls step back.
         Only the lesson views this scene borrows change: the others are not on screen in a scene, and compacting
-        all fourteen at every scene change cost 45 ms a change (their charts' titles are rich text)."""
+        and expanding every one at each scene change re-laid out all their charts' rich-text titles."""
         for view in self._scene_lesson_views.get(name, []):
             view.set_compact(scene)
         self.kv.whole_window_only = whole_window

@@ -2,7 +2,7 @@
 converted folder takes about a second. transformers parses the file's metadata (a 49,152-token vocabulary for
 SmolLM2: ~6.5 s in Python) once for the tokenizer, once for the config and once for the weights, and builds
 llama.cpp's tensor-name table once per submodule (397 times, 23 ms each): a conversion reads the metadata once
-and builds each table once (``_read_once``), 38 s -> 16 s for SmolLM2 on 2 cores.
+and builds each table once (``_read_once``): 38.6 s -> 18.0 s for SmolLM2 on a 2-vCPU VM.
 
 All transformers GGUF specifics live here (5.25: Llama goes through the legacy loader, which de-quantizes to
 plain ``nn.Linear`` and refuses ``save_pretrained`` until the quantizer is detached). A conversion reaches no
