@@ -36,9 +36,14 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
+# How the peak product is measured: in the layout a model's linear layers multiply in (activations times the
+# transposed weight). Part of the cache key, so a peak measured another way is measured again, never compared.
+PRODUCT = "x @ W.T"
+
+
 def _key(device: torch.device, dtype: torch.dtype) -> str:
     return f"{device_name(device)}|{device.type}|{str(dtype).removeprefix('torch.')}|torch {torch.__version__}|" \
-           f"threads {torch.get_num_threads()}"
+           f"threads {torch.get_num_threads()}|{PRODUCT}"
 
 
 def _best_seconds(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
@@ -61,7 +66,10 @@ def _best_seconds(fn: Callable[[], None], device: torch.device, repeats: int) ->
 
 def measure(device: torch.device, dtype: torch.dtype) -> tuple[Device, float | None]:
     """Best of a few: a square matmul (2 n^3 FLOPs) and a large copy (read + write bytes); with the share of
-    the cores this process got meanwhile (``engine.facts.contention``; None on a GPU)."""
+    the cores this process got meanwhile (``engine.facts.contention``; None on a GPU). The matmul multiplies by
+    the transposed matrix, as ``nn.Linear`` does: on a CPU without bfloat16 units torch's bfloat16 product of
+    two row-major matrices ran at 0.9 GFLOP/s and this one at 25 (float32: 136 and 127), so the ceiling was 27x
+    below what every bfloat16 run achieved and was shown as "measured too low"."""
     gpu = device.type == "cuda"
     meter = LoadMeter()
     meter.start()
@@ -69,7 +77,7 @@ def measure(device: torch.device, dtype: torch.dtype) -> tuple[Device, float | N
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
-    matmul_s = _best_seconds(lambda: torch.matmul(a, b, out=out), device, 10 if gpu else 5)
+    matmul_s = _best_seconds(lambda: torch.matmul(a, b.mT, out=out), device, 10 if gpu else 5)
     elements = (1 << 30 if gpu else 256 << 20) // 4
     src = torch.ones(elements, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)

@@ -155,3 +155,31 @@ def test_without_leave_to_measure_only_a_cached_figure_is_given(tiny, monkeypatc
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(hardware, "measure", lambda device, dtype: pytest.fail("measured in a lecture"))
     assert hardware.peaks_event(tiny, may_measure=False) is None
+
+
+def test_the_peak_product_is_in_linears_layout_and_a_peak_measured_otherwise_is_measured_again(monkeypatch,
+                                                                                               tmp_path):
+    """The ceiling is the product a model's layers run: activations times the transposed weight (on a CPU without
+    bfloat16 units the other layout ran 27x slower in bfloat16, so every run beat its "peak"). A peak kept from
+    before, measured the other way, is not read."""
+    import torch
+
+    from engine.store import machine_cache
+
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
+    cpu = torch.device("cpu")
+    before = hardware._key(cpu, torch.float32).removesuffix(f"|{hardware.PRODUCT}")
+    machine_cache.remember(hardware.CACHE, before, {"name": "cpu", "flops_per_s": 1e9, "bytes_per_s": 1e9,
+                                                    "measured": "2026-12-03", "cpu_share": 0.95})
+    products: list[tuple] = []
+    matmul = torch.matmul
+
+    def recorded(a, b, **kwargs):
+        products.append((a.stride(), b.stride(), b.mT.is_contiguous()))
+        return matmul(a, b, **kwargs)
+
+    monkeypatch.setattr(torch, "matmul", recorded)
+    found = hardware.peaks(cpu, torch.float32)
+    assert not found.cached and found.flops_per_s != 1e9
+    weight = torch.empty(1024, 1024)                                   # nn.Linear's weight: (out, in), contiguous
+    assert set(products) == {((1024, 1), weight.mT.stride(), True)}
