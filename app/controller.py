@@ -127,8 +127,8 @@ class Controller:
             return
         self.activity.queued = None
         self.client.stop()
-        self.surface.show_status(f"Stopping: {STOPPING.get(self.client.busy, self.client.busy)} ends at its next "
-                                 "step.", 4000)
+        self.surface.show_until_idle(f"Stopping: {STOPPING.get(self.client.busy, self.client.busy)} ends at its "
+                                     "next step.")
 
     def step(self) -> None:
         """Running: let exactly one more token through. Idle: start a run that pauses after the prefill."""

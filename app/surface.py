@@ -58,6 +58,7 @@ class WindowSurface:
         self.work_ended = lambda: None                # the scene's footer forgets "Stopping…"
         self.cancel_load = lambda: None
         self._failure_shown: tuple[str, str] | None = None    # the failure the banner says (``show_failure``)
+        self._until_idle: str | None = None           # a status line true only while work winds down
 
     def show_error(self, message: str) -> None:
         log.info("shown to the user: %s", message)
@@ -79,6 +80,12 @@ class WindowSurface:
 
     def show_status(self, message: str, ms: int = 5000) -> None:
         self.status.showMessage(message, ms)
+
+    def show_until_idle(self, message: str) -> None:
+        """A status line that is true only until the work in progress ends ("Stopping: …"): it goes when the
+        stop has taken effect, as the scene footer's does, not after a time it could outlast or fall short of."""
+        self._until_idle = message
+        self.status.showMessage(message)
 
     def show_progress(self, message: str, fraction: float | None) -> None:
         self.status.show_progress(message, fraction)
@@ -126,6 +133,9 @@ class WindowSurface:
         self.experiments.set_busy(busy)
         self.chat.set_busy(busy)
         if not busy:
+            if self._until_idle is not None and self.status.currentMessage() == self._until_idle:
+                self.status.clearMessage()
+            self._until_idle = None
             self.work_ended()
 
     def show_steering(self, steering: str) -> None:

@@ -178,6 +178,21 @@ def test_the_stop_key_during_a_run_names_what_stops(qtbot, window):
     wait_idle(qtbot, window)
 
 
+def test_a_stopping_line_goes_when_the_work_has_ended_and_a_line_said_after_it_stays(qtbot, window):
+    """An experiment's stop says nothing of its own when it ends: "Stopping" stayed on screen after the stop had
+    taken effect, for as long as its timer ran."""
+    stopping = "Stopping: the experiment ends at its next step."
+    window.surface.show_until_idle(stopping)
+    window.surface.busy_changed("experiment")
+    assert window.status.currentMessage() == stopping             # still winding down: no timer takes it away
+    window.surface.busy_changed(None)
+    assert window.status.currentMessage() == ""
+    window.surface.show_until_idle(stopping)
+    window.surface.show_status("Run #2 stopped at token 3.")
+    window.surface.busy_changed(None)
+    assert window.status.currentMessage() == "Run #2 stopped at token 3."
+
+
 def test_the_status_bar_names_the_loaded_model_without_why_and_the_model_label_keeps_it(qtbot, window):
     from app.routing import describe_loaded
 
