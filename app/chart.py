@@ -29,8 +29,7 @@ class Chart(TimedGraphics):
         if legend:
             self.legend = pg.LegendItem(colCount=self.legend_columns, labelTextSize="9pt")
             self.addItem(self.legend, row=1 if legend_beside else 0, col=1 if legend_beside else 0)
-        self.plot: pg.PlotItem = self.addPlot(row=1, col=0, title=title or None)
-        self.plot.setMenuEnabled(False)
+        self.plot: pg.PlotItem = self.add_plot(1, 0, title or None)
         self.ci.layout.setRowStretchFactor(1, 10)
         self.theme = th.current_theme(False)
         self.empty_text = pg.TextItem(anchor=(0.5, 0.5))

@@ -120,10 +120,9 @@ class AttentionPanel(QWidget):
         top.addStretch(1)
         self._controls = (self.heads_label, self.layer_box)
         self.graphics = TimedGraphics()
-        self.layers_plot: pg.PlotItem = self.graphics.addPlot(row=0, col=0)
-        self.heads_plot: pg.PlotItem = self.graphics.addPlot(row=1, col=0)
+        self.layers_plot: pg.PlotItem = self.graphics.add_plot(0, 0)
+        self.heads_plot: pg.PlotItem = self.graphics.add_plot(1, 0)
         for plot in (self.layers_plot, self.heads_plot):
-            plot.setMenuEnabled(False)
             plot.invertY(True)
         self.heads_plot.setXLink(self.layers_plot)
         cmap = pg.colormap.get(th.HEATMAP)

@@ -98,10 +98,9 @@ class KVHeatmapPanel(QWidget):
         top.addStretch(1)
 
         self.graphics = TimedGraphics()
-        self.plot: pg.PlotItem = self.graphics.addPlot(row=0, col=0)
+        self.plot: pg.PlotItem = self.graphics.add_plot(0, 0)
         self._x_words = X_WORDS[0]
         self.plot.getViewBox().sigResized.connect(lambda *_: self._fit_x_label())
-        self.plot.setMenuEnabled(False)
         self.empty = QGraphicsRectItem()
         self.empty.setPen(QPen(Qt.PenStyle.NoPen))
         self.plot.addItem(self.empty)
@@ -133,8 +132,7 @@ class KVHeatmapPanel(QWidget):
         # The per-layer bars sit right beside the heatmap, each layer's bar level with its row (the plots share
         # the y range and have no titles, so their data areas are the same height); the colour bar, which keys
         # the heatmap's cells, stands at the far right.
-        self.bars_plot: pg.PlotItem = self.graphics.addPlot(row=0, col=1)
-        self.bars_plot.setMenuEnabled(False)
+        self.bars_plot: pg.PlotItem = self.graphics.add_plot(0, 1)
         self.bars_plot.setYLink(self.plot)
         self.bars_plot.hideAxis("left")
         self.bars_key = BARS_LABEL
