@@ -98,7 +98,7 @@ class ArchitecturesView(LessonView):
             lines.append(f"<b>{escape(d.name)}</b> ({escape(d.design)}): {fmt(d.kv_bytes_per_token_measured)} per "
                          f"token {check}{state}")
         return (f"Each bar is one layer of each kind the {len(r.designs)} models have, built with its published "
-                "attention dimensions and random weights, its cache read after a prompt (measured); the whole model "
+                "attention dimensions and zero weights, its cache read after a prompt (measured); the whole model "
                 "follows from the published layer counts (computed). Fewer KV heads (GQA, MQA), windows that stop "
                 "growing, a compressed latent instead of K and V (MLA) and layers with a fixed state instead of a "
                 "cache (linear attention) each cut what a token costs.<br>" + "<br>".join(lines) +

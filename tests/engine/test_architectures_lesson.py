@@ -46,6 +46,25 @@ def test_a_sliding_layer_stops_at_its_window_and_a_linear_layer_keeps_a_state(me
     assert attention.bytes_per_token == 2 * 2 * 256 * 2
 
 
+def test_a_design_is_built_with_zero_weights_and_the_buffers_its_own_modelling_code_computes():
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from engine.lessons.architectures import VOCAB, build
+
+    design = BY_NAME["gpt-oss-20b"]
+    built = build(design, "float32")
+    assert all(not p.any() for p in built.parameters())               # zeros, never uninitialised memory
+    config = getattr(transformers, design.config)(
+        vocab_size=VOCAB, num_hidden_layers=len(design.layers), **design.published, **design.shrunk,
+        layer_types=[kind for kind, _count in design.layers])
+    initialised = dict(AutoModelForCausalLM.from_config(config, dtype=torch.float32).named_buffers())
+    buffers = dict(built.named_buffers())
+    assert buffers.keys() == initialised.keys() and any("inv_freq" in name for name in buffers)
+    assert all(torch.equal(buffers[name], initialised[name]) for name in buffers)
+
+
 def test_whole_model_bytes_count_every_layer_up_to_its_capacity():
     layers = [LayerFigures("sliding_attention", 3, "sliding", 100, capacity=10),
               LayerFigures("full_attention", 2, "full", 50), LayerFigures("linear_attention", 4, "state", 0,
