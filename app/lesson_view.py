@@ -404,10 +404,10 @@ def end_text(record: ExperimentRecord) -> str:
     """How it ended, and the settings it ran with (a replayed experiment's are not the form's)."""
     end = record.end
     if hasattr(end, "reason"):
-        points = experiment_phase(record).points
+        phase = experiment_phase(record)
         text = ("Finished." if end.reason == "done" else
-                f"Stopped: {plural(points, 'point')} so far, kept." if points else
-                "Stopped before its first point: nothing was measured.")
+                f"Stopped: {plural(phase.points, 'point')} so far, kept." if phase.points else
+                phase.words()[:1].upper() + phase.words()[1:] + ".")
     else:
         text = f"Failed: {getattr(end, 'message', '')}"
     shown = settings_words(record.started.settings)

@@ -220,11 +220,15 @@ def run_phase(run: RunRecord | None, now: float | None = None) -> RunPhase:
 
 
 RUNNING_EXPERIMENT = "running"
+STOPPED_BEFORE_ANYTHING = "stopped before its first measurement: nothing was measured"
+STOPPED_PART_WAY = "stopped before its first point: what it recorded until then is drawn, unfinished"
 
 
 @dataclass(frozen=True)
 class ExperimentPhase:
-    """Where an experiment is: ``done`` of ``total`` by its last progress report, ``points`` measured."""
+    """Where an experiment is: ``done`` of ``total`` by its last progress report, ``points`` measured,
+    ``observations``: the lesson's own events (its view draws them before any point: the paged lesson's block
+    tables), so a stop before the first point never says "nothing" over a drawn chart."""
 
     name: str
     done: int = 0
@@ -232,6 +236,7 @@ class ExperimentPhase:
     points: int = 0
     message: str = ""
     elapsed_ms: float = 0.0      # since it started, by the window's clock (running: a clock that moves)
+    observations: int = 0
 
     @property
     def ended(self) -> bool:
@@ -251,7 +256,7 @@ class ExperimentPhase:
             return f"running for {elapsed(self.elapsed_ms)}: " + " · ".join(p for p in (where, self.message) if p)
         if self.name == STOPPED:
             if not self.points:
-                return "stopped before its first measurement: nothing was measured"
+                return STOPPED_PART_WAY if self.observations else STOPPED_BEFORE_ANYTHING
             return f"stopped after {self.done:,} of {self.total:,}; {plural(self.points, 'point')} measured, kept"
         if self.name == FAILED:
             return f"failed: {self.message}"
@@ -273,7 +278,8 @@ def experiment_phase(record: ExperimentRecord | None, now: float | None = None) 
     if not hasattr(end, "reason"):
         return ExperimentPhase(FAILED, done, total, points, getattr(end, "message", ""))
     stopped = end.reason == "stopped" or (record.result is not None and record.result.incomplete)
-    return ExperimentPhase(STOPPED if stopped else FINISHED, done, total, points)
+    return ExperimentPhase(STOPPED if stopped else FINISHED, done, total, points,
+                           observations=record.observations)
 
 
 def run_line(run: RunRecord | None) -> str:

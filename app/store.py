@@ -279,6 +279,12 @@ class ExperimentRecord:
         elif isinstance(event, (ExperimentFinished, ExperimentFailed)):
             self.end = event
 
+    @property
+    def observations(self) -> int:
+        """How many of the lesson's own events arrived (a block table, a draft pass): drawn by its view, though
+        not points."""
+        return sum(len(events) for events in self._by_type.values())
+
     def of(self, *kinds: type[E]) -> list[E]:
         """The lesson's own events of these classes (``engine.facts.vocabulary.LessonEvent``), in the order they
         came."""

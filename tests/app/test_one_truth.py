@@ -177,6 +177,39 @@ def test_a_stopped_experiment_scene_says_how_far_it_got_and_claims_no_measuremen
     w.lecture.leave()
 
 
+def test_a_paged_lesson_stopped_after_its_first_block_table_says_its_chart_is_unfinished_not_empty(
+        qtbot, tiny, tmp_path, screen):
+    import threading
+
+    from engine.output.trace import write_trace
+    from engine.serve.block_events import BlockTable
+    from tests.lessons import collect
+
+    cancel = threading.Event()
+
+    class Stopping(list):                       # the user's stop, as the first block table arrives
+        def append(self, event) -> None:
+            super().append(event)
+            if isinstance(event, BlockTable):
+                cancel.set()
+
+    events, finished = collect("paged", tiny, cancel=cancel, events=Stopping(), requests=3, new_tokens=4)
+    assert finished.reason == "stopped"
+    w = open_replayed(qtbot, write_trace(tmp_path / "stopped.kvscope.jsonl", list(events)), (1280, 720))
+    try:
+        record = w.store.latest_experiment("paged")
+        view = w.experiments.views["paged"]
+        assert record.of(BlockTable) and not record.points
+        w.lecture.enter("paged")
+        w.refresh(force=True)
+        claim = w.scene_view.claim()
+        assert view.chart.shows_data() and "drawn, unfinished" in claim, claim
+        assert "nothing was measured" not in claim and "nothing was measured" not in view.status.text()
+        w.lecture.leave()
+    finally:
+        close_and_dispose(w)
+
+
 def test_a_replayed_run_takes_no_ceiling_from_this_machines_peaks(qtbot, window, lecture_trace):
     from engine.facts.events import HardwarePeaks
 
