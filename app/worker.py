@@ -224,19 +224,18 @@ class EngineWorker(QObject):
         """A run that achieved more than the cached peak shows the peak is wrong: say so (once per model). It is
         not measured again here: a measurement keeps the CPU busy for a while, and must never start by itself
         after a run or a stop, in front of a room."""
-        from engine.facts.costmodel import ModelCost
+        from engine.facts.costmodel import Device, ModelCost
         from engine.facts.events import RunFinished
         from engine.model.hardware import implausible
 
         s = getattr(result, "summary", None)
         if self.peaks is None or not isinstance(result, RunFinished) or not s.prefill_ms or self._said_peaks_low:
             return
-        cost = ModelCost(self._session().facts)
-        achieved = (cost.prefill(s.reused_tokens + s.prompt_tokens).flops
-                    - (cost.prefill(s.reused_tokens).flops if s.reused_tokens else 0.0)) / (s.prefill_ms / 1000.0)
-        if implausible(self.peaks, achieved):
+        prefill = ModelCost(self._session().facts).prefill_after(s.reused_tokens, s.prompt_tokens)
+        achieved = prefill.flops / (s.prefill_ms / 1000.0)
+        if implausible(self.peaks, achieved, cost=prefill):
             self._said_peaks_low = True
-            self.push(PeaksBelowRun(achieved, self.peaks.flops_per_s))
+            self.push(PeaksBelowRun(achieved, prefill.peak_flops_per_s(Device.of(self.peaks))))
 
     def _sleep(self, seconds: float) -> None:
         self.control.cancel.wait(seconds)

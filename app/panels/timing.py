@@ -391,8 +391,8 @@ def bounds_text(run: RunRecord, s: RunSummary, peaks: HardwarePeaks | None) -> s
     divided by the measured prefill time. No ceiling from peaks measured on a busy machine (they sit below what
     runs achieve), and none below a rate this run measured: that says the peaks are wrong, and so it says."""
     cost = ModelCost(run.model)
-    evaluated = cost.prefill(s.reused_tokens + s.prompt_tokens).flops - (cost.prefill(s.reused_tokens).flops
-                                                                         if s.reused_tokens else 0.0)
+    prefill = cost.prefill_after(s.reused_tokens, s.prompt_tokens)
+    evaluated = prefill.flops
     prefill_flops = evaluated / (s.prefill_ms / 1000.0)
     achieved = (f"prefill {prefill_flops / 1e9:,.1f} GFLOP/s achieved ({evaluated / 1e9:,.2f} GFLOP computed ÷ "
                 f"{s.prefill_ms:,.1f} ms measured)")
@@ -402,7 +402,7 @@ def bounds_text(run: RunRecord, s: RunSummary, peaks: HardwarePeaks | None) -> s
     if not peaks.quiet:
         return (f"{achieved} · ceilings: not shown, this machine was busy when its peaks were taken "
                 "(Run > Measure this machine again, when nothing else runs)")
-    device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
+    device = Device.of(peaks)
     parts = []
     if run.started.params.kv_cache and s.decode_runs:
         position = s.reused_tokens + s.prompt_tokens + max(s.generated_tokens - 1, 0)
@@ -421,9 +421,12 @@ def bounds_text(run: RunRecord, s: RunSummary, peaks: HardwarePeaks | None) -> s
                          f"computed, {step.bound(device)}-bound ({how})")
     elif not run.started.params.kv_cache:
         parts.append("decode without cache: every step is a prefill")
-    if prefill_flops > peaks.flops_per_s:
-        parts.append(f"{achieved}, above the measured matmul peak of {peaks.flops_per_s / 1e9:,.0f} GFLOP/s: the "
-                     "peak is too low for this machine")
+    peak = prefill.peak_flops_per_s(device)
+    matmul = (f"measured matmul; its {device.wide_rows}+ rows' products run widened to float32, at float32's "
+              f"{device.wide_flops_per_s / 1e9:,.0f}" if device.widens(prefill.rows) else "measured matmul")
+    if prefill_flops > peak:
+        parts.append(f"{achieved}, above the peak of {peak / 1e9:,.0f} GFLOP/s ({matmul}): the peak is too low for "
+                     "this machine")
     else:
-        parts.append(f"{achieved} vs peak {peaks.flops_per_s / 1e9:,.0f} GFLOP/s (measured matmul)")
+        parts.append(f"{achieved} vs peak {peak / 1e9:,.0f} GFLOP/s ({matmul})")
     return " · ".join(parts)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.facts import kvformula
-from engine.facts.events import ModelFacts
+from engine.facts.events import HardwarePeaks, ModelFacts
 
 SEED_D_MODEL = 64
 SEED_LENGTHS = (50, 100, 200, 400, 800)
@@ -65,25 +65,51 @@ def seed_example(d_model: int = SEED_D_MODEL, prompt_len: int = 100, num_new_tok
 # --- whole-model estimate ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Device:
-    """A device's measured ceilings (see ``engine.model.hardware``)."""
+    """A device's measured ceilings (see ``engine.model.hardware``). ``wide_flops_per_s``: where the model's
+    products of ``wide_rows`` rows or more run widened to float32 (a half float this CPU emulates), float32's
+    measured peak, their ceiling; 0: every product runs at ``flops_per_s``."""
 
     name: str
     flops_per_s: float
     bytes_per_s: float
+    wide_rows: int = 0
+    wide_flops_per_s: float = 0.0
+
+    @classmethod
+    def of(cls, peaks: HardwarePeaks) -> Device:
+        return cls(peaks.device, peaks.flops_per_s, peaks.bytes_per_s, peaks.wide_rows, peaks.wide_flops_per_s)
+
+    def widens(self, rows: int) -> bool:
+        """Whether a product of ``rows`` rows over the weights runs widened (at ``wide_flops_per_s``)."""
+        return bool(self.wide_flops_per_s and self.wide_rows and rows >= self.wide_rows)
+
+    def product_flops_per_s(self, rows: int) -> float:
+        """The peak a product of ``rows`` rows over the weights runs at: the arithmetic it really runs in."""
+        return self.wide_flops_per_s if self.widens(rows) else self.flops_per_s
 
 
 @dataclass(frozen=True)
 class Cost:
+    """FLOPs and bytes of a pass whose products over the weights have ``rows`` rows (a prefill's tokens; one in a
+    decode step): its ceiling is the peak of the arithmetic products of that many rows run in."""
+
     flops: float
     bytes: float
+    rows: int = 1
 
     @property
     def intensity(self) -> float:
         """FLOPs per byte moved: high means compute-bound, low means bandwidth-bound."""
         return self.flops / self.bytes if self.bytes else float("inf")
 
+    def peak_flops_per_s(self, device: Device) -> float:
+        """The most FLOP/s this pass can run at: what an achieved rate is compared with. Every FLOP is held to
+        the products' peak (the products are nearly all of them; a ceiling must never sit below what a run can
+        achieve)."""
+        return device.product_flops_per_s(self.rows)
+
     def compute_s(self, device: Device) -> float:
-        return self.flops / device.flops_per_s
+        return self.flops / self.peak_flops_per_s(device)
 
     def memory_s(self, device: Device) -> float:
         return self.bytes / device.bytes_per_s
@@ -124,8 +150,13 @@ class ModelCost:
         return 4.0 * self.head_width * keys
 
     def prefill(self, n: int) -> Cost:
-        flops = 2.0 * self.body_params * n + 2.0 * self.output_params + self._attention(0, n)
-        return Cost(flops, self.weight_bytes + kvformula.predicted_kv_bytes(self.m, n))
+        return self.prefill_after(0, n)
+
+    def prefill_after(self, cached: int, n: int) -> Cost:
+        """``n`` new tokens in one pass after ``cached`` positions the cache already holds (a chat turn's reuse):
+        the layers' products have ``n`` rows, and the new queries meet every key."""
+        flops = 2.0 * self.body_params * n + 2.0 * self.output_params + self._attention(cached, cached + n)
+        return Cost(flops, self.weight_bytes + kvformula.predicted_kv_bytes(self.m, cached + n), rows=n)
 
     def decode(self, position: int) -> Cost:
         """One decode step: the token at ``position`` attends to ``position + 1`` keys (or its window)."""

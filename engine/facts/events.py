@@ -348,7 +348,9 @@ class HardwarePeaks:
     """This machine's measured ceilings (a matmul and a large copy), for the roofline bounds. ``cpu_share``
     as in ``RunSummary``: a low share means they were measured on a busy machine (and were not cached).
     ``disk_bytes_per_s`` and ``host_to_device_bytes_per_s``: the offloading tiers' measured read rates
-    (0: not measured)."""
+    (0: not measured). ``wide_flops_per_s``: where the model's products of ``wide_rows`` rows or more run
+    widened to float32 (a half float this CPU emulates), float32's measured peak, their ceiling; 0: every
+    product runs in ``dtype``."""
 
     device: Name
     dtype: Annotated[str, Text(32)]
@@ -359,6 +361,8 @@ class HardwarePeaks:
     measured: Annotated[str, Text(32)] = ""          # the date they were measured
     disk_bytes_per_s: Annotated[float, Range(0.0, 1e18)] = 0.0
     host_to_device_bytes_per_s: Annotated[float, Range(0.0, 1e18)] = 0.0
+    wide_rows: Annotated[int, Range(0, 1 << 20)] = 0
+    wide_flops_per_s: Annotated[float, Range(0.0, 1e20)] = 0.0
 
     @property
     def quiet(self) -> bool:

@@ -173,7 +173,8 @@ def _measure(session, settings: FormatsSettings,
     from engine.model import hardware
 
     facts = session.facts
-    peaks = hardware.quiet_peaks(session.device, session.model.dtype, attempts=1)    # None: only busy ones
+    peaks = hardware.model_peaks(                                # None: only busy ones
+        session.loaded, lambda dtype: hardware.quiet_peaks(session.device, dtype, attempts=1))
     cost = ModelCost(facts)
     params = GenerationParams(max_new_tokens=settings.new_tokens)
     session.run(PROMPT, GenerationParams(max_new_tokens=4), cancel=cancel)        # warm-up
@@ -199,11 +200,12 @@ def _measure(session, settings: FormatsSettings,
               "prefill_tok_s": settings.prefill_tokens / (prefill_ms / 1000.0),
               "nll": nll, "perplexity": math.exp(nll)}
     if peaks is not None:                       # ceilings only from a quiet machine's measurement
-        device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
+        device = Device.of(peaks)
         values.update({"decode_ceiling_tok_s": device.bytes_per_s / step.bytes,
                        "prefill_ceiling_tok_s":
                            settings.prefill_tokens / cost.prefill(settings.prefill_tokens).compute_s(device),
-                       "bandwidth_gb_s": peaks.bytes_per_s / 1e9, "peak_gflop_s": peaks.flops_per_s / 1e9})
+                       "bandwidth_gb_s": peaks.bytes_per_s / 1e9,
+                       "peak_gflop_s": device.product_flops_per_s(settings.prefill_tokens) / 1e9})
     values.update(_kernel_values(session.loaded.kernel))
     shares = [s.cpu_share for s in runs if s.cpu_share is not None]
     return values, runs[0].token_ids, min(shares) if shares else None

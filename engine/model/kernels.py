@@ -120,6 +120,11 @@ class KernelChoice:
     busy: bool = False                            # measured while the machine was busy (kept, marked)
     wide: str = ""                                # a prefill's products widened (``widen_many_rows``): how, why
 
+    @property
+    def wide_rows(self) -> int:
+        """From how many rows a product runs widened to float32 (0: none does)."""
+        return WIDE_ROWS if self.wide else 0
+
     def words(self) -> str:
         """For the model's status line (``eager_through``), with each kernel's measured time."""
         if not self.step_ms:

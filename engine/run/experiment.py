@@ -108,7 +108,7 @@ class Experiment:
         self._sink = emit
         self.t0 = time.perf_counter()
         # Ceilings only from peaks measured on a quiet machine (a busy one's would sit below what runs achieve).
-        self.device = Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s) if peaks and peaks.quiet else None
+        self.device = Device.of(peaks) if peaks and peaks.quiet else None
         facts = target.facts
         self.cost = ModelCost(facts) if isinstance(facts, ModelFacts) else None      # a server: none
         self.meter = LoadMeter()

@@ -114,7 +114,7 @@ def costmodel_main(argv: list[str]) -> int:
     from engine.model.hardware import peaks_event  # torch: only for a command that measures
 
     peaks = peaks_event(loaded, remeasure=args.remeasure)
-    device = costmodel.Device(peaks.device, peaks.flops_per_s, peaks.bytes_per_s)
+    device = costmodel.Device.of(peaks)
     print(whole_model_table(loaded.facts, device))
     when = f"cached, measured {peaks.measured}" if peaks.cached else "measured now"
     print(f"\nPeaks: {when}" + (f"; {busy_note(peaks.cpu_share)}" if busy_note(peaks.cpu_share) else ""))
@@ -158,8 +158,9 @@ def config_table(folder: Path, context: int | None, budget: int) -> str:
 def whole_model_table(m: ModelFacts, device: costmodel.Device) -> str:
     cost = costmodel.ModelCost(m)
     lines = [f"{safe_line(m.name)}: {m.num_params / 1e6:,.1f}M parameters ({cost.body_params / 1e6:,.1f}M in the "
-             f"layers), {m.dtype}; {safe_line(device.name)}: peak {device.flops_per_s / 1e9:,.1f} GFLOP/s, "
-             f"{device.bytes_per_s / 1e9:,.1f} GB/s (measured)",
+             f"layers), {m.dtype}; {safe_line(device.name)}: peak {device.flops_per_s / 1e9:,.1f} GFLOP/s"
+             + (f" ({device.wide_rows} rows or more: widened to float32, {device.wide_flops_per_s / 1e9:,.1f})"
+                if device.wide_flops_per_s else "") + f", {device.bytes_per_s / 1e9:,.1f} GB/s (measured)",
              "All other figures are computed by the cost model.", "",
              "prefill  tokens |      FLOPs |      bytes | FLOP/byte | compute ms | memory ms | bound",
              "----------------+------------+------------+-----------+------------+-----------+----------"]

@@ -203,6 +203,23 @@ def test_a_ceiling_is_never_shown_below_a_rate_the_same_run_measured(qtbot, wind
     assert "compute-bound (1,000.0 GFLOP/s ÷" in compute and "GB/s ÷" not in compute
 
 
+def test_a_prefill_whose_products_ran_widened_is_compared_with_float32s_peak(qtbot, window):
+    from app.panels.timing import bounds_text
+
+    window.controls.max_tokens.setValue(2)
+    s = run_and_wait(qtbot, window).summary()
+    run = window.store.current
+
+    def peaks(wide_rows: int) -> HardwarePeaks:
+        return HardwarePeaks("a CPU", "bfloat16", flops_per_s=2e9, bytes_per_s=1e15, cpu_share=0.97,
+                             wide_rows=wide_rows, wide_flops_per_s=300e9)
+
+    widened = bounds_text(run, s, peaks(s.prompt_tokens))
+    assert "vs peak 300 GFLOP/s (measured matmul; its " in widened and "widened to float32" in widened
+    short = bounds_text(run, s, peaks(s.prompt_tokens + 1))            # fewer rows: the products' own float
+    assert "vs peak 2 GFLOP/s (measured matmul)" in short or "above the peak of 2 GFLOP/s" in short
+
+
 def test_every_lesson_view_before_its_first_run_shows_no_numbers_and_says_what_will_appear(qtbot, window):
     from app.chart import Chart
 

@@ -142,6 +142,26 @@ def test_nothing_is_measured_by_itself_after_a_run_that_beats_the_peaks(qtbot, w
     assert "measured too low" in window.banner.label.text() and window.banner.isVisible()
 
 
+def test_a_prefill_above_its_floats_emulated_peak_but_below_float32s_raises_no_alarm(qtbot, window):
+    """Products widened to float32 are held to float32's peak: only a run above that says the peak is low."""
+    from engine.facts.costmodel import ModelCost
+
+    worker = window.client.worker
+    window.controls.max_tokens.setValue(2)
+    s = run_and_wait(qtbot, window).summary()
+    achieved = ModelCost(window.store.current.model).prefill(s.prompt_tokens).flops / (s.prefill_ms / 1000.0)
+    worker._said_peaks_low = False
+    worker.peaks = HardwarePeaks("this CPU", "bfloat16", flops_per_s=achieved / 100, bytes_per_s=1e15,
+                                 cpu_share=0.95, wide_rows=s.prompt_tokens, wide_flops_per_s=achieved * 100)
+    window.banner.hide()
+    run_and_wait(qtbot, window)
+    assert not window.banner.isVisible()
+    worker.peaks = HardwarePeaks("this CPU", "bfloat16", flops_per_s=achieved / 100, bytes_per_s=1e15,
+                                 cpu_share=0.95, wide_rows=s.prompt_tokens + 1, wide_flops_per_s=achieved * 100)
+    run_and_wait(qtbot, window)
+    assert "measured too low" in window.banner.label.text() and window.banner.isVisible()
+
+
 def test_plural_counts_say_one_token_and_two_tokens():
     assert plural(1, "token") == "1 token" and plural(2, "token") == "2 tokens" and plural(1_000, "step") == \
         "1,000 steps"

@@ -133,6 +133,35 @@ def test_peaks_a_run_beats_are_implausible():
     assert not hardware.implausible(peaks, achieved_flops_per_s=90e9, achieved_bytes_per_s=15e9)
 
 
+def test_products_widened_to_float32_are_held_to_float32s_peak_and_the_rest_to_their_own_floats(tiny):
+    """On a CPU that emulates bfloat16, a prefill's products of ``WIDE_ROWS`` rows or more run in float32: a
+    38-token prefill achieving 31 GFLOP/s beats bfloat16's emulated peak (26) and is far below float32's (132)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from engine.facts.costmodel import ModelCost
+    from engine.model.kernels import WIDE_ROWS, KernelChoice
+
+    measured = {torch.bfloat16: HardwarePeaks("cpu", "bfloat16", 26e9, 34e9, cached=True, cpu_share=0.97),
+                torch.float32: HardwarePeaks("cpu", "float32", 132e9, 34e9, cached=False, cpu_share=0.9)}
+    widening = SimpleNamespace(model=SimpleNamespace(dtype=torch.bfloat16), kernel=KernelChoice("aten", wide="why"))
+    peaks = hardware.model_peaks(widening, measured.get)
+    assert (peaks.flops_per_s, peaks.wide_rows, peaks.wide_flops_per_s) == (26e9, WIDE_ROWS, 132e9)
+    assert not peaks.cached and peaks.cpu_share == 0.9                     # as fresh and as busy as either
+    cost, device = ModelCost(tiny.facts), Device.of(peaks)
+    assert cost.prefill(WIDE_ROWS).peak_flops_per_s(device) == 132e9
+    assert cost.prefill(WIDE_ROWS - 1).peak_flops_per_s(device) == cost.decode(40).peak_flops_per_s(device) == 26e9
+    assert cost.decode_without_cache(WIDE_ROWS).peak_flops_per_s(device) == 132e9     # a whole prefill again
+    assert not hardware.implausible(peaks, 31e9, cost=cost.prefill(38))
+    assert hardware.implausible(peaks, 31e9, cost=cost.prefill(8)) and hardware.implausible(peaks, 150e9,
+                                                                                            cost=cost.prefill(38))
+    assert hardware.model_peaks(widening, {torch.bfloat16: measured[torch.bfloat16]}.get) is None   # no wrong roof
+    own = SimpleNamespace(model=SimpleNamespace(dtype=torch.bfloat16), kernel=KernelChoice("aten"))
+    assert hardware.model_peaks(own, measured.get) == measured[torch.bfloat16]
+    assert hardware.model_peaks(SimpleNamespace(model=own.model, kernel=None), measured.get).wide_flops_per_s == 0
+
+
 def test_a_busy_measurement_never_replaces_a_quiet_one_and_gives_no_ceiling(tiny, monkeypatch, tmp_path):
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
     shares = iter([0.95, 0.2])                                # quiet first, then measured again while busy
