@@ -422,8 +422,8 @@ def bounds_text(run: RunRecord, s: RunSummary, peaks: HardwarePeaks | None) -> s
     elif not run.started.params.kv_cache:
         parts.append("decode without cache: every step is a prefill")
     peak = prefill.peak_flops_per_s(device)
-    matmul = (f"measured matmul; its {device.wide_rows}+ rows' products run widened to float32, at float32's "
-              f"{device.wide_flops_per_s / 1e9:,.0f}" if device.widens(prefill.rows) else "measured matmul")
+    matmul = (f"measured matmul in float32: products of {device.wide_rows}+ rows run widened to it here"
+              if device.widens(prefill.rows) else "measured matmul")
     if prefill_flops > peak:
         parts.append(f"{achieved}, above the peak of {peak / 1e9:,.0f} GFLOP/s ({matmul}): the peak is too low for "
                      "this machine")
