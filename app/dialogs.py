@@ -47,9 +47,7 @@ class AboutDialog(QDialog):
                                 f"{m.dtype}; source: {m.source}")
         else:
             model_text = "no model loaded"
-        device_text = escape(f"{peaks.device}: {peaks.flops_per_s / 1e9:,.0f} GFLOP/s, "
-                             f"{peaks.bytes_per_s / 1e9:,.1f} GB/s (measured)" if peaks is not None
-                             else "not measured yet")
+        device_text = escape(peaks_words(peaks) if peaks is not None else "not measured yet")
         converted, offloaded = converted_models_dir(), offloaded_models_dir()
         self.label = QLabel(
             f"<h3>KVScope {__version__}</h3><p>See LLM inference live: tokens, the KV cache, prefill and decode.</p>"
@@ -115,3 +113,12 @@ class FirstRunDialog(QDialog):
         else:
             self.bar.setRange(0, 1000)
             self.bar.setValue(int(fraction * 1000))
+
+
+def peaks_words(peaks: HardwarePeaks) -> str:
+    """The measured peaks, each with the float it was measured in (a widening model's products of many rows run
+    at float32's)."""
+    wide = (f", {peaks.wide_flops_per_s / 1e9:,.0f} in float32 (its products of {peaks.wide_rows}+ rows run "
+            "widened)" if peaks.wide_flops_per_s else "")
+    return (f"{peaks.device}: {peaks.flops_per_s / 1e9:,.0f} GFLOP/s in {peaks.dtype}{wide}, "
+            f"{peaks.bytes_per_s / 1e9:,.1f} GB/s (measured)")

@@ -2,6 +2,7 @@
 the desktop entry and the installed launchers."""
 
 import configparser
+import dataclasses
 import os
 import subprocess
 import sys
@@ -41,6 +42,11 @@ def test_about_lists_versions_device_and_files(qtbot, window):
     for fragment in ("torch", "transformers", "PySide6", "tiny", "GFLOP/s", "converted models", "settings.ini"):
         assert fragment in text, fragment
     dialog.close()
+    from app.dialogs import peaks_words
+
+    widened = dataclasses.replace(window.store.peaks, dtype="bfloat16", flops_per_s=26e9, wide_rows=24,
+                                  wide_flops_per_s=132e9)
+    assert "26 GFLOP/s in bfloat16, 132 in float32 (its products of 24+ rows run widened)" in peaks_words(widened)
 
 
 def test_clearing_the_cache_removes_conversions(qtbot, window, monkeypatch, tmp_path):
