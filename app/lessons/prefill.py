@@ -61,7 +61,16 @@ class PrefillView(LessonView):
                 f"{r.flops_doubling_x:.1f}x FLOPs (computed). Short prompts are dominated by reading the weights and "
                 "fixed per-pass costs, so time grows slower than n; as prompts grow, the 2&nbsp;×&nbsp;parameters "
                 "FLOPs per token (linear) and then attention's n² term take over and the exponent rises toward 1 "
-                f"and beyond.{escape(noisy)}")
+                f"and beyond.{escape(noisy)}{widened_words(r)}")
+
+
+def widened_words(r: PrefillResult) -> str:
+    """Why the curves step down part way, where the sweep crossed the rows from which products are widened."""
+    if not r.widened_from:
+        return ""
+    return (f" From {r.widened_from:,} tokens this CPU runs the products in float32 over the weights widened for "
+            "the pass, faster than the half float it emulates below that: the time and the roofline both step down "
+            "there.")
 
 
 def log_ticks(values: np.ndarray, base: int) -> list[tuple[float, str]]:

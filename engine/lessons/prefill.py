@@ -57,6 +57,8 @@ class PrefillResult(LessonResult):
     predicted_exponent: Number | None = None    # the cost model's exponent over the same lengths
     largest_spread: Number | None = None        # the widest slowest/fastest repeat ratio of any length
     noisy: bool = False                         # some length's repeats spread more than NOISY_SPREAD
+    widened_from: Count = 0                     # prompts this long or longer ran their products widened to
+    #                                             float32 (a half float this CPU emulates); 0: none did
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,7 @@ def run(experiment: Experiment, settings: PrefillSettings) -> PrefillResult:
         forward, ttft = [], []
         for r in range(1 + settings.repeats):               # one warm-up, then the timed repeats
             if experiment.cancelled:
-                return summarize(measured)
+                return summarize(measured, getattr(session.loaded.kernel, "wide_rows", 0))
             experiment.progress(i, len(lengths), f"prefill of {n:,} tokens: "          # each pass says which
                                 + (f"repeat {r} of {settings.repeats}" if r else "warm-up"))
             forward_ms, ttft_ms = session.timed_prefill(ids[:n])
@@ -127,13 +129,16 @@ def run(experiment: Experiment, settings: PrefillSettings) -> PrefillResult:
         experiment.point(point)
         measured.append(point)
     experiment.progress(len(lengths), len(lengths), "done")
-    return summarize(measured)
+    return summarize(measured, getattr(session.loaded.kernel, "wide_rows", 0))
 
 
-def summarize(points: list[PrefillPoint]) -> PrefillResult:
+def summarize(points: list[PrefillPoint], widened_from: int = 0) -> PrefillResult:
+    """``widened_from``: the rows from which the model's products run widened (``KernelChoice.wide_rows``): said
+    only where the sweep crossed it, since time and the roofline both step down there."""
     if not points:
         return PrefillResult(incomplete=True)
     spread = max(p.prefill_ms_max / p.prefill_ms_min for p in points if p.prefill_ms_min > 0)
+    crossed = widened_from if points[0].tokens < widened_from <= points[-1].tokens else 0
     if len(points) < 2:
         return PrefillResult(points=len(points), largest_spread=spread, noisy=spread > NOISY_SPREAD)
     n = [p.tokens for p in points]
@@ -146,7 +151,7 @@ def summarize(points: list[PrefillPoint]) -> PrefillResult:
         exponent_long=fitted_exponent(n[half:], t[half:]), doubled_from=n[-2], doubled_to=n[-1],
         last_doubling_x=t[-1] / t[-2], flops_doubling_x=points[-1].flops / points[-2].flops,
         predicted_exponent=fitted_exponent(n, predicted) if len(predicted) == len(points) else None,
-        largest_spread=spread, noisy=spread > NOISY_SPREAD)
+        largest_spread=spread, noisy=spread > NOISY_SPREAD, widened_from=crossed)
 
 
 def table(points: Sequence[ExperimentPoint], result: PrefillResult) -> str:
@@ -156,6 +161,9 @@ def table(points: Sequence[ExperimentPoint], result: PrefillResult) -> str:
                   f"n^{result.exponent_long:.2f} for long ones), measured",
                   f"Doubling {result.doubled_from:,}->{result.doubled_to:,}: {result.last_doubling_x:.1f}x measured, "
                   f"{result.flops_doubling_x:.1f}x FLOPs (computed)"]
+    if result.widened_from:
+        lines.append(f"note: from {result.widened_from:,} tokens the products ran in float32 over the widened weights "
+                     "(this CPU emulates the model's half float below that): time and roofline step down there")
     if result.noisy:
         lines.append(f"note: the repeats of one length spread up to {result.largest_spread:.2f}x: the fitted "
                      "exponents are rough (a busy or noisy machine); run again on a quiet one")

@@ -89,6 +89,24 @@ def test_prefill_sweep_on_the_tiny_model(tiny):
     assert r.exponent is not None and (r.doubled_from, r.doubled_to) == (64, 128) and r.points == 4
 
 
+@pytest.mark.parametrize("wide_rows, said", [(24, 24), (16, 0), (0, 0)])
+def test_a_prefill_sweep_that_crosses_the_rows_where_products_widen_says_where(tiny, monkeypatch, wide_rows, said):
+    """Where a CPU emulates the model's half float, products of ``wide_rows`` rows or more run widened to float32:
+    the sweep says so where it crosses that length (16 -> 32 crosses 24), and not where it starts past it."""
+    from types import SimpleNamespace
+
+    from app.lessons.prefill import widened_words
+    from engine.lessons.prefill import table
+
+    monkeypatch.setattr(tiny, "kernel", SimpleNamespace(wide_rows=wide_rows))
+    events, finished = collect("prefill", tiny, max_length=64, repeats=1)
+    r = finished.result
+    assert r.widened_from == said
+    assert (f"From {said:,} tokens this CPU runs the products in float32" in widened_words(r)) == bool(said)
+    points = [e for e in events if isinstance(e, ExperimentPoint)]
+    assert ("note: from 24 tokens the products ran in float32" in table(points, r)) == bool(said)
+
+
 def test_cache_comparison_tokens_match(tiny):
     events, finished = collect("cache", tiny, new_tokens=24, prompt="The KV cache holds keys")
     r = finished.result
