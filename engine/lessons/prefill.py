@@ -109,12 +109,13 @@ def run(experiment: Experiment, settings: PrefillSettings) -> PrefillResult:
     session = experiment.session
     lengths = doubling_lengths(settings.start, _limit(session, settings))
     ids = filler_ids(session, lengths[-1])
+    wide_rows = getattr(session.loaded.kernel, "wide_rows", 0)       # a KernelChoice on a CPU, else None
     measured: list[PrefillPoint] = []
     for i, n in enumerate(lengths):
         forward, ttft = [], []
         for r in range(1 + settings.repeats):               # one warm-up, then the timed repeats
             if experiment.cancelled:
-                return summarize(measured, getattr(session.loaded.kernel, "wide_rows", 0))
+                return summarize(measured, wide_rows)
             experiment.progress(i, len(lengths), f"prefill of {n:,} tokens: "          # each pass says which
                                 + (f"repeat {r} of {settings.repeats}" if r else "warm-up"))
             forward_ms, ttft_ms = session.timed_prefill(ids[:n])
@@ -129,7 +130,7 @@ def run(experiment: Experiment, settings: PrefillSettings) -> PrefillResult:
         experiment.point(point)
         measured.append(point)
     experiment.progress(len(lengths), len(lengths), "done")
-    return summarize(measured, getattr(session.loaded.kernel, "wide_rows", 0))
+    return summarize(measured, wide_rows)
 
 
 def summarize(points: list[PrefillPoint], widened_from: int = 0) -> PrefillResult:
