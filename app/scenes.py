@@ -158,7 +158,6 @@ class SceneView(QWidget):
         self.console.hide()
         self.progress = QProgressBar()
         self.progress.setFormat("%v of %m")
-        self.progress.setMaximumWidth(320)
         self.progress_label = QLabel()
         self.progress_label.setTextFormat(Qt.TextFormat.PlainText)
         progress_row = QHBoxLayout()
@@ -332,7 +331,7 @@ class SceneView(QWidget):
             mine = run is not None and run.run_id in record.run_ids and run_phase(run).name == PREFILL
             clock = f" · {run_phase(run).elapsed_ms / 1000:,.1f} s into its prefill" if mine else ""
             self.progress_label.setText(f"{p.message}{clock} · Ctrl+. stops")
-            self.progress_box.show()
+            self._show_progress()
             return
         if self.shown in RUN_SCENES and run is not None and not run.finished:
             done, total = run.n_steps, run.started.params.max_new_tokens
@@ -342,9 +341,17 @@ class SceneView(QWidget):
             where = (f"prefill: {plural(run.prompt_tokens, 'prompt token')} {prefill_passes(run, forward=False)}, "
                      f"{phase.elapsed_ms / 1000:,.1f} s" if phase.name == PREFILL else f"token {done:,}")
             self.progress_label.setText(f"{where} · Ctrl+. stops")
-            self.progress_box.show()
+            self._show_progress()
             return
         self.progress_box.hide()
+
+    def _show_progress(self) -> None:
+        """The bar as wide as its words ("41 of 128") in the type it has now: a fixed width squeezed them onto two
+        clipped lines at lecture size (1920x1080)."""
+        metrics = self.progress.fontMetrics()
+        width = metrics.horizontalAdvance(f" {self.progress.maximum():,} of {self.progress.maximum():,} ")
+        self.progress.setFixedWidth(max(width + 4 * metrics.height(), 160))
+        self.progress_box.show()
 
     def _place_credit(self) -> None:
         """The credit goes beside whichever footer line leaves it room (the keys in most scenes, the settings in

@@ -178,6 +178,25 @@ def test_the_stop_key_during_a_run_names_what_stops(qtbot, window):
     wait_idle(qtbot, window)
 
 
+@pytest.mark.parametrize("screen", SIZES, indirect=True, ids=["1080p", "720p"])
+def test_the_scene_footers_progress_bar_is_wide_enough_for_its_words_at_lecture_size(qtbot, window, screen):
+    w = window
+    w.lecture.enter("prefill")
+    w.controller.step()                                 # a run held after its prefill: the footer shows its progress
+    qtbot.waitUntil(lambda: w.store.current is not None and w.client.control.held)
+    bar = w.scene_view.progress
+
+    def fits() -> None:
+        w.refresh(force=True)
+        assert w.scene_view.progress_box.isVisible() and bar.text().endswith(" of 128")
+        assert bar.width() >= bar.fontMetrics().horizontalAdvance(bar.text()) + 2 * bar.fontMetrics().height()
+
+    qtbot.waitUntil(fits, timeout=10_000)
+    w.controller.stop()
+    wait_idle(qtbot, w)
+    w.lecture.leave()
+
+
 def test_a_stopping_line_goes_when_the_work_has_ended_and_a_line_said_after_it_stays(qtbot, window):
     """An experiment's stop says nothing of its own when it ends: "Stopping" stayed on screen after the stop had
     taken effect, for as long as its timer ran."""
