@@ -11,6 +11,7 @@ os.environ.setdefault("KVSCOPE_LINEAR", "aten")      # one kernel in every test;
 # Packages built without timing inductor's GEMM templates (a package build in 22 s instead of 57): what the tests
 # check is what KVScope does around a package; tests/engine/test_compiled.py builds one with the default.
 os.environ.setdefault("KVSCOPE_PACKAGE_AUTOTUNE", "0")
+os.environ.setdefault("KVSCOPE_PREFILL_PACKAGE", "always")   # untimed; test_compiled_prefill times it
 
 import pytest  # noqa: E402
 

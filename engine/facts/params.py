@@ -61,7 +61,8 @@ class GenerationParams:
         "power of two (CUDA graphs on a GPU; implies --static-cache); the graph's build time is reported apart "
         "from decode. On a CPU decoding starts at once, eagerly, while the graph is built beside it, and switches "
         "to it at the next step: the timing charts mark where; after the graph a prefill package is built, and "
-        "later compiled runs prefill through it", needs="static_cache")] = False
+        "later compiled runs' prompts of the lengths it was timed faster than eager at prefill through it",
+        needs="static_cache")] = False
     capture_attention: Annotated[bool, Setting(
         "--attention", "record attention", "record each step's newest-token attention over the cache (its cost "
         "per pass is reported)")] = False

@@ -101,13 +101,14 @@ def cache_length(needed: int, max_context: int) -> int:
     return min(length, max_context)
 
 
-def graph_key(model: Any, length: int, package: bool | None = None, step: Callable[..., Any] = decode_step) -> str:
+def graph_key(model: Any, length: int, package: bool | None = None, step: Callable[..., Any] = decode_step,
+              tuned_rows: int | None = None) -> str:
     """What a saved graph was compiled for, as a file name: everything its skipped guards would have checked.
     Another model, cache length, instruction set, torch, transformers, KVScope's ``step`` (``decode_step``, or
     ``engine.model.compiled_prefill.prefill``, whose ``length`` is the longest prompt it takes) or the source of a
     module of KVScope's inside the model (a packed or quantized layer) gives another name; a package
     (``package``: None when the model can have one, ``engine.model.packaged``) holds the weights, so other
-    weights do too."""
+    weights do too; so does the number of rows a symbolic-length graph's kernels were tuned at (``tuned_rows``)."""
     import transformers
 
     if package is None:
@@ -129,6 +130,8 @@ def graph_key(model: Any, length: int, package: bool | None = None, step: Callab
         "options": {**CPU_OPTIONS, **packaged.options()} if package else CPU_OPTIONS,
         "weights": packaged.weights_digest(model) if package else None,
     }
+    if tuned_rows is not None:
+        facts["tuned_rows"] = tuned_rows
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
     label = length if step is decode_step else f"prefill{length}"
     return f"{type(model).__name__}-{label}-{PACKAGE if package else 'graph'}-{digest}"

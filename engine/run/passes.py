@@ -55,6 +55,7 @@ class Request:
     evictor: Any = None             # a cache kept as sinks:S+W: what it keeps after every pass
     switched: bool = False          # decode has gone through the compiled graph
     prefill_read_ms: float | None = None    # the compiled prefill package read for this run (an earlier launch's)
+    prefill_packaged: bool = False  # the prompt's first pass went through the compiled prefill package
 
 
 @dataclass
@@ -155,7 +156,7 @@ class Passes:
             if request.cache is None and not compressed and self.session.prefill_packaged(
                     last - first, params, request.options.offload_kv, request.layer_clock is not None):
                 logits, request.cache = self.session.packaged_prefill(sequence[:, first:last], request.allocated)
-                packaged = True
+                packaged = request.prefill_packaged = True
             else:
                 logits, request.cache = self.session.prefill(sequence[:, first:last], params.kv_cache,
                                                              request.cache, request.allocated,
@@ -224,19 +225,24 @@ class Passes:
         """What a run that waited for its compiled graph says of the prefill package: read before its prompt
         went through, or read or built after the graph in the wait (part of the compile time), or why there is
         none."""
-        package = self.session.compiled_prefill.graph if self.session.compiled_prefill is not None else None
-        if package is None or not package.ready.is_set():
+        prefill = self.session.compiled_prefill
+        package = prefill.graph if prefill is not None else None
+        if prefill is None or package is None or not package.ready.is_set():
             return []
+        served = prefill.serving_words()
         if request.prefill_read_ms is not None:
-            return [f"the compiled prefill package, saved by an earlier launch, was read in "
-                    f"{request.prefill_read_ms / 1000:,.1f} s before the prompt went through it (compile time)"]
+            read = (f"the compiled prefill package, saved by an earlier launch, was read in "
+                    f"{request.prefill_read_ms / 1000:,.1f} s (compile time)")
+            if request.prefill_packaged:
+                return [f"{read}; the prompt went through it"]
+            return [f"{read}; this prompt prefilled eagerly" + (f": the package {served}" if served else "")]
         if not request.graph_started or request.options.compile_in_background:
             return []
         if package.step is None:
             return [f"prefill stays eager: no compiled prefill package ({package.error})"]
         how = "read (saved by an earlier launch)" if package.loaded else "built"
         return [f"the compiled prefill package was {how} in {package.compile_ms / 1000:,.1f} s after the decode graph "
-                "(compile time); later compiled runs prefill through it"]
+                "(compile time); " + (f"it {served}" if served else "later compiled runs prefill through it")]
 
     def decode_compiled(self, graph: Graph, index: int, request: Request) -> tuple[bool, GraphSaid | None]:
         """Whether decode step ``index`` goes through the compiled graph (from the first step boundary after it

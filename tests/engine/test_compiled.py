@@ -235,7 +235,8 @@ def test_a_crafted_saved_graph_never_runs_is_kept_aside_and_a_later_launch_reads
     notes = launch.pop("notes")
     assert launch == {"loaded": True, "tokens": eager.summary.token_ids, "from": 1}
     assert len(notes) == 1 and notes[0].startswith("the compiled prefill package, saved by an earlier launch, "
-                                                   "was read in ")            # the first run's prefill went through it
+                                                   "was read in ")
+    assert notes[0].endswith("(compile time); the prompt went through it")
     text = report(model.facts, s)
     assert "compile: building the compiled decode graph took" in text
 

@@ -10,8 +10,8 @@ import torch
 
 from engine.facts.events import PrefillDone, RunFinished
 from engine.facts.params import GenerationParams
-from engine.model import compiled, kvcache, packaged
-from engine.model.compiled_prefill import SHORTEST, refused
+from engine.model import compiled, compiled_prefill, kvcache, packaged
+from engine.model.compiled_prefill import SHORTEST, refused, serves_up_to
 from engine.run.session import RunOptions, Session
 
 PARAMS = dict(max_new_tokens=4, temperature=0.0, static_cache=True, compiled=True, chat_template=False)
@@ -161,3 +161,64 @@ def test_a_prompt_the_cpu_widens_prefills_eagerly_and_a_shorter_one_through_the_
     longest = kernels.WIDE_ROWS - 1 if widened else min(LONGEST, session.facts.max_context)
     params = GenerationParams(**PARAMS)
     assert session.prefill_packaged(longest, params) and not session.prefill_packaged(longest + 1, params)
+
+
+def test_the_package_serves_prompts_up_to_the_last_length_it_was_timed_faster_than_eager():
+    """Counting up, the last length before the first where eager was as fast; none if eager won at the
+    shortest; a later win past a loss does not count (the lengths between were not timed)."""
+    assert serves_up_to({8: (10.0, 4.0), 32: (10.0, 9.0), 128: (10.0, 12.0), 256: (10.0, 3.0)}) == 32
+    assert serves_up_to({8: (10.0, 4.0), 256: (50.0, 40.0)}) == 256
+    assert serves_up_to({8: (4.0, 4.0), 32: (10.0, 5.0)}) == SHORTEST - 1
+    assert compiled_prefill.timed_lengths(256) == [8, 32, 128, 256]
+    assert compiled_prefill.timed_lengths(23) == [8, 23]
+
+
+def test_a_package_timed_slower_than_eager_serves_only_the_shorter_prompts_and_a_later_launch_keeps_the_verdict(
+        model, monkeypatch):
+    """Timed against eager once it is ready (the timings are given here: a test's verdict must not hang on how
+    busy its machine is): a package slower from 128 tokens serves up to 32, and says so; one whose kernels were
+    tuned at another number of rows is another package (its own key); a later launch reads
+    that verdict without timing again; ``KVSCOPE_PREFILL_PACKAGE=always`` serves every length untimed; a
+    package slower at every length serves none, and a compiled run whose package was read says its prompt
+    prefilled eagerly and why."""
+    timed: list[list[int]] = []
+
+    def given(times):
+        def time_both(_model, step, lengths):
+            timed.append(lengths)
+            step(torch.zeros((1, lengths[0]), dtype=torch.long))             # the package really is called
+            return {n: times(n) for n in lengths}
+        return time_both
+
+    monkeypatch.setenv(compiled_prefill.ENV, "auto")
+    monkeypatch.setattr(compiled_prefill, "time_both", given(lambda n: (10.0, 5.0 if n <= 32 else 20.0)))
+    package = Session(model).compiled_prefill
+    longest = package.longest
+    assert package.build().error is None and timed == [[8, 32, 128, longest]] and longest > 128
+    assert package.ready(32) and not package.ready(33) and not package.ready(128)
+    tuned_at = package.key()
+    with monkeypatch.context() as other:
+        other.setattr(compiled_prefill, "PROBE_TOKENS", 8)        # its kernels tuned at another number of rows
+        assert package.key() != tuned_at
+    assert package.serving_words().startswith(f"serves prompts of {SHORTEST}-32 tokens, where it was timed faster "
+                                              "than an eager prefill (eager / package: 8 tokens 10 / 5 ms, ")
+    monkeypatch.setattr(compiled, "_READ", {})                                # a new process
+    later = Session(model).compiled_prefill
+    assert later.build().loaded and len(timed) == 1                          # the kept verdict, not timed again
+    assert later.ready(32) and not later.ready(33)
+    monkeypatch.setenv(compiled_prefill.ENV, "always")
+    untimed = Session(model).compiled_prefill
+    assert untimed.build().error is None and untimed.ready(longest) and untimed.serving_words() == ""
+
+    monkeypatch.setenv(compiled_prefill.ENV, "auto")
+    monkeypatch.setattr(compiled_prefill, "TIMED_ROUNDS", 4)                 # another verdict's key: timed again
+    monkeypatch.setattr(compiled_prefill, "time_both", given(lambda n: (10.0, 11.0)))
+    monkeypatch.setattr(compiled, "_READ", {})
+    session = Session(model)
+    result, prefill = _run(session, "the cache grows")
+    assert len(timed) == 2 and not prefill.compiled and not session.compiled_prefill.ready(SHORTEST)
+    said = [n for n in result.summary.notes if n.startswith("the compiled prefill package, saved by an earlier")]
+    assert len(said) == 1 and said[0].endswith(
+        "(compile time); this prompt prefilled eagerly: the package was slower than an eager prefill at every "
+        "length timed here (eager / package: 8 tokens 10 / 11 ms, 32 tokens 10 / 11 ms, 128 tokens 10 / 11 ms, "
+        f"{longest} tokens 10 / 11 ms)")
