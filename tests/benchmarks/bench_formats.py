@@ -349,8 +349,9 @@ def main(argv: list[str] | None = None) -> dict:
     for r in rows:
         print(f"prefill package ({r['kvscope']}): {r['prefill_package']}")
     for r in rows:
-        how = "read the graph saved by an earlier launch" if r["compile_loaded"] else "built"
-        print(f"compile, in this process ({r['kvscope']}): {r['compile_ms_in_process'] / 1000:,.1f} s ({how})")
+        how = "read, saved by an earlier launch" if r["compile_loaded"] else "built"
+        print(f"compile, in this process ({r['kvscope']}): {r['compile_ms_in_process'] / 1000:,.1f} s (the decode "
+              f"graph {how}; the prefill package {r['prefill_package']})")
     print_launches(launches)
     print("ceiling: the measured copy bandwidth over the bytes one decode step reads (weights + KV), computed; "
           "a copy measured on a busy machine gives none")
