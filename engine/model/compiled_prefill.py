@@ -38,10 +38,11 @@ from engine.model import compiled, kernels, kvcache, packaged
 from engine.store import machine_cache
 
 SHORTEST = 2         # a one-token prompt prefills eagerly: export's symbolic sizes start at 2
-# Longer prompts prefill eagerly: their products are large enough that ATen's GEMM beats kernels tuned for a
-# symbolic number of rows, and the calls around them weigh little (SmolLM2 float32, 2-vCPU AMD EPYC, eager ->
-# package tok/s: 32 tokens 77 -> 216, 128 tokens 205 -> 254, 512 tokens 339 -> 264, 4,096 tokens 204 -> 127).
-LONGEST = 256
+# Longer prompts prefill eagerly: their products are large enough for ATen's GEMM, and the calls around them weigh
+# little. Where the package stops being faster is timed per machine (below): SmolLM2 float32 on a 2-vCPU AMD EPYC,
+# eager -> package tok/s, 128 tokens 205 -> 254, 512 tokens 339 -> 264, 4,096 tokens 204 -> 127; int4 on a
+# 2-vCPU Sapphire Rapids, eager / package ms at 256 tokens 345 / 50 (torch's int4 kernel is made for a few rows).
+LONGEST = 512
 # A half float this CPU emulates: eager widens a prefill's products to float32 from ``kernels.WIDE_ROWS`` rows,
 # while the package keeps the emulated ones, so only shorter prompts go through it (SmolLM2 bfloat16, 2-vCPU AVX2
 # AMD EPYC, eager / package tok/s: 16 tokens 118 / 246, 24 tokens 239 / 256, 32 tokens 289 / 265, 128 tokens
@@ -51,9 +52,9 @@ LONGEST = 256
 # 2-vCPU Sapphire Rapids, eager / package ms traced at 8 tokens: 32 tokens 63 / 68, 128 tokens 128 / 206; traced
 # at 32: 64 / 47 and 133 / 123; bfloat16, int8 and int4 within the machine's spread of each other).
 PROBE_TOKENS = 32
-TIMED_LENGTHS = (8, 32, 128)     # prompt lengths the package is timed against eager at, with its longest
-TIMED_ROUNDS = 3                 # interleaved rounds at each length; medians compared
-ENV = "KVSCOPE_PREFILL_PACKAGE"  # "always": serve every length it takes, untimed (the tests' way); else timed
+TIMED_LENGTHS = (8, 32, 128, 256)     # prompt lengths the package is timed against eager at, with its longest
+TIMED_ROUNDS = 3                      # interleaved rounds at each length; medians compared
+ENV = "KVSCOPE_PREFILL_PACKAGE"       # "always": serve every length it takes, untimed (the tests' way); else timed
 CACHE = "prefill_package.json"
 _BUILDING = threading.Lock()     # one prefill build at a time in a process: another session's waits, then reads it
 
