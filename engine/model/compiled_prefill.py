@@ -135,10 +135,15 @@ class CompiledPrefill:
         self.model = model
         self.longest = min(longest, kernels.WIDE_ROWS - 1) if kernels.widened(model) else longest
         self.graph: compiled.Graph | None = None      # None: never asked for
-        self.serving = self.longest                    # the longest prompt it serves: timed once it is ready
         self.times: dict[int, tuple[float, float]] = {}    # length -> eager ms, package ms (empty: untimed)
         self.times_busy = False                        # timed while other programs competed for the cores
+        self.timed_ms = 0.0                            # how long this process spent timing it (0: a kept verdict)
         self._lock = threading.Lock()                  # guards graph: a run's thread and a build's may ask at once
+
+    @property
+    def serving(self) -> int:
+        """The longest prompt the package serves: its bound until it is timed, then where it stopped winning."""
+        return serves_up_to(self.times) if self.times else self.longest
 
     def ready(self, n_tokens: int) -> bool:
         """Whether a prompt of ``n_tokens`` can prefill through the package now."""
@@ -200,7 +205,7 @@ class CompiledPrefill:
         return graph
 
     def _time(self, key: str, step: Callable[[torch.Tensor], Any]) -> None:
-        """Set ``serving`` from the package timed against eager on this machine (kept between launches; a
+        """Time the package against eager on this machine, which sets ``serving`` (kept between launches; a
         verdict from a busy machine is kept marked and timed again once a probe finds the machine quiet)."""
         if os.environ.get(ENV, "").strip().lower() == "always":
             return
@@ -213,11 +218,11 @@ class CompiledPrefill:
             meter.start()
             times = time_both(self.model, step, lengths)
             meter.stop()
+            self.timed_ms = meter.wall_s * 1000.0
             entry = {"times": times, "busy": busy(meter.share())}
             machine_cache.remember(CACHE, key, {"times": {str(n): list(t) for n, t in times.items()},
                                                 "busy": entry["busy"]})
         self.times, self.times_busy = entry["times"], entry["busy"]
-        self.serving = min(self.longest, serves_up_to(self.times))
 
     def serving_words(self) -> str:
         """Which prompts the package serves and why, from its timing ("" when it was not timed)."""
@@ -225,6 +230,8 @@ class CompiledPrefill:
             return ""
         rates = ", ".join(f"{n} tokens {e:,.0f} / {p:,.0f} ms" for n, (e, p) in sorted(self.times.items()))
         busy_words = ", timed on a busy machine" if self.times_busy else ""
+        if self.timed_ms:        # part of the build's or read's time, said apart
+            busy_words += f"; timed in {self.timed_ms / 1000:,.1f} s"
         if self.serving < SHORTEST:
             return f"was slower than an eager prefill at every length timed here (eager / package: {rates}{busy_words})"
         return (f"serves prompts of {SHORTEST}-{self.serving:,} tokens, where it was timed faster than an eager "

@@ -206,6 +206,7 @@ def test_a_package_timed_slower_than_eager_serves_only_the_shorter_prompts_and_a
     later = Session(model).compiled_prefill
     assert later.build().loaded and len(timed) == 1                          # the kept verdict, not timed again
     assert later.ready(32) and not later.ready(33)
+    assert package.timed_ms > 0 and later.timed_ms == 0 and "timed in" not in later.serving_words()
     monkeypatch.setenv(compiled_prefill.ENV, "always")
     untimed = Session(model).compiled_prefill
     assert untimed.build().error is None and untimed.ready(longest) and untimed.serving_words() == ""
@@ -221,4 +222,4 @@ def test_a_package_timed_slower_than_eager_serves_only_the_shorter_prompts_and_a
     assert len(said) == 1 and said[0].endswith(
         "(compile time); this prompt prefilled eagerly: the package was slower than an eager prefill at every "
         "length timed here (eager / package: 8 tokens 10 / 11 ms, 32 tokens 10 / 11 ms, 128 tokens 10 / 11 ms, "
-        f"{longest} tokens 10 / 11 ms)")
+        f"{longest} tokens 10 / 11 ms; timed in {session.compiled_prefill.timed_ms / 1000:,.1f} s)")
