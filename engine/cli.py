@@ -23,6 +23,7 @@ from engine.facts.events import AttentionStep, RunFailed, RunStarted, TokenStep,
 from engine.facts.params import GenerationParams
 from engine.facts.report import report
 from engine.facts.textstream import safe, safe_line
+from engine.model import threads
 from engine.serve.remote import RemoteSession, probe, remote_report
 from engine.terminal import commands
 from engine.terminal.command_line import (
@@ -193,7 +194,7 @@ def run_generate(args: argparse.Namespace, params: GenerationParams) -> int:
                    "kv_positions_full_context": kvformula.full_context_positions(facts),
                    "state_bytes": kvformula.state_bytes(facts),
                    "kv_layers": [dataclasses.asdict(layer) for layer in facts.kv_layers],
-                   "busy": busy(summary.cpu_share)}
+                   "busy": busy(summary.cpu_share), "threads": threads.policy()}
         print(json.dumps(payload, indent=2))
     else:
         print("\n", file=out)

@@ -12,6 +12,9 @@ os.environ.setdefault("KVSCOPE_LINEAR", "aten")      # one kernel in every test;
 # check is what KVScope does around a package; tests/engine/test_compiled.py builds one with the default.
 os.environ.setdefault("KVSCOPE_PACKAGE_AUTOTUNE", "0")
 os.environ.setdefault("KVSCOPE_PREFILL_PACKAGE", "always")   # untimed; test_compiled_prefill times it
+# torch's thread count stays what it is: the governor follows the machine's load (engine.model.threads), and a
+# test's verdict must not depend on how busy its machine is; tests/engine/test_threads.py gives it a load.
+os.environ.setdefault("KVSCOPE_THREADS", "fixed")
 
 import pytest  # noqa: E402
 

@@ -61,7 +61,7 @@ from typing import Any
 
 import torch
 
-from engine.model import attention, kernels, kvcache, packaged  # kernels: registers the operators a graph calls
+from engine.model import attention, kernels, kvcache, packaged, threads  # kernels: registers a graph's operators
 from engine.store import sealed
 from engine.store.paths import compiled_graphs_dir
 
@@ -279,7 +279,7 @@ class CompiledDecode:
         with self.build_lock:
             started = time.perf_counter()
             try:
-                with torch.inference_mode():
+                with torch.inference_mode(), threads.governor().building():
                     twin = kvcache.new_cache(self.model, graph.length)
                     token = torch.zeros((1, 1), dtype=torch.long, device=self.device)
                     kvcache.forward(self.model, token, twin)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from engine.facts.contention import LoadMeter, busy
-from engine.model import compiled, kernels, kvcache, packaged
+from engine.model import compiled, kernels, kvcache, packaged, threads
 from engine.store import machine_cache
 
 SHORTEST = 2         # a one-token prompt prefills eagerly: export's symbolic sizes start at 2
@@ -177,7 +177,7 @@ class CompiledPrefill:
             graph = self.graph = compiled.Graph(0)
         started = time.perf_counter()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), threads.governor().building():
                 note = note or compiled.configure()
                 why = refused(self.model)
                 if why is not None:

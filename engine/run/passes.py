@@ -147,6 +147,7 @@ class Passes:
         chunk, first, passes, packaged = request.prefill_chunk, reused, 0, False
         if params.compiled and self.session.compiled_prefill is not None and request.cache is None:
             request.prefill_read_ms = self.session.compiled_prefill.read_saved()    # saved by an earlier launch
+        self.threads_for_load()
         start = clock.mark()
         while first < len(ids):
             if passes and request.cancelled():
@@ -193,6 +194,7 @@ class Passes:
             compiled_now, said = self.decode_compiled(graph, index, request) if graph is not None else (False, None)
             if said is not None:
                 yield said
+            self.threads_for_load()
             start = clock.mark()
             logits = self.session.decode_step(token, position, request.cache, sequence,
                                       graph if compiled_now else None)
@@ -204,6 +206,12 @@ class Passes:
             position += 1
             yield Step(index, position, choice, clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end),
                        *self.read_cache(request.cache), compiled=compiled_now)
+
+    def threads_for_load(self) -> None:
+        """Fewer compute threads while other programs hold cores, all again once they let go
+        (``engine.model.threads``): between passes, outside every timed one."""
+        if self.session.threads is not None:
+            self.session.threads.adjust()
 
     def compiled_graph(self, request: Request) -> tuple[Graph, float | None]:
         """The compiled graph for this run's cache length: built already, built now or waited for (compile

@@ -47,6 +47,7 @@ from engine.model.compiled_prefill import LONGEST, CompiledPrefill
 from engine.model.layer_clock import LayerClock
 from engine.model.models import LoadedModel
 from engine.model.sampling import choose
+from engine.model.threads import ThreadGovernor, change_words, governor
 from engine.run import faults
 from engine.run.passes import GraphSaid, Passes, Prefilled, Request, Step, Waiter
 
@@ -108,6 +109,8 @@ class Session:
         self._attention: attention.Capture | None = None     # made on the first run that captures
         self.prefill_rate: float | None = None   # prompt positions per second, measured by the last prefill pass
         self.passes = Passes(self)
+        # A CPU's thread count follows the other programs' load (engine.model.threads); a GPU's host threads do not.
+        self.threads: ThreadGovernor | None = governor() if self.device.type == "cpu" else None
 
     # --- prompt -------------------------------------------------------------------------------------------
     @property
@@ -404,6 +407,7 @@ class _Observer:
         self.run_id = uuid.uuid4().hex[:12]
         self.text = TextStream(session.tokenizer)
         self.meter = LoadMeter()
+        self.began = time.perf_counter()       # the governor's changes from here on are this run's
         self.norms_from = 0
         self.waited_ms = 0.0
 
@@ -504,14 +508,23 @@ class _Observer:
         self.emit(KVNorms(self.run_id, self.since(), self.norms_from, k, v))
         self.norms_from = held
 
+    def _threads_said(self) -> None:
+        """What the thread governor did while this run computed, in its notes."""
+        threads = self.session.threads
+        words = change_words(threads.since(self.began), threads.ceiling) if threads is not None else ""
+        if words:
+            self.tally.notes.append(words)
+
     def finished(self, reason: str, text: str) -> RunFinished:
         self.tally.cpu_share = self.meter.share(self.tally.waited_ms)
+        self._threads_said()
         event = RunFinished(self.run_id, self.since(), reason, self.tally.summary(self.since(), text))
         self.request.emit(event)
         return event
 
     def failed(self, error: str, message: str) -> RunFailed:
         self.tally.cpu_share = self.meter.share(self.tally.waited_ms)
+        self._threads_said()
         event = RunFailed(self.run_id, self.since(), error, message, self.tally.summary(self.since()))
         self.request.emit(event)
         return event

@@ -190,3 +190,16 @@ def test_where_prints_only_the_folder_a_serving_engine_loads(smol, tiny_model_di
     assert main(["where", "--model", "/no/such/model"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1 and "No such file or folder" in captured.err
+
+
+def test_the_cli_computes_with_threads_that_follow_the_load_unless_told_fixed(tiny_model_dir, cache_root,
+                                                                             monkeypatch):
+    monkeypatch.delenv("KVSCOPE_THREADS")            # the tests' own setting (fixed) is not a user's
+    r = cli("--model", str(tiny_model_dir), "--prompt", "hello", "--max-new-tokens", "2", "--json", cache=cache_root)
+    assert r.returncode == 0, r.stderr
+    policy = json.loads(r.stdout)["threads"]
+    assert policy["follows_load"] is True and 1 <= policy["threads"] <= policy["ceiling"]
+    monkeypatch.setenv("KVSCOPE_THREADS", "fixed")
+    fixed = cli("--model", str(tiny_model_dir), "--prompt", "hello", "--max-new-tokens", "2", "--json",
+                cache=cache_root)
+    assert json.loads(fixed.stdout)["threads"]["follows_load"] is False

@@ -212,3 +212,55 @@ def test_the_peak_product_is_in_linears_layout_and_a_peak_measured_otherwise_is_
     assert not found.cached and found.flops_per_s != 1e9
     weight = torch.empty(1024, 1024)                                   # nn.Linear's weight: (out, in), contiguous
     assert set(products) == {((1024, 1), weight.mT.stride(), True)}
+
+
+STAT = """cpu  900 0 300 8000 100 0 0 0 0 0
+cpu0 400 0 100 4000 50 0 0 0 0 0
+cpu1 500 0 200 4000 50 0 0 0 0 0
+cpu2 100000 0 0 0 0 0 0 0 0 0
+intr 12345
+"""
+
+
+def test_the_machine_reading_counts_the_usable_cores_busy_time_not_idle_or_io_wait(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text(STAT)
+    reading = contention.read_machine(str(stat), cores=[0, 1], own_clock=lambda: 3.0)
+    ticks = contention._TICKS
+    assert reading == contention.MachineReading(busy_s=(400 + 100 + 500 + 200) / ticks, own_s=3.0, cores=2)
+    assert contention.read_machine(str(tmp_path / "missing")) is None
+
+
+def test_other_programs_cores_are_the_busy_time_less_this_process_own():
+    before = contention.MachineReading(busy_s=10.0, own_s=1.0, cores=2)
+    after = contention.MachineReading(busy_s=12.0, own_s=2.0, cores=2)      # 2 core-seconds, 1 of them ours
+    assert contention.others_cores(before, after, wall_s=1.0) == pytest.approx(1.0)
+    assert contention.others_cores(before, after, wall_s=0.1) is None       # shorter than the ticks can tell
+
+
+def test_a_run_that_gave_a_core_away_is_busy_though_its_one_thread_was_never_short(monkeypatch):
+    """One thread kept busy the whole time looks quiet to the process's own clock; the kernel's count of what
+    other programs did says the machine was shared."""
+    clocks = Clocks()
+    readings = iter([contention.MachineReading(0.0, 0.0, 2), contention.MachineReading(0.6, 0.3, 2)])
+    meter = contention.LoadMeter(clocks.cpu, clocks.wall, machine=lambda: next(readings), threads=lambda: 1)
+    meter.start()
+    clocks.work(0.3, threads=1)
+    meter.stop()
+    own = meter.cpu_s / meter.wall_s
+    assert own == pytest.approx(1.0, rel=1e-2)
+    assert meter.others() == pytest.approx(1.0, rel=1e-2) and meter.free_share() == pytest.approx(0.5, rel=1e-2)
+    assert meter.share() == pytest.approx(0.5, rel=1e-2) and contention.busy(meter.share())
+
+
+def test_the_share_weighs_each_thread_count_by_how_long_it_held():
+    clocks = Clocks()
+    counts = iter([2, 1, 1])
+    meter = contention.LoadMeter(clocks.cpu, clocks.wall, machine=None, threads=lambda: next(counts))
+    meter.start()
+    clocks.work(0.3, threads=2)
+    meter.share_so_far()                  # a step boundary: the count is read again (now 1)
+    clocks.work(0.3, threads=1)
+    meter.stop()
+    assert meter.mean_threads() == pytest.approx(1.5, rel=1e-2)
+    assert meter.share() == pytest.approx(1.0, rel=1e-2) and not contention.busy(meter.share())
