@@ -219,6 +219,8 @@ class Graph:
     step: Step | None = None
     loaded: bool = False
     note: str = ""                  # why it was built although one was saved, or why it is not saved
+    key: str = ""                   # the saved graph it is (``graph_key``), "" for one compiled in this process
+    refused: str = ""               # why it is not used although it was built (``CompiledDecode.refuse``)
 
 
 class CompiledDecode:
@@ -273,6 +275,26 @@ class CompiledDecode:
         assert graph.step is not None, "the graph is not built"
         return graph.step(self.model, token, position, cache)
 
+    def refuse(self, graph: Graph, reason: str) -> str:
+        """``graph`` computed what eager does not (scores that were not numbers): no run of this process decodes
+        through it again, and a later launch does not read it (a package is marked failed, so the graph whose
+        weights are inputs is built instead; a graph of those is put aside and built again). Returns where the
+        reason was left ("" where nothing was saved)."""
+        with self._lock:
+            graph.step, graph.error, graph.refused = None, reason, reason
+        if not graph.key:
+            return ""
+        with _READ_LOCK:
+            _READ.pop(graph.key, None)
+        try:
+            if _is_package(graph.key):
+                marker = failed_build(graph.key)
+                sealed.write_sealed(marker, FAILURE, reason.encode())
+                return f"the reason is kept in {marker}; delete it to try the package again"
+            return sealed.put_aside(saved_graph(graph.key), reason)
+        except (OSError, sealed.Refused):
+            return ""
+
     def _build(self, graph: Graph, then: Callable[[], Any] | None = None) -> None:
         """The graph for its length, read or compiled, then called once on a twin cache of that length (laid out
         by an eager first step) with the arguments every compiled decode step passes."""
@@ -285,7 +307,7 @@ class CompiledDecode:
                     kvcache.forward(self.model, token, twin)
                     args = (self.model, token, torch.ones((1, 1), dtype=torch.long, device=self.device), twin)
                     if self.saves:
-                        graph.step, graph.loaded, graph.note = _ahead_of_time(args, graph.length)
+                        graph.step, graph.loaded, graph.note, graph.key = _ahead_of_time(args, graph.length)
                     if graph.step is None:                  # a GPU, or not compiled ahead of time
                         refused = configure()
                         graph.step = self.forward()
@@ -321,23 +343,25 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
-def _ahead_of_time(args: tuple, length: int) -> tuple[Step | None, bool, str]:
+def _ahead_of_time(args: tuple, length: int) -> tuple[Step | None, bool, str, str]:
     """``decode_step`` for this model and length: already read or built in this process, or read from the file
     an earlier launch saved (both ``loaded``), or compiled ahead of time and saved: a package with the weights
     folded in where the model can have one (``engine.model.packaged``), else a graph whose weights are inputs. A
     saved file that cannot be read or run is compiled again; a package that cannot be built falls back to the
     graph; a model dynamo cannot trace as one graph gives None and why (the caller compiles in-process, not
-    saved)."""
+    saved). The last: the saved graph's name ("" for none)."""
     note = configure()
     model = args[0]
     package = packaged.usable(model) is None
     if package:
-        step, loaded, said = _saved_or_compiled(args, graph_key(model, length, package=True))
+        key = graph_key(model, length, package=True)
+        step, loaded, said = _saved_or_compiled(args, key)
         if step is not None:
-            return step, loaded, _joined(note, said)
+            return step, loaded, _joined(note, said), key
         note = _joined(note, said)
-    step, loaded, said = _saved_or_compiled(args, graph_key(model, length, package=False))
-    return step, loaded, _joined(note, said)
+    key = graph_key(model, length, package=False)
+    step, loaded, said = _saved_or_compiled(args, key)
+    return step, loaded, _joined(note, said), key if step is not None else ""
 
 
 def _joined(*notes: str) -> str:

@@ -198,14 +198,36 @@ class Passes:
             start = clock.mark()
             logits = self.session.decode_step(token, position, request.cache, sequence,
                                       graph if compiled_now else None)
+            refused = None
+            if compiled_now and not bool(torch.isfinite(logits).all()):
+                logits, refused = self.eager_instead(graph, index, token, position, request)
+                compiled_now = False
             if request.evictor is not None:
                 request.evictor.after_pass(request.cache, position + 1)
             forward_end = clock.mark()
             choice = choose(logits, params, generator)
             end = clock.mark()
+            if refused is not None:
+                yield refused
             position += 1
             yield Step(index, position, choice, clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end),
                        *self.read_cache(request.cache), compiled=compiled_now)
+
+    def eager_instead(self, graph: Graph, index: int, token: torch.Tensor, position: int,
+                      request: Request) -> tuple[torch.Tensor, GraphSaid]:
+        """Decode step ``index`` again, eagerly, after the compiled ``graph`` gave scores that were not numbers:
+        the position it wrote is taken back first. The graph is refused for good (``CompiledDecode.refuse``:
+        this process decodes eagerly from here, a later launch does not read it); what happened, in the run's
+        notes. If eager's scores are not numbers either, the run fails as any other would, naming the dtype."""
+        kvcache.crop_to(request.cache, position)
+        logits = self.session.decode_step(token, position, request.cache, None, None)
+        finite = bool(torch.isfinite(logits).all())
+        why = (f"the compiled graph gave scores that were not numbers (NaN or infinity) at decode step {index:,}"
+               + (", where the eager step's were numbers" if finite else ", and so did the eager step"))
+        kept = self.session.compiled.refuse(graph, why) if finite else ""
+        request.graph_noted = True                      # the run says this, not "could not be built"
+        words = f"{why}: decoded eagerly from that step on" + (f" ({kept})" if kept else "")
+        return logits, GraphSaid(notes=[words])
 
     def threads_for_load(self) -> None:
         """Fewer compute threads while other programs hold cores, all again once they let go
@@ -261,6 +283,8 @@ class Passes:
             if request.graph_noted:
                 return False, None
             request.graph_noted = True
+            if graph.refused:
+                return False, GraphSaid(notes=[f"the compiled graph is not used ({graph.refused}): decoded eagerly"])
             return False, GraphSaid(notes=[f"the compiled graph could not be built ({graph.error}): decoded eagerly"])
         said = None
         if not request.switched:                        # the first compiled step: what the run says of its graph

@@ -354,7 +354,8 @@ class Session:
         if broken is not None:
             return (f"The converted copy of {source.name} in KVScope's cache was damaged ({broken}): it was removed, "
                     "and the next load converts it again.")
-        return (f"Its weights or its dtype ({self.facts.dtype}) are broken for this input: try float32 or bfloat16, "
+        other = "bfloat16" if self.facts.dtype == "float32" else "float32"
+        return (f"Its weights or its dtype ({self.facts.dtype}) are broken for this input: try {other}, "
                 "or another copy of the model.")
 
     def _reusable_cache(self, ids: list[int]) -> tuple[Any, int, str]:

@@ -585,3 +585,37 @@ def test_a_saved_graphs_name_changes_with_the_functions_and_constants_a_step_use
     assert _code(product) == _code(function(doc="Another docstring, longer than the first."))
     assert _code(nested("matmul")) != _code(nested("bmm"))
     assert len({_code(layer(0.5, "silu")), _code(layer(2.0, "silu")), _code(layer(0.5, "gelu"))}) == 3
+
+
+def test_a_graph_whose_scores_are_not_numbers_is_refused_the_step_redone_eagerly_and_a_later_launch_skips_it(
+        model, monkeypatch):
+    """A compiled step that gives NaN where eager gives numbers (a kernel inductor chose for the CPU computing
+    wrongly) does not end the run: the step is computed again eagerly over the cache it wrote, the run goes on
+    eagerly with eager's tokens, and the package is marked failed so a later launch builds the other graph."""
+    from engine.model import compiled
+
+    key = compiled.graph_key(model.model, SHORTEST, package=True)
+    calls = []
+
+    def poisoned(model_, token, position, cache):
+        calls.append(int(position))
+        return compiled.decode_step(model_, token, position, cache) * float("nan")   # the cache written, as a graph
+
+    monkeypatch.setattr(compiled, "_ahead_of_time", lambda args, length: (poisoned, False, "", key))
+    marker = compiled.failed_build(key)
+    marker.unlink(missing_ok=True)
+    eager, _ = _run(Session(model), "hello world")
+    session = Session(model)
+    result, steps = _run(session, "hello world", compiled=True)
+    s = result.summary
+    assert s.token_ids == eager.summary.token_ids
+    assert len(calls) == 2                        # the build's probe on its twin cache, then decode step 1 once
+    assert not any(step.compiled for step in steps)
+    assert any("the compiled graph gave scores that were not numbers (NaN or infinity) at decode step 1, where the "
+               "eager step's were numbers: decoded eagerly from that step on" in n for n in s.notes), s.notes
+    assert marker.exists() and "at decode step 1" in compiled._earlier_failure(marker)
+    again, _ = _run(session, "hello world", compiled=True)
+    assert len(calls) == 2 and again.summary.token_ids == eager.summary.token_ids
+    assert any(n.startswith("the compiled graph is not used (the compiled graph gave scores")
+               for n in again.summary.notes)
+    marker.unlink()

@@ -175,7 +175,8 @@ def test_nan_logits_end_the_run_as_failed_with_what_was_measured_and_a_line_sayi
     events: list = []
     result = Session(load(str(nan_model_dir), device="cpu", dtype="float32")).run("hello", params, events.append)
     assert isinstance(result, RunFailed) and result.error == "non_finite_logits"
-    assert "not numbers (NaN or infinity) at token 1" in result.message and "float32" in result.message
+    assert "not numbers (NaN or infinity) at token 1" in result.message and "dtype (float32)" in result.message
+    assert "try bfloat16" in result.message and "try float32" not in result.message   # never the dtype that failed
     assert result.summary.prompt_tokens > 0 and result.summary.prefill_ms > 0      # the prefill's numbers are kept
 
 
