@@ -166,8 +166,16 @@ class CompiledPrefill:
         """Whether the package was read or built in this process, or saved by an earlier launch."""
         return compiled.known(self.key()) or compiled.saved_graph(self.key()).exists()
 
+    @property
+    def probe_tokens(self) -> int:
+        """The rows the package is traced and tuned at: ``PROBE_TOKENS``, or its longest prompt where that is
+        shorter (a CPU emulating the model's half float serves only ``kernels.WIDE_ROWS - 1`` tokens: traced at
+        32 there, export refused the build, and the refusal was kept, so no later launch tried again)."""
+        return min(PROBE_TOKENS, self.longest)
+
     def key(self) -> str:
-        return compiled.graph_key(self.model, self.longest, package=True, step=prefill, tuned_rows=PROBE_TOKENS)
+        return compiled.graph_key(self.model, self.longest, package=True, step=prefill,
+                                  tuned_rows=self.probe_tokens)
 
     def build(self, note: str = "") -> compiled.Graph:
         """Read or build the package (once per session; a later call returns what the first found)."""
@@ -184,7 +192,7 @@ class CompiledPrefill:
                     graph.error = why
                     return graph
                 key = self.key()
-                ids = torch.zeros((1, PROBE_TOKENS), dtype=torch.long)
+                ids = torch.zeros((1, self.probe_tokens), dtype=torch.long)
                 with _BUILDING:
                     step, graph.loaded, said = compiled.saved_package(
                         key, lambda path: packaged.build_prefill(prefill, self.model, ids, self.longest, path,

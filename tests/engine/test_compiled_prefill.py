@@ -163,6 +163,26 @@ def test_a_prompt_the_cpu_widens_prefills_eagerly_and_a_shorter_one_through_the_
     assert session.prefill_packaged(longest, params) and not session.prefill_packaged(longest + 1, params)
 
 
+def test_a_package_whose_longest_prompt_is_shorter_than_its_probe_is_traced_at_its_longest(tiny_model_dir,
+                                                                                          monkeypatch):
+    """A CPU that emulates bfloat16 serves prompts of up to ``WIDE_ROWS - 1`` tokens through the package: traced at
+    ``PROBE_TOKENS`` (32) rows, export refused the build ("32 not in range [2, 23]") and every later launch read
+    that refusal. Traced at its longest, it builds and prefills as eager does."""
+    from engine.model import hardware, kernels
+    from engine.model.models import load
+
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: frozenset({"avx2"}))
+    session = Session(load(str(tiny_model_dir), "cpu", "bfloat16"))
+    package = session.compiled_prefill
+    assert kernels.widened(session.model) and package.longest == kernels.WIDE_ROWS - 1 < compiled_prefill.PROBE_TOKENS
+    graph = package.build()
+    assert graph.error is None and package.ready(package.longest)
+    ids = torch.tensor([[(5 + 7 * i) % 300 for i in range(package.longest)]])
+    eager, _cache = session.prefill(ids, use_cache=True)
+    packed, _static = session.packaged_prefill(ids)
+    assert torch.equal(eager.argmax(), packed.argmax())
+
+
 def test_the_package_serves_prompts_up_to_the_last_length_it_was_timed_faster_than_eager():
     """Counting up, the last length before the first where eager was as fast; none if eager won at the
     shortest; a later win past a loss does not count (the lengths between were not timed)."""
