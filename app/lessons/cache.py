@@ -39,6 +39,11 @@ class CacheView(LessonView):
         at_step = (f"At step {step}: <b>{latency[False][step - 1]:,.0f} ms vs {latency[True][step - 1]:,.0f} ms per "
                    f"step, {latency[False][step - 1] / latency[True][step - 1]:.1f}x</b> (measured). " if step else "")
         match = "identical ✓" if r.tokens_match else f"DIFFERENT ✗{token_note(r)}"
+        backwards = cache.backwards_words(r)
+        if backwards:
+            return (f"{at_step}Tokens with and without the cache: <b>{match}</b>. <b>This result is {backwards}.</b> "
+                    "Without the cache every step recomputes the whole sequence, so on a quiet machine its latency "
+                    "grows with length while the cached steps stay flat.")
         return (f"{at_step}Tokens with and without the cache: <b>{match}</b>. Decode with the cache is "
                 f"<b>{r.decode_speedup:.2f}x faster</b> (measured) for {r.generated} tokens after a {r.prompt_tokens}-"
                 f"token prompt; the cost model says {r.flops_ratio:.1f}x fewer FLOPs (whole model, computed) and "
@@ -52,6 +57,8 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
     r = record.result if record is not None else None
     if r is None or r.decode_speedup is None:
         return "press R to run the same prompt with the cache on and off"
+    if cache.backwards_words(r):
+        return cache.backwards_words(r)
     return (f"without the cache every step recomputes the whole sequence: decode {r.decode_speedup:.1f}x slower "
             f"(measured); the cost model counts {r.flops_ratio:.0f}x the FLOPs, the course's example "
             f"{costmodel.course_cache_reduction():.1f}x: that counts attention alone (100 + 50 tokens), while a "

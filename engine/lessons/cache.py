@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
 from engine.facts import costmodel
-from engine.facts.contention import busy_note
+from engine.facts.contention import busy, busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings, RunFinished
 from engine.facts.fields import MAX_PROMPT, Column, Count, Key, Number, Range, Setting, Text
@@ -92,6 +92,20 @@ def run(experiment: Experiment, settings: CacheSettings) -> CacheResult:
         lowest_cpu_share=min(shares) if shares else None)
 
 
+def backwards_words(result: CacheResult) -> str:
+    """What a result that contradicts the lesson says ("" when it does not): cache-on decode measured slower
+    than cache-off. A cache never makes a step do more work, so the clock measured something else: other
+    programs taking the cores during one of the two runs (a screen recorder, a browser). Shown wherever the
+    speedup is, with how to measure it again."""
+    if result.decode_speedup is None or result.decode_speedup >= 1.0:
+        return ""
+    cause = ("the machine was busy while it measured (other programs took the cores), not the cache"
+             if busy(result.lowest_cpu_share) else
+             "other programs taking the cores during one of the two runs is the likely cause, not the cache")
+    return (f"backwards: decode with the cache measured {1 / result.decode_speedup:.1f}x slower than without it, "
+            f"the opposite of what a cache does; {cause}. Close or pause other programs and run it again")
+
+
 def check(target: object, settings: CacheSettings) -> None:
     if settings.prompt is not None and not settings.prompt.strip():
         raise ParameterError("The prompt is empty: give one, or leave it out for the first sample prompt")
@@ -104,6 +118,8 @@ def table(points: Sequence[ExperimentPoint], result: CacheResult) -> str:
                   f"decode speedup with the cache: {result.decode_speedup:.2f}x measured; "
                   f"{result.flops_ratio:.1f}x fewer FLOPs (computed, whole model); "
                   f"{result.attention_flops_ratio:.1f}x fewer attention FLOPs (computed, the seed's model)"]
+    if backwards_words(result):
+        lines.append(f"note: {backwards_words(result)}")
     if busy_note(result.lowest_cpu_share):
         lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
     return "\n".join(lines)
