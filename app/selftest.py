@@ -66,7 +66,8 @@ def run_self_test(app: QApplication, window: MainWindow, started: float, model: 
                     f"self-test passed: {facts.name} on {facts.device} ({facts.dtype}), "
                     f"{item.summary.generated_tokens} tokens: {item.summary.text!r}",
                     report(facts, item.summary),
-                    f"{shown}; model loaded {outcome['loaded_s']:.1f} s after main() started"]))
+                    f"{shown}; model loaded {outcome['loaded_s']:.1f} s after main() started",
+                    window.client.thread_policy()]))
 
     window.client.events_ready.connect(on_events)
     QTimer.singleShot(TIMEOUT_MS, lambda: finish(1, "self-test failed: timed out"))

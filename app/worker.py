@@ -285,6 +285,13 @@ class EngineClient(QObject):
     def stop(self) -> None:
         self.control.stop()
 
+    def thread_policy(self) -> str:
+        """How the engine's compute threads run in this process (``engine.model.threads``), in a line: read once a
+        model is loaded (the engine is imported lazily, with torch)."""
+        from engine.model.threads import policy_words
+
+        return policy_words()
+
     def drain_backlog(self) -> None:
         """Take the next batch if the worker sent more than one (the refresh timer calls this every tick)."""
         if self.worker.outbox:

@@ -176,3 +176,10 @@ def policy() -> dict:
     gov = governor()
     return {"threads": torch.get_num_threads(), "ceiling": gov.ceiling, "follows_load": gov.enabled,
             "wait": os.environ.get("OMP_WAIT_POLICY") or "spin (OpenMP's default)"}
+
+
+def policy_words() -> str:
+    """``policy`` in a line, for a self-test's report."""
+    p = policy()
+    how = "follow the load" if p["follows_load"] else f"fixed ({ENV}=fixed)"
+    return f"compute threads: {p['threads']} of {p['ceiling']}, {how}; waiting: {p['wait']}"

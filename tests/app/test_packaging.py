@@ -14,15 +14,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.real
-def test_self_test_on_the_source_tree(smol, cache_root):
+def test_self_test_on_the_source_tree_with_threads_that_follow_the_load(smol, cache_root):
     env = {**os.environ, "KVSCOPE_CACHE_DIR": str(cache_root)}
     env.pop("QT_QPA_PLATFORM", None)                 # the self-test must go offscreen by itself
+    env.pop("KVSCOPE_THREADS", None)                 # the tests' own setting (fixed) is not a user's
     r = subprocess.run([sys.executable, "-m", "app", "--self-test"], capture_output=True, text=True, timeout=600,
                        env=env)
     assert r.returncode == 0, r.stderr
     assert "self-test passed: SmolLM2-135M-Instruct" in r.stdout and "prompt eval time =" in r.stdout
     assert "/     7 runs" in r.stdout and "window shown" in r.stdout
     assert "Traceback" not in r.stderr
+    line = next(line for line in r.stdout.splitlines() if line.startswith("compute threads:"))
+    assert line.endswith("follow the load; waiting: spin (OpenMP's default)"), line   # as a user starts it
 
 
 def test_self_test_fails_cleanly_on_a_bad_model(cache_root, tmp_path):
