@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 BUSY_BELOW = 0.7            # the lower share (see above) under which a figure is called busy
+RECHECK_S = 0.25            # a running measurement reads the kernel's counters at most this often
 STAT = "/proc/stat"
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") and "SC_CLK_TCK" in os.sysconf_names else 100
 
@@ -116,6 +117,8 @@ class LoadMeter:
         self.threads = threads or compute_threads
         self._cpu = self._wall = self._mark = 0.0
         self._reading: MachineReading | None = None
+        self._checked = 0.0                  # when share_so_far last read the kernel's counters
+        self._free_so_far: float | None = None
         self._running = False
         self._threads = 1
         self.cpu_s = self.wall_s = 0.0
@@ -128,6 +131,7 @@ class LoadMeter:
         self._cpu, self._wall, self._running = self.cpu_clock(), self.wall_clock(), True
         self._mark, self._threads = self._wall, self.threads()
         self._reading = self.machine() if self.machine is not None else None
+        self._checked, self._free_so_far = self._wall, None
 
     def _weigh_threads(self, now: float) -> float:
         """Thread seconds up to ``now``: the count read at the last mark held since then."""
@@ -149,8 +153,9 @@ class LoadMeter:
                     self.cores = after.cores
 
     def share_so_far(self, idle_ms: float = 0.0) -> float | None:
-        """``share`` including the interval still being measured: a run's figure while it runs (the kernel's
-        reading of other programs joins at ``stop``: the share so far is this process's own)."""
+        """``share`` including the interval still being measured: a run's figure while it runs. The kernel's
+        reading of other programs is taken again at most every ``RECHECK_S`` (a step of a tiny model takes a
+        millisecond; the reading 50 us)."""
         cpu, wall, thread_s = self.cpu_s, self.wall_s, self.thread_s
         if self._running:
             now = self.wall_clock()
@@ -158,7 +163,16 @@ class LoadMeter:
             wall += now - self._wall
             thread_s = self.thread_s = self._weigh_threads(now)
             self._mark, self._threads = now, self.threads()
-        return _own_share(cpu, wall, thread_s, idle_ms)
+            if self._reading is not None and self.machine is not None and now - self._checked >= RECHECK_S:
+                self._checked = now
+                after = self.machine()
+                others = others_cores(self._reading, after, now - self._wall) if after is not None else None
+                if others is not None and after is not None:
+                    self._free_so_far = 1.0 - others / after.cores
+        own = _own_share(cpu, wall, thread_s, idle_ms)
+        if own is None or self._free_so_far is None:
+            return own
+        return min(own, self._free_so_far)
 
     def share(self, idle_ms: float = 0.0) -> float | None:
         """The CPU share over the measured wall time minus ``idle_ms`` spent waiting on purpose (pauses).

@@ -264,3 +264,12 @@ def test_the_share_weighs_each_thread_count_by_how_long_it_held():
     meter.stop()
     assert meter.mean_threads() == pytest.approx(1.5, rel=1e-2)
     assert meter.share() == pytest.approx(1.0, rel=1e-2) and not contention.busy(meter.share())
+
+
+def test_a_running_measurement_says_busy_once_the_kernel_shows_other_programs_holding_a_core():
+    clocks = Clocks()
+    readings = iter([contention.MachineReading(0.0, 0.0, 2), contention.MachineReading(0.6, 0.3, 2)])
+    meter = contention.LoadMeter(clocks.cpu, clocks.wall, machine=lambda: next(readings), threads=lambda: 1)
+    meter.start()
+    clocks.work(0.3, threads=1)                       # one thread, never short of a core
+    assert meter.share_so_far() == pytest.approx(0.5, rel=1e-2) and contention.busy(meter.share_so_far())
