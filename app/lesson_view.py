@@ -376,7 +376,9 @@ class LessonView(QWidget):
             self.draw(record)
             words = self.explanation(record) if record.result is not None else ""
             note = busy_note(record.result.lowest_cpu_share) if record.result is not None else ""
-            self.explain.setText(words + (f" <i>Note: {note}.</i>" if note else ""))
+            if record.result is not None and record.result.threads_note:
+                note = "; ".join(n for n in (note, record.result.threads_note) if n)
+            self.explain.setText(words + (f" <i>Note: {escape(note)}.</i>" if note else ""))
             self._fill_table(record)
         for chart in charts:                    # each chart's axes print numbers only where it draws data
             chart.prune_legend()

@@ -394,7 +394,8 @@ class LessonResult:
     """What a lesson measured and computed, typed. Every field has a default: a cancelled experiment finishes
     with what it had. ``incomplete``: it stopped before its comparison was whole; ``lowest_cpu_share``: the
     busiest the machine was while it measured (None: not measured, e.g. against a server); ``tokens_note``: why
-    greedy tokens parted where a check says they did (a 16-bit float's rounding)."""
+    greedy tokens parted where a check says they did (a 16-bit float's rounding); ``threads_note``: what KVScope
+    did about other programs holding cores while it measured (fewer compute threads), "" when nothing."""
 
     kind: ClassVar[str] = ""
 
@@ -402,6 +403,7 @@ class LessonResult:
     lowest_cpu_share: Share | None = None
     tokens_note: Message = ""
     notes: Notes = ()
+    threads_note: Message = ""
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from engine.facts.events import (
     ServerFacts,
 )
 from engine.facts.vocabulary import LessonEvent, LessonPoint
+from engine.model import threads
 from engine.run.faults import FaultPhase
 
 Sink = Callable[[object], None]
@@ -164,6 +165,7 @@ def run_lesson(lesson: Lesson, target: Any, settings: LessonSettings, emit: Sink
     experiment = Experiment(lesson, target, emit, cancel, peaks)
     emit(ExperimentStarted(experiment.exp_id, 0.0, lesson.kind, target.facts, settings, peaks))
     on_cpu = not remote and str(getattr(target.facts, "device", "")).startswith("cpu")
+    began = time.perf_counter()                 # the thread governor's changes from here on are this experiment's
     if on_cpu:
         experiment.meter.start()
     try:
@@ -176,6 +178,9 @@ def run_lesson(lesson: Lesson, target: Any, settings: LessonSettings, emit: Sink
         experiment.meter.stop()
     if result.lowest_cpu_share is None and on_cpu and lesson.timed:
         result = dataclasses.replace(result, lowest_cpu_share=experiment.meter.share())
+    if on_cpu and lesson.timed and not result.threads_note:
+        gov = threads.governor()
+        result = dataclasses.replace(result, threads_note=threads.change_words(gov.since(began), gov.ceiling))
     note = rounding_note(target.facts, result)
     if note and not result.tokens_note:
         result = dataclasses.replace(result, tokens_note=note)

@@ -265,6 +265,8 @@ def _run(lesson: Lesson, target: Any, settings: Any, args: argparse.Namespace, w
         print(safe(lesson.table(points, finished.result)))
         if finished.result.tokens_note:
             print(f"why the tokens differ: {finished.result.tokens_note}")
+        if finished.result.threads_note:
+            print(f"note: {finished.result.threads_note}")
         if finished.reason != "done":
             print(f"({finished.reason})")
     if not close_writer(writer):

@@ -90,3 +90,18 @@ def test_a_run_on_a_busy_machine_computes_with_fewer_threads_and_says_so(tiny, m
     gov.observe(0.0, 2)
     quiet = session_module.Session(tiny).run("hello", GenerationParams(max_new_tokens=4))
     assert torch.get_num_threads() == 2 and not any("thread" in n for n in quiet.summary.notes)
+
+
+def test_an_experiment_on_a_busy_machine_says_it_computed_with_fewer_threads(tiny, monkeypatch, two_threads):
+    from engine.lessons import lesson
+    from engine.run import experiment as experiment_module
+    from engine.run import session as session_module
+
+    gov = ThreadGovernor(enabled=True)
+    gov.observe(1.0, 2)
+    monkeypatch.setattr(threads, "governor", lambda: gov)
+    monkeypatch.setattr(session_module, "governor", lambda: gov)
+    cache = lesson("cache")
+    settings = cache.settings(new_tokens=4)
+    finished = experiment_module.run_lesson(cache, session_module.Session(tiny), settings, lambda e: None)
+    assert "computed with 1 thread instead of 2" in finished.result.threads_note
