@@ -1,6 +1,8 @@
 # Two commands do everything: `make run` (set up, open the app) and `make test` (set up, run the tests).
-# torch is pinned to the CPU build this project is tested with; users with a CUDA GPU pick theirs, and a new
-# TORCH value reinstalls torch in the existing .venv:
+# torch is pinned to the version this project is tested with. From the package index, on Linux x86_64 that is
+# PyTorch's CUDA build (2.74 GB; it runs on the CPU too), on macOS and Windows the CPU build. A new TORCH value
+# reinstalls torch in the existing .venv: the CPU build on Linux (192 MB), or another CUDA version:
+#   make run TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 #   make run TORCH="torch --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
 VENV ?= .venv
@@ -28,7 +30,7 @@ VLLM_STAMP := $(VLLM_ENV)/.kvscope-installed
 LLAMA_CPU_FLAGS := $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
   -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON,)
 
-.PHONY: setup run cli test test-fast audit test-integration llama-server vllm bench bench-long course record-lecture live-prefill package install-desktop \
+.PHONY: setup run cli test test-fast test-slow audit test-integration llama-server vllm bench bench-long course record-lecture live-prefill package install-desktop \
 	uninstall-desktop clean
 
 $(BIN)/python:
@@ -63,6 +65,11 @@ test: setup
 	$(BIN)/ruff check engine app tests packaging
 	$(BIN)/lint-imports
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile
+
+# Compiled decode on the real embedded model in every weight format, against eager (a package build takes minutes
+# and gigabytes each on 2 cores: apart from make test, which stays well under 15 minutes; CI runs both).
+test-slow: setup
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -m slow -o faulthandler_timeout=1800 --timeout=3600 tests
 
 # Real serving engines on the embedded model (llama-server and vLLM): streamed runs, concurrent loads, vLLM's KV
 # events as a prefix tree, the window through both.

@@ -76,16 +76,49 @@ def kvscope_run(session, prompt: str, tokens: int, compiled: bool = False, stati
     from engine.facts.params import GenerationParams
 
     stamps: list[float] = []
+    steps: list[TokenStep] = []
+
+    def sink(event: object) -> None:
+        if isinstance(event, TokenStep):
+            stamps.append(time.perf_counter())
+            steps.append(event)
+
     started = time.perf_counter()
     flags = COMPILED if compiled else STATIC if static else {}
-    result = session.run(prompt, GenerationParams(max_new_tokens=tokens, chat_template=False, **flags),
-                         lambda e: stamps.append(time.perf_counter()) if isinstance(e, TokenStep) else None)
+    result = session.run(prompt, GenerationParams(max_new_tokens=tokens, chat_template=False, **flags), sink)
     s = result.summary
     decode = stamps[1:] if s.compile_ms else stamps
     return {"ttft_ms": (stamps[0] - started) * 1000.0,
             "decode_tok_s": (len(decode) - 1) / (decode[-1] - decode[0]) if len(decode) > 1 else 0.0,
             "tokens": len(stamps), "cpu_share": s.cpu_share, "compile_ms": s.compile_ms, "token_ids": s.token_ids,
-            "compile_loaded": s.compile_loaded}
+            "compile_loaded": s.compile_loaded, "steps": steps, "notes": list(s.notes),
+            "failed": getattr(result, "message", "")}
+
+
+def compiled_verdict(fmt: str, eager: list[dict], compiled: list[dict]) -> str:
+    """"" when every compiled run gave eager's tokens (or first differed at a near tie: rounding), else why the
+    format's compiled decode is wrong: a failed run, a step that fell back to eager, or a difference where eager's
+    first choice was well ahead."""
+    from engine.facts.parity import first_divergence
+
+    for ours, theirs in zip(eager, compiled):
+        if theirs["failed"]:
+            return f"the compiled run failed: {theirs['failed']}"
+        fell_back = [n for n in theirs["notes"] if "not numbers" in n or "is not used" in n]
+        if fell_back:
+            return fell_back[0]
+        divergence = first_divergence(ours["steps"], theirs["steps"], fmt)
+        if divergence is not None and not divergence.near_tie:
+            return divergence.words()
+    return ""
+
+
+def tie_words(fmt: str, eager: list[dict], compiled: list[dict]) -> str:
+    """Where compiled tokens first differed at a near tie, the margin (for the table); "" where they agree."""
+    from engine.facts.parity import first_divergence
+
+    found = [d for o, c in zip(eager, compiled) if (d := first_divergence(o["steps"], c["steps"], fmt)) is not None]
+    return f" (tokens: {found[0].words()})" if found else ""
 
 
 def prefill_times(session, compiled_session, llm, lengths: tuple[int, ...], rounds: int) -> list[dict]:
@@ -293,6 +326,8 @@ def main(argv: list[str] | None = None) -> dict:
                "compiled_ttft_ms": statistics.median(r["ttft_ms"] for r in compiled),
                "compile_ms_in_process": first["compile_ms"], "compile_loaded": first["compile_loaded"],
                "compiled_same_tokens": all(r["token_ids"] == o["token_ids"] for r, o in zip(compiled, ours)),
+               "compiled_wrong": compiled_verdict(fmt, ours, compiled),
+               "compiled_tie": tie_words(fmt, ours, compiled),
                "decode_ceiling_tok_s": peaks.bytes_per_s / step.bytes if peaks else None,
                "bandwidth_gb_s": peaks.bytes_per_s / 1e9 if peaks else None, "step_bytes": step.bytes,
                "kernel": kernel_of(loaded), "kernel_step_ms": dict(loaded.kernel.step_ms) if loaded.kernel else {},
@@ -323,7 +358,7 @@ def main(argv: list[str] | None = None) -> dict:
     print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
         best = max(r["kvscope_decode_tok_s"], r["compiled_decode_tok_s"])
-        same = "" if r["compiled_same_tokens"] else " (tokens differ)"
+        same = f" (WRONG: {r['compiled_wrong']})" if r["compiled_wrong"] else r["compiled_tie"]
         line = (f"| {r['kvscope']} | {r['weights_mib']:.0f} | {r['kvscope_decode_tok_s']:.1f} | "
                 f"{r['compiled_decode_tok_s']:.1f}{same} | "
                 f"{hardware.share_of_ceiling(best, r['decode_ceiling_tok_s'])} | "
@@ -356,6 +391,9 @@ def main(argv: list[str] | None = None) -> dict:
     print("ceiling: the measured copy bandwidth over the bytes one decode step reads (weights + KV), computed; "
           "a copy measured on a busy machine gives none")
     save("formats", result)
+    wrong = [f"{r['kvscope']}: {r['compiled_wrong']}" for r in rows if r["compiled_wrong"]]
+    if wrong:
+        raise SystemExit("compiled decode is wrong in " + "; ".join(wrong))
     return result
 
 
