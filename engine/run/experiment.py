@@ -34,7 +34,6 @@ from engine.facts.events import (
     ServerFacts,
 )
 from engine.facts.vocabulary import LessonEvent, LessonPoint
-from engine.model import threads
 from engine.run.faults import FaultPhase
 
 Sink = Callable[[object], None]
@@ -179,6 +178,8 @@ def run_lesson(lesson: Lesson, target: Any, settings: LessonSettings, emit: Sink
     if result.lowest_cpu_share is None and on_cpu and lesson.timed:
         result = dataclasses.replace(result, lowest_cpu_share=experiment.meter.share())
     if on_cpu and lesson.timed and not result.threads_note:
+        from engine.model import threads  # torch comes with it: a lesson's module is read without it
+
         gov = threads.governor()
         result = dataclasses.replace(result, threads_note=threads.change_words(gov.since(began), gov.ceiling))
     note = rounding_note(target.facts, result)
