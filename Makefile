@@ -60,11 +60,16 @@ cli: setup
 # 2-vCPU VM, whose cores one process left idle through every Qt wait, subprocess and compiler. Each process keeps
 # its own cache and settings, so no test sees another's. TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
+# Each of the two test processes computes on one thread: with torch's default (a thread per core) the processes'
+# threads spin at every barrier for a thread the other process holds (engine/model/threads.py), the tests' own
+# busy machine. Tests that need two threads set them.
+TEST_THREADS ?= $(if $(filter 0 1,$(TEST_WORKERS)),,1)
 
 test: setup
 	$(BIN)/ruff check engine app tests packaging
 	$(BIN)/lint-imports
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile
+	QT_QPA_PLATFORM=offscreen $(if $(TEST_THREADS),OMP_NUM_THREADS=$(TEST_THREADS)) $(BIN)/python -m pytest -q \
+	  --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 # Compiled decode on the real embedded model in every weight format, against eager (a package build takes minutes
 # and gigabytes each on 2 cores: apart from make test, which stays well under 15 minutes; CI runs both).

@@ -4,6 +4,7 @@ The full-context run (about 18 minutes on 2 cores) is ``make bench-long``."""
 import time
 
 from tests.benchmarks import (
+    bench_contention,
     bench_engine,
     bench_experiments,
     bench_formats,
@@ -24,6 +25,8 @@ PARTS = (
      bench_gui, []),
     ("weight formats: KVScope eager and compiled beside llama.cpp, decode and prefill, and compile times",
      bench_formats, []),
+    ("a busy machine: decode and prefill beside one and two CPU-bound programs, threads fixed or following the load",
+     bench_contention, []),
     ("where a decode step's time goes, eager and compiled (bfloat16)", bench_profile, []),
     ("a long prompt in one prefill pass vs in passes (what Stop within a second costs)", bench_prefill_passes, []),
     ("how long Stop takes in every lesson and in a long prefill", bench_stop, []),
