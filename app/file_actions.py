@@ -66,7 +66,7 @@ class FileActions:
                  settings: QSettings, surface: Surface, current_kind: Callable[[], str]) -> None:
         self.parent, self.store, self.state, self.controller = parent, store, state, controller
         self.settings, self.surface, self.current_kind = settings, surface, current_kind
-        self.present_lecture: Callable[[str], bool] = lambda _path: False     # the window's lecture sets it
+        self.present_lecture: Callable[..., bool] = lambda _path, _scene=None: False   # the window's lecture sets it
 
     def say(self, message: str, ms: int = 5000) -> None:
         self.surface.show_status(message, ms)
@@ -90,13 +90,15 @@ class FileActions:
         if dialog.exec() and dialog.selectedFiles():
             self.open_trace(dialog.selectedFiles()[0])
 
-    def open_trace(self, *paths: str) -> None:
-        """Traces replay one after the other; a lecture file (alone) is presented scene by scene."""
+    def open_trace(self, *paths: str, scene: str | None = None) -> None:
+        """Traces replay one after the other; a lecture file (alone) is presented scene by scene, from ``scene``
+        where it has one."""
         lectures = [p for p in paths if is_lecture_file(p)]
         if lectures and len(paths) > 1:
             self.show_error("Open a lecture file on its own: it names its traces itself.")
             return
-        opened = self.present_lecture(lectures[0]) if lectures else paths and self.controller.open_traces(list(paths))
+        opened = self.present_lecture(lectures[0], scene) if lectures else \
+            paths and self.controller.open_traces(list(paths))
         if opened:
             self.remember_dir(paths[-1])
 

@@ -102,9 +102,10 @@ class Lecture:
             self.state.show_scene(name)
 
     # --- a lecture file ---
-    def present(self, path: str) -> bool:
-        """Open a lecture file: its traces replayed at once, then its first scene; PgDn / PgUp follow its order
-        and each scene shows the runs of its own traces. A file that cannot be presented changes nothing."""
+    def present(self, path: str, scene: str | None = None) -> bool:
+        """Open a lecture file: its traces replayed at once, then its first scene (or its first ``scene``: ``kvscope
+        --course --scene memory`` opened on scene 1); PgDn / PgUp follow its order and each scene shows the runs
+        of its own traces. A file that cannot be presented changes nothing."""
         try:
             plan = read_lecture(path)
         except LectureFileError as exc:
@@ -117,8 +118,9 @@ class Lecture:
                 return False
         finally:
             self.controller.replay_speed = previous
-        self.plan, self.position = plan, 0
-        self.show(plan[0].scene)
+        start = next((i for i, entry in enumerate(plan) if entry.scene == scene), 0)
+        self.plan, self.position = plan, start
+        self.show(plan[start].scene)
         return True
 
     def step(self, delta: int) -> None:

@@ -150,7 +150,7 @@ def start(window: MainWindow, args: argparse.Namespace) -> None:
     traces = given_traces(args)
     if traces:
         set_replay_speed(window.controller, window.actions_by_name, max(args.speed, 0.0))
-        QTimer.singleShot(0, lambda: window.files.open_trace(*traces))
+        QTimer.singleShot(0, lambda: window.files.open_trace(*traces, scene=args.scene))
     if not traces and not args.no_load:
         request = window.controller.model_choice.asked
         request = replace(request, model=args.server or args.model or request.model,

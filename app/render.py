@@ -152,7 +152,8 @@ def missing_data(scene: LectureScene) -> str | None:
 
 
 def plan_scenes(paths: Sequence[str], scene: str | None) -> list[LectureScene]:
-    """What ``--render`` draws: a lecture file's scenes, or ``scene`` (default the first) over every trace given."""
+    """What ``--render`` draws: a lecture file's scenes (only ``scene`` when given: ``--course --scene kv`` is the
+    course's KV scene, not all sixteen), or ``scene`` (default the first) over every trace given."""
     from app.lecture_file import is_lecture_file, read_lecture
     from app.scene_list import NAMES
 
@@ -162,7 +163,14 @@ def plan_scenes(paths: Sequence[str], scene: str | None) -> list[LectureScene]:
     if lectures:
         if len(paths) > 1:
             raise RenderError("--render takes one lecture file, or traces: not both")
-        return read_lecture(lectures[0])
+        scenes = read_lecture(lectures[0])
+        if scene is None:
+            return scenes
+        chosen = [s for s in scenes if s.scene == scene]
+        if not chosen:
+            raise RenderError(f"the lecture {Path(lectures[0]).name} has no {scene} scene (it holds "
+                              f"{', '.join(dict.fromkeys(s.scene for s in scenes))})")
+        return chosen
     return [LectureScene(scene or NAMES[0], tuple(Path(p) for p in paths))]
 
 

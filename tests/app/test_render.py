@@ -405,3 +405,27 @@ def test_an_output_that_cannot_or_must_not_be_written_and_a_scene_without_data_a
     assert not (tmp_path / "x.mp4").exists()
     done = kvscope(str(existing), "--force", "--scene", "kv", "--size", "640x360", "--fps", "5", str(trace))
     assert done.returncode == 0 and existing.read_bytes() != b"an earlier video"
+
+
+def test_a_scene_named_beside_a_lecture_file_renders_that_scene_alone(tmp_path, run_events):
+    """``--render kv.mp4 --course --scene kv`` rendered all sixteen scenes into kv.mp4."""
+    trace = trace_file(tmp_path, run_events)
+    path = write_lecture(tmp_path / "talk.kvscope-lecture.json", [LectureScene("prefill", (trace,)),
+                                                                   LectureScene("kv", (trace,))])
+    assert plan_scenes([str(path)], "kv") == [LectureScene("kv", (trace,))]
+    with pytest.raises(RenderError, match="talk.kvscope-lecture.json has no memory scene \\(it holds prefill, kv\\)"):
+        plan_scenes([str(path)], "memory")
+
+
+def test_a_lecture_opened_with_a_scene_named_opens_on_that_scene(qtbot, tmp_path, run_events):
+    """``kvscope --course --scene memory`` opened the course on scene 1."""
+    trace = trace_file(tmp_path, run_events)
+    path = write_lecture(tmp_path / "talk.kvscope-lecture.json", [LectureScene("prefill", (trace,)),
+                                                                   LectureScene("kv", (trace,))])
+    window = make_window(qtbot)
+    try:
+        window.lecture.enter("prefill")                  # as --scene puts the window in lecture mode first
+        window.files.open_trace(str(path), scene="kv")
+        assert window.state.scene == "kv" and window.lecture.position == 1     # PgDn / PgUp go on from there
+    finally:
+        close_and_dispose(window)
