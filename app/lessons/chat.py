@@ -46,12 +46,17 @@ def explanation(r: ChatResult) -> str:
     else:
         verdict = "the difference is <b>within the noise</b> (the spreads overlap)"
     clear = sum(t.clear for t in r.per_turn)
-    text = (f"Both ways gave {match}. Turn {last.turn}, median of {r.repeats} repeats: {last.on_ms:,.0f} ms with "
+    text = (f"Both ways gave {match}. Turn {last.turn}, {repeats_words(r.repeats)}: {last.on_ms:,.0f} ms with "
             f"reuse ({last.on_range[0]:,.0f}–{last.on_range[1]:,.0f}) vs {last.off_ms:,.0f} ms without "
             f"({last.off_range[0]:,.0f}–{last.off_range[1]:,.0f}): {verdict}. {clear} of {r.turns} turns differ "
             "beyond the spread of the repeats.")
     busy = contention.busy_note(r.lowest_cpu_share)
     return text + (f" <b>Note:</b> some turns were {html.escape(busy)}." if busy else "")
+
+
+def repeats_words(repeats: int) -> str:
+    """How a turn's time was taken: "median of 3 repeats", or "one run each" (a median of one is no median)."""
+    return "one run each" if repeats == 1 else f"median of {repeats:,} repeats"
 
 
 def caption(record: ExperimentRecord | None, context: object = None) -> str:
@@ -67,7 +72,7 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
         same = "same replies" if r.tokens_match else "replies differ" + (" (16-bit rounding)" if r.tokens_note
                                                                          else " ✗")
         return (f"turn {last.turn} TTFT {last.on_ms:,.0f} ms with the cache kept vs {last.off_ms:,.0f} ms "
-                f"re-prefilled (median of {r.repeats}): {verdict}; {same}")
+                f"re-prefilled ({repeats_words(r.repeats)}): {verdict}; {same}")
     conversation, store = getattr(context, "conversation", None), getattr(context, "store", None)
     if conversation is not None and conversation.turn_runs and store is not None:
         last_run = store.find(conversation.turn_runs[-1])
