@@ -261,6 +261,15 @@ def what_if_caption(step: TokenStep, settings: WhatIfSettings, tried: WhatIf, sh
             f"{tried.kept} of the {len(tried.probs)} recorded candidates survive; {would} · {exact}</span>")
 
 
+SPACE = "␣"          # a token's leading or trailing space, drawn: " of" and "of" are two tokens
+
+
 def _label(text: str) -> str:
+    """A candidate's axis label: the token as written, with the spaces at its ends made visible (an axis label
+    drops them, and scene 6 listed "of" twice: " of" and "of")."""
     shown = escaped(text) if text else "▫"
+    core = shown.strip(" ")
+    if core != shown:
+        lead, trail = len(shown) - len(shown.lstrip(" ")), len(shown) - len(shown.rstrip(" "))
+        shown = SPACE * lead + core + SPACE * trail if core else SPACE * len(shown)
     return shown if len(shown) <= 24 else shown[:23] + "…"      # a whole token; only a freak one is cut

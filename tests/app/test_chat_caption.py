@@ -15,3 +15,4 @@ def test_a_comparison_run_once_says_one_run_each_and_a_repeated_one_says_its_med
     thrice = SimpleNamespace(result=ChatResult(tokens_match=True, repeats=3, per_turn=(TURN,)))
     assert "(one run each)" in chat_view.caption(once) and "median" not in chat_view.caption(once)
     assert "(median of 3 repeats)" in chat_view.caption(thrice)
+

@@ -67,3 +67,11 @@ def test_in_the_sampling_scene_w_then_k_steps_the_what_if_and_runs_nothing(qtbot
     press(qtbot, window, "W")
     assert window.state.what_if is None
     window.lecture.leave()
+
+
+def test_a_candidates_leading_and_trailing_spaces_are_drawn_so_two_tokens_never_read_alike():
+    """Scene 6 listed "of" twice: " of" and "of", the axis dropping the space."""
+    from app.panels.sampling import _label
+
+    assert _label(" of") == "␣of" and _label("of") == "of" and _label("of ") == "of␣"
+    assert _label("  ") == "␣␣" and _label("") == "▫" and _label("a b") == "a b"
