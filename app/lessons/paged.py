@@ -95,7 +95,7 @@ class PagedView(LessonView):
             label.setPos(x + 0.05, y)
             self.chart.add(label)
         ticks = [(row, f"#{request}") for row, request in enumerate(table.running)]
-        self.plot.getAxis("left").setTicks([ticks + [(pool_row, f"pool ({table.total_blocks})")], []])
+        self.plot.getAxis("left").setTicks([ticks + [(pool_row, f"pool ({table.total_blocks:,} blocks)")], []])
         self.plot.invertY(True)
         self.step_words = step_words(table, index, len(tables), peak)
         sharing = [t for t in tables[:index + 1] if t.exp_id == table.exp_id]

@@ -154,7 +154,7 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
     if r.tree_prompt_tokens:
         differ = f", {r.mispredicted_requests:,} requests otherwise" if r.mispredicted_requests else ""
         share = r.tree_reused_tokens / r.tree_prompt_tokens
-        parts.append(f"predicted at send from its KV events: {r.tree_reused_tokens:,} ({share:.0%}{differ})")
+        parts.append(f"predicted at send from its KV events: {r.tree_reused_tokens:,} tokens ({share:.0%}{differ})")
     parts.append(f"mean TTFT {r.mean_ttft_ms:,.0f} ms (client)")
     if len(parts) == 2:
         parts[1] = (f"mean TTFT {r.mean_ttft_ms:,.0f} ms, {r.total_tok_s:,.1f} tok/s in all (measured by this "

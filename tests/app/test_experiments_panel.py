@@ -179,7 +179,7 @@ def test_paged_kv_draws_each_requests_blocks_and_scrubs_through_the_steps(qtbot,
     first = record.of(BlockTable)[0]
     assert f"Step {first.step}, 1 of {len(record.of(BlockTable))}" in view.explain.text()
     ticks = [label for _, label in view.plot.getAxis("left")._tickLevels[0]]
-    assert ticks == [f"#{r}" for r in first.running] + [f"pool ({first.total_blocks})"]
+    assert ticks == [f"#{r}" for r in first.running] + [f"pool ({first.total_blocks:,} blocks)"]   # a unit
 
 
 def test_a_ceiling_is_never_shown_below_a_rate_the_same_run_measured(qtbot, window):
