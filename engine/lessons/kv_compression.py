@@ -221,7 +221,8 @@ def run(experiment: Experiment, settings: CompressionSettings) -> CompressionRes
         ref_bytes = kv_compress.held_bytes(reference.cache)
         layer = session.facts.num_layers // 2
         keys = reference.cache.layers[layer].keys[0]                   # [kv heads, positions, head dim]
-        rotation = kv_compress.hadamard(keys.shape[-1]) if keys.shape[-1] & (keys.shape[-1] - 1) == 0 else None
+        rotation = kv_compress.hadamard(keys.shape[-1], keys.device) if keys.shape[-1] & (keys.shape[-1] - 1) == 0 \
+            else None
         plain_error = kv_compress.int4_error(keys)
         rotated = keys.float() @ rotation if rotation is not None else None
         rotated_error = kv_compress.int4_error(rotated) if rotated is not None else None

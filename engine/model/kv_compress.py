@@ -60,7 +60,8 @@ class Evictor:
             kept += list(range(position - (held - len(kept)), position))       # what this pass appended
             if m.heavy:
                 row = rows.get(i) if rows else None
-                weights = row.mean(dim=0).float() if row is not None else torch.zeros(held)
+                # [keys]; kept on the CPU, where the scores are summed and chosen from (a GPU's row comes over)
+                weights = row.mean(dim=0).float().cpu() if row is not None else torch.zeros(held)
                 old = self.scores[i]
                 grown = torch.zeros(held)
                 if old is not None:
@@ -155,12 +156,13 @@ def position_states(cache: Any, positions: int, evictor: Evictor | None) -> list
     return out
 
 
-def hadamard(n: int) -> torch.Tensor:
+def hadamard(n: int, device: torch.device | str | None = None) -> torch.Tensor:
     """The orthonormal Hadamard matrix of size ``n`` (a power of two): the rotation applied to keys before
-    quantizing them (llama.cpp PR #21038's idea), which spreads an outlier channel over all channels."""
+    quantizing them (llama.cpp PR #21038's idea), which spreads an outlier channel over all channels. Built on
+    the keys' ``device``: made on the CPU, it could not multiply a GPU's keys."""
     if n & (n - 1):
         raise ValueError(f"a Hadamard rotation needs a power-of-two width, not {n}")
-    h = torch.ones(1, 1)
+    h = torch.ones(1, 1, device=device)
     while h.shape[0] < n:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
     return h / n ** 0.5

@@ -87,6 +87,31 @@ def test_h2o_keeps_the_positions_that_received_the_most_attention(tiny):
         assert kept[-method.recent:] == list(range(20 - method.recent, 20))
 
 
+def test_the_hadamard_rotation_is_built_where_the_keys_are():
+    """Built on the CPU, it could not multiply a GPU's keys (the compression lesson crashed on every CUDA run). The
+    meta device stands in for a GPU: a tensor on it is nowhere the CPU's are."""
+    keys = torch.empty(3, 10, 64, device="meta")
+    rotation = kv_compress.hadamard(64, keys.device)
+    assert rotation.device == keys.device and (keys.float() @ rotation).shape == (3, 10, 64)
+    on_cpu = kv_compress.hadamard(4)
+    assert torch.allclose(on_cpu @ on_cpu.T, torch.eye(4))                # orthonormal, as before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="H2O's scores from a GPU's attention need a GPU")
+def test_h2o_sums_a_gpus_attention_rows_into_its_scores(tiny):
+    """A GPU's attention row was added into scores kept on the CPU: a device mismatch at the first pass."""
+    method = kv_methods.parse_method("h2o:12")
+    facts = Session(tiny).facts
+    evictor = kv_compress.Evictor(method, facts.num_layers)
+    cache = kv_compress.new_cache(tiny.model, method)
+    with torch.inference_mode():
+        tiny.model(input_ids=torch.arange(5, 25)[None], past_key_values=cache, use_cache=True)
+    attention = torch.zeros(tiny.model.config.num_attention_heads, 20, device="cuda")
+    attention[:, [7, 9, 11]] = 1.0
+    evictor.after_pass(cache, 20, {i: attention for i in range(facts.num_layers)})
+    assert all({7, 9, 11} <= set(kept) for kept in evictor.kept)
+
+
 def test_methods_are_named_or_refused_in_words():
     assert kv_methods.parse_method("sinks:4+60").budget == 64
     assert kv_methods.parse_method("h2o:64").words == "H2O: 64 (4 sinks, 30 most attended, 30 recent)"
