@@ -144,13 +144,20 @@ class LoadMeter:
             self.wall_s += now - self._wall
             self.thread_s = self._weigh_threads(now)
             self._running = False
-            if self._reading is not None and self.machine is not None:
-                after = self.machine()
-                others = others_cores(self._reading, after, now - self._wall) if after is not None else None
-                if others is not None and after is not None:
-                    self.others_s += others * (now - self._wall)
-                    self.machine_wall_s += now - self._wall
-                    self.cores = after.cores
+            found = self._others_since_start(now)
+            if found is not None:
+                self.others_s += found[0] * (now - self._wall)
+                self.machine_wall_s += now - self._wall
+                self.cores = found[1]
+
+    def _others_since_start(self, now: float) -> tuple[float, int] | None:
+        """Cores other programs kept busy since ``start`` (and of how many), from a fresh kernel reading; None
+        where there is no reading or too little time passed."""
+        if self._reading is None or self.machine is None:
+            return None
+        after = self.machine()
+        others = others_cores(self._reading, after, now - self._wall) if after is not None else None
+        return None if others is None or after is None else (others, after.cores)
 
     def share_so_far(self, idle_ms: float = 0.0) -> float | None:
         """``share`` including the interval still being measured: a run's figure while it runs. The kernel's
@@ -163,12 +170,11 @@ class LoadMeter:
             wall += now - self._wall
             thread_s = self.thread_s = self._weigh_threads(now)
             self._mark, self._threads = now, self.threads()
-            if self._reading is not None and self.machine is not None and now - self._checked >= RECHECK_S:
+            if now - self._checked >= RECHECK_S:
                 self._checked = now
-                after = self.machine()
-                others = others_cores(self._reading, after, now - self._wall) if after is not None else None
-                if others is not None and after is not None:
-                    self._free_so_far = 1.0 - others / after.cores
+                found = self._others_since_start(now)
+                if found is not None:
+                    self._free_so_far = 1.0 - found[0] / found[1]
         own = _own_share(cpu, wall, thread_s, idle_ms)
         if own is None or self._free_so_far is None:
             return own

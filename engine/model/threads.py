@@ -20,12 +20,13 @@ lesson's ``torch.set_num_threads``: a count set by someone else is adopted as th
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,7 @@ ENV = "KVSCOPE_THREADS"          # "fixed": never change torch's thread count; "
 WINDOW_S = 0.25                  # how often the sampler reads the kernel's counters
 TAKE_FROM = 0.45                 # a core other programs use this much of is theirs: one thread fewer
 FREE_BELOW = 0.3                 # ... and it is given back once they use less than this of it
+CHANGES_KEPT = 256               # thread-count changes remembered for the runs' notes
 
 
 def wanted_threads(ceiling: int, cores: int, others: float, current: int) -> int:
@@ -77,7 +79,8 @@ class ThreadGovernor:
         self.set_to = self.ceiling
         self.others: float | None = None       # the last window's load (cores), None before the first
         self.cores = 0
-        self.changes: list[Change] = []        # every change, oldest first (a run reads those after its start)
+        # the latest changes, oldest first (a run reads those after its start); bounded for a window open for days
+        self._changes: collections.deque[Change] = collections.deque(maxlen=CHANGES_KEPT)
         self._lock = threading.Lock()
         self._sampler: threading.Thread | None = None
         self._building = 0                     # compiles under way (``building``): the count stays at the ceiling
@@ -119,7 +122,7 @@ class ThreadGovernor:
         if target != current:
             torch.set_num_threads(target)
             self.set_to = target
-            self.changes.append(Change(time.perf_counter(), target, current, others, self.cores))
+            self._changes.append(Change(time.perf_counter(), target, current, others, self.cores))
         return target
 
     @contextlib.contextmanager
@@ -138,11 +141,15 @@ class ThreadGovernor:
             with self._lock:
                 self._building -= 1
 
+    @property
+    def changes(self) -> list[Change]:
+        return list(self._changes)
+
     def since(self, started: float) -> list[Change]:
-        return [c for c in self.changes if c.at >= started]
+        return [c for c in self._changes if c.at >= started]
 
 
-def change_words(changes: list[Change], ceiling: int) -> str:
+def change_words(changes: Sequence[Change], ceiling: int) -> str:
     """What the governor did during a run, for its notes ("" when it did nothing)."""
     lowered = [c for c in changes if c.threads < ceiling]
     if not lowered:
