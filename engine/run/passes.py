@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from engine.facts.errors import NonFiniteLogits
 from engine.facts.params import GenerationParams
 from engine.model import kvcache
 from engine.model.compiled import Graph, cache_length
@@ -198,14 +199,19 @@ class Passes:
             start = clock.mark()
             logits = self.session.decode_step(token, position, request.cache, sequence,
                                       graph if compiled_now else None)
-            refused = None
-            if compiled_now and not bool(torch.isfinite(logits).all()):
-                logits, refused = self.eager_instead(graph, index, token, position, request)
-                compiled_now = False
             if request.evictor is not None:
                 request.evictor.after_pass(request.cache, position + 1)
             forward_end = clock.mark()
-            choice = choose(logits, params, generator)
+            refused = None
+            try:
+                choice = choose(logits, params, generator)      # checks the scores are numbers before drawing
+            except NonFiniteLogits:
+                if not compiled_now:
+                    raise
+                logits, refused = self.eager_instead(graph, index, token, position, request)
+                compiled_now = False
+                forward_end = clock.mark()                     # the step's forward is both passes
+                choice = choose(logits, params, generator)
             end = clock.mark()
             if refused is not None:
                 yield refused
