@@ -45,6 +45,14 @@ BUILD_PATIENCE_S = 900
 
 
 @pytest.fixture(autouse=True)
+def _isolated_settings(tmp_path, monkeypatch):
+    """Every test's window remembers into a file of its own: the example lesson's test, outside tests/app, opened
+    a window that wrote the tiny model's temporary folder into the user's real settings, and the next
+    ``make run`` tried to load it."""
+    monkeypatch.setenv("KVSCOPE_SETTINGS", str(tmp_path / "settings.ini"))
+
+
+@pytest.fixture(autouse=True)
 def _no_build_outlives_its_test():
     """A compiled run builds its graph, then the prefill package, in a daemon thread that outlives the run. Left
     running into the next test it changed that test's verdict: its export sets a process-wide flag

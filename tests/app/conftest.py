@@ -7,11 +7,6 @@ from pathlib import Path
 import pytest
 
 
-@pytest.fixture(autouse=True)
-def _isolated_settings(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVSCOPE_SETTINGS", str(tmp_path / "settings.ini"))
-
-
 def load(window, model: str, device: str = "auto", dtype: str = "auto") -> None:
     """What Load model does with these choices."""
     from app.requests import Load
