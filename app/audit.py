@@ -17,7 +17,13 @@ busy with, whether a setting differs from the run shown):
 - ``next run``: a control whose value differs from the run shown is marked "next run";
 - ``ended``: an ended run is never described as still running;
 - ``busy``: nothing invites "press R" while the engine is busy with something else;
-- ``clipped``: nothing is cut off.
+- ``clipped``: nothing is cut off;
+- ``painted`` (``app.audit_paint`` reads it): no value label across a bar or over tick labels, no tick labels over
+  each other, no axis title longer than its axis, a legend's marker beside its label, a unit on every painted number;
+- ``scroll bar``: a lecture scene shows no scroll bar and no text box with its last line cut;
+- ``fits``: the workbench shows, unscrolled, each view's essentials (the prompt, Run, Stop, Step, Pause, five lines
+  of the token stream) and one chart at a readable size;
+- ``blank``: a blanked lecture screen shows nothing through it.
 
 Plain reading: no torch, no engine calls; the tests drive the window (``tests/app/screen_audit.py``).
 """
@@ -30,7 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QRect, QSize, Qt
 from PySide6.QtGui import QTextDocumentFragment
 from PySide6.QtWidgets import (
     QAbstractButton,
@@ -44,6 +50,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import audit_paint as paint
 from app.chart import draws_data
 from app.phase import ENDED, PAUSED, STEPPING, ExperimentPhase, RunFigures, RunPhase
 
@@ -58,6 +65,9 @@ class ChartReading:
     numbers: tuple[str, ...]          # where it prints numbers: "bottom axis", "colour bar", ...
     words: tuple[str, ...]            # text drawn on it: its title, what will appear, labels, the legend
     clipped: tuple[str, ...]
+    painted: tuple[tuple[str, str], ...] = ()     # (rule, detail): what it paints across, cut or without a unit
+    area: tuple[int, int] = (0, 0)                # its data area, in pixels
+    seen: bool = False                            # its data area whole on screen (not scrolled out or cut)
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,8 @@ class Reading:
     controls: tuple[tuple[str, bool], ...]        # (text, enabled)
     clipped: tuple[str, ...]
     inside: str | None = None                     # another view it is shown within (a panel a scene borrowed)
+    scrolls: tuple[str, ...] = ()                 # scroll bars shown, text boxes whose last line is cut
+    unseen: tuple[str, ...] = ()                  # what the view must show whole and does not (scrolled out, cut)
 
     @property
     def words(self) -> list[str]:
@@ -84,6 +96,7 @@ class AuditedView:
     about: str | Callable[[], str]          # what its words describe (RUN, EXPERIMENT, ...), or who says now
     lesson: str | None = None
     texts: Callable[[], list[str]] | None = None     # words not held by a widget (a status bar's message)
+    essentials: Callable[[], list[tuple[str, QWidget, int]]] | None = None   # (name, widget, lines) it must show
 
 
 @dataclass(frozen=True)
@@ -99,6 +112,7 @@ class Known:
     pending: tuple[str, ...] = ()
     scene: str | None = None
     lesson: str | None = None           # the lesson the scene on screen is about
+    blank: bool = False                 # the lecture's screen is blanked (B)
 
 
 @dataclass(frozen=True)
@@ -116,9 +130,10 @@ class ScreenAudit:
 
     def register(self, name: str, widget: QWidget | Callable[[], QWidget | None],
                  about: str | Callable[[], str] = OTHER, lesson: str | None = None,
-                 texts: Callable[[], list[str]] | None = None) -> None:
+                 texts: Callable[[], list[str]] | None = None,
+                 essentials: Callable[[], list[tuple[str, QWidget, int]]] | None = None) -> None:
         getter = widget if callable(widget) and not isinstance(widget, QWidget) else (lambda w=widget: w)
-        self.views[name] = AuditedView(name, getter, about, lesson, texts)
+        self.views[name] = AuditedView(name, getter, about, lesson, texts, essentials)
 
     def read(self) -> list[Reading]:
         """Every registered view that is on screen now."""
@@ -188,8 +203,18 @@ def read_view(view: AuditedView, root: QWidget) -> Reading:
             controls.append((widget.currentText(), widget.isEnabled()))
         elif isinstance(widget, QAbstractSpinBox):
             controls.append((widget.text(), widget.isEnabled()))
+    unseen = []
+    for name, widget, lines in (view.essentials() if view.essentials is not None else []):
+        if isinstance(widget, QTextEdit) and lines:
+            shown = paint.lines_shown(widget)
+            if shown < lines:
+                unseen.append(f"{name}: {shown:.1f} lines shown, {lines} wanted")
+        elif not paint.fully_seen(widget):
+            seen = paint.seen_rect(widget)
+            unseen.append(f"{name}: {seen.width()}x{max(seen.height(), 0)} of {widget.width()}x{widget.height()} "
+                          "px on screen")
     return Reading(view.name, about, view.lesson, tuple(texts), tuple(charts), tuple(controls),
-                   tuple(clipped))
+                   tuple(clipped), scrolls=tuple(paint.scrolled_boxes(root)), unseen=tuple(unseen))
 
 
 def _visible(root: QWidget) -> Iterable[QWidget]:
@@ -220,8 +245,16 @@ def read_charts(view: pg.GraphicsView) -> list[ChartReading]:
     items = view.scene().items() if view.scene() is not None else []
     bars = [i for i in items if isinstance(i, pg.ColorBarItem) and i.isVisible()]
     plots = [i for i in items if isinstance(i, pg.PlotItem) and not isinstance(i, pg.ColorBarItem) and i.isVisible()]
+    visible = view.mapToScene(view.viewport().rect()).boundingRect()
+    on_screen_px = paint.seen_rect(view.viewport())
     for plot in plots:
-        out.append(read_plot(plot, bars))
+        reading = read_plot(plot, bars)
+        area = plot.getViewBox().sceneBoundingRect()
+        corner = view.mapFromScene(area.topLeft())
+        where = QRect(view.viewport().mapTo(view.window(), corner), QSize(int(area.width()), int(area.height())))
+        out.append(dataclasses.replace(reading, painted=tuple(paint.painted_faults(plot, visible, bars)),
+                                       area=(int(area.width()), int(area.height())),
+                                       seen=on_screen_px.contains(where.adjusted(1, 1, -1, -1))))
     overlaps = overlapping_words([*plots, *bars])
     if overlaps and out:
         first = out[0]
@@ -436,9 +469,49 @@ def clipped(readings: list[Reading], known: Known) -> list[Finding]:
     return out
 
 
+def painted(readings: list[Reading], known: Known) -> list[Finding]:
+    """What a chart paints: no label across a bar or over tick labels, no tick labels over each other, no axis
+    title longer than its axis, a legend's marker beside its label, a unit on every painted number."""
+    return [Finding(r.view, rule, f"{c.name}: {detail}") for r in readings for c in r.charts
+            for rule, detail in c.painted]
+
+
+def scroll_bars(readings: list[Reading], known: Known) -> list[Finding]:
+    """A lecture scene shows what it says whole: no scroll bar, no text box whose last line is cut."""
+    if known.scene is None:
+        return []
+    return [Finding(r.view, "scroll bar", text) for r in readings for text in r.scrolls]
+
+
+READABLE_PX = (240, 120)       # a chart's data area at least this big can be read from a seat
+
+
+def fits(readings: list[Reading], known: Known) -> list[Finding]:
+    """The workbench shows, unscrolled, what a run needs (each view's essentials: the prompt, Run, Stop, Step,
+    Pause, five lines of the token stream) and one chart at a readable size."""
+    if known.scene is not None or known.blank:
+        return []
+    out = [Finding(r.view, "fits", text) for r in readings for text in r.unseen]
+    charts = [c for r in readings for c in r.charts]
+    if charts and not any(c.seen and c.area[0] >= READABLE_PX[0] and c.area[1] >= READABLE_PX[1] for c in charts):
+        largest = max(charts, key=lambda c: c.area[0] * c.area[1] if c.seen else 0)
+        out.append(Finding("workbench", "fits", f"no chart readable whole on screen (the largest seen: "
+                                                f"{largest.name!r}, {largest.area[0]}x{largest.area[1]} px)"))
+    return out
+
+
+def blank(readings: list[Reading], known: Known) -> list[Finding]:
+    """A blanked screen shows nothing: no view but the covered scene is on screen."""
+    if not known.blank:
+        return []
+    return [Finding(r.view, "blank", f"on screen while blanked: {' | '.join(r.words)[:100]!r}")
+            for r in readings if r.view != "scene" and r.inside != "scene" and r.words]
+
+
 RULES: dict[str, Callable[[list[Reading], Known], list[Finding]]] = {
     "before": before, "measured": measured, "one value": one_value, "empty chart": empty_chart,
-    "paused": paused, "next run": next_run, "ended": ended, "busy": busy, "clipped": clipped}
+    "paused": paused, "next run": next_run, "ended": ended, "busy": busy, "clipped": clipped, "painted": painted,
+    "scroll bar": scroll_bars, "fits": fits, "blank": blank}
 
 
 def judge(readings: list[Reading], known: Known) -> list[Finding]:

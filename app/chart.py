@@ -4,9 +4,11 @@ the screen while the workbench keeps the others."""
 
 from __future__ import annotations
 
+import math
 from html import escape
 
 import pyqtgraph as pg
+from PySide6.QtGui import QFont, QFontMetricsF
 
 from app import theme as th
 from app.paint import TimedGraphics
@@ -225,6 +227,44 @@ def label_offsets(points: list[tuple[float, float]], sizes: list[tuple[float, fl
         placed.append((x0, y0, x1, y1))
         anchors.append((x0 - point[0], y0 - point[1]))
     return anchors
+
+
+def spaced_step(count: int, room_px: float, gap_px: float) -> int:
+    """Every how many of ``count`` evenly spaced labels one is printed so that, over ``room_px``, printed ones are
+    at least ``gap_px`` apart: 1, 2, 5, 10, 20, ... or a tenth of the count, whichever is larger."""
+    least = max(1, count // 10)
+    if count <= 1 or room_px <= 0:
+        return max(least, count)
+    for step in (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000):
+        if step >= least and room_px * step / count >= gap_px:
+            return step
+    return count
+
+
+def fit_ticks(axis: pg.AxisItem, ticks: list[tuple[float, str]]) -> None:
+    """Explicit tick labels along a horizontal axis, every k-th one printed so that none is drawn over the next
+    whatever the chart's width (re-chosen as the axis resizes or its range changes)."""
+    axis.kv_ticks = ticks
+    if not getattr(axis, "kv_fits_ticks", False):
+        axis.kv_fits_ticks = True
+        axis.geometryChanged.connect(lambda: _thin_ticks(axis))
+        if axis.linkedView() is not None:
+            axis.linkedView().sigXRangeChanged.connect(lambda *_: _thin_ticks(axis))
+    _thin_ticks(axis)
+
+
+def _thin_ticks(axis: pg.AxisItem) -> None:
+    ticks = axis.kv_ticks
+    low, high = axis.range
+    width = axis.geometry().width()
+    font = axis.style.get("tickFont") or QFont()
+    metrics = QFontMetricsF(font)
+    step = 1
+    if len(ticks) > 1 and high > low and width > 0:
+        widest = max(metrics.horizontalAdvance(text) for _v, text in ticks) + 10
+        spacing = min(b[0] - a[0] for a, b in zip(ticks, ticks[1:])) * width / (high - low)
+        step = max(1, math.ceil(widest / max(spacing, 1e-9)))
+    axis.setTicks([ticks[::step], []])
 
 
 def draws_data(item: object) -> bool:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QFont, QGuiApplication, QPalette
+from PySide6.QtGui import QColor, QFont, QFontMetricsF, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
 PREFILL = "#0072B2"      # blue
@@ -149,10 +149,55 @@ def follow_time_range(plot: pg.PlotItem, side: str, label: str, theme: Theme) ->
 
 def label_axis(axis: pg.AxisItem, label: str, unit: str | None, theme: Theme) -> None:
     """Quantity and unit, with plain numbers: memory is in binary units and counts are counts, never
-    "ktokens". pyqtgraph 0.14 decides by enable ranges (``enableAutoSIPrefix(False)`` alone no longer
-    stops it) and ``setLabel`` resets them, so both happen here, in this order."""
-    axis.setLabel(label, units=unit, **{"font-size": f"{theme.base_pt:.0f}pt"})
+    "ktokens". The title fits its axis whatever the chart's size (``fit_title``)."""
+    axis.kv_title = (label, unit, theme.base_pt)
+    axis.kv_title_shown = None
+    if not getattr(axis, "kv_fits_title", False):
+        axis.kv_fits_title = True
+        axis.geometryChanged.connect(lambda: fit_title(axis))
+    fit_title(axis)
+
+
+TITLE_SHRINK = 0.85            # a title too long for its axis is first set this much smaller, then shortened
+
+
+def title_candidates(label: str, unit: str | None, pt: float) -> list[tuple[str, float]]:
+    """The title as written, smaller, then shortened word by word from its end (the unit always kept): a title is
+    never cut by its chart's edge ("rated (tokens)" was "tokens generated (tokens)" on a short axis)."""
+    out = [(label, pt), (label, pt * TITLE_SHRINK)]
+    words = label.split()
+    for keep in range(len(words) - 1, 0, -1):
+        out.append((" ".join(words[:keep]).rstrip(",:;") + "…", pt * TITLE_SHRINK))
+    return out
+
+
+def fit_title(axis: pg.AxisItem) -> None:
+    label, unit, pt = axis.kv_title
+    vertical = axis.orientation in ("left", "right")
+    room = axis.geometry().height() if vertical else axis.geometry().width()
+    chosen = title_candidates(label, unit, pt)[0]
+    if room > 0:
+        for text, size in title_candidates(label, unit, pt):
+            font = QFont()
+            font.setPointSizeF(size)
+            words = f"{text} ({unit})" if unit else text
+            if QFontMetricsF(font).horizontalAdvance(words) + 4 <= room:
+                chosen = (text, size)
+                break
+        else:
+            chosen = title_candidates(label, unit, pt)[-1]
+    if chosen == axis.kv_title_shown:
+        return
+    axis.kv_title_shown = chosen
+    _set_title(axis, chosen[0], unit, chosen[1])
+
+
+def _set_title(axis: pg.AxisItem, text: str, unit: str | None, pt: float) -> None:
+    """pyqtgraph 0.14 decides SI prefixes by enable ranges (``enableAutoSIPrefix(False)`` alone no longer stops
+    it) and ``setLabel`` resets them, so both happen here, in this order."""
+    axis.setLabel(text, units=unit, **{"font-size": f"{pt:.1f}pt"})
     axis.enableAutoSIPrefix(False)
     if hasattr(axis, "setSIPrefixEnableRanges"):
         axis.setSIPrefixEnableRanges(((0.0, 0.0),))
         axis.updateAutoSIPrefix()
+    axis.resizeEvent()          # pyqtgraph centres a title only on a resize: a new one kept the old one's place

@@ -10,7 +10,7 @@ from html import escape
 import pyqtgraph as pg
 
 from app import theme as th
-from app.chart import Chart
+from app.chart import Chart, fit_ticks
 from app.lesson_view import LessonView, Scene, WindowLesson
 from app.store import ExperimentRecord
 from engine.facts import kvformula
@@ -69,8 +69,8 @@ class ArchitecturesView(LessonView):
         for value, row, p in zip(measured, rows, points):          # at the bar's end, inside the plot
             self.chart.label_point(kvformula.format_bytes(p.measured), value, row, marker=4.0)
         self.plot.getAxis("left").setTicks([[(row, names[row]) for row in rows], []])
-        self.plot.getAxis("bottom").setTicks([log_ticks(min(2 ** v for v in measured), max(2 ** v for v in measured),
-                                                        most=4), []])
+        fit_ticks(self.plot.getAxis("bottom"), log_ticks(min(2 ** v for v in measured), max(2 ** v for v in measured),
+                                                         most=4))
         self.plot.invertY(True)
         self.plot.setXRange(min(measured) - 2, max(measured) + 3, padding=0)
         sizes = [[getattr(p, name) for p in points] for name in AT_CONTEXTS]
@@ -81,7 +81,7 @@ class ArchitecturesView(LessonView):
                                                     brush=colour, pen=None), f"{context // 1024}k positions")
         every = [v for values in sizes for v in values if v]
         if every:
-            self.contexts_chart.plot.getAxis("bottom").setTicks([log_ticks(min(every), max(every), most=5), []])
+            fit_ticks(self.contexts_chart.plot.getAxis("bottom"), log_ticks(min(every), max(every), most=5))
             self.contexts_chart.plot.setXRange(math.log2(min(every)) - 1, math.log2(max(every)) + 1.5, padding=0)
         self.contexts_chart.plot.invertY(True)
 

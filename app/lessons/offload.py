@@ -45,7 +45,7 @@ class OffloadView(LessonView):
             self.chart.add(pg.BarGraphItem(x=[v + width / 2 for v, _ in predicted], height=[h for _, h in predicted],
                                            width=width, brush=th.FORMULA, pen=None), "predicted (computed)")
         for v, p in zip(x, points):                # each measured bar's figure on top of it
-            label = pg.TextItem(f"{p.decode_tok_s:,.0f}", color=self.theme.foreground, anchor=(0.5, 1))
+            label = pg.TextItem(f"{p.decode_tok_s:,.0f} tok/s", color=self.theme.foreground, anchor=(0.5, 1))
             label.setFont(self.theme.axis_font)
             label.setPos(v - width / 2, p.decode_tok_s)
             self.chart.add(label)
