@@ -50,11 +50,13 @@ class Controller:
         client.events_ready.connect(self.on_events)
 
     # --- refusals ---
-    def refusal(self, action: str, needs_model: bool = True) -> str | None:
-        """Why ``action`` cannot start now, or None if it can."""
+    def refusal(self, action: str, needs_model: bool = True, in_scene: bool = False) -> str | None:
+        """Why ``action`` cannot start now, or None if it can; the stop key named as it is where it is pressed
+        (in a lecture scene Esc leaves the scene, Ctrl+. stops)."""
         busy = self.client.busy
         if busy:
-            stop = " (the stop key, Ctrl+., stops it)" if busy in ("run", "experiment", "replay") else ""
+            key = "Ctrl+." if in_scene else "Esc"
+            stop = f" ({key} stops it)" if busy in ("run", "experiment", "replay") else ""
             return f"{action} is not available while {BUSY.get(busy, busy)}{stop}."
         if needs_model and self.client.model is None:
             return (f"{action} needs a model: wait for loading to finish (status bar) or press Load model "
@@ -209,6 +211,7 @@ class Controller:
         if self._refused("Opening a trace", needs_model=False):
             return False
         self.begin_replay()
+        self.activity.replay_at_once = self.replay_speed <= 0.0
         self.client.submit(rq.Replay(tuple(paths), self.replay_speed))
         self._busy_changed()
         return True

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import QApplication
 
 from app import lessons
 from app import theme as th
-from app.controller import Controller
+from app.controller import STOPPING, Controller
 from app.lecture_file import LectureFileError, LectureScene, read_lecture
 from app.run_settings import RunSettings, notch, param_shape
 from app.scene_list import NAMES
@@ -62,6 +62,7 @@ class Lecture:
         self.plan: list[LectureScene] = []   # a lecture file's scenes in the speaker's order (PgDn / PgUp)
         self.position = 0                    # the plan's scene shown
         self.workbench_geometry: QByteArray | None = None
+        self.started_in: str | None = None   # the scene whose R started the work in progress (None: elsewhere)
         state.subscribe(self._state_changed)
         store.subscribe(self._run_changed)
 
@@ -193,13 +194,36 @@ class Lecture:
     # --- keys ---
     def action(self) -> None:
         """R: run what the scene is about: its lesson, or the prompt (recording attention in that scene)."""
-        kind = scene_lesson(self.state.scene)
+        scene = self.state.scene
+        if self._take_over(scene):
+            return
+        kind = scene_lesson(scene)
         if kind is not None:
             started = self.controller.start_lesson(kind)
         else:
-            started = self._run(attention=self.state.scene == "attention")
-        if not started:
-            self.view.say(self.controller.refusal("R") or "")
+            started = self._run(attention=scene == "attention")
+        if started:
+            self.started_in = scene
+        else:
+            self._refused("R")
+
+    def work_ended(self) -> None:
+        self.started_in = None
+        self.view.work_ended()
+
+    def _take_over(self, scene: str | None) -> bool:
+        """R while a run or an experiment started elsewhere (another scene, the workbench) is in progress: the
+        speaker has moved on, so that work stops and this scene's starts once it has wound down. R pressed again in
+        the scene that started the work is refused, as before."""
+        busy = self.controller.client.busy
+        if busy not in ("run", "experiment") or self.started_in == scene:
+            return False
+        self.controller.stop()
+        self.controller.activity.queued = self.action
+        self.started_in = scene
+        self.view.say(f"Stopping {STOPPING[busy]} started elsewhere; this scene's starts when it has stopped",
+                      until_idle=True)
+        return True
 
     def joined_action(self) -> None:
         """The key of a lesson that shares this scene (C: continuous batching in the batch scene)."""
@@ -208,7 +232,14 @@ class Lecture:
             self.view.say("That key does nothing in this scene.")
             return
         if not self.controller.start_lesson(joined[0]):
-            self.view.say(self.controller.refusal(joined[1].words.capitalize()) or "")
+            self._refused(joined[1].words.capitalize())
+
+    def _refused(self, action: str) -> None:
+        """Why ``action`` did not start, in the footer, for as long as it is true: a refusal because work is in
+        progress (or a model loading) goes when that work ends, never kept after it ("R is not available while a
+        run is in progress" stood under a finished run)."""
+        self.view.say(self.controller.refusal(action, in_scene=True) or "",
+                      until_idle=bool(self.controller.client.busy))
 
     def stop(self) -> None:
         """The stop key, everywhere: stops whatever runs; in a scene, says so in the footer."""

@@ -40,7 +40,7 @@ class Surface(Protocol):
     def show_until_idle(self, message: str) -> None: ...
     def show_progress(self, message: str, fraction: float | None) -> None: ...
     def hide_progress(self) -> None: ...
-    def show_model_status(self, text: str) -> None: ...
+    def show_model_status(self, text: str, details: str = "") -> None: ...
     def loading(self, progress: LoadProgress) -> None: ...
     def model_loaded(self, loaded: ModelLoaded) -> None: ...
     def busy_changed(self, busy: str | None) -> None: ...
@@ -61,6 +61,7 @@ class Activity:
 
     loading: rq.Load | None = None
     replaying: bool = False
+    replay_at_once: bool = False        # a replay with no timing (a lecture file's traces): nothing to watch play
     steering_next: str = ""
     load_failed: str = ""
     queued: Callable[[], None] | None = None
@@ -147,7 +148,9 @@ class EventRouter:
         else:
             reason = "replay" if self.activity.replaying else "newest run"
         self.state.select(event.run_id, reason)
-        if self.activity.replaying:
+        if self.activity.replaying and not self.activity.replay_at_once:
+            # A run replayed in time is being watched; one among a course's traces, replayed at once, is not
+            # what its first slide is about ("Replaying run #17" stood under the title scene).
             loaded = self.client.model.model.name if self.client.model else None
             other = f" (not the loaded model, {loaded})" if loaded and loaded != event.model.name else ""
             self.surface.show_status(f"Replaying run #{record.number}, recorded with {event.model.name} on "
@@ -190,8 +193,10 @@ class EventRouter:
             self.conversation.refused()
             self.surface.hide_progress()
             if self.activity.loading is None:
-                current = describe_loaded(self.client.model) if self.client.model else "No model is loaded."
-                self.surface.show_model_status(f"{self.activity.load_failed} {current}".strip())
+                model = self.client.model
+                current = describe_loaded(model, brief=True) if model else "No model is loaded."
+                self.surface.show_model_status(f"{self.activity.load_failed} {current}".strip(),
+                                               loaded_reasons(model) if model else "")
         self.busy_changed()
         if isinstance(note, Idle):
             self._after_idle()
@@ -218,6 +223,12 @@ def describe_loaded(loaded: ModelLoaded, brief: bool = False) -> str:
         else ""
     return (f"{m.name}: {m.num_params / 1e6:,.0f}M parameters, {m.num_layers} layers, {m.weights or m.dtype} on "
             f"{m.device}{why}; loaded in {loaded.load_ms / 1000:.1f} s{how}")
+
+
+def loaded_reasons(loaded: ModelLoaded) -> str:
+    """Why the model runs as it does (its dtype, its kernels): the details behind ``describe_loaded``'s line."""
+    reason = getattr(loaded, "dtype_reason", "")
+    return f"Why {loaded.model.weights or loaded.model.dtype}: {reason}" if reason and reason != "chosen" else ""
 
 
 def duration(ms: float) -> str:

@@ -5,7 +5,7 @@ construction. Model-dependent limits (top-k's vocabulary, max tokens' context) n
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QSpinBox, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QSpinBox, QWidget
 
 from engine.facts.validation import FieldShape
 
@@ -84,3 +84,28 @@ def setting_text(shape: FieldShape, value: object, short: bool = False) -> str:
         shown = str(value)
     unit = setting.unit if setting is not None and setting.unit and setting.unit not in label.lower() else ""
     return f"{label.lower()} {shown}{' ' + unit if unit and shown[:1].isdigit() else ''}".strip()
+
+
+def read(widget: QWidget) -> object:
+    """A setting's value as its control holds it (a float to four places, as the engine is given it)."""
+    if isinstance(widget, QCheckBox):
+        return widget.isChecked()
+    if isinstance(widget, QComboBox):
+        return widget.currentText().strip()
+    if isinstance(widget, QDoubleSpinBox):
+        return round(widget.value(), 4)
+    return widget.value()
+
+
+def show(widget: QWidget, value: object) -> None:
+    """Set a control to ``value`` without it writing back."""
+    if read(widget) == value:
+        return
+    widget.blockSignals(True)
+    if isinstance(widget, QCheckBox):
+        widget.setChecked(bool(value))
+    elif isinstance(widget, QComboBox):
+        widget.setCurrentText(str(value))
+    else:
+        widget.setValue(value)
+    widget.blockSignals(False)

@@ -15,7 +15,7 @@ from app.dialogs import FirstRunDialog
 from app.panels.chat import ChatPanel
 from app.panels.controls import ControlsPanel
 from app.panels.experiments import ExperimentsPanel
-from app.routing import describe_loaded
+from app.routing import describe_loaded, loaded_reasons
 from app.status import StatusStrip
 from engine.facts.events import LoadProgress, ModelLoaded
 
@@ -94,8 +94,8 @@ class WindowSurface:
         self.status.hide_progress()
         self._close_first_run()
 
-    def show_model_status(self, text: str) -> None:
-        self.controls.model_status.setText(text)
+    def show_model_status(self, text: str, details: str = "") -> None:
+        self.controls.show_model(text, details)
 
     def show_memory(self, rss: int, gpu: tuple[int, int] | None) -> None:
         self.status.show_memory(rss, gpu)
@@ -120,7 +120,7 @@ class WindowSurface:
 
     def model_loaded(self, loaded: ModelLoaded) -> None:
         m = loaded.model
-        self.controls.model_status.setText(describe_loaded(loaded))
+        self.controls.show_model(describe_loaded(loaded, brief=True), loaded_reasons(loaded))
         self.status.showMessage(describe_loaded(loaded, brief=True), 8000)
         self.window.setWindowTitle(f"KVScope — {m.name} on {m.device}")
         if loaded.warnings:

@@ -31,6 +31,7 @@ from app import window_settings
 from app.audit import EXPERIMENT, OTHER, RUN, SETTINGS, Known, ScreenAudit
 from app.controller import Controller
 from app.dialogs import AboutDialog
+from app.dock_layout import TITLES, DockLayout
 from app.file_actions import FileActions
 from app.frames import FrameScheduler
 from app.lecture import Lecture, fit_to_screen
@@ -42,7 +43,7 @@ from app.panels.experiments import ExperimentsPanel
 from app.panels.kv_heatmap import KVHeatmapPanel
 from app.panels.sampling import SamplingPanel
 from app.panels.timing import TimingPanel
-from app.panels.tokens import TokensPanel
+from app.panels.tokens import WORKBENCH_LINES, TokensPanel
 from app.phase import experiment_phase, figures, run_phase
 from app.run_settings import LessonChoices, ModelChoice, RunSettings
 from app.scene_list import BY_NAME, SCENES
@@ -105,18 +106,11 @@ class MainWindow(QMainWindow):
         self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.RightDockWidgetArea)
         left, right, bottom = (Qt.DockWidgetArea.LeftDockWidgetArea, Qt.DockWidgetArea.RightDockWidgetArea,
                                Qt.DockWidgetArea.BottomDockWidgetArea)
-        self.docks = {name: self._dock(title, widget, area) for name, title, widget, area in (
-            ("controls", "Controls", self.controls, left), ("timing", "Prefill vs decode timing", self.timing, right),
-            ("sampling", "Sampling: next-token candidates", self.sampling, right),
-            ("kv", "KV cache per layer", self.kv, bottom), ("experiments", "Experiments", self.experiments, right),
-            ("chat", "Chat (KV cache across turns)", self.chat, right),
-            ("attention", "Attention over the cache", self.attention, right))}
-        self.splitDockWidget(self.docks["timing"], self.docks["sampling"], Qt.Orientation.Vertical)
-        self.tabifyDockWidget(self.docks["timing"], self.docks["experiments"])
-        self.tabifyDockWidget(self.docks["experiments"], self.docks["chat"])
-        self.tabifyDockWidget(self.docks["sampling"], self.docks["attention"])
-        self.docks["sampling"].raise_()
-        self.docks["timing"].raise_()
+        self.docks = {name: self._dock(TITLES[name], widget, area) for name, widget, area in (
+            ("controls", self.controls, left), ("timing", self.timing, right), ("sampling", self.sampling, right),
+            ("kv", self.kv, bottom), ("experiments", self.experiments, right), ("chat", self.chat, right),
+            ("attention", self.attention, right))}
+        self.dock_layout = DockLayout(self, self.docks, lambda: hasattr(self, "lecture") and self.lecture.active)
         self.status = StatusStrip()
         self.setStatusBar(self.status)
         self.surface = WindowSurface(self, self.banner, self.status, self.controls, self.experiments, self.chat,
@@ -124,7 +118,7 @@ class MainWindow(QMainWindow):
         self.audit = ScreenAudit()
         self._register_views()
         self.resize(1600, 1000)
-        self._default_layout()
+        self.dock_layout.arrange(compact=False)
         self._default_state = self.saveState()
         self._save_timer = QTimer(self)
         self._save_timer.setSingleShot(True)
@@ -137,7 +131,10 @@ class MainWindow(QMainWindow):
         self.lecture = Lecture(self, self.state, self.store, self.scene_view, controller, self.run_settings,
                                self.settings)
         self.surface.lecture = lambda: self.lecture.active
-        self.surface.work_ended = self.scene_view.work_ended
+        self.surface.work_ended = self.lecture.work_ended
+        # A blanked screen is blank edge to edge: the status strip under the scene goes with it.
+        self.state.subscribe(lambda names: self.status.setVisible(not self.state.blank) if "blank" in names
+                             else None)
         self.surface.cancel_load = controller.stop
         self.files = FileActions(self, self.store, self.state, controller, self.settings, self.surface,
                                  lambda: self.experiments.current.lesson.kind)
@@ -231,14 +228,6 @@ class MainWindow(QMainWindow):
         self.chat.set_wide(scene)
         self.kv.refresh_range()
 
-    def _default_layout(self) -> None:
-        """Controls left, timing and sampling right, token stream over the KV heatmap in the middle."""
-        height = max(self.height(), 600)
-        self.resizeDocks([self.docks["controls"], self.docks["timing"]], [330, 560], Qt.Orientation.Horizontal)
-        self.resizeDocks([self.docks["timing"], self.docks["sampling"]], [int(height * 0.58), int(height * 0.38)],
-                         Qt.Orientation.Vertical)
-        self.resizeDocks([self.docks["kv"]], [int(height * 0.55)], Qt.Orientation.Vertical)
-
     # --- modes and layout ---------------------------------------------------------------------------------
     def apply_mode(self, lecture: bool, height: int = th.LECTURE_HEIGHT) -> None:
         """Workbench: docks around the token stream. Lecture: the scene fills the screen (``height`` pixels
@@ -264,19 +253,14 @@ class MainWindow(QMainWindow):
 
     def restore_layout(self, state: QByteArray | None) -> None:
         """The docks as they were (or the default layout), after a scene borrowed their panels."""
-        if state is None or not self.restoreState(state):
-            self.restoreState(self._default_state)
+        self.dock_layout.restore_after_scene(state, self._default_state)
 
     def reset_layout(self) -> None:
-        """Every panel back in its dock, floating ones included, at the default sizes."""
+        """Every panel back in its dock, floating ones included, arranged for the window's size."""
         self.lecture.leave()
-        for dock in self.docks.values():
-            dock.setFloating(False)
-            dock.show()
-        self.restoreState(self._default_state)
-        self._default_layout()
-        self.settings.remove("window/state")
         fit_to_screen(self)
+        self.dock_layout.reset(self._default_state)
+        self.settings.remove("window/state")
 
     # --- what the window itself does ----------------------------------------------------------------------
     def selected_run(self):
@@ -294,17 +278,23 @@ class MainWindow(QMainWindow):
         scene = self.state.scene if self.lecture.active else None
         return Known(run_phase(run), figures(run),
                      {r.kind: experiment_phase(r) for r in self.store.experiments},
-                     self.client.busy, tuple(self.run_settings.differences(shown)), scene, scene_lesson(scene))
+                     self.client.busy, tuple(self.run_settings.differences(shown)), scene, scene_lesson(scene),
+                     blank=self.lecture.active and self.state.blank)
 
     def _register_views(self) -> None:
         """Every view the screen audit reads: the panels, the status strip, the scene and each lesson's tab."""
         audit = self.audit
+        c = self.controls
+        essentials = {
+            "controls": lambda: [("the prompt", c.prompt, 0), *((b.text().split()[0], b, 0) for b in (
+                c.run_button, c.stop_button, c.step_button, c.pause_button))],
+            "token stream": lambda: [("the token stream", self.tokens.text, WORKBENCH_LINES)]}
         for name, widget, about in (("status strip", self.status, RUN), ("token stream", self.tokens, RUN),
                                     ("timing", self.timing, RUN), ("KV heatmap", self.kv, RUN),
                                     ("sampling", self.sampling, RUN), ("attention", self.attention, RUN),
                                     ("chat", self.chat, OTHER), ("controls", self.controls, SETTINGS),
                                     ("banner", self.banner, OTHER)):
-            audit.register(name, widget, about)
+            audit.register(name, widget, about, essentials=essentials.get(name))
         for kind, view in self.experiments.views.items():
             audit.register(f"tab {kind}", view, EXPERIMENT, kind)
         audit.register("status message", self.status, OTHER, texts=lambda: [self.status.currentMessage()])

@@ -26,8 +26,8 @@ def restore(settings: QSettings, window, state: ViewState, run_settings: RunSett
     if isinstance(geometry, QByteArray):
         window.restoreGeometry(geometry)
     layout = settings.value("window/state")
-    if isinstance(layout, QByteArray):
-        window.restoreState(layout)
+    window.dock_layout.restore(layout if isinstance(layout, QByteArray) else None,
+                               own=str(settings.value("window/own_layout", "false")).lower() in ("true", "1"))
     controls.restore(settings)
     stored = {key.removeprefix("run/"): settings.value(key) for key in settings.allKeys() if key.startswith("run/")}
     run_settings.restore(stored)
@@ -49,6 +49,7 @@ def save(settings: QSettings, window, state: ViewState, run_settings: RunSetting
     if workbench_geometry is None:                  # in a scene, the workbench's own geometry is kept
         settings.setValue("window/geometry", window.saveGeometry())
         settings.setValue("window/state", window.saveState())
+        settings.setValue("window/own_layout", window.dock_layout.own)
     else:
         settings.setValue("window/geometry", workbench_geometry)
     settings.setValue("view/token_colours", state.token_colours)

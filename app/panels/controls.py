@@ -1,5 +1,6 @@
 """Everything a user can tweak: model source, device, dtype, memory budget, prompt, sampling parameters, KV
-cache; and the run buttons (Run, Stop, Step, Pause) with a slow-motion slider so an audience can follow.
+cache; and the run buttons (Run, Stop, Step, Pause) with a slow-motion slider so an audience can follow. The
+prompt and the run buttons come first: they are what a run needs, and what a small screen must show unscrolled.
 
 The run settings live in ``app.run_settings.RunSettings``, not here: every edit writes it, and the widgets
 follow it (a lecture scene's keys change it too). Widgets refuse invalid values by their ranges, and the
@@ -28,6 +29,7 @@ from PySide6.QtWidgets import (
 
 from app import requests as rq
 from app.glossary import tip
+from app.panels.details import Details
 from app.resources import sample_prompts
 from app.run_settings import (
     DEFAULT_PROMPT,
@@ -38,7 +40,7 @@ from app.run_settings import (
     none_choice,
     param_shape,
 )
-from app.setting_widgets import control, narrow
+from app.setting_widgets import control, narrow, read, show
 from engine.facts.params import GenerationParams, LoadSettings
 from engine.facts.validation import FieldShape, shape_of, shapes
 from engine.serve.client import without_credentials
@@ -107,6 +109,8 @@ class ControlsPanel(QWidget):
         form.addRow(self.load_button)
         form.addRow(self.pending)
         form.addRow(self.model_status)
+        self.model_details = Details()          # why this dtype and kernel: for who asks, not every reader
+        form.addRow(self.model_details)
 
         # --- parameters: each control made from its declaration in engine.facts.params (range, step, unit, help,
         # the word for None, what it needs on, the texts offered): adding a run setting adds its control here ---
@@ -206,10 +210,12 @@ class ControlsPanel(QWidget):
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(model_group)
+        # What a run needs comes first (the prompt and the buttons that run it): on a projector's 1280x720 they
+        # are on screen without scrolling; the model, loaded once, sits last.
         layout.addWidget(prompt_group, 1)
-        layout.addWidget(params_group)
         layout.addWidget(run_group)
+        layout.addWidget(params_group)
+        layout.addWidget(model_group)
         self._shown_loaded: rq.Load | None = None
         self._writes = {
             self.prompt.textChanged: lambda: {"prompt": self.prompt.toPlainText()},
@@ -297,6 +303,11 @@ class ControlsPanel(QWidget):
             box.blockSignals(True)
             narrow(box, param_shape(name), limits.get(name))
             box.blockSignals(False)
+
+    def show_model(self, text: str, details: str = "") -> None:
+        """The model in plain words; the reasons behind its dtype and kernels behind Details."""
+        self.model_status.setText(text)
+        self.model_details.set_text(details)
 
     def set_running(self, running: bool, busy: bool = False) -> None:
         """Buttons that make sense now: Run when idle, Stop/Pause while running, Step in both."""
@@ -412,31 +423,6 @@ def changed_signal(widget: QWidget):
     if isinstance(widget, QComboBox):
         return widget.currentTextChanged
     return widget.valueChanged
-
-
-def read(widget: QWidget) -> object:
-    """A setting's value as its control holds it (a float to four places, as the engine is given it)."""
-    if isinstance(widget, QCheckBox):
-        return widget.isChecked()
-    if isinstance(widget, QComboBox):
-        return widget.currentText().strip()
-    if isinstance(widget, QDoubleSpinBox):
-        return round(widget.value(), 4)
-    return widget.value()
-
-
-def show(widget: QWidget, value: object) -> None:
-    """Set a control to ``value`` without it writing back."""
-    if read(widget) == value:
-        return
-    widget.blockSignals(True)
-    if isinstance(widget, QCheckBox):
-        widget.setChecked(bool(value))
-    elif isinstance(widget, QComboBox):
-        widget.setCurrentText(str(value))
-    else:
-        widget.setValue(value)
-    widget.blockSignals(False)
 
 
 def _pair_rows(form: QFormLayout, switches: list[QWidget]) -> None:

@@ -12,7 +12,7 @@ from html import escape
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPen
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QFontMetricsF, QPen
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme as th
+from app.chart import spaced_step
 from app.glossary import tip
 from app.paint import TimedGraphics
 from app.phase import held_line, run_phase
@@ -101,6 +102,8 @@ class KVHeatmapPanel(QWidget):
         self.plot: pg.PlotItem = self.graphics.add_plot(0, 0)
         self._x_words = X_WORDS[0]
         self.plot.getViewBox().sigResized.connect(lambda *_: self._fit_x_label())
+        self.plot.getViewBox().sigResized.connect(lambda *_: self._layer_ticks())
+        self._layers = 0
         self.empty = QGraphicsRectItem()
         self.empty.setPen(QPen(Qt.PenStyle.NoPen))
         self.plot.addItem(self.empty)
@@ -250,6 +253,21 @@ class KVHeatmapPanel(QWidget):
         self._controls_wanted = visible
         self._shown = None
         self.refresh()
+        self._fit_info()
+
+    def _fit_info(self) -> None:
+        """In the workbench the arithmetic scrolls where the panel is short; in a lecture scene it is shown whole
+        (the brief form), the heatmap giving up the height: a slide with a scroll bar and a half line was cut."""
+        whole = not self._controls_wanted
+        policy = Qt.ScrollBarPolicy.ScrollBarAlwaysOff if whole else Qt.ScrollBarPolicy.ScrollBarAsNeeded
+        self.info_box.setVerticalScrollBarPolicy(policy)
+        width = self.info_box.viewport().width()
+        self.info_box.setMinimumHeight(self.info.heightForWidth(width) + 2 if whole and width > 0 else 0)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        if not self._controls_wanted:
+            self._fit_info()
 
     def refresh_range(self) -> None:
         self._apply_range(force=True)
@@ -312,10 +330,22 @@ class KVHeatmapPanel(QWidget):
             caption = "KV cache off: nothing is held; every step recomputes all positions"
         if self.strip_label.text() != caption:
             self.strip_label.setText(caption)
-        self.plot.getAxis("left").setTicks([[(i + 0.5, str(i)) for i in range(0, layers, max(1, layers // 10))]])
+        self._layers = layers
+        self._layer_ticks()
         self._draw_bars(run)
         self._apply_range()
-        self.info.setText(self._info_html(run))
+        self.info.setText(self._info_html(run, brief=not self._controls_wanted))
+        self._fit_info()
+
+    def _layer_ticks(self) -> None:
+        """As many layer numbers as the axis has room for, a line and a half apart (a short heatmap at 720p
+        printed ten of them over each other)."""
+        if not self._layers:
+            return
+        room = self.plot.getViewBox().height()
+        line = QFontMetricsF(self.theme.axis_font).height()
+        step = spaced_step(self._layers, room, 1.5 * line)
+        self.plot.getAxis("left").setTicks([[(i + 0.5, str(i)) for i in range(0, self._layers, step)]])
 
     def _draw_bars(self, run: RunRecord) -> None:
         """Per layer: keys (or a latent layer's compressed vector, with any indexer keys) solid, values (or its
@@ -364,7 +394,7 @@ class KVHeatmapPanel(QWidget):
             layers = run.model.num_layers
             self.plot.setYRange(0, layers + min(0.6, max(0.15, layers * 0.04)) + layers * 0.12 + 0.3, padding=0)
 
-    def _info_html(self, run: RunRecord) -> str:
+    def _info_html(self, run: RunRecord, brief: bool = False) -> str:
         m = run.model
         fmt = kvformula.format_bytes
         kv = run.kv_bytes_per_layer
@@ -408,15 +438,18 @@ class KVHeatmapPanel(QWidget):
             measured = f"<b>Run #{run.number} {escape(held_now)}</b><br>{measured}"
         notes = "".join(f"<br>{escape(note)}" for note in kvformula.layer_notes(m))
         notes += f"<br>{escape(concurrency_text(m))}"
-        return (f"{measured}<br><b>Formula</b> (computed): {escape(kvformula.formula_text(m))}; for "
+        head = (f"{measured}<br><b>Formula</b> (computed): {escape(kvformula.formula_text(m))}; for "
                 f"{run.kv_allocated or seen:,} positions "
                 f"{fmt(predicted)}<br>" + (
                     f"<b>Full context</b> ({escape(kvformula.context_text(m))}, computed): "
                     f"{fmt(kvformula.full_context_kv_bytes(m))}"
-                    f" — {seen / max(full, 1):.1%} used<br>" if m.context_declared else
-                    f"<b>Full context</b>: {escape(kvformula.context_text(m))}<br>") +
-                f"{escape(kvformula.heads_text(m))}{notes}<br>Devices: {escape(layer_ranges(m.layer_devices))} · "
-                f"dtype {escape(m.dtype)}")
+                    f" — {seen / max(full, 1):.1%} used" if m.context_declared else
+                    f"<b>Full context</b>: {escape(kvformula.context_text(m))}"))
+        if brief:                      # a lecture scene: what was read and the formula it equals, whole
+            return (f"{measured}<br><b>Formula</b> (computed): {escape(kvformula.formula_text(m))}; for "
+                    f"{run.kv_allocated or seen:,} positions {fmt(predicted)}")
+        return (head + f"<br>{escape(kvformula.heads_text(m))}{notes}<br>Devices: "
+                f"{escape(layer_ranges(m.layer_devices))} · dtype {escape(m.dtype)}")
 
 
 def no_run_text(model: object) -> str:

@@ -20,7 +20,7 @@ from app.chart import Chart
 from app.panels.tokens import escaped
 from app.phase import held_line, run_phase
 from app.run_settings import param_shape
-from app.setting_widgets import control
+from app.setting_widgets import control, show
 from app.store import RunStore
 from app.viewstate import ViewState, WhatIfSettings
 from engine.facts.events import TokenStep
@@ -153,7 +153,9 @@ class SamplingPanel(QWidget):
             for name, box in self.filters.items():
                 box.setEnabled(settings is not None)
                 if settings is not None:
-                    box.setValue(getattr(settings, name))
+                    # Only a value the box does not hold already: setting it again reformats the text under the
+                    # cursor, and "1.5" typed after select-all became "T 15.00" (the "." landed on "1.00").
+                    show(box, getattr(settings, name))
             self.reset.setEnabled(settings is not None)
         finally:
             self._writing = False

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QCheckBox, QGridLayout, QHBoxLayout, QLabel, QSpin
 from app import theme as th
 from app.chart import Chart
 from app.glossary import tip
+from app.panels.details import Details
 from app.phase import PREFILL, decode_rate, figures, plural, prefill_passes, rate, run_phase
 from app.store import RunRecord, RunStore
 from app.viewstate import MAIN, ViewState
@@ -26,6 +27,7 @@ from engine.facts.costmodel import Device, ModelCost
 from engine.facts.events import HardwarePeaks, RunSummary
 
 WAIT_GAP_MS = 1.0           # waits shorter than this are not drawn apart
+WAIT_SAID_MS = 50.0         # waits shorter than this are not worth a word in the header ("0.0 s waiting")
 TIMELINE_ROW_PX, TIMELINE_AXES_PX = 26, 110     # each overlaid run keeps a readable row; title and axes their room
 TIMELINE_LEAST_ROWS = 3                          # one run alone still gets a data area a bar can be read in
 
@@ -136,6 +138,7 @@ class TimingPanel(QWidget):
         self.summary.setTextFormat(Qt.TextFormat.RichText)
         self.summary.setWordWrap(True)
         self.summary.setVisible(False)                    # shown with its first words
+        self.details = Details(rich=True)                 # ceilings, achieved FLOP/s, waits, the graph's build
         top = QHBoxLayout()
         top.addWidget(self.overlay)
         top.addWidget(self.overlay_count)
@@ -174,6 +177,7 @@ class TimingPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(top)
         layout.addWidget(self.summary)
+        layout.addWidget(self.details)
         layout.addWidget(self.legend)
         layout.addWidget(self.charts, 1)
         self._items: dict[str, _RunItems] = {}
@@ -256,13 +260,16 @@ class TimingPanel(QWidget):
         figures and clock read the same as the status strip's and the caption's."""
         selected = self.selected()
         if selected is None:
-            text = ""
+            text = details = ""
         else:
             others = [r for r in self.visible_runs() if r is not selected]
-            text = self._summary_text(selected, selected.summary(with_text=False), others)
+            summary = selected.summary(with_text=False)
+            text = self._summary_text(selected, summary, others)
+            details = self._details_text(selected, summary)
         if self.summary.text() != text:
             self.summary.setText(text)
             self.summary.setVisible(bool(text))           # an empty header would keep its lines' height
+        self.details.set_text(details)
 
     def _frame_prefill(self, selected: RunRecord | None, runs: list[RunRecord]) -> None:
         """While the prompt's pass runs, the time axis holds still (a round span the bar grows into, the next
@@ -324,21 +331,33 @@ class TimingPanel(QWidget):
         text = " · ".join(t for t in (f"<b>#{run.number}</b> {escape(run.label)}", figures_text,
                                       escape(phase.words())) if t)
         if s.compiled_from_step:
-            how = "built earlier, read" if s.compile_loaded else "built"
-            built = (f", its graph {how} in {s.compile_ms / 1000:,.1f} s (not decode time)" if s.compile_ms else "")
-            text += f" · compiled from step {s.compiled_from_step:,}{built}"
-        if s.waited_ms:
-            text += (f" · {s.waited_ms / 1000:,.1f} s waiting (grey in the timeline) not counted; a step after a wait "
-                     "starts cold and is slower")
+            text += f" · compiled from step {s.compiled_from_step:,}"
+        if s.waited_ms >= WAIT_SAID_MS:
+            text += f" · {s.waited_ms / 1000:,.1f} s waiting (grey) not counted"
         comparison = compare(run, others[-1]) if others else ""
         if comparison:
             text += f"<br><b>{escape(comparison)}</b>"
         note = contention.busy_note(f.cpu_share)
         if note:
             text += f"<br><b>Note:</b> {escape(note)}" + (" (so far)" if phase.running else "")
-        if f.prefill_ms:
-            text += "<br>" + bounds_text(run, s, run.peaks)
         return text
+
+    def _details_text(self, run: RunRecord, s: RunSummary) -> str:
+        """What the header's figures rest on: the compiled graph's build, the waits, the ceilings and the achieved
+        FLOP/s, for who asks (the Details toggle)."""
+        if run.remote:
+            return ""
+        parts = []
+        if s.compiled_from_step and s.compile_ms:
+            how = "built earlier, read" if s.compile_loaded else "built"
+            parts.append(f"Compiled from step {s.compiled_from_step:,}: its graph {how} in "
+                         f"{s.compile_ms / 1000:,.1f} s (not decode time)")
+        if s.waited_ms >= WAIT_SAID_MS:
+            parts.append(f"{s.waited_ms / 1000:,.1f} s waiting (grey in the timeline) not counted; a step after a "
+                         "wait starts cold and is slower")
+        if figures(run).prefill_ms:
+            parts.append(bounds_text(run, s, run.peaks))
+        return "<br>".join(parts)
 
 
 def remote_summary(run: RunRecord, s) -> str:

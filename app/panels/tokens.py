@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QTextEdit, QVBoxLayout, QWidget
 
 from app import theme as th
@@ -24,6 +24,7 @@ from app.viewstate import ViewState
 
 MODES = ("phase", "latency", "probability")
 HINT = "Hover over or click a token to see its id, position, latency and candidates."
+WORKBENCH_LINES = 5              # the token stream shows at least this many lines of a reply in the workbench
 MODE_LABELS = {"phase": "Phase (prefill / decode)", "latency": "Step latency", "probability": "Probability"}
 
 
@@ -189,6 +190,11 @@ class TokensPanel(QWidget):
         font.setStyleHint(QFont.StyleHint.Monospace)
         font.setPointSizeF(theme.base_pt + 1.5)
         self.text.setFont(font)
+        # The workbench keeps room for a reply's first lines whatever else competes for the height (a 720p
+        # projector); a lecture scene sizes the stream itself.
+        lines = 2 if theme.lecture else WORKBENCH_LINES
+        margins = 2 * (self.text.document().documentMargin() + self.text.frameWidth())
+        self.text.setMinimumHeight(int(lines * QFontMetrics(font).lineSpacing() + margins))
         self._run_id = None
         self.refresh()
 

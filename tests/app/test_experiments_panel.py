@@ -101,7 +101,7 @@ def test_timing_panel_labels_measured_computed_and_achieved_figures(qtbot, windo
     run.peaks = QUIET_PEAKS                     # as if this machine had been measured quietly
     window.store.version += 1
     window.refresh(force=True)
-    text = window.timing.summary.text()
+    text = window.timing.details.text()
     assert "tok/s measured vs ceiling" in text and "tok/s</b> computed, bandwidth-bound (500.0 GB/s ÷" in text
     # prefill FLOP/s is the cost model's FLOPs over a measured time: "achieved", with the derivation shown
     assert "GFLOP/s achieved (" in text and "GFLOP computed ÷" in text

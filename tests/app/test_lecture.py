@@ -212,7 +212,7 @@ def test_a_stopping_line_goes_when_the_work_has_ended_and_a_line_said_after_it_s
     assert window.status.currentMessage() == "Run #2 stopped at token 3."
 
 
-def test_the_status_bar_names_the_loaded_model_without_why_and_the_model_label_keeps_it(qtbot, window):
+def test_the_status_bar_and_the_model_label_name_the_model_and_its_details_keep_why(qtbot, window):
     from app.routing import describe_loaded
 
     loaded = window.client.model
@@ -222,4 +222,58 @@ def test_the_status_bar_names_the_loaded_model_without_why_and_the_model_label_k
     said = window.status.currentMessage()
     assert said == describe_loaded(loaded, brief=True) and reason not in said and said.startswith(loaded.model.name)
     assert window.status.fontMetrics().horizontalAdvance(said) < 1280 - 40
-    assert reason in window.controls.model_status.text()
+    shown = window.controls.model_status.text()
+    assert shown == said and reason not in shown                # plain words first: name, size, dtype, device, load
+    details = window.controls.model_details
+    assert reason in details.text() and not details.label.isVisibleTo(window)      # behind the Details toggle
+    details.toggle.click()
+    assert details.label.isVisibleTo(window)
+
+
+def test_a_refused_r_is_said_only_while_the_work_that_refused_it_runs(qtbot, window):
+    from tests.app.screen_audit import Gate, let_go
+
+    window.lecture.enter("prefill")
+    gate = Gate(("decode", 2))
+    window.client.worker.session.fault_hook = gate
+    window.controls.max_tokens.setValue(6)
+    window.activateWindow()
+    press(qtbot, window, "R")                                # scene 1's run, held at decode step 2
+    qtbot.waitUntil(gate.reached.is_set, timeout=60_000)
+    press(qtbot, window, "R")                                # again, in the scene that started it: refused
+    assert "R is not available while a run is in progress (Ctrl+. stops it)" in window.scene_view.footer_text()
+    let_go(qtbot, window, gate)
+    assert "not available" not in window.scene_view.footer_text()          # the run ended: the reason went with it
+
+
+def test_r_in_another_scene_stops_the_run_started_elsewhere_and_starts_this_scenes(qtbot, window):
+    from tests.app.screen_audit import Gate
+
+    window.lecture.enter("prefill")
+    gate = Gate(("decode", 2))
+    window.client.worker.session.fault_hook = gate
+    window.controls.max_tokens.setValue(6)
+    window.activateWindow()
+    press(qtbot, window, "R")
+    qtbot.waitUntil(gate.reached.is_set, timeout=60_000)
+    first = window.store.current
+    window.lecture.show("kv")
+    window.client.worker.session.fault_hook = None
+    press(qtbot, window, "R")                                # the speaker moved on: scene 2's R takes over
+    assert "Stopping the run started elsewhere" in window.scene_view.footer_text()
+    gate.release()
+    qtbot.waitUntil(lambda: window.store.current is not first and window.store.current.finished
+                    and window.client.busy is None, timeout=60_000)
+    assert first.finished and first.n_steps < 6                       # stopped part-way
+    assert window.store.current.n_steps == 6 and "not available" not in window.scene_view.footer_text()
+
+
+@pytest.mark.parametrize("speed, said", [(0.0, False), (1000.0, True)], ids=["at once", "in time"])
+def test_a_replay_names_the_run_it_plays_only_when_it_plays_in_time(qtbot, window, lecture_trace, speed, said):
+    shown: list[str] = []
+    real = window.surface.show_status
+    window.surface.show_status = lambda text, ms=0: (shown.append(text), real(text, ms))
+    window.controller.replay_speed = speed
+    assert window.controller.open_traces([str(lecture_trace)])
+    wait_idle(qtbot, window)
+    assert any(text.startswith("Replaying run #") for text in shown) is said

@@ -71,7 +71,7 @@ def test_a_run_saved_from_the_window_replays_with_the_peaks_it_was_judged_with(q
     w.controls.max_tokens.setValue(4)
     run = run_and_wait(qtbot, w)
     assert run.peaks is w.store.peaks
-    live = w.timing.summary.text()
+    live = w.timing.details.text()
     assert "busy when its peaks were taken" in live
     w.files.save_trace(str(tmp_path / "run.kvscope.jsonl"))
     replayed = open_replayed(qtbot, tmp_path / "run.kvscope.jsonl", (1280, 720))
@@ -79,8 +79,8 @@ def test_a_run_saved_from_the_window_replays_with_the_peaks_it_was_judged_with(q
         again = replayed.store.find(replayed.state.selected)
         assert again.peaks is not None and again.peaks.cpu_share == 0.4
         replayed.refresh(force=True)
-        assert "busy when its peaks were taken" in replayed.timing.summary.text()
-        assert "were not measured" not in replayed.timing.summary.text()
+        assert "busy when its peaks were taken" in replayed.timing.details.text()
+        assert "were not measured" not in replayed.timing.details.text()
     finally:
         from tests.app.conftest import close_and_dispose
 

@@ -75,3 +75,19 @@ def test_a_candidates_leading_and_trailing_spaces_are_drawn_so_two_tokens_never_
 
     assert _label(" of") == "␣of" and _label("of") == "of" and _label("of ") == "of␣"
     assert _label("  ") == "␣␣" and _label("") == "▫" and _label("a b") == "a b"
+
+
+def test_typing_one_point_five_into_the_what_if_temperature_box_gives_one_point_five(qtbot, window):
+    from PySide6.QtCore import Qt
+
+    window.run_settings.update(max_new_tokens=3)
+    run_and_wait(qtbot, window)
+    panel = window.sampling
+    panel.what_if.setChecked(True)
+    box = panel.filters["temperature"]
+    box.setFocus()
+    box.selectAll()
+    qtbot.keyClicks(box, "1.5")            # each key writes the state, which the box follows back
+    qtbot.keyClick(box, Qt.Key.Key_Return)
+    assert box.value() == pytest.approx(1.5) and box.text() == "T 1.50"
+    assert window.state.what_if.temperature == pytest.approx(1.5)

@@ -228,7 +228,8 @@ def test_waiting_between_steps_is_drawn_apart_and_not_counted_as_decode(qtbot, w
     assert len(items.decode_bars.opts["x0"]) == run.n_steps - 1        # the decode bar is split at every wait
     s = run.summary()
     assert s.waited_ms >= 60 * (run.n_steps - 1) and s.decode_ms < s.waited_ms
-    assert "waiting (grey in the timeline) not counted" in window.timing.summary.text()
+    assert f"{s.waited_ms / 1000:,.1f} s waiting (grey) not counted" in window.timing.summary.text()
+    assert "waiting (grey in the timeline) not counted" in window.timing.details.text()
 
 
 def test_the_sampling_caption_and_bars_show_the_same_step_while_stepping(qtbot, window):
@@ -340,7 +341,8 @@ def test_a_compiled_run_starts_at_once_and_the_charts_mark_the_step_where_decode
     assert timeline_line.isVisible() and latency_line.value() == 3
     third = run.steps[3]
     assert timeline_line.value() == pytest.approx(third.t_ms - third.latency_ms)
-    assert "compiled from step 3, its graph built in" in window.timing.summary.text()
+    assert "compiled from step 3" in window.timing.summary.text()
+    assert "Compiled from step 3: its graph built in" in window.timing.details.text()
     window.controls.compile_box.setChecked(False)
     run_and_wait(qtbot, window)
     assert not timeline_line.isVisible() and not latency_line.isVisible()
