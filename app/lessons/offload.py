@@ -44,10 +44,10 @@ class OffloadView(LessonView):
         if predicted:
             self.chart.add(pg.BarGraphItem(x=[v + width / 2 for v, _ in predicted], height=[h for _, h in predicted],
                                            width=width, brush=th.FORMULA, pen=None), "predicted (computed)")
-        for v, p in zip(x, points):                # each measured bar's figure on top of it
+        for v, p in zip(x, points):                # each measured bar's figure over it, clear of the pair's taller
             label = pg.TextItem(f"{p.decode_tok_s:,.0f} tok/s", color=self.theme.foreground, anchor=(0.5, 1))
             label.setFont(self.theme.axis_font)
-            label.setPos(v - width / 2, p.decode_tok_s)
+            label.setPos(v - width / 2, max(p.decode_tok_s, p.predicted_decode_tok_s or 0.0))
             self.chart.add(label)
         self.plot.getAxis("bottom").setTicks([[(v, f"{v:,.0f}") for v in x], []])
         times = self._layer_times(record)

@@ -19,7 +19,7 @@ from app import theme as th
 from app.chart import Chart
 from app.glossary import tip
 from app.panels.details import Details
-from app.phase import PREFILL, decode_rate, figures, plural, prefill_passes, rate, run_phase
+from app.phase import PREFILL, decode_rate, figures, plural, rate, run_phase
 from app.store import RunRecord, RunStore
 from app.viewstate import MAIN, ViewState
 from engine.facts import contention
@@ -55,10 +55,8 @@ class _RunItems:
         self.ttft = pg.ScatterPlotItem(symbol="t", size=14, brush=th.CHOSEN, pen=None)
         # While the prompt's pass runs: its bar grows with the elapsed time, its edge moving, and says so.
         self.prefill_edge = pg.ScatterPlotItem(symbol="s", size=12, brush=th.PREFILL, pen=None)
-        self.prefill_words = pg.TextItem(anchor=(0, 0.5), color="#FFFFFF")      # on the bar, in white
-        self.prefill_words.setFont(panel.theme.axis_font)
         self.timeline_items = (self.prefill_bar, self.decode_bars, self.wait_bars, self.boundaries, self.ttft,
-                               self.prefill_edge, self.prefill_words)
+                               self.prefill_edge)
         for item in self.timeline_items:
             panel.timeline.add(item)
         self.panel = panel
@@ -87,12 +85,6 @@ class _RunItems:
         elif running:
             self.prefill_bar.setOpts(x0=[0.0], y=[row], width=[phase.elapsed_ms], height=0.6)
         self.prefill_edge.setData([phase.elapsed_ms] if running else [], [row] if running else [])
-        self.prefill_words.setVisible(running)
-        if running:                          # its time is the bar's length; the words say what it is, once
-            self.prefill_words.setText(f" prefill: {plural(run.prompt_tokens, 'prompt token')} "
-                                       f"{prefill_passes(run, forward=False)}")
-            self.prefill_words.setTextWidth(max(self.panel.timeline.plot.getViewBox().width() * 0.9, 60))
-            self.prefill_words.setPos(0.0, row)
         if n > 1:
             ends, starts = t[1:], t[1:] - lat[1:]
             waited = run.series["waited_ms"].values[1:]

@@ -36,10 +36,6 @@ KNOWN_OPEN = (
     # The workbench's fit at 1280x720 holds after a fresh arrangement but not in every phase of the walk (a dock's
     # content widens with the run); a lesson tab's chart is not whole on screen while its table and texts show.
     ("fits", r".", r"."),
-    # The running prefill's words sit on its growing bar and cross its end until the bar outgrows them; the
-    # offload lesson's value labels cross the predicted bar beside them.
-    ("crossed", r"timing|scene", r"^Timeline.*'prefill: .* drawn across a bar"),
-    ("crossed", r"tab offload|scene", r"tok/s' drawn across a bar"),
 )
 
 
