@@ -64,8 +64,12 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
     if r is None or not r.figures:
         return "press R to fill the cache to the model's whole context in steps, timing decode at each depth"
     last = r.figures[-1]
-    held = (f"the cache holds {kvformula.format_bytes(last.kv_bytes)} at {last.positions:,} positions (measured; "
-            f"{kvformula.format_bytes(r.full_context_bytes)} at the whole context, computed)")
+    # Two counts of one cache: the depth its steps were timed at, and the positions after those steps: the
+    # difference is named, not left for a reader to find beside the legend's depth.
+    added = (f", {last.positions - last.depth:,} of them added by the steps timed at {last.depth:,}"
+             if last.positions != last.depth else "")
+    held = (f"the cache holds {kvformula.format_bytes(last.kv_bytes)} at {last.positions:,} positions{added} "
+            f"(measured; {kvformula.format_bytes(r.full_context_bytes)} at the whole context, computed)")
     if r.slowdown is None:
         return f"{held}; decode {last.decode_ms:,.1f} ms a step there (measured)"
     first = r.figures[0]

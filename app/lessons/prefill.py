@@ -56,8 +56,9 @@ class PrefillView(LessonView):
         noisy = (f" The repeats of one length spread up to {r.largest_spread:.2f}x: the exponents are rough."
                  if r.noisy else "")
         return (f"<b>time ~ n<sup>{r.exponent:.2f}</sup></b> (measured fit); short prompts "
-                f"n<sup>{r.exponent_short:.2f}</sup>, long prompts n<sup>{r.exponent_long:.2f}</sup>. "
-                f"Doubling {r.doubled_from:,} → {r.doubled_to:,}: <b>{r.last_doubling_x:.1f}x</b> measured, "
+                f"n<sup>{r.exponent_short:.2f}</sup>, long prompts n<sup>{r.exponent_long:.2f}</sup> (a doubling "
+                f"{2 ** r.exponent_long:.1f}x by the fit). The last doubling alone, {r.doubled_from:,} → "
+                f"{r.doubled_to:,}: <b>{r.last_doubling_x:.1f}x</b> measured, "
                 f"{r.flops_doubling_x:.1f}x FLOPs (computed). Short prompts are dominated by reading the weights and "
                 "fixed per-pass costs, so time grows slower than n; as prompts grow, the 2&nbsp;×&nbsp;parameters "
                 "FLOPs per token (linear) and then attention's n² term take over and the exponent rises toward 1 "
@@ -98,8 +99,11 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
     r = record.result if record is not None else None
     if r is None or r.exponent is None:
         return "press R to time prefill for prompts of growing length"
-    return (f"prefill time ~ n^{r.exponent_long:.2f} for long prompts; {r.doubled_from:,} → {r.doubled_to:,} "
-            f"tokens took {r.last_doubling_x:.1f}x as long (FLOPs {r.flops_doubling_x:.1f}x, computed); the course's "
+    # The fit and the last doubling are two measures of one growth: the fit's own doubling (2^exponent) is said
+    # beside it, so "n^1.04" and "2.5x" are not left to disagree on screen.
+    return (f"prefill time ~ n^{r.exponent_long:.2f} for long prompts (fitted: {2 ** r.exponent_long:.1f}x a "
+            f"doubling); the last doubling alone, {r.doubled_from:,} → {r.doubled_to:,} tokens, took "
+            f"{r.last_doubling_x:.1f}x as long (FLOPs {r.flops_doubling_x:.1f}x, computed); the course's "
             f"{costmodel.course_doubling():.1f}x counts attention's n² alone, which a whole model's prompt of this "
             "length barely reaches: its weights' 2 FLOPs per parameter per token grow only linearly")
 

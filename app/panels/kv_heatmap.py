@@ -319,8 +319,9 @@ class KVHeatmapPanel(QWidget):
         self.boundary.setVisible(used > 0)
         decoded = max(used - n_prompt, 0)
         if used:
+            newest = " (the newest token not yet)" if newest_words(run, used) else ""
             parts = ([(th.REUSED, f"earlier turns (reused) {reused:,}")] if reused else []) + [
-                (th.PREFILL, f"prefill {n_prompt - reused:,}"), (th.DECODE, f"decode {decoded:,} positions")]
+                (th.PREFILL, f"prefill {n_prompt - reused:,}"), (th.DECODE, f"decode {decoded:,} positions{newest}")]
             caption = " &nbsp; ".join(f"<span style='color:{colour}'>■</span> {words}" for colour, words in parts)
         elif run.started.params.kv_cache and not run.finished:
             caption = "prefill running: the cache fills when the prompt's forward pass ends"
@@ -428,9 +429,9 @@ class KVHeatmapPanel(QWidget):
                          "expose: a sliding layer's keys and values are views into a larger buffer"
                          if storage and storage != held else "")
             parts = ("latent", "rope key") if kvformula.latent_layers(m) else ("K", "V")
-            measured = (f"<b>Measured</b> (read from the cache tensors): {fmt(held)} after {seen:,} positions "
-                        f"({parts[0]} {fmt(k_total)} + {parts[1]} {fmt(v_total)}; the bars per layer: "
-                        f"{escape(self.bars_key)}) {agree}{static}{allocated}")
+            measured = (f"<b>Measured</b> (read from the cache tensors): {fmt(held)} after {seen:,} positions"
+                        f"{newest_words(run, seen)} ({parts[0]} {fmt(k_total)} + {parts[1]} {fmt(v_total)}; the bars "
+                        f"per layer: {escape(self.bars_key)}) {agree}{static}{allocated}")
         if run_phase(run).released:
             measured += "<br><b>Released</b>: the run failed and its cache's memory was given back"
         held_now = held_line(run_phase(run))
@@ -450,6 +451,17 @@ class KVHeatmapPanel(QWidget):
                     f"{run.kv_allocated or seen:,} positions {fmt(predicted)}")
         return (head + f"<br>{escape(kvformula.heads_text(m))}{notes}<br>Devices: "
                 f"{escape(layer_ranges(m.layer_devices))} · dtype {escape(m.dtype)}")
+
+
+def newest_words(run: RunRecord, cached: int) -> str:
+    """The cache's positions against the run's tokens (the status strip's "context"): one fewer once decode has
+    begun, because the newest token is fed back only at the next step; said, so two counts of one context never
+    stand unexplained."""
+    s = run.summary(with_text=False)
+    tokens = s.reused_tokens + s.prompt_tokens + s.generated_tokens
+    if tokens == cached + 1:
+        return f" of the {tokens:,} tokens (the newest is not fed back yet)"
+    return ""
 
 
 def no_run_text(model: object) -> str:

@@ -98,8 +98,10 @@ class SamplingPanel(QWidget):
         self.reset.clicked.connect(self._as_it_ran)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(self.caption)
+        # The What-if controls above the words: under them, the row moved as the words re-wrapped at each value
+        # typed into its boxes.
         layout.addWidget(self.what_if_row)
+        layout.addWidget(self.caption)
         layout.addWidget(self.chart, 1)
         self._shown: tuple | None = None
         state.subscribe(lambda names: self._state_changed(names))

@@ -38,7 +38,7 @@ def test_prefill_sweep_fills_chart_table_and_explanation(qtbot, window):
     names = view.chart.legend_names()
     assert "prefill time (measured)" in names and "cost model, roofline (computed)" in names
     assert view.table.rowCount() == 4 and view.table.item(3, 0).text() == "128"
-    assert "time ~ n" in view.explain.text() and "Doubling 64 → 128" in view.explain.text()
+    assert "time ~ n" in view.explain.text() and "The last doubling alone, 64 → 128" in view.explain.text()
     assert view.progress.value() == view.progress.maximum()
 
 

@@ -91,3 +91,21 @@ def test_typing_one_point_five_into_the_what_if_temperature_box_gives_one_point_
     qtbot.keyClick(box, Qt.Key.Key_Return)
     assert box.value() == pytest.approx(1.5) and box.text() == "T 1.50"
     assert window.state.what_if.temperature == pytest.approx(1.5)
+
+
+def test_the_what_if_row_stays_put_while_its_words_rewrap(qtbot, window):
+    window.run_settings.update(max_new_tokens=3, temperature=0.8)
+    run_and_wait(qtbot, window)
+    window.resize(1280, 720)
+    window.docks["sampling"].raise_()
+    panel = window.sampling
+    panel.what_if.setChecked(True)
+    tops, lines = set(), set()
+    for temperature, top_k, top_p in ((1.0, 0, 1.0), (0.37, 3, 0.55), (1.0, 0, 1.0), (0.05, 1, 0.2)):
+        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+            panel.filters[name].setValue(value)
+        window.refresh(force=True)
+        qtbot.wait(20)
+        tops.add(panel.what_if_row.y())
+        lines.add(panel.caption.height())
+    assert len(lines) > 1 and len(tops) == 1            # the words re-wrapped; the row did not move
