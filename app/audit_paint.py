@@ -25,7 +25,7 @@ _UNIT_AFTER = re.compile(
     r"\s?(%|x\b|×|B\b|KiB|MiB|GiB|TiB|bytes?\b|bits?\b|ms\b|µs\b|s\b|min\b|h\b|tok/s|tokens?\b|positions?\b|"
     r"blocks?\b|layers?\b|steps?\b|requests?\b|heads?\b|runs?\b|turns?\b|GB/s|GFLOP|TFLOP|FLOP|per\b|of\b|"
     r"k\b|M\b|nats?\b|dims?\b|slots?\b|pages?\b|prompts?\b|users?\b)")
-_SIGN_BEFORE = re.compile(r"(#|\bstep |\blayer |\bT |\bk |\btop-k |\btop-p |\bp ?= ?|\bid |\bseed |\bx ?|/ ?|: ?1 ?:|"
+_SIGN_BEFORE = re.compile(r"(#|×|\bstep |\blayer |\bT |\bk |\btop-k |\btop-p |\bp ?= ?|\bid |\bseed |\bx ?|/ ?|: ?1 ?:|"
                           r"\bbatch |\brun |\bturn |\brequest |\bn ?= ?|\bv|\bQ|\bq|[A-Za-z]-?)$")
 
 
@@ -186,9 +186,10 @@ def scrolled_boxes(root: QWidget) -> list[str]:
                 out.append(f"{_name(area)} shows a {which} scroll bar")
         if isinstance(area, QTextEdit) and area.toPlainText().strip():
             height = area.document().size().height()
-            if height > area.viewport().height() + 1 and not area.verticalScrollBar().isVisible():
+            bar = area.verticalScrollBar()
+            if height > area.viewport().height() + 1 and not bar.isVisible() and bar.value() < bar.maximum():
                 out.append(f"{_name(area)}: its text is {height:.0f} px high in {area.viewport().height()} px, "
-                           "the last line cut")
+                           "the last line cut")       # (one that shows its newest lines shows its last line whole)
     return out
 
 

@@ -18,8 +18,10 @@ from html import escape, unescape
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont, QFontDatabase, QFontMetrics
 from PySide6.QtWidgets import (
+    QAbstractScrollArea,
     QBoxLayout,
     QDockWidget,
+    QGraphicsView,
     QGridLayout,
     QHBoxLayout,
     QLabel,
@@ -29,6 +31,7 @@ from PySide6.QtWidgets import (
     QSplitter,
     QStackedWidget,
     QTabWidget,
+    QTextEdit,
     QVBoxLayout,
     QWidget,
 )
@@ -126,9 +129,32 @@ class _Loan:
             elif isinstance(layout, QBoxLayout):
                 stretch = layout.stretch(index)
                 self._restore = lambda: layout.insertWidget(index, widget, stretch)
+        self._bars = self._hide_scroll_bars(widget)
+
+    @staticmethod
+    def _hide_scroll_bars(widget: QWidget) -> list[tuple[QAbstractScrollArea, Qt.ScrollBarPolicy,
+                                                            Qt.ScrollBarPolicy]]:
+        """A slide shows no scroll bars: each text box the panel holds shows its newest lines (the token stream's
+        reply, the chat's last turn), the scene gives it what room it has."""
+        kept = []
+        for area in widget.findChildren(QAbstractScrollArea):
+            if isinstance(area, QGraphicsView):
+                continue
+            kept.append((area, area.verticalScrollBarPolicy(), area.horizontalScrollBarPolicy()))
+            area.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+            area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+            if isinstance(area, QTextEdit):
+                area.verticalScrollBar().setValue(area.verticalScrollBar().maximum())
+        return kept
 
     def give_back(self) -> None:
         self._restore()
+        off = Qt.ScrollBarPolicy.ScrollBarAlwaysOff
+        for area, vertical, horizontal in self._bars:        # unless the panel set its own on leaving the scene
+            if area.verticalScrollBarPolicy() == off:
+                area.setVerticalScrollBarPolicy(vertical)
+            if area.horizontalScrollBarPolicy() == off:
+                area.setHorizontalScrollBarPolicy(horizontal)
         if self._show:
             self.widget.show()
 

@@ -35,6 +35,17 @@ class PagedView(LessonView):
         self.tree_chart = PrefixChart("The same blocks as a prefix tree (as a serving engine's are drawn)")
         self.tree_chart.setMinimumHeight(200)
         self.charts_layout.addWidget(self.tree_chart, 2)
+        self.share_labels: list[pg.TextItem] = []
+        self.plot.getViewBox().sigResized.connect(lambda *_: self._fit_share_labels())
+
+    def _fit_share_labels(self) -> None:
+        """A shared block's "×N" (how many requests hold it) is drawn inside its cell where the cell is large
+        enough to hold it, and not at all where it is not: across the cell's edge it read as belonging to the next
+        block (a 720p scene). The legend and the step's words say which blocks are shared."""
+        x_units, y_units = self.plot.getViewBox().viewPixelSize()
+        for label in self.share_labels:
+            box = label.textItem.boundingRect()
+            label.setVisible(box.width() * abs(x_units) <= 0.9 and box.height() * abs(y_units) <= 0.8)
 
     def style_charts(self, theme) -> None:
         super().style_charts(theme)
@@ -89,11 +100,14 @@ class PagedView(LessonView):
             if count:
                 self.chart.add(pg.BarGraphItem(x0=[start], y=[pool_row], width=[count], height=0.8, brush=colour,
                                                pen=None), "pool: kept for reuse" if name == "cached" else None)
+        self.share_labels = []
         for x, y, text in labels:
             label = pg.TextItem(text, color="#FFFFFF", anchor=(0, 0.5))
             label.setFont(self.theme.axis_font)
             label.setPos(x + 0.05, y)
             self.chart.add(label)
+            self.share_labels.append(label)
+        self._fit_share_labels()
         ticks = [(row, f"#{request}") for row, request in enumerate(table.running)]
         self.plot.getAxis("left").setTicks([ticks + [(pool_row, f"pool ({table.total_blocks:,} blocks)")], []])
         self.plot.invertY(True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.audit import AuditedView, read_view
+from app.audit import AuditedView, judge, read_view
 from app.course import BUDGET_BYTES, LECTURE, SUFFIX, course_lecture, lecture_plan, recordings
 from app.lecture_file import read_lecture
 from app.render import Renderer, RenderSettings, frame_count, missing_data, schedule
@@ -19,6 +19,7 @@ from engine import lessons as engine_lessons
 from engine.facts.events import ExperimentFinished, ExperimentStarted, RunFinished, RunStarted
 from engine.output.trace import read_trace, read_traces, recorded
 from tests.app.conftest import close_and_dispose, make_window
+from tests.app.screen_audit import known_open
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = RenderSettings(width=1280, height=720, fps=2, max_wait_s=1.0, lead_s=0.0, hold_s=1.0)
@@ -66,7 +67,7 @@ def test_every_lesson_a_scene_draws_declares_settings_for_the_course_that_its_ch
 
 
 @pytest.mark.parametrize("entry", SHIPPED, ids=[s.scene for s in SHIPPED])
-def test_each_shipped_scene_renders_from_its_data_on_its_traces_clock_never_still_for_a_second(
+def test_each_shipped_scene_renders_from_its_data_on_its_clock_never_still_and_keeps_the_screen_rules(
         qtbot, monkeypatch, tmp_path, entry):
     import app.render as render
 
@@ -85,9 +86,13 @@ def test_each_shipped_scene_renders_from_its_data_on_its_traces_clock_never_stil
     readings = []
     total = frame_count([plan], SETTINGS)
 
+    findings = []
+
     def progress(done: int, _total: int, _scene: str) -> None:
         if done == total:                                           # the final state, held
             readings.append(read_view(AuditedView("scene", lambda: window.scene_view, ""), window.scene_view))
+            # the screen audit's rules, painted ones included, on the rendered frame's window as it was grabbed
+            findings.extend(f for f in judge(window.audit.read(), window.known()) if not known_open(f))
 
     try:
         report = Renderer(window, SETTINGS, tmp_path / "scene.mp4", progress).render([entry])
@@ -104,6 +109,7 @@ def test_each_shipped_scene_renders_from_its_data_on_its_traces_clock_never_stil
     assert len(set(frames)) > len(frames) // 3                      # it moves: many distinct frames, not a few
     final = readings[0]
     assert not final.clipped and not [c for chart in final.charts for c in chart.clipped], final
+    assert not findings, findings
     assert recorded(traces[0]) in " ".join(final.texts)             # whose figures they are, on screen
 
 

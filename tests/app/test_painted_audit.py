@@ -109,7 +109,8 @@ def test_a_painted_number_without_its_unit_is_found(qtbot):
 @pytest.mark.parametrize("text, unitless", [
     ("1,536 (57%)", ["1,536"]), ("1,536 tokens (57%)", []), ("pool (34)", ["34"]), ("pool (34 blocks)", []),
     ("128 KiB", []), ("2.5x", []), ("#3 greedy", []), ("step 12", []), ("2,047 of 8,192", ["8,192"]),
-    ("2,047 of 8,192 positions", []), ("45.0 MiB", []), ("p = 0.91", []), ("T 1.50", []), ("Q4_K", [])])
+    ("2,047 of 8,192 positions", []), ("45.0 MiB", []), ("p = 0.91", []), ("T 1.50", []), ("Q4_K", []),
+    ("×4", [])])
 def test_unitless_numbers_are_the_ones_that_say_neither_unit_nor_what_they_count(text, unitless):
     assert unitless_numbers(text) == unitless
 
