@@ -8,6 +8,7 @@ import math
 from html import escape
 
 import pyqtgraph as pg
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont, QFontMetricsF
 
 from app import theme as th
@@ -138,6 +139,11 @@ class Chart(TimedGraphics):
         self.empty_text.setTextWidth(max(box.width() * 0.9, 80))
         x, y = box.viewRange()
         self.empty_text.setPos((x[0] + x[1]) / 2, (y[0] + y[1]) / 2)
+
+    def content_width(self) -> int:
+        """The width its title, legend and axes need (pyqtgraph's least width for them): given less, the view
+        cuts its right side off."""
+        return int(self.ci.effectiveSizeHint(Qt.SizeHint.MinimumSize).width()) + 1
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         super().resizeEvent(event)

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
+    QBoxLayout,
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
@@ -285,7 +286,10 @@ class LessonView(QWidget):
         layout.addWidget(self.charts, 1)
         layout.addWidget(self.explain)
         layout.addWidget(self.table)
+        self.rows: list[QBoxLayout] = []          # charts side by side that go one above the other when narrow
         self.build()
+        if self.charts_layout.direction() == QBoxLayout.Direction.LeftToRight:
+            self.rows.append(self.charts_layout)
         self._shown: object = _NOTHING_SHOWN
         self._drawn: object = _NOTHING_SHOWN     # what the charts were last drawn from
         self._styled = False                     # whether the charts wear ``self.theme`` (see ``set_theme``)
@@ -320,6 +324,23 @@ class LessonView(QWidget):
             widget.setVisible(not compact)
         for chart in self.findChildren(Chart):
             chart.set_title_visible(not compact)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self._stack_when_narrow()
+
+    def _stack_when_narrow(self) -> None:
+        """Charts a lesson sets side by side (``rows``: its chart layout turned left to right, or a row it
+        added) go one above the other where the panel is narrower than they need (a 560 px dock): side by side
+        there, each was cut at its right edge, an axis title's end with it."""
+        for layout in self.rows:
+            charts = [layout.itemAt(i).widget() for i in range(layout.count())]
+            shown = [chart for chart in charts if isinstance(chart, Chart) and not chart.isHidden()]
+            need = sum(chart.content_width() for chart in shown) + layout.spacing() * max(len(shown) - 1, 0)
+            wanted = (QBoxLayout.Direction.LeftToRight if self.charts.width() >= need
+                      else QBoxLayout.Direction.TopToBottom)
+            if layout.direction() != wanted:
+                layout.setDirection(wanted)
 
     def set_busy(self, busy: bool, mine: bool = False) -> None:
         self.run_button.setEnabled(not busy)

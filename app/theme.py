@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QFont, QFontMetricsF, QGuiApplication, QPalette
+from PySide6.QtGui import QColor, QFont, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
 PREFILL = "#0072B2"      # blue
@@ -158,38 +158,35 @@ def label_axis(axis: pg.AxisItem, label: str, unit: str | None, theme: Theme) ->
     fit_title(axis)
 
 
-TITLE_SHRINK = 0.85            # a title too long for its axis is first set this much smaller, then shortened
+TITLE_SHRINK = 0.85            # a title too long for its axis is first set this much smaller,
+TITLE_SHRINK_MOST = 0.75       # then smaller still, then shortened from its end
 
 
 def title_candidates(label: str, unit: str | None, pt: float) -> list[tuple[str, float]]:
     """The title as written, smaller, then shortened word by word from its end (the unit always kept): a title is
     never cut by its chart's edge ("rated (tokens)" was "tokens generated (tokens)" on a short axis)."""
-    out = [(label, pt), (label, pt * TITLE_SHRINK)]
+    out = [(label, pt), (label, pt * TITLE_SHRINK), (label, pt * TITLE_SHRINK_MOST)]
     words = label.split()
     for keep in range(len(words) - 1, 0, -1):
-        out.append((" ".join(words[:keep]).rstrip(",:;") + "…", pt * TITLE_SHRINK))
+        out.append((" ".join(words[:keep]).rstrip(",:;") + "…", pt * TITLE_SHRINK_MOST))
     return out
 
 
 def fit_title(axis: pg.AxisItem) -> None:
+    """The first of ``title_candidates`` that, drawn by the axis itself, fits the axis's length (the last if none
+    does); worked out again only when the length or the title changes."""
     label, unit, pt = axis.kv_title
     vertical = axis.orientation in ("left", "right")
-    room = axis.geometry().height() if vertical else axis.geometry().width()
-    chosen = title_candidates(label, unit, pt)[0]
-    if room > 0:
-        for text, size in title_candidates(label, unit, pt):
-            font = QFont()
-            font.setPointSizeF(size)
-            words = f"{text} ({unit})" if unit else text
-            if QFontMetricsF(font).horizontalAdvance(words) + 4 <= room:
-                chosen = (text, size)
-                break
-        else:
-            chosen = title_candidates(label, unit, pt)[-1]
-    if chosen == axis.kv_title_shown:
+    room = round(axis.geometry().height() if vertical else axis.geometry().width())
+    if axis.kv_title_shown is not None and axis.kv_title_shown[0] == room:
         return
-    axis.kv_title_shown = chosen
-    _set_title(axis, chosen[0], unit, chosen[1])
+    axis.kv_title_shown = (room, label)
+    candidates = title_candidates(label, unit, pt)
+    for text, size in candidates if room > 0 else candidates[:1]:
+        _set_title(axis, text, unit, size)
+        margin = axis.label.document().documentMargin()
+        if axis.label.boundingRect().width() - 2 * margin <= room:
+            return
 
 
 def _set_title(axis: pg.AxisItem, text: str, unit: str | None, pt: float) -> None:

@@ -40,6 +40,7 @@ class DisaggregationView(LessonView):
         bottom.addWidget(self.gaps_chart, 3)
         bottom.addWidget(self.cost_chart, 2)
         self.charts_layout.addLayout(bottom, 1)
+        self.rows.append(bottom)
 
     def set_compact(self, compact: bool) -> None:
         """In the scene the rows and the gaps carry the claim; the hand-over costs stay in the tab, where their

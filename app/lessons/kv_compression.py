@@ -63,6 +63,7 @@ class CompressionView(LessonView):
         bottom.addWidget(self.channel_chart, 2)
         self.charts_layout.addLayout(top, 5)
         self.charts_layout.addLayout(bottom, 3)
+        self.rows += [top, bottom]
         self.kept_image = pg.ImageItem(axisOrder="row-major")
         self.kept_image.setLookupTable(np.array([pg.mkColor(c).getRgb()[:3] for c in KEPT_COLOURS], dtype=np.uint8))
         self.kept_image.setLevels([0, 2])

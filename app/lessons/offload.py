@@ -16,6 +16,8 @@ from engine.facts import kvformula
 from engine.lessons import offload
 from engine.lessons.offload import OffloadResult, SplitPoint, split_line
 
+LABEL_ROOM = 1.3            # the value axis runs this far past the tallest bar: its figure is drawn over it
+
 
 class OffloadView(LessonView):
     lesson = offload.LESSON
@@ -49,6 +51,10 @@ class OffloadView(LessonView):
             label.setFont(self.theme.axis_font)
             label.setPos(v - width / 2, max(p.decode_tok_s, p.predicted_decode_tok_s or 0.0))
             self.chart.add(label)
+        # Room over the tallest bar for its figure: an invisible point the chart's own auto-range keeps in view
+        # (a range set here was undone when the chart left its empty state).
+        top = max(max(p.decode_tok_s, p.predicted_decode_tok_s or 0.0) for p in points)
+        self.chart.add(pg.ScatterPlotItem([x[0]], [top * LABEL_ROOM], size=0, pen=None, brush=None))
         self.plot.getAxis("bottom").setTicks([[(v, f"{v:,.0f}") for v in x], []])
         times = self._layer_times(record)
         if times:

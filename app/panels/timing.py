@@ -156,14 +156,10 @@ class TimingPanel(QWidget):
         self.timeline.add(self.compiled_lines[0])
         self.latency.add(self.compiled_lines[1])
         self.charts = QWidget()
-        grid = QGridLayout(self.charts)
-        grid.setContentsMargins(0, 0, 0, 0)
-        grid.addWidget(self.timeline, 0, 0, 1, 2)
-        grid.addWidget(self.latency, 1, 0)
-        grid.addWidget(self.rate, 1, 1)
-        grid.addWidget(self.cumulative, 2, 0, 1, 2)
-        for row, stretch in enumerate((3, 2, 2)):          # the timeline, where runs are told apart, gets most
-            grid.setRowStretch(row, stretch)
+        self.grid = QGridLayout(self.charts)
+        self.grid.setContentsMargins(0, 0, 0, 0)
+        self._paired: bool | None = None
+        self._place_charts(paired=True)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -175,6 +171,28 @@ class TimingPanel(QWidget):
         self._items: dict[str, _RunItems] = {}
         self._shown: tuple | None = None
         self.set_theme(self.theme)
+
+    def _place_charts(self, paired: bool) -> None:
+        """The timeline on top (the most height: runs are told apart there); latency and throughput side by side
+        (``paired``), or one above the other where the panel is narrower than the two need (at 720p the right one
+        was cut, its axis title with it); tokens against time last."""
+        if paired == self._paired:
+            return
+        self._paired = paired
+        grid = self.grid
+        for chart in (self.timeline, self.latency, self.rate, self.cumulative):
+            grid.removeWidget(chart)
+        grid.addWidget(self.timeline, 0, 0, 1, 2)
+        grid.addWidget(self.latency, 1, 0, 1, 1 if paired else 2)
+        grid.addWidget(self.rate, 1 if paired else 2, 1 if paired else 0, 1, 1 if paired else 2)
+        grid.addWidget(self.cumulative, 2 if paired else 3, 0, 1, 2)
+        for row, stretch in enumerate((3, 2, 2, 0 if paired else 2)):
+            grid.setRowStretch(row, stretch)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        need = self.latency.content_width() + self.rate.content_width() + self.grid.horizontalSpacing()
+        self._place_charts(paired=self.charts.width() >= need)
 
     def set_theme(self, theme: th.Theme) -> None:
         self.theme = theme

@@ -145,3 +145,20 @@ def test_the_rules_turn_painted_faults_into_findings_only_where_they_apply():
     in_scene = audit.judge([reading], audit.Known(run_phase(None), figures(None), scene="kv"))
     assert sorted(f.rule for f in in_scene) == ["scroll bar", UNIT]
     assert isinstance(known.phase, RunPhase)
+
+
+def test_a_title_too_long_for_its_axis_is_set_smaller_then_shortened_never_cut(qtbot):
+    from app import theme as th
+
+    widget, plot = chart(qtbot, size=(400, 300))
+    axis = plot.getAxis("left")
+    th.label_axis(axis, "tokens generated so far in this run", "tokens", th.current_theme(False))
+    qtbot.wait(20)
+    assert axis.labelText == "tokens generated so far in this run"            # room for all of it
+    widget.resize(400, 110)
+    qtbot.wait(50)
+    assert not [f for f in faults(qtbot, widget, plot) if f[0] == CUT]
+    assert axis.labelText.endswith("…") and axis.labelUnits == "tokens"       # shortened, its unit kept
+    widget.resize(400, 300)
+    qtbot.wait(50)
+    assert axis.labelText == "tokens generated so far in this run"            # and whole again with room

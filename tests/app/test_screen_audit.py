@@ -13,6 +13,6 @@ def test_every_view_keeps_the_screen_rules_in_every_phase_at_three_sizes(qtbot, 
     walk = walk_everything(qtbot, tiny_model_dir, tmp_path, monkeypatch, lecture_trace)
     print()
     print(walk.table())
-    opened = sorted({f"{f.view} · {f.rule}: {f.detail[:100]}" for _phase, _where, f in walk.open_findings})
+    opened = sorted({f"{f.view} · {f.rule}: {f.detail[:240]}" for _phase, _where, f in walk.open_findings})
     print(f"\nKnown open ({len(opened)} distinct, see KNOWN_OPEN):\n" + "\n".join(opened))
     assert not walk.findings, "\n" + walk.report()
