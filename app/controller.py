@@ -207,11 +207,12 @@ class Controller:
         self.surface.show_experiment(kind)
         return True
 
-    def open_traces(self, paths: list[str]) -> bool:
+    def open_traces(self, paths: list[str], quiet: bool = False) -> bool:
+        """``quiet``: a lecture's traces, replayed behind its first slide: no run of them is named there."""
         if self._refused("Opening a trace", needs_model=False):
             return False
         self.begin_replay()
-        self.activity.replay_at_once = self.replay_speed <= 0.0
+        self.activity.replay_quiet = quiet
         self.client.submit(rq.Replay(tuple(paths), self.replay_speed))
         self._busy_changed()
         return True

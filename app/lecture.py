@@ -115,7 +115,7 @@ class Lecture:
         traces = list(dict.fromkeys(str(t) for entry in plan for t in entry.traces))
         previous, self.controller.replay_speed = self.controller.replay_speed, 0.0
         try:
-            if not self.controller.open_traces(traces):
+            if not self.controller.open_traces(traces, quiet=True):
                 return False
         finally:
             self.controller.replay_speed = previous

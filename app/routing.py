@@ -61,7 +61,7 @@ class Activity:
 
     loading: rq.Load | None = None
     replaying: bool = False
-    replay_at_once: bool = False        # a replay with no timing (a lecture file's traces): nothing to watch play
+    replay_quiet: bool = False          # a lecture's traces replayed behind its first slide: no run named there
     steering_next: str = ""
     load_failed: str = ""
     queued: Callable[[], None] | None = None
@@ -148,9 +148,9 @@ class EventRouter:
         else:
             reason = "replay" if self.activity.replaying else "newest run"
         self.state.select(event.run_id, reason)
-        if self.activity.replaying and not self.activity.replay_at_once:
-            # A run replayed in time is being watched; one among a course's traces, replayed at once, is not
-            # what its first slide is about ("Replaying run #17" stood under the title scene).
+        if self.activity.replaying and not self.activity.replay_quiet:
+            # One run among a lecture's traces is not what its first slide is about ("Replaying run #17" stood
+            # under the course's title scene); a trace the user opened is named, another model's said so.
             loaded = self.client.model.model.name if self.client.model else None
             other = f" (not the loaded model, {loaded})" if loaded and loaded != event.model.name else ""
             self.surface.show_status(f"Replaying run #{record.number}, recorded with {event.model.name} on "

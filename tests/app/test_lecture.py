@@ -268,12 +268,20 @@ def test_r_in_another_scene_stops_the_run_started_elsewhere_and_starts_this_scen
     assert window.store.current.n_steps == 6 and "not available" not in window.scene_view.footer_text()
 
 
-@pytest.mark.parametrize("speed, said", [(0.0, False), (1000.0, True)], ids=["at once", "in time"])
-def test_a_replay_names_the_run_it_plays_only_when_it_plays_in_time(qtbot, window, lecture_trace, speed, said):
+def test_a_lecture_names_no_run_of_its_traces_and_an_opened_trace_names_its_run(qtbot, window, lecture_trace,
+                                                                               tmp_path):
+    from app.lecture_file import LectureScene, write_lecture
+
     shown: list[str] = []
     real = window.surface.show_status
     window.surface.show_status = lambda text, ms=0: (shown.append(text), real(text, ms))
-    window.controller.replay_speed = speed
+    window.controller.replay_speed = 0.0
     assert window.controller.open_traces([str(lecture_trace)])
     wait_idle(qtbot, window)
-    assert any(text.startswith("Replaying run #") for text in shown) is said
+    assert any(text.startswith("Replaying run #") for text in shown)             # a trace the user opened
+    window.lecture.leave()
+    shown.clear()
+    path = write_lecture(tmp_path / "talk.kvscope-lecture.json", [LectureScene("prefill", (lecture_trace,))])
+    assert window.lecture.present(str(path))
+    wait_idle(qtbot, window)
+    assert not any(text.startswith("Replaying run #") for text in shown)         # behind a lecture's first slide
