@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QScrollArea,
+    QSizePolicy,
     QStackedWidget,
     QTabBar,
     QVBoxLayout,
@@ -241,6 +242,11 @@ class MainWindow(QMainWindow):
         self.menuBar().setVisible(not lecture)
         self.status.set_lecture(lecture)
         self.stack.setCurrentWidget(self.scene_view if lecture else self.workbench)
+        # The page not shown asks for no room: a stack's least size is its largest page's, and the scene's footer,
+        # once shown, held the workbench's centre 671 px wide, squeezing the controls dock to 190 px at 1280x720.
+        for page in (self.workbench, self.scene_view):
+            policy = QSizePolicy.Policy.Preferred if page is self.stack.currentWidget() else QSizePolicy.Policy.Ignored
+            page.setSizePolicy(policy, policy)
         if lecture:
             for dock in self.docks.values():
                 dock.hide()
