@@ -152,6 +152,10 @@ def start(window: MainWindow, args: argparse.Namespace) -> None:
         set_replay_speed(window.controller, window.actions_by_name, max(args.speed, 0.0))
         QTimer.singleShot(0, lambda: window.files.open_trace(*traces, scene=args.scene))
     if not traces and not args.no_load:
+        gone = None if args.model or args.server else window.controls.forget_missing_model()
+        if gone:
+            window.surface.show_warning(f"The model last used, {gone}, is no longer there: loading the built-in "
+                                        "model instead (Model > Source, Folder… or .gguf… picks another).")
         request = window.controller.model_choice.asked
         request = replace(request, model=args.server or args.model or request.model,
                           device=args.device or request.device, dtype=args.dtype or request.dtype)

@@ -9,6 +9,8 @@ engine's ``GenerationParams`` checks again, so what reaches the engine is what t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -383,6 +385,16 @@ class ControlsPanel(QWidget):
         path, _ = QFileDialog.getOpenFileName(self, "GGUF model file", "", "GGUF models (*.gguf)")
         if path:
             self._set_model(path)
+
+    def forget_missing_model(self) -> str | None:
+        """The remembered model, if it is a local path that is no longer there (a folder deleted, a disk not
+        mounted): the built-in model is chosen instead, and the path returned to say so. None: nothing changed."""
+        remembered = self.model_box.currentText().strip()
+        path = Path(remembered).expanduser()
+        if not remembered.startswith(("/", "~", ".")) or path.exists():
+            return None
+        self._set_model(shape_of(LoadSettings, "model").default)
+        return remembered
 
     def _set_model(self, text: str) -> None:
         if self.model_box.findText(text) < 0:

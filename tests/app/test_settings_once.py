@@ -202,3 +202,30 @@ def test_the_load_settings_say_the_same_in_the_cli_and_controls_and_share_one_de
         p.parse_args(["--deadline", str(deadline.span.high + 1)])
     assert "out of range" in capsys.readouterr().err
     assert [c.device_box.itemText(i) for i in range(c.device_box.count())] == list(flags["device"].choices)
+
+
+@pytest.mark.parametrize("remembered, kept", [("deleted-model", False), ("here", True),
+                                              ("HuggingFaceTB/SmolLM2-360M-Instruct", True)])
+def test_a_remembered_model_folder_that_is_gone_gives_way_to_the_built_in_one_and_says_so(
+        qtbot, monkeypatch, tmp_path, remembered, kept):
+    from app.main import build, parse_args, start
+    from tests.app.conftest import close_and_dispose
+
+    (tmp_path / "here").mkdir()
+    source = remembered if "/" in remembered else str(tmp_path / remembered)
+    _app, window = build(parse_args(["--no-load"]))
+    window.show()
+    try:
+        window.controls._set_model(source)                          # as the settings file restored it
+        asked = []
+        monkeypatch.setattr(window.controller, "load_model", lambda request=None: asked.append(request))
+        start(window, parse_args([]))
+        qtbot.waitUntil(lambda: bool(asked))
+        if kept:
+            assert asked[0].model == source and not window.banner.isVisible()
+        else:
+            assert asked[0].model == "embedded" and window.controls.model_box.currentText() == "embedded"
+            assert window.banner.isVisible() and source in window.banner.label.text()
+            assert "loading the built-in model instead" in window.banner.label.text()
+    finally:
+        close_and_dispose(window)
