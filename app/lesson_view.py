@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
+    QAbstractScrollArea,
     QBoxLayout,
     QComboBox,
     QDoubleSpinBox,
@@ -337,10 +338,20 @@ class LessonView(QWidget):
             charts = [layout.itemAt(i).widget() for i in range(layout.count())]
             shown = [chart for chart in charts if isinstance(chart, Chart) and not chart.isHidden()]
             need = sum(chart.content_width() for chart in shown) + layout.spacing() * max(len(shown) - 1, 0)
-            wanted = (QBoxLayout.Direction.LeftToRight if self.charts.width() >= need
+            wanted = (QBoxLayout.Direction.LeftToRight if self._room() >= need
                       else QBoxLayout.Direction.TopToBottom)
             if layout.direction() != wanted:
                 layout.setDirection(wanted)
+
+    def _room(self) -> int:
+        """The charts' width, or less where a scroll area (the dock) shows less of the panel: side by side, their
+        least widths held the panel wider than the dock, which then scrolled instead of stacking them."""
+        area = self.parentWidget()
+        while area is not None and not isinstance(area, QAbstractScrollArea):
+            area = area.parentWidget()
+        if area is None:
+            return self.charts.width()
+        return min(self.charts.width(), area.viewport().width() - (self.width() - self.charts.width()))
 
     def set_busy(self, busy: bool, mine: bool = False) -> None:
         self.run_button.setEnabled(not busy)

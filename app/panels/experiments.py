@@ -4,7 +4,7 @@ order. The tabs are the lessons' own widgets; this panel only holds them."""
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QTabWidget
+from PySide6.QtWidgets import QSizePolicy, QTabWidget
 
 from app import lessons
 from app import theme as th
@@ -24,6 +24,15 @@ class ExperimentsPanel(QTabWidget):
             self.addTab(view, view.lesson.title)
             view.run_requested.connect(self.run_requested)
             view.cancel_requested.connect(self.cancel_requested)
+        self.currentChanged.connect(lambda _index: self._size_by_current())
+        self._size_by_current()
+
+    def _size_by_current(self) -> None:
+        """Only the lesson shown asks for room: the tabs' least size is their largest page's, and one lesson's
+        charts side by side (each with its legend) held every tab wider than the dock, its chart scrolled off."""
+        for view in self.views.values():
+            policy = QSizePolicy.Policy.Preferred if view is self.currentWidget() else QSizePolicy.Policy.Ignored
+            view.setSizePolicy(policy, policy)
 
     @property
     def current(self) -> LessonView:
