@@ -252,7 +252,7 @@ def read_charts(view: pg.GraphicsView) -> list[ChartReading]:
         area = plot.getViewBox().sceneBoundingRect()
         corner = view.mapFromScene(area.topLeft())
         where = QRect(view.viewport().mapTo(view.window(), corner), QSize(int(area.width()), int(area.height())))
-        out.append(dataclasses.replace(reading, painted=tuple(paint.painted_faults(plot, visible, bars)),
+        out.append(dataclasses.replace(reading, painted=tuple(paint.painted_faults(plot, visible)),
                                        area=(int(area.width()), int(area.height())),
                                        seen=on_screen_px.contains(where.adjusted(1, 1, -1, -1))))
     overlaps = overlapping_words([*plots, *bars])

@@ -26,7 +26,7 @@ _UNIT_AFTER = re.compile(
     r"blocks?\b|layers?\b|steps?\b|requests?\b|heads?\b|runs?\b|turns?\b|GB/s|GFLOP|TFLOP|FLOP|per\b|of\b|"
     r"k\b|M\b|nats?\b|dims?\b|slots?\b|pages?\b|prompts?\b|users?\b)")
 _SIGN_BEFORE = re.compile(r"(#|×|\bstep |\blayer |\bT |\bk |\btop-k |\btop-p |\bp ?= ?|\bid |\bseed |\bx ?|/ ?|: ?1 ?:|"
-                          r"\bbatch |\brun |\bturn |\brequest |\bn ?= ?|\bv|\bQ|\bq|[A-Za-z]-?)$")
+                          r"\bbatch |\brun |\bturn |\brequest |\bn ?= ?|[A-Za-z]-)$")
 
 
 def unitless_numbers(text: str) -> list[str]:
@@ -90,16 +90,17 @@ def axis_titles(plot: pg.PlotItem) -> list[tuple[str, pg.AxisItem, QRectF]]:
     return out
 
 
+def _overlap(a: QRectF, b: QRectF) -> bool:
+    common = a.intersected(b)
+    return common.width() > SLACK_PX and common.height() > SLACK_PX
+
+
 def _crosses(text: QRectF, mark: QRectF) -> bool:
     """Part of ``text`` lies on ``mark`` and part off it: a label inside its bar, or clear of it, is fine."""
-    common = text.intersected(mark)
-    if common.width() <= SLACK_PX or common.height() <= SLACK_PX:
-        return False
-    inside = mark.adjusted(-SLACK_PX, -SLACK_PX, SLACK_PX, SLACK_PX).contains(text)
-    return not inside
+    return _overlap(text, mark) and not mark.adjusted(-SLACK_PX, -SLACK_PX, SLACK_PX, SLACK_PX).contains(text)
 
 
-def painted_faults(plot: pg.PlotItem, visible: QRectF, bars: list[pg.ColorBarItem] = ()) -> list[tuple[str, str]]:
+def painted_faults(plot: pg.PlotItem, visible: QRectF) -> list[tuple[str, str]]:
     """(rule, detail) for what one chart paints wrong: a value label across a bar or over tick labels, tick labels
     over each other, an axis title longer than its axis or outside the view, a legend marker beside no label,
     a painted number without its unit. ``visible``: the part of the scene its view shows."""
@@ -107,27 +108,23 @@ def painted_faults(plot: pg.PlotItem, visible: QRectF, bars: list[pg.ColorBarIte
     out: list[tuple[str, str]] = []
     labels = value_labels(box)
     marks = bar_rects(box)
-    ticks = [t for side in ("bottom", "left", "top", "right") if side in plot.axes
-             for t in tick_labels(plot.getAxis(side))]
+    printed = {side: tick_labels(plot.getAxis(side)) for side in ("bottom", "left", "top", "right")
+               if side in plot.axes}
+    ticks = [tick for side_ticks in printed.values() for tick in side_ticks]
     for text, rect in labels:
         for mark in marks:
             if _crosses(rect, mark):
                 out.append((CROSSED, f"{text[:40]!r} drawn across a bar"))
                 break
         for tick, tick_rect in ticks:
-            common = rect.intersected(tick_rect)
-            if common.width() > SLACK_PX and common.height() > SLACK_PX:
+            if _overlap(rect, tick_rect):
                 out.append((CROSSED, f"{text[:40]!r} drawn over the tick label {tick!r}"))
                 break
         for number in unitless_numbers(text):
             out.append((UNIT, f"{number!r} in {text[:60]!r} has no unit"))
-    for side in ("bottom", "left", "top", "right"):
-        if side not in plot.axes:
-            continue
-        printed = tick_labels(plot.getAxis(side))
-        for i, (tick, rect) in enumerate(printed):
-            clash = next((other for other, r in printed[i + 1:] if rect.intersected(r).width() > SLACK_PX
-                          and rect.intersected(r).height() > SLACK_PX), None)
+    for side, side_ticks in printed.items():
+        for i, (tick, rect) in enumerate(side_ticks):
+            clash = next((other for other, r in side_ticks[i + 1:] if _overlap(rect, r)), None)
             if clash is not None:
                 out.append((CROSSED, f"{side} axis: tick labels {tick!r} and {clash!r} drawn over each other"))
                 break

@@ -235,41 +235,33 @@ def label_offsets(points: list[tuple[float, float]], sizes: list[tuple[float, fl
     return anchors
 
 
-def spaced_step(count: int, room_px: float, gap_px: float) -> int:
-    """Every how many of ``count`` evenly spaced labels one is printed so that, over ``room_px``, printed ones are
-    at least ``gap_px`` apart: 1, 2, 5, 10, 20, ... or a tenth of the count, whichever is larger."""
-    least = max(1, count // 10)
-    if count <= 1 or room_px <= 0:
-        return max(least, count)
-    for step in (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000):
-        if step >= least and room_px * step / count >= gap_px:
-            return step
-    return count
-
-
-def fit_ticks(axis: pg.AxisItem, ticks: list[tuple[float, str]]) -> None:
-    """Explicit tick labels along a horizontal axis, every k-th one printed so that none is drawn over the next
-    whatever the chart's width (re-chosen as the axis resizes or its range changes)."""
-    axis.kv_ticks = ticks
+def fit_ticks(axis: pg.AxisItem, ticks: list[tuple[float, str]], most: int | None = None) -> None:
+    """Explicit tick labels, every k-th one printed so that none is drawn over the next (along a horizontal axis
+    their widths, along a vertical one a line and a half) whatever the chart's size, and no more than ``most``;
+    chosen again as the axis resizes or its range changes."""
+    axis.kv_ticks = (ticks, most)
     if not getattr(axis, "kv_fits_ticks", False):
         axis.kv_fits_ticks = True
         axis.geometryChanged.connect(lambda: _thin_ticks(axis))
-        if axis.linkedView() is not None:
-            axis.linkedView().sigXRangeChanged.connect(lambda *_: _thin_ticks(axis))
+        view = axis.linkedView()
+        if view is not None:
+            changed = view.sigYRangeChanged if axis.orientation in ("left", "right") else view.sigXRangeChanged
+            changed.connect(lambda *_: _thin_ticks(axis))
     _thin_ticks(axis)
 
 
 def _thin_ticks(axis: pg.AxisItem) -> None:
-    ticks = axis.kv_ticks
+    ticks, most = axis.kv_ticks
+    vertical = axis.orientation in ("left", "right")
     low, high = axis.range
-    width = axis.geometry().width()
-    font = axis.style.get("tickFont") or QFont()
-    metrics = QFontMetricsF(font)
-    step = 1
-    if len(ticks) > 1 and high > low and width > 0:
-        widest = max(metrics.horizontalAdvance(text) for _v, text in ticks) + 10
-        spacing = min(b[0] - a[0] for a, b in zip(ticks, ticks[1:])) * width / (high - low)
-        step = max(1, math.ceil(widest / max(spacing, 1e-9)))
+    length = axis.geometry().height() if vertical else axis.geometry().width()
+    step = max(1, math.ceil(len(ticks) / most)) if most else 1
+    if len(ticks) > 1 and high > low and length > 0:
+        metrics = QFontMetricsF(axis.style.get("tickFont") or QFont())
+        room = (1.5 * metrics.height() if vertical
+                else max(metrics.horizontalAdvance(text) for _v, text in ticks) + 10)
+        spacing = min(abs(b[0] - a[0]) for a, b in zip(ticks, ticks[1:])) * length / (high - low)
+        step = max(step, math.ceil(room / max(spacing, 1e-9)))
     axis.setTicks([ticks[::step], []])
 
 

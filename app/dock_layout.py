@@ -82,7 +82,7 @@ class DockLayout(QObject):
         were shared out again by the window's layout (the controls dock ended 150 px wide at 1280x720)."""
         if self.compact is None or self.paused():
             return
-        self.compact = is_compact(self.window.width(), self.window.height())
+        self.compact = self._wanted()
         self._timer.start()
 
     def restore(self, state: QByteArray | None, own: bool) -> None:
@@ -90,7 +90,7 @@ class DockLayout(QObject):
         if own and isinstance(state, QByteArray) and self._restore_state(state):
             self.compact = None
             return
-        self.compact = is_compact(self.window.width(), self.window.height())
+        self.compact = self._wanted()
         self.follow_size()
 
     def restore_after_scene(self, state: QByteArray | None, default: QByteArray) -> None:
@@ -100,7 +100,7 @@ class DockLayout(QObject):
         if state is None or not self._restore_state(state):
             self._restore_state(default)
         if not own:
-            self.arrange(is_compact(self.window.width(), self.window.height()))
+            self.arrange(self._wanted())
 
     def reset(self, default: QByteArray) -> None:
         """Every panel back in its dock, floating ones included, arranged for the window's size."""
@@ -108,12 +108,15 @@ class DockLayout(QObject):
             dock.setFloating(False)
             dock.show()
         self._restore_state(default)
-        self.arrange(is_compact(self.window.width(), self.window.height()))
+        self.arrange(self._wanted())
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt override)
         if watched is self.window and event.type() in (QEvent.Type.Resize, QEvent.Type.Show):
             self.follow_size()          # a show too: dock sizes given before the window is on screen do not hold
         return False
+
+    def _wanted(self) -> bool:
+        return is_compact(self.window.width(), self.window.height())
 
     def _restore_state(self, state: QByteArray) -> bool:
         self._arranging = True
@@ -124,7 +127,7 @@ class DockLayout(QObject):
 
     def _arrange_for_size(self) -> None:
         if self.compact is not None and not self.paused():
-            self.arrange(is_compact(self.window.width(), self.window.height()))
+            self.arrange(self._wanted())
 
     def _user_moved(self, *_args) -> None:
         if not self._arranging and not self.paused():

@@ -227,7 +227,7 @@ def describe_loaded(loaded: ModelLoaded, brief: bool = False) -> str:
 
 def loaded_reasons(loaded: ModelLoaded) -> str:
     """Why the model runs as it does (its dtype, its kernels): the details behind ``describe_loaded``'s line."""
-    reason = getattr(loaded, "dtype_reason", "")
+    reason = loaded.dtype_reason
     return f"Why {loaded.model.weights or loaded.model.dtype}: {reason}" if reason and reason != "chosen" else ""
 
 

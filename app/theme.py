@@ -151,7 +151,7 @@ def label_axis(axis: pg.AxisItem, label: str, unit: str | None, theme: Theme) ->
     """Quantity and unit, with plain numbers: memory is in binary units and counts are counts, never
     "ktokens". The title fits its axis whatever the chart's size (``fit_title``)."""
     axis.kv_title = (label, unit, theme.base_pt)
-    axis.kv_title_shown = None
+    axis.kv_title_room = None                   # the axis length the title was last fitted to
     if not getattr(axis, "kv_fits_title", False):
         axis.kv_fits_title = True
         axis.geometryChanged.connect(lambda: fit_title(axis))
@@ -178,9 +178,9 @@ def fit_title(axis: pg.AxisItem) -> None:
     label, unit, pt = axis.kv_title
     vertical = axis.orientation in ("left", "right")
     room = round(axis.geometry().height() if vertical else axis.geometry().width())
-    if axis.kv_title_shown is not None and axis.kv_title_shown[0] == room:
+    if axis.kv_title_room == room:
         return
-    axis.kv_title_shown = (room, label)
+    axis.kv_title_room = room
     candidates = title_candidates(label, unit, pt)
     for text, size in candidates if room > 0 else candidates[:1]:
         _set_title(axis, text, unit, size)

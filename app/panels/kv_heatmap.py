@@ -12,7 +12,7 @@ from html import escape
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QFontMetricsF, QPen
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPen
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme as th
-from app.chart import spaced_step
+from app.chart import fit_ticks
 from app.glossary import tip
 from app.paint import TimedGraphics
 from app.phase import held_line, run_phase
@@ -102,8 +102,6 @@ class KVHeatmapPanel(QWidget):
         self.plot: pg.PlotItem = self.graphics.add_plot(0, 0)
         self._x_words = X_WORDS[0]
         self.plot.getViewBox().sigResized.connect(lambda *_: self._fit_x_label())
-        self.plot.getViewBox().sigResized.connect(lambda *_: self._layer_ticks())
-        self._layers = 0
         self.empty = QGraphicsRectItem()
         self.empty.setPen(QPen(Qt.PenStyle.NoPen))
         self.plot.addItem(self.empty)
@@ -318,10 +316,11 @@ class KVHeatmapPanel(QWidget):
         self.boundary.setValue(n_prompt)
         self.boundary.setVisible(used > 0)
         decoded = max(used - n_prompt, 0)
+        newest = newest_words(run, used)
         if used:
-            newest = " (the newest token not yet)" if newest_words(run, used) else ""
+            pending = " (the newest token not yet)" if newest else ""
             parts = ([(th.REUSED, f"earlier turns (reused) {reused:,}")] if reused else []) + [
-                (th.PREFILL, f"prefill {n_prompt - reused:,}"), (th.DECODE, f"decode {decoded:,} positions{newest}")]
+                (th.PREFILL, f"prefill {n_prompt - reused:,}"), (th.DECODE, f"decode {decoded:,} positions{pending}")]
             caption = " &nbsp; ".join(f"<span style='color:{colour}'>■</span> {words}" for colour, words in parts)
         elif run.started.params.kv_cache and not run.finished:
             caption = "prefill running: the cache fills when the prompt's forward pass ends"
@@ -331,22 +330,11 @@ class KVHeatmapPanel(QWidget):
             caption = "KV cache off: nothing is held; every step recomputes all positions"
         if self.strip_label.text() != caption:
             self.strip_label.setText(caption)
-        self._layers = layers
-        self._layer_ticks()
+        fit_ticks(self.plot.getAxis("left"), [(i + 0.5, str(i)) for i in range(layers)], most=10)
         self._draw_bars(run)
         self._apply_range()
-        self.info.setText(self._info_html(run, brief=not self._controls_wanted))
+        self.info.setText(self._info_html(run, newest, brief=not self._controls_wanted))
         self._fit_info()
-
-    def _layer_ticks(self) -> None:
-        """As many layer numbers as the axis has room for, a line and a half apart (a short heatmap at 720p
-        printed ten of them over each other)."""
-        if not self._layers:
-            return
-        room = self.plot.getViewBox().height()
-        line = QFontMetricsF(self.theme.axis_font).height()
-        step = spaced_step(self._layers, room, 1.5 * line)
-        self.plot.getAxis("left").setTicks([[(i + 0.5, str(i)) for i in range(0, self._layers, step)]])
 
     def _draw_bars(self, run: RunRecord) -> None:
         """Per layer: keys (or a latent layer's compressed vector, with any indexer keys) solid, values (or its
@@ -395,7 +383,9 @@ class KVHeatmapPanel(QWidget):
             layers = run.model.num_layers
             self.plot.setYRange(0, layers + min(0.6, max(0.15, layers * 0.04)) + layers * 0.12 + 0.3, padding=0)
 
-    def _info_html(self, run: RunRecord, brief: bool = False) -> str:
+    def _info_html(self, run: RunRecord, newest: str, brief: bool = False) -> str:
+        """What was read, the formula it is held to and, unless ``brief`` (a lecture scene shows that much whole),
+        the full context, the heads and the devices. ``newest``: ``newest_words`` for this run."""
         m = run.model
         fmt = kvformula.format_bytes
         kv = run.kv_bytes_per_layer
@@ -430,26 +420,23 @@ class KVHeatmapPanel(QWidget):
                          if storage and storage != held else "")
             parts = ("latent", "rope key") if kvformula.latent_layers(m) else ("K", "V")
             measured = (f"<b>Measured</b> (read from the cache tensors): {fmt(held)} after {seen:,} positions"
-                        f"{newest_words(run, seen)} ({parts[0]} {fmt(k_total)} + {parts[1]} {fmt(v_total)}; the bars "
+                        f"{newest} ({parts[0]} {fmt(k_total)} + {parts[1]} {fmt(v_total)}; the bars "
                         f"per layer: {escape(self.bars_key)}) {agree}{static}{allocated}")
         if run_phase(run).released:
             measured += "<br><b>Released</b>: the run failed and its cache's memory was given back"
         held_now = held_line(run_phase(run))
         if held_now:
             measured = f"<b>Run #{run.number} {escape(held_now)}</b><br>{measured}"
+        formula = (f"{measured}<br><b>Formula</b> (computed): {escape(kvformula.formula_text(m))}; for "
+                   f"{run.kv_allocated or seen:,} positions {fmt(predicted)}")
+        if brief:
+            return formula
         notes = "".join(f"<br>{escape(note)}" for note in kvformula.layer_notes(m))
         notes += f"<br>{escape(concurrency_text(m))}"
-        head = (f"{measured}<br><b>Formula</b> (computed): {escape(kvformula.formula_text(m))}; for "
-                f"{run.kv_allocated or seen:,} positions "
-                f"{fmt(predicted)}<br>" + (
-                    f"<b>Full context</b> ({escape(kvformula.context_text(m))}, computed): "
-                    f"{fmt(kvformula.full_context_kv_bytes(m))}"
-                    f" — {seen / max(full, 1):.1%} used" if m.context_declared else
-                    f"<b>Full context</b>: {escape(kvformula.context_text(m))}"))
-        if brief:                      # a lecture scene: what was read and the formula it equals, whole
-            return (f"{measured}<br><b>Formula</b> (computed): {escape(kvformula.formula_text(m))}; for "
-                    f"{run.kv_allocated or seen:,} positions {fmt(predicted)}")
-        return (head + f"<br>{escape(kvformula.heads_text(m))}{notes}<br>Devices: "
+        context = (f"<b>Full context</b> ({escape(kvformula.context_text(m))}, computed): "
+                   f"{fmt(kvformula.full_context_kv_bytes(m))} — {seen / max(full, 1):.1%} used"
+                   if m.context_declared else f"<b>Full context</b>: {escape(kvformula.context_text(m))}")
+        return (f"{formula}<br>{context}<br>{escape(kvformula.heads_text(m))}{notes}<br>Devices: "
                 f"{escape(layer_ranges(m.layer_devices))} · dtype {escape(m.dtype)}")
 
 

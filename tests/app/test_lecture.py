@@ -230,23 +230,8 @@ def test_the_status_bar_and_the_model_label_name_the_model_and_its_details_keep_
     assert details.label.isVisibleTo(window)
 
 
-def test_a_refused_r_is_said_only_while_the_work_that_refused_it_runs(qtbot, window):
-    from tests.app.screen_audit import Gate, let_go
-
-    window.lecture.enter("prefill")
-    gate = Gate(("decode", 2))
-    window.client.worker.session.fault_hook = gate
-    window.controls.max_tokens.setValue(6)
-    window.activateWindow()
-    press(qtbot, window, "R")                                # scene 1's run, held at decode step 2
-    qtbot.waitUntil(gate.reached.is_set, timeout=60_000)
-    press(qtbot, window, "R")                                # again, in the scene that started it: refused
-    assert "R is not available while a run is in progress (Ctrl+. stops it)" in window.scene_view.footer_text()
-    let_go(qtbot, window, gate)
-    assert "not available" not in window.scene_view.footer_text()          # the run ended: the reason went with it
-
-
-def test_r_in_another_scene_stops_the_run_started_elsewhere_and_starts_this_scenes(qtbot, window):
+def held_run_from_scene_one(qtbot, window):
+    """R in scene 1: a six-token run, held by the engine at decode step 2 until the gate is released."""
     from tests.app.screen_audit import Gate
 
     window.lecture.enter("prefill")
@@ -256,6 +241,21 @@ def test_r_in_another_scene_stops_the_run_started_elsewhere_and_starts_this_scen
     window.activateWindow()
     press(qtbot, window, "R")
     qtbot.waitUntil(gate.reached.is_set, timeout=60_000)
+    return gate
+
+
+def test_a_refused_r_is_said_only_while_the_work_that_refused_it_runs(qtbot, window):
+    from tests.app.screen_audit import let_go
+
+    gate = held_run_from_scene_one(qtbot, window)
+    press(qtbot, window, "R")                                # again, in the scene that started it: refused
+    assert "R is not available while a run is in progress (Ctrl+. stops it)" in window.scene_view.footer_text()
+    let_go(qtbot, window, gate)
+    assert "not available" not in window.scene_view.footer_text()          # the run ended: the reason went with it
+
+
+def test_r_in_another_scene_stops_the_run_started_elsewhere_and_starts_this_scenes(qtbot, window):
+    gate = held_run_from_scene_one(qtbot, window)
     first = window.store.current
     window.lecture.show("kv")
     window.client.worker.session.fault_hook = None
