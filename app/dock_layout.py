@@ -21,6 +21,8 @@ CONTROLS_PX = 350            # the controls dock: its widest row (seed and "rand
 TITLES = {"controls": "Controls", "timing": "Prefill vs decode timing", "sampling": "Sampling: next-token candidates",
           "kv": "KV cache per layer", "experiments": "Experiments", "chat": "Chat (KV cache across turns)",
           "attention": "Attention over the cache"}
+AREAS = {"controls": Qt.DockWidgetArea.LeftDockWidgetArea, "kv": Qt.DockWidgetArea.BottomDockWidgetArea}  # else right
+RAISE_ORDER = ("timing", "experiments", "chat", "sampling", "attention")     # the upper tab group's first
 SHORT_TITLES = {"timing": "Timing", "sampling": "Sampling", "chat": "Chat", "attention": "Attention"}
 
 
@@ -46,6 +48,11 @@ class DockLayout(QObject):
         window.installEventFilter(self)
 
     @property
+    def settled(self) -> bool:
+        """Whether the arrangement for the window's size is made (one follows a resize once it is laid out)."""
+        return not self._timer.isActive()
+
+    @property
     def own(self) -> bool:
         """Whether the user arranged the docks (remembered with the window's state)."""
         return self.compact is None
@@ -55,6 +62,15 @@ class DockLayout(QObject):
         w = self.window
         self._arranging = True
         try:
+            # The right-hand panels start from no arrangement: re-split from the compact one, Qt kept every
+            # panel in one tab group and left a stray tab bar over the KV heatmap.
+            closed = {name for name, dock in d.items() if dock.isHidden()}       # by the user: they stay closed
+            # The panels on top of their tab groups stay on top (the experiment a user was reading, not timing).
+            shown = [name for name, dock in d.items() if dock.isVisible() and not dock.visibleRegion().isEmpty()]
+            for name, dock in d.items():
+                w.removeDockWidget(dock)
+                w.addDockWidget(AREAS.get(name, Qt.DockWidgetArea.RightDockWidgetArea), dock)
+                dock.setVisible(name not in closed)
             if compact:
                 for name in ("sampling", "attention", "experiments", "chat"):
                     w.tabifyDockWidget(d["timing"], d[name])
@@ -65,6 +81,8 @@ class DockLayout(QObject):
                 w.tabifyDockWidget(d["sampling"], d["attention"])
                 d["sampling"].raise_()
             d["timing"].raise_()
+            for name in reversed([name for name in RAISE_ORDER if name in shown]):    # (compact: the first wins)
+                d[name].raise_()
             for name, dock in d.items():
                 dock.setWindowTitle(SHORT_TITLES.get(name, TITLES[name]) if compact else TITLES[name])
             height = max(w.height(), 600)
@@ -93,21 +111,21 @@ class DockLayout(QObject):
         self.compact = self._wanted()
         self.follow_size()
 
-    def restore_after_scene(self, state: QByteArray | None, default: QByteArray) -> None:
+    def restore_after_scene(self, state: QByteArray | None) -> None:
         """The docks as they were after a scene borrowed their panels; an arrangement of the window's own is made
         for the size the window is back at."""
-        own = self.own
-        if state is None or not self._restore_state(state):
-            self._restore_state(default)
-        if not own:
+        restored = state is not None and self._restore_state(state)
+        if not restored:
+            for dock in self.docks.values():        # (the scene hid them)
+                dock.show()
+        if not (self.own and restored):
             self.arrange(self._wanted())
 
-    def reset(self, default: QByteArray) -> None:
+    def reset(self) -> None:
         """Every panel back in its dock, floating ones included, arranged for the window's size."""
         for dock in self.docks.values():
             dock.setFloating(False)
             dock.show()
-        self._restore_state(default)
         self.arrange(self._wanted())
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt override)

@@ -119,8 +119,8 @@ class MainWindow(QMainWindow):
         self.audit = ScreenAudit()
         self._register_views()
         self.resize(1600, 1000)
-        self.dock_layout.arrange(compact=False)
-        self._default_state = self.saveState()
+        # (The docks are arranged once the window is shown, for its size: arranged before, Qt left a stray tab
+        # bar where the 1600x1000 arrangement had one, over the KV heatmap of a larger window.)
         self._save_timer = QTimer(self)
         self._save_timer.setSingleShot(True)
         self._save_timer.setInterval(SAVE_DELAY_MS)
@@ -259,13 +259,13 @@ class MainWindow(QMainWindow):
 
     def restore_layout(self, state: QByteArray | None) -> None:
         """The docks as they were (or the default layout), after a scene borrowed their panels."""
-        self.dock_layout.restore_after_scene(state, self._default_state)
+        self.dock_layout.restore_after_scene(state)
 
     def reset_layout(self) -> None:
         """Every panel back in its dock, floating ones included, arranged for the window's size."""
         self.lecture.leave()
         fit_to_screen(self)
-        self.dock_layout.reset(self._default_state)
+        self.dock_layout.reset()
         self.settings.remove("window/state")
 
     # --- what the window itself does ----------------------------------------------------------------------

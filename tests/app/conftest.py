@@ -44,6 +44,15 @@ def window(qtbot, tiny_model_dir):
     close_and_dispose(w)
 
 
+def arrange_at(qtbot, window, size: tuple[int, int]) -> None:
+    """Resize the window and wait until its docks are arranged for the new size."""
+    from app.dock_layout import is_compact
+
+    window.resize(*size)
+    qtbot.waitUntil(lambda: window.dock_layout.compact is is_compact(*size) and window.dock_layout.settled,
+                    timeout=5000)
+
+
 def close_and_dispose(window) -> None:
     from PySide6.QtWidgets import QApplication
 
