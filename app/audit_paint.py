@@ -133,6 +133,11 @@ def painted_faults(plot: pg.PlotItem, visible: QRectF) -> list[tuple[str, str]]:
         along = rect.height() if axis.orientation in ("left", "right") else rect.width()
         if along > length + SLACK_PX or not visible.adjusted(-SLACK_PX, -SLACK_PX, SLACK_PX, SLACK_PX).contains(rect):
             out.append((CUT, f"axis title {title!r} needs {along:.0f} px, its axis has {length:.0f} px in view"))
+    title = plot.titleLabel
+    if title.isVisible() and title.text:
+        rect = title.item.mapRectToScene(title.item.boundingRect())
+        if not visible.adjusted(-SLACK_PX, -SLACK_PX, SLACK_PX, SLACK_PX).contains(rect):
+            out.append((CUT, f"the chart's title {re.sub(r'<[^>]+>', '', title.text)[:60]!r} is cut by its view"))
     legend = plot.legend
     for sample, label in (legend.items if legend is not None and legend.isVisible() else []):
         if not sample.isVisible() or not label.isVisible():

@@ -8,23 +8,29 @@ import math
 from html import escape
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QFont, QFontMetricsF
 
 from app import theme as th
 from app.paint import TimedGraphics
 
-MIN_HEIGHT_PX = 190          # title, an axis with its label and 100 px of data; a legend adds its own height
+MIN_DATA_PX = 100            # the least height of a chart's data area in the workbench (its dock scrolls below it)
+READABLE_DATA_PX = 135       # the same for the one chart a short panel keeps readable
+FRAME_PX = 90                # a title and an axis with its label, until the chart is laid out and measured
+TITLE_MARGIN_PX = 8          # each side of a chart's title
+READABLE_WIDTH_PX = 330      # 240 px of data beside an axis with its numbers and title
 
 
 class Chart(TimedGraphics):
     def __init__(self, title: str = "", legend: bool = True, legend_columns: int = 3,
-                 legend_beside: bool = False) -> None:
+                 legend_beside: bool = False, least_data_px: int = MIN_DATA_PX) -> None:
         """``legend_beside``: the legend in a column right of the plot, not in a row above it (a short chart
-        keeps its height for the data)."""
+        keeps its height for the data). ``least_data_px``: the least height of its data area; a panel's main
+        chart asks for ``READABLE_DATA_PX``, so that where the panel scrolls, the chart on top is still read
+        whole (at the least height of all, a 720p dock showed every chart's data 97 px tall)."""
         super().__init__()
-        self._least = MIN_HEIGHT_PX
-        self.setMinimumHeight(self._least)        # a short panel scrolls (its dock does) rather than crush the data
+        self.least_data_px = least_data_px
+        self.setMinimumHeight(least_data_px + FRAME_PX)   # a short panel scrolls (its dock does): data not crushed
         self.title = title
         self.legend: pg.LegendItem | None = None
         self.legend_columns = 1 if legend_beside else legend_columns
@@ -33,6 +39,8 @@ class Chart(TimedGraphics):
             self.legend = pg.LegendItem(colCount=self.legend_columns, labelTextSize="9pt")
             self.addItem(self.legend, row=1 if legend_beside else 0, col=1 if legend_beside else 0)
         self.plot: pg.PlotItem = self.add_plot(1, 0, title or None)
+        self._title_wanted: str | None = title or None     # the title shown, before ``_fit_title`` fits it
+        self._title_fitted: tuple[str, int] | None = None
         self.ci.layout.setRowStretchFactor(1, 10)
         self.theme = th.current_theme(False)
         self.empty_text = pg.TextItem(anchor=(0.5, 0.5))
@@ -41,12 +49,23 @@ class Chart(TimedGraphics):
         self.label_gap = 9.0
         self.plot.getViewBox().sigRangeChanged.connect(self.place_point_labels)
         self.plot.getViewBox().sigResized.connect(self.place_point_labels)
+        self._least_timer = QTimer(self)     # a new least height, set from inside a resize, resized the chart
+        self._least_timer.setSingleShot(True)    # again within it, and pyqtgraph kept the first size's range
+        self._least_timer.setInterval(0)
+        self._least_timer.timeout.connect(self.hold_least)
+        self.plot.getViewBox().sigResized.connect(self._least_timer.start)
+        # The room a title has changes with the axes' and a legend's widths as well as the chart's own.
+        for part in (self.plot.getViewBox(), self.plot.getAxis("left"), self.plot.getAxis("right"), self.legend):
+            if part is not None:
+                part.geometryChanged.connect(self._fit_title)
 
     def style(self, theme: th.Theme, x: str, x_unit: str | None, y: str, y_unit: str | None) -> None:
         self.theme = theme
-        self._set_least(self._least)
+        self.hold_least()
         self.setBackground(theme.background)
         th.style_plot(self.plot, theme, x, x_unit, y, y_unit)
+        self._title_fitted = None                          # (styling set the title at the theme's size)
+        self._fit_title()
         if self.empty_message is not None:                  # what will appear, said in this theme's type
             self._write_empty_text()
         if self.legend is not None:
@@ -102,7 +121,7 @@ class Chart(TimedGraphics):
         self.point_labels = []
         if self.legend is not None:
             self.legend.clear()
-            self._set_least(MIN_HEIGHT_PX)
+            self.hold_least()
         if self.empty_message is not None:               # plot.clear() took the words off too
             self.plot.addItem(self.empty_text, ignoreBounds=True)
 
@@ -149,6 +168,31 @@ class Chart(TimedGraphics):
         super().resizeEvent(event)
         self._place_empty_text()
         self.fit_legend()
+        self._fit_title()
+
+    def _fit_title(self) -> None:
+        """The title as written where it fits the chart's width, else smaller, else shortened (its kind kept):
+        pyqtgraph cuts a long title at the view's edge ("Which positions each cache holds, in most of its layers:
+        in t"), and holds the chart as wide as its text."""
+        wanted = getattr(self, "_title_wanted", None)       # (also called while the widget is made)
+        if not wanted or getattr(self, "closed", False) or self.centralWidget is None:      # (or closed)
+            return
+        beside = self.legend.boundingRect().width() if self.legend_beside and self.legend is not None else 0
+        axes = sum(self.plot.getAxis(side).geometry().width() for side in ("left", "right")
+                   if side in self.plot.axes and self.plot.getAxis(side).isVisible())
+        room = int(self.width() - beside - axes) - 2 * TITLE_MARGIN_PX      # the title spans the data, not the axes
+        if room <= 0 or (wanted, room) == self._title_fitted:
+            return
+        self._title_fitted = (wanted, room)
+        label = self.plot.titleLabel
+        for text, pt in th.chart_title_candidates(wanted, self.theme.base_pt + 1):
+            self.plot.setTitle(text, size=f"{pt:.1f}pt", color=self.theme.foreground)
+            if label.item.boundingRect().width() <= room:
+                break
+        # The layout stays as wide as the longer title held it until it is given the view's width again.
+        for layout in (self.plot.layout, self.ci.layout):
+            layout.invalidate()
+        self.ci.setGeometry(self.range)
 
     def fit_legend(self) -> None:
         """As many legend entries in a row as fit the chart's width, the rest on rows below: a legend wider than
@@ -164,14 +208,26 @@ class Chart(TimedGraphics):
             rows = [widths[i:i + columns] for i in range(0, len(widths), columns)]
             if max(sum(row) for row in rows) <= room:
                 break
-        if not self.legend_beside:                           # a legend row above the data: the chart grows by it
-            self._set_least(int(MIN_HEIGHT_PX + self.legend.layout.preferredHeight()))
+        self.hold_least()                                    # a legend row above the data: the chart grows by it
 
-    def _set_least(self, pixels: int) -> None:
-        """The least height the workbench gives this chart (its dock scrolls below it); a lecture scene lays its
-        charts out to fill the screen it has, so there the scene decides."""
-        self._least = pixels
-        self.setMinimumHeight(0 if self.theme.lecture else pixels)
+    def set_least_data(self, pixels: int) -> None:
+        self.least_data_px = pixels
+        self.hold_least()
+
+    def hold_least(self) -> None:
+        """The least height the workbench gives this chart: its data area's least height and everything else the
+        chart draws as measured (title, axes, a legend row; a log axis's or a wrapped legend's extra), so the data
+        keep their height whatever the frame. A lecture scene lays its charts out to fill its screen, so there
+        the scene decides."""
+        if getattr(self, "closed", False) or not hasattr(self, "theme"):     # (also called while it is made)
+            return
+        box = self.plot.getViewBox()
+        laid_out = self.ci.geometry().height()          # the layout's own height (more than the view's if squeezed)
+        frame = laid_out - box.height() if laid_out > 0 and box.height() > 0 else FRAME_PX + (
+            self.legend.layout.preferredHeight() if self.legend is not None and not self.legend_beside else 0)
+        least = 0 if self.theme.lecture else int(self.least_data_px + frame + 0.5)
+        if abs(self.minimumHeight() - least) > 1:
+            self.setMinimumHeight(least)
 
     def shows_data(self) -> bool:
         """Whether anything on the plot is data (what decides that its axes may print numbers)."""
@@ -191,9 +247,12 @@ class Chart(TimedGraphics):
         if not (visible and self.title):
             self.plot.titleLabel.setText("")       # a hidden title still holds the layout as wide as its text
         self.plot.setTitle(self.title if visible and self.title else None)
+        self._title_wanted, self._title_fitted = None, None
         if visible and self.title:
             title = self.title.replace(" (measured)", "") if self.empty_message is not None else self.title
             self.plot.setTitle(title, size=f"{self.theme.base_pt + 1:.0f}pt", color=self.theme.foreground)
+            self._title_wanted = title
+            self._fit_title()
 
     def legend_names(self) -> list[str]:
         return [label.text for _sample, label in self.legend.items] if self.legend is not None else []

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any, ClassVar
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QPoint, QSize, Qt, Signal
 from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
-    QAbstractScrollArea,
     QBoxLayout,
     QComboBox,
     QDoubleSpinBox,
@@ -25,15 +24,17 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QTableWidget,
     QTableWidgetItem,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from app import theme as th
-from app.chart import Chart
+from app.chart import READABLE_DATA_PX, READABLE_WIDTH_PX, Chart
 from app.phase import elapsed, experiment_phase, plural
 from app.run_settings import LessonChoices
 from app.setting_widgets import control, int_range
@@ -110,6 +111,7 @@ class SettingsForm(QWidget):
         self.readers: dict[str, Callable[[], object]] = {}
         self.follows: dict[str, Callable[[], bool]] = {}
         self.widgets: dict[str, QWidget] = {}
+        self.labels: dict[str, str] = {}
         layout = QFormLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         for shape in shapes(lesson.settings):
@@ -117,6 +119,7 @@ class SettingsForm(QWidget):
                 continue
             widget = self.widgets[shape.name] = self._widget(shape, presets.get(shape.name))
             widget.setToolTip(shape.setting.help)
+            self.labels[shape.name] = shape.setting.label
             layout.addRow(shape.setting.label, widget)
         self.write()
         choices.subscribe(lambda kinds: self.follow() if lesson.kind in kinds else None)
@@ -139,7 +142,7 @@ class SettingsForm(QWidget):
     def _widget(self, shape: FieldShape, presets: list[tuple[str, object]] | None) -> QWidget:
         default = None if shape.default is MISSING else shape.default
         if presets:
-            box = QComboBox()
+            box = _combo()
             for label, value in presets:
                 box.addItem(label, value)
             index = next((i for i, (_l, v) in enumerate(presets) if v == default), 0)
@@ -160,7 +163,7 @@ class SettingsForm(QWidget):
             self.readers[shape.name] = box.value
             return box
         if shape.base is str and shape.text is not None and shape.text.choices:
-            box = QComboBox()
+            box = _combo()
             box.addItems(list(shape.text.choices))
             box.setCurrentText(str(default))
             box.currentTextChanged.connect(self.write)
@@ -170,6 +173,21 @@ class SettingsForm(QWidget):
         edit.editingFinished.connect(self.write)
         self.readers[shape.name] = lambda e=edit, s=shape: _parse_text(e.text(), s)
         return edit
+
+    def summary(self) -> str:
+        """The values set, in the words the fields show ("48 tokens · the first sample prompt"): what a folded
+        form says it holds."""
+        words = []
+        for name, widget in self.widgets.items():
+            if isinstance(widget, QComboBox):
+                words.append(widget.currentText())
+            elif isinstance(widget, QLineEdit):
+                words.append(widget.text())
+            elif isinstance(widget, (QSpinBox, QDoubleSpinBox)):
+                special = widget.value() == widget.minimum() and widget.specialValueText()
+                text = widget.specialValueText() if special else widget.text()
+                words.append(text if special or widget.suffix().strip() else f"{self.labels[name]} {text}")
+        return " · ".join(w for w in words if w)
 
     def set_value(self, name: str, value: object) -> None:
         """Set one field as a user would (a spin box's number, a text, a choice's value), then write."""
@@ -216,6 +234,30 @@ def _parse_text(text: str, shape: FieldShape) -> object:
     return tuple(parts)
 
 
+TABLE_PX = 170          # the table's most height: a few rows, then it scrolls
+SHELL_PX = 90           # the progress bar, the status line and the spaces between
+
+
+def _fold_button(text: str) -> QToolButton:
+    button = QToolButton()
+    button.setText(text)
+    button.setCheckable(True)
+    button.setArrowType(Qt.ArrowType.RightArrow)
+    button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+    button.setAutoRaise(True)
+    button.toggled.connect(lambda on: button.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow))
+    return button
+
+
+def _combo() -> QComboBox:
+    """A choice box as wide as its room, its longest choice elided: at their full width the speculative lesson's
+    choices held its tab wider than a 720p dock, its Run button scrolled off."""
+    box = QComboBox()
+    box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+    box.setMinimumContentsLength(12)
+    return box
+
+
 _NOTHING_SHOWN = object()   # what ``refresh`` last drew before its first call: unlike "no record", never equal
 
 
@@ -252,7 +294,26 @@ class LessonView(QWidget):
         self.cancel_button.clicked.connect(self.cancel_requested)
         self.progress = QProgressBar()
         self.progress.setFormat("%p%  %v of %m")
+        # Folded where the dock is short (see ``_fold_when_short``): the form and the table behind a click each,
+        # the values the form holds said in one line, so the chart keeps a readable height.
+        self.settings_fold = _fold_button("Settings")
+        self.table_fold = _fold_button("Table")
+        self.form_summary = QLabel()
+        self.form_summary.setTextFormat(Qt.TextFormat.PlainText)
+        self.form_summary.setWordWrap(True)
+        self.folds = QWidget()
+        folds = QVBoxLayout(self.folds)
+        folds.setContentsMargins(0, 0, 0, 0)
+        folds.setSpacing(2)
+        for widget in (self.settings_fold, self.form_summary, self.table_fold):
+            folds.addWidget(widget)
+        self.settings_fold.toggled.connect(lambda _on: self._fold())
+        self.table_fold.toggled.connect(lambda _on: self._fold())
+        choices.subscribe(lambda kinds: self._say_form() if self.lesson.kind in kinds else None)
+        self._short = False                      # the dock is too short for the form, the chart and the table
+        self._scene = False                      # a lecture scene shows this view
         row = QHBoxLayout()
+        row.addWidget(self.folds, 1)
         row.addWidget(self.form, 1)
         buttons = QVBoxLayout()
         buttons.addWidget(self.run_button)
@@ -261,7 +322,7 @@ class LessonView(QWidget):
         row.addLayout(buttons)
         self.settings_box = QWidget()
         self.settings_box.setLayout(row)
-        self.chart = Chart(self.lesson.title)
+        self.chart = Chart(self.lesson.title, least_data_px=READABLE_DATA_PX)
         self.plot = self.chart.plot
         self.plot.getViewBox().setDefaultPadding(0.08)       # room for point labels at the edges
         self.charts = QWidget()
@@ -278,7 +339,7 @@ class LessonView(QWidget):
         self.table.setHorizontalHeaderLabels([column.label for _name, column in self.columns])
         self.table.verticalHeader().setVisible(False)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.setMaximumHeight(170)
+        self.table.setMaximumHeight(TABLE_PX)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.settings_box)
@@ -295,6 +356,8 @@ class LessonView(QWidget):
         self._drawn: object = _NOTHING_SHOWN     # what the charts were last drawn from
         self._styled = False                     # whether the charts wear ``self.theme`` (see ``set_theme``)
         self.set_busy(False)
+        self._say_form()
+        self._fold()
 
     # --- hooks a lesson's view fills in ---------------------------------------------------------------------
     def build(self) -> None:
@@ -321,37 +384,75 @@ class LessonView(QWidget):
         """A lecture scene shows the chart, the caption states what it means; settings, progress, the explanation
         and the table stay behind (the numbers are in the caption and on the axes, the scene's footer shows
         progress), and the charts drop their titles."""
-        for widget in (self.settings_box, self.progress, self.status, self.table, self.explain):
+        self._scene = compact
+        for widget in (self.settings_box, self.progress, self.status, self.explain):
             widget.setVisible(not compact)
+        self._fold()
         for chart in self.findChildren(Chart):
             chart.set_title_visible(not compact)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         super().resizeEvent(event)
         self._stack_when_narrow()
+        self._fold_when_short()
+
+    def _fold_when_short(self) -> None:
+        """Where the dock shows less height than the form, the table and a readable chart need (a 720p
+        projector's, or a desktop's dock shared with another panel), the form and the table fold behind a click
+        each: unfolded there, the chart's data was 97 px tall. Judged by the dock's room, not this view's own
+        height, which the folding itself changes."""
+        room = self._room()
+        words = self.explain.heightForWidth(room.width()) if self.explain.text() else 0
+        need = self.form.sizeHint().height() + self._table_height() + words + self.chart.minimumHeight() + SHELL_PX
+        short = room.height() < need
+        if short != self._short:
+            self._short = short
+            self._fold()
+
+    def _table_height(self) -> int:
+        """What the table takes unfolded: its header and rows, up to ``TABLE_PX`` (then it scrolls)."""
+        table = self.table
+        rows = sum(table.rowHeight(row) for row in range(table.rowCount()))
+        return min(TABLE_PX, table.horizontalHeader().sizeHint().height() + rows + 2 * table.frameWidth() + 4)
+
+    def _fold(self) -> None:
+        folded = self._short and not self._scene
+        self.folds.setVisible(folded)
+        self.form.setVisible(not folded or self.settings_fold.isChecked())
+        self.table.setVisible(not self._scene and (not folded or self.table_fold.isChecked()))
+
+    def _say_form(self) -> None:
+        self.form_summary.setText(self.form.summary())
+        rows = self.table.rowCount()
+        self.table_fold.setText(f"Table ({plural(rows, 'row')})" if rows else "Table")
 
     def _stack_when_narrow(self) -> None:
         """Charts a lesson sets side by side (``rows``: its chart layout turned left to right, or a row it
-        added) go one above the other where the panel is narrower than they need (a 560 px dock): side by side
-        there, each was cut at its right edge, an axis title's end with it."""
+        added) go one above the other where the panel is narrower than they need, each at least readable (a 560
+        px dock): side by side there, each was cut at its right edge, an axis title's end with it, or, titles
+        fitted, drawn 190 px wide."""
         for layout in self.rows:
             charts = [layout.itemAt(i).widget() for i in range(layout.count())]
             shown = [chart for chart in charts if isinstance(chart, Chart) and not chart.isHidden()]
-            need = sum(chart.content_width() for chart in shown) + layout.spacing() * max(len(shown) - 1, 0)
-            wanted = (QBoxLayout.Direction.LeftToRight if self._room() >= need
+            need = (sum(max(chart.content_width(), READABLE_WIDTH_PX) for chart in shown)
+                    + layout.spacing() * max(len(shown) - 1, 0))
+            wanted = (QBoxLayout.Direction.LeftToRight if self._room().width() >= need
                       else QBoxLayout.Direction.TopToBottom)
             if layout.direction() != wanted:
                 layout.setDirection(wanted)
 
-    def _room(self) -> int:
-        """The charts' width, or less where a scroll area (the dock) shows less of the panel: side by side, their
-        least widths held the panel wider than the dock, which then scrolled instead of stacking them."""
+    def _room(self) -> QSize:
+        """The charts' width and the view's height, or less where a scroll area (the dock) shows less of the
+        panel: side by side, the charts' least widths held the panel wider than the dock, which then scrolled
+        instead of stacking them."""
         area = self.parentWidget()
-        while area is not None and not isinstance(area, QAbstractScrollArea):
+        while area is not None and not isinstance(area, QScrollArea):
             area = area.parentWidget()
-        if area is None:
-            return self.charts.width()
-        return min(self.charts.width(), area.viewport().width() - (self.width() - self.charts.width()))
+        if area is None or area.widget() is None:
+            return QSize(self.charts.width(), self.height())
+        top = self.mapTo(area.widget(), QPoint(0, 0)).y()
+        return QSize(min(self.charts.width(), area.viewport().width() - (self.width() - self.charts.width())),
+                     area.viewport().height() - top)
 
     def set_busy(self, busy: bool, mine: bool = False) -> None:
         self.run_button.setEnabled(not busy)
@@ -411,6 +512,7 @@ class LessonView(QWidget):
             if record.result is not None and record.result.threads_note:
                 note = "; ".join(n for n in (note, record.result.threads_note) if n)
             self.explain.setText(words + (f" <i>Note: {escape(note)}.</i>" if note else ""))
+            self._fold_when_short()
             self._fill_table(record)
         for chart in charts:                    # each chart's axes print numbers only where it draws data
             chart.prune_legend()
@@ -428,6 +530,7 @@ class LessonView(QWidget):
                 text = words if words is not None else "" if value is None else column.cell(value)
                 self.table.setItem(row, col, QTableWidgetItem(text))
         self.table.resizeColumnsToContents()
+        self._say_form()
 
     def result(self) -> LessonResult | None:
         record = self.latest()

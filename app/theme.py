@@ -3,6 +3,7 @@ dark following the platform, and lecture mode (large type, high contrast) overri
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pyqtgraph as pg
@@ -170,6 +171,17 @@ def title_candidates(label: str, unit: str | None, pt: float) -> list[tuple[str,
     for keep in range(len(words) - 1, 0, -1):
         out.append((" ".join(words[:keep]).rstrip(",:;") + "…", pt * TITLE_SHRINK_MOST))
     return out
+
+
+KIND_TAG = re.compile(r"\s\((?:measured|computed|achieved)[^()]*\)$")
+
+
+def chart_title_candidates(title: str, pt: float) -> list[tuple[str, float]]:
+    """A chart's title as written, smaller, then shortened from the end of its words, its closing "(measured)",
+    "(computed)" or "(achieved)" always kept: the title is what promises what kind of figure the chart shows."""
+    tag = KIND_TAG.search(title)
+    words, tail = (title[:tag.start()], tag.group(0)) if tag else (title, "")
+    return [(text + tail, size) for text, size in title_candidates(words, None, pt)]
 
 
 def fit_title(axis: pg.AxisItem) -> None:

@@ -21,7 +21,7 @@ class ContinuousView(LessonView):
 
     def build(self) -> None:
         self.sizes_chart = Chart("Batch size over time")
-        self.sizes_chart.setMinimumHeight(150)           # a chart at 720p keeps its axis and a few ticks
+        self.sizes_chart.set_least_data(80)              # its axis, with its title, and a few ticks
         self.sizes_chart.plot.setXLink(self.plot)
         self.charts_layout.addWidget(self.sizes_chart, 1)
 

@@ -33,7 +33,7 @@ class PagedView(LessonView):
         self.charts_layout.addWidget(self.step_slider)
         # The same view the real server's KV events draw (the server-load tab), from this cache's block tables
         self.tree_chart = PrefixChart("The same blocks as a prefix tree (as a serving engine's are drawn)")
-        self.tree_chart.setMinimumHeight(200)
+        self.tree_chart.set_least_data(110)
         self.charts_layout.addWidget(self.tree_chart, 2)
         self.share_labels: list[pg.TextItem] = []
         self.plot.getViewBox().sigResized.connect(lambda *_: self._fit_share_labels())

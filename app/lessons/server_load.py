@@ -29,25 +29,31 @@ class ServerLoadView(LessonView):
 
     def build(self) -> None:
         self.metrics_chart = Chart("What the server reports on /metrics")
-        self.metrics_chart.setMinimumHeight(230)         # its legend, title and an axis with a few ticks
+        self.metrics_chart.set_least_data(115)           # an axis with a few ticks
         self.metrics_chart.plot.setXLink(self.plot)
         self.plot.getViewBox().sigResized.connect(lambda *_: self._label_lanes())
         self.charts_layout.addWidget(self.metrics_chart, 1)
         self.slots_chart = Chart("llama-server's slots, from /slots: the positions each one's cache holds")
-        self.slots_chart.setMinimumHeight(180)
+        self.slots_chart.set_least_data(90)
         self.slots_chart.hide()                          # shown for a server that answers /slots
         self.charts_layout.addWidget(self.slots_chart, 1)
         self.tree_chart = PrefixChart("The engine's prefix cache, from its KV events: one box per block")
-        self.tree_chart.setMinimumHeight(260)
+        self.tree_chart.set_least_data(145)
         self.tree_chart.hide()                           # shown for a test that subscribed to KV events
         self.charts_layout.addWidget(self.tree_chart, 2)
 
     def set_compact(self, compact: bool) -> None:
-        """In its scene the tree is the claim: the /metrics chart steps back where there is a tree to show."""
         super().set_compact(compact)
         self.compact = compact
-        self.metrics_chart.setVisible(not (compact and self.tree_chart.isVisibleTo(self)))
+        self._place_metrics()
         self.charts_layout.setStretchFactor(self.tree_chart, 5 if compact else 2)
+
+    def _place_metrics(self) -> None:
+        """In its scene the tree is the claim, and the lanes until the server was polled: the /metrics chart
+        steps back where there is a tree to show or nothing polled (empty at 720p, its axis had 66 px, its title
+        cut)."""
+        compact, polled = getattr(self, "compact", False), getattr(self, "polled", False)
+        self.metrics_chart.setVisible(not compact or (polled and not self.tree_chart.isVisibleTo(self)))
 
     def style_charts(self, theme: th.Theme) -> None:
         super().style_charts(theme)
@@ -99,7 +105,7 @@ class ServerLoadView(LessonView):
             self.slots_chart.plot.getAxis("left").setTicks([[(i, f"slot {i}") for i in ids]])
         blocks = record.of(KVBlocks, RequestBlocks)
         self.tree_chart.setVisible(bool(blocks))
-        self.metrics_chart.setVisible(not (getattr(self, "compact", False) and blocks))
+        self._place_metrics()
         if blocks:
             self.tree_chart.show(tree_of(blocks))
 

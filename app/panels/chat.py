@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme as th
-from app.chart import Chart
+from app.chart import READABLE_DATA_PX, Chart
 from app.lessons import chat as chat_lesson
 from app.store import RunStore
 from app.viewstate import Conversation
@@ -55,7 +55,7 @@ class ChatPanel(QWidget):
         self.send_button.clicked.connect(self.send)
         self.new_button.clicked.connect(conversation.clear)
         self.compare_button.clicked.connect(self.compare_requested)
-        self.chart = Chart("TTFT per turn", legend_columns=1)
+        self.chart = Chart("TTFT per turn", legend_columns=1, least_data_px=READABLE_DATA_PX)
         self.plot = self.chart.plot
         self.explain = QLabel()
         self.explain.setWordWrap(True)

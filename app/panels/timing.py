@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QGridLayout, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 from app import theme as th
-from app.chart import Chart
+from app.chart import READABLE_DATA_PX, Chart
 from app.glossary import tip
 from app.panels.details import Details
 from app.phase import PREFILL, decode_rate, figures, plural, rate, run_phase
@@ -28,8 +28,7 @@ from engine.facts.events import HardwarePeaks, RunSummary
 
 WAIT_GAP_MS = 1.0           # waits shorter than this are not drawn apart
 WAIT_SAID_MS = 50.0         # waits shorter than this are not worth a word in the header ("0.0 s waiting")
-TIMELINE_ROW_PX, TIMELINE_AXES_PX = 26, 110     # each overlaid run keeps a readable row; title and axes their room
-TIMELINE_LEAST_ROWS = 3                          # one run alone still gets a data area a bar can be read in
+TIMELINE_ROW_PX = 26            # each overlaid run keeps a readable row
 
 
 class _RunItems:
@@ -138,7 +137,8 @@ class TimingPanel(QWidget):
         self.legend = QLabel()                  # one legend for the four charts: every run shown, its style
         self.legend.setTextFormat(Qt.TextFormat.RichText)
         self.legend.setWordWrap(True)
-        self.timeline = Chart("Timeline: one prefill bar, then one bar per decode step", legend=False)
+        self.timeline = Chart("Timeline: one prefill bar, then one bar per decode step", legend=False,
+                              least_data_px=READABLE_DATA_PX)
         self.latency = Chart("Per-step latency", legend=False)
         self.rate = Chart("Decode throughput (last 8 steps)", legend=False)
         self.cumulative = Chart("Tokens generated vs time", legend=False)
@@ -256,7 +256,7 @@ class TimingPanel(QWidget):
         self.legend.setVisible(bool(runs))
         self.timeline.plot.setYRange(-0.6, max(len(runs), 1) - 0.4, padding=0.02)
         self._frame_prefill(selected, runs)
-        self.timeline.setMinimumHeight(TIMELINE_AXES_PX + TIMELINE_ROW_PX * max(len(runs), TIMELINE_LEAST_ROWS))
+        self.timeline.set_least_data(max(READABLE_DATA_PX, TIMELINE_ROW_PX * len(runs)))
         self._empty_states(runs, selected)
         self.ttft_line.setVisible(selected is not None and bool(selected.n_steps))
         summary = selected.summary(with_text=False) if selected is not None else None

@@ -11,7 +11,7 @@ from engine.lessons.batch import BatchPoint
 from engine.lessons.prefill import PrefillPoint
 from engine.lessons.speculative import DraftPass
 from engine.serve.block_events import BlockTable
-from tests.app.conftest import run_and_wait, wait_idle
+from tests.app.conftest import arrange_at, run_and_wait, wait_idle
 
 # Peaks as a quiet machine measures them, set by the test: measured here, on a busy machine, they would give no
 # ceiling at all (the window draws none from a busy measurement), and the verdict would depend on the load.
@@ -229,3 +229,22 @@ def test_every_lesson_view_before_its_first_run_shows_no_numbers_and_says_what_w
         for chart in view.findChildren(Chart):
             assert chart.empty_message is not None and chart.empty_message.startswith("Not run yet"), kind
             assert not chart.plot.getAxis("left").style["showValues"], kind
+
+
+def test_in_a_short_dock_a_lessons_form_and_table_fold_so_its_chart_keeps_a_readable_height(qtbot, window):
+    from app.chart import READABLE_DATA_PX
+
+    arrange_at(qtbot, window, (1280, 600))                    # a dock shorter than form, table and chart need
+    window.docks["experiments"].raise_()
+    view, record = run_experiment(qtbot, window, "cache", new_tokens=8)
+    qtbot.waitUntil(lambda: view.folds.isVisible(), timeout=5000)
+    assert not view.form.isVisible() and not view.table.isVisible() and view.run_button.isVisible()
+    assert "8 tokens" in view.form_summary.text() and view.table_fold.text() == "Table (2 rows)"
+    qtbot.waitUntil(lambda: view.chart.plot.getViewBox().height() >= READABLE_DATA_PX - 1, timeout=5000)
+    view.settings_fold.click()
+    assert view.form.isVisible() and not view.table.isVisible()
+    view.form.set_value("new_tokens", 12)
+    assert "12 tokens" in view.form_summary.text()
+    arrange_at(qtbot, window, (2400, 1500))                   # room for all of it: nothing folded
+    assert not window.docks["experiments"].visibleRegion().isEmpty()        # still the panel on top
+    qtbot.waitUntil(lambda: not view.folds.isVisible() and view.table.isVisible(), timeout=5000)

@@ -162,3 +162,33 @@ def test_a_title_too_long_for_its_axis_is_set_smaller_then_shortened_never_cut(q
     widget.resize(400, 300)
     qtbot.wait(50)
     assert axis.labelText == "tokens generated so far in this run"            # and whole again with room
+
+
+def test_a_chart_title_wider_than_its_view_is_found(qtbot):
+    widget, plot = chart(qtbot, size=(300, 200))
+    plot.setTitle("Which positions each cache holds, in most of its layers: in full, quantized, dropped")
+    assert any(rule == CUT and "chart's title" in detail for rule, detail in faults(qtbot, widget, plot))
+    widget, plot = chart(qtbot, size=(300, 200))
+    plot.setTitle("Which positions")
+    assert not [f for f in faults(qtbot, widget, plot) if f[0] == CUT]
+
+
+def test_a_chart_title_too_wide_is_set_smaller_then_shortened_its_kind_kept_and_whole_again_with_room(qtbot):
+    from app.chart import Chart
+
+    title = "Which positions each cache holds, in most of its layers: in full, quantized (measured)"
+    widget = Chart(title, legend=False)
+    qtbot.addWidget(widget)
+    widget.resize(1100, 300)
+    widget.show()
+    qtbot.wait(50)
+    shown = lambda: audit.plain(widget.plot.titleLabel.text)     # noqa: E731
+    assert shown() == title
+    widget.resize(320, 300)
+    qtbot.wait(50)
+    assert shown().endswith("… (measured)") and len(shown()) < len(title)
+    visible = widget.mapToScene(widget.viewport().rect()).boundingRect()
+    assert not [f for f in painted_faults(widget.plot, visible) if f[0] == CUT]
+    widget.resize(1100, 300)
+    qtbot.wait(50)
+    assert shown() == title
