@@ -27,30 +27,7 @@ from app.scenes import RUN_SCENES
 
 SIZES = ((1280, 720), (1600, 1000), (1920, 1080))
 
-# Findings the painted-screen rules make that are known and not fixed yet (issue 72's remaining work): the walk
-# prints them apart and fails on any other; a fix removes its row. (rule, view pattern, detail pattern)
-KNOWN_OPEN = (
-    # Charts whose view is shorter than their content (a legend beside them with many rows, the prefix tree's
-    # boxes; the server-load metrics under its legend at 720p): the bottom axis's title, or a long left one, is
-    # cut. Holding each chart at its content's height squeezed its neighbours' data areas instead.
-    ("cut", r"tab kv-compression|scene", r"^Which positions each cache holds.*'position \(tokens\)'"),
-    ("cut", r"tab paged", r"^The same blocks as a prefix tree"),
-    ("cut", r"tab server load|scene", r"^requests: axis title 'requests'"),
-    # The architectures tab before it has run, at 1920x1080: its two empty charts stay side by side, the second
-    # wider than its view (its long title), its axis title cut at the right.
-    ("cut", r"tab architectures", r"^The whole model at 4k, 32k and 128k positions"),
-    # No chart whole on screen at a readable size (240x120 px): some lesson tabs' charts at 720p (data areas ~97 px
-    # tall beside their settings, table and explanation), the timeline while the prefill runs (415x96 px) and the
-    # chat's TTFT chart (415x99 px).
-    ("fits", r"^workbench$", r"^no chart readable whole on screen"),
-)
 
-
-def known_open(finding: Finding) -> bool:
-    import re
-
-    return any(finding.rule == rule and re.search(view, finding.view) and re.search(detail, finding.detail)
-               for rule, view, detail in KNOWN_OPEN)
 PROMPT = "The cache keeps what attention has already read."
 
 
@@ -147,12 +124,8 @@ class Walk:
 
     @property
     def findings(self) -> list[tuple[str, str, Finding]]:
-        """What breaks a rule, the known open findings (``KNOWN_OPEN``) apart."""
-        return [(c.phase, c.where, f) for c in self.cells for f in c.findings if not known_open(f)]
-
-    @property
-    def open_findings(self) -> list[tuple[str, str, Finding]]:
-        return [(c.phase, c.where, f) for c in self.cells for f in c.findings if known_open(f)]
+        """What breaks a rule."""
+        return [(c.phase, c.where, f) for c in self.cells for f in c.findings]
 
     # --- the table --------------------------------------------------------------------------------------------
     def table(self) -> str:
