@@ -126,7 +126,7 @@ bench-long: setup
 # The course that ships (resources/course), recorded again on this machine: the embedded model unless ARGS names one
 # (ARGS="--model FOLDER", "--scene cache", "--server URL" for the serving scene). About 3 minutes on two cores.
 course: setup
-	$(BIN)/python -m app.course $(ARGS)
+	$(BIN)/python -m app.lecture.course $(ARGS)
 
 # The lecture from the scenes alone on a real X display (Xvfb) at both projector sizes: PNGs and lecture.json.
 record-lecture: setup

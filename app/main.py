@@ -22,16 +22,16 @@ from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from app import lessons as app_lessons
-from app.controller import Controller
-from app.menus import set_replay_speed
-from app.resources import icon_path
-from app.run_settings import LessonChoices, ModelChoice, RunSettings
-from app.scene_list import NAMES
-from app.store import RunStore
-from app.viewstate import Conversation, ViewState
-from app.window import MainWindow
-from app.worker import EngineClient
-from app.x11watch import WindowWatch
+from app.lecture.scene_list import NAMES
+from app.link.controller import Controller
+from app.link.worker import EngineClient
+from app.shell.menus import set_replay_speed
+from app.shell.window import MainWindow
+from app.shell.x11watch import WindowWatch
+from app.state.run_settings import LessonChoices, ModelChoice, RunSettings
+from app.state.store import RunStore
+from app.state.viewstate import Conversation, ViewState
+from app.views.resources import icon_path
 from engine.terminal.command_line import add_load_flags
 
 
@@ -166,7 +166,7 @@ def given_traces(args: argparse.Namespace) -> list[str]:
     """The traces (or the one lecture file) the command line names; ``--course``: the shipped course's lecture."""
     traces = ([args.trace] if args.trace else []) + args.trace_files
     if args.course:
-        from app.course import course_lecture
+        from app.lecture.course import course_lecture
 
         return [str(course_lecture())]
     return traces
@@ -176,12 +176,12 @@ def course_refused(args: argparse.Namespace) -> str | None:
     """Why ``--course`` cannot be shown, in one line, before any window opens."""
     if not args.course:
         return None
-    from app.course import course_lecture
+    from app.lecture.course import course_lecture
 
     if args.trace or args.trace_files:
         return "--course presents the shipped course: give it without traces"
     if not course_lecture().is_file():
-        return f"no course at {course_lecture()}: record one with make course (python -m app.course)"
+        return f"no course at {course_lecture()}: record one with make course (python -m app.lecture.course)"
     return None
 
 
@@ -202,7 +202,7 @@ def stop_on_signals(app: QApplication, window: MainWindow) -> None:
 
 def self_test(args: argparse.Namespace, started: float) -> int:
     """Offscreen, with throwaway settings, so a check never changes what the user sees next time."""
-    from app.selftest import run_self_test
+    from app.shell.selftest import run_self_test
 
     os.environ["QT_QPA_PLATFORM"] = "offscreen"
     qInstallMessageHandler(_quiet_platform_notes)
@@ -222,7 +222,7 @@ def self_test(args: argparse.Namespace, started: float) -> int:
 def render_video(args: argparse.Namespace) -> int:
     """``--render``: offscreen, on a screen the video's size (so lecture type is sized as on that screen), with
     throwaway settings; progress on stderr; one line and exit 2 for what cannot be rendered, 130 when stopped."""
-    from app.render import (
+    from app.lecture.render import (
         Cancelled,
         Renderer,
         RenderError,

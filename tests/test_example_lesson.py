@@ -58,13 +58,13 @@ sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-x", str(folder / "window
 '''
 
 WINDOW_CHECKS = r'''
-from app.scene_list import BY_NAME
+from app.lecture.scene_list import BY_NAME
 from tests.app.conftest import make_window, start_lesson, close_and_dispose, wait_idle
 from tests.app.screen_audit import Walk, machine_as_told, walk_experiment
 
 
 def test_the_example_has_its_tab_scene_and_keeps_the_screen_rules(qtbot, tiny_model_dir, monkeypatch):
-    from app import lecture
+    from app.lecture.mode import mode as lecture
 
     assert BY_NAME["example"].key == "Y" and BY_NAME["example"].lesson == "example"
     window = make_window(qtbot, tiny_model_dir)

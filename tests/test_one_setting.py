@@ -21,7 +21,7 @@ ANCHOR = "    kv_cache: Annotated[bool, Setting("
 CHECKS = r'''
 from PySide6.QtCore import QSettings
 
-from app.run_settings import RunSettings
+from app.state.run_settings import RunSettings
 from engine.cli import generate_parser
 from engine.facts.events import RunStarted
 from engine.facts.params import GenerationParams

@@ -110,7 +110,7 @@ def test_readme_lists_every_engine_and_app_module():
 
 
 def test_the_glossary_is_the_windows_tooltips_word_for_word():
-    from app.glossary import TERMS
+    from app.state.glossary import TERMS
 
     for term, definition in TERMS.items():
         assert f"- **{term}**: {definition}." in README, term

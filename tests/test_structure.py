@@ -1,12 +1,14 @@
 """The structure the code promises, checked: a lesson is named in its registry only (no lesson or scene name
 written as a string elsewhere), both registries list the same lessons, the main window is a layout (at most 25
-methods), no engine function takes more than 8 parameters, and every engine module sits in a layer (the
+methods), no engine function takes more than 8 parameters, and every engine and app module sits in a layer (the
 import-linter contracts in pyproject.toml check the layers)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [p for folder in ("engine", "app") for p in (ROOT / folder).rglob("*.py")]
@@ -97,7 +99,7 @@ def test_the_engine_and_the_window_list_the_same_lessons_once():
 
 
 def test_the_main_window_is_a_layout_of_at_most_25_methods():
-    tree = ast.parse((ROOT / "app" / "window.py").read_text())
+    tree = ast.parse((ROOT / "app" / "shell" / "window.py").read_text())
     window = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MainWindow")
     methods = [n.name for n in window.body if isinstance(n, ast.FunctionDef)]
     assert len(methods) <= 25, methods
@@ -116,27 +118,35 @@ def test_no_engine_function_takes_more_than_8_parameters():
     assert not crowded, crowded
 
 
-def test_every_engine_module_sits_in_a_layer_of_the_contract():
-    """The engine's folders are its layers: apart from its entry points, every module is inside a package the
-    layers contract names, so a new module cannot sit outside the rules by sitting at the top."""
+def layers_of(contract_name: str) -> set[str]:
     try:
         import tomllib
     except ImportError:                      # Python 3.10: pytest brings tomli
         import tomli as tomllib
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    contract = next(c for c in config["tool"]["importlinter"]["contracts"] if c["name"].startswith("Engine layers"))
-    layers = {name.strip() for layer in contract["layers"] for name in layer.split("|")}
+    contract = next(c for c in config["tool"]["importlinter"]["contracts"] if c["name"].startswith(contract_name))
+    return {name.strip() for layer in contract["layers"] for name in layer.split("|")}
+
+
+@pytest.mark.parametrize("package, contract, top_modules", [
+    ("engine", "Engine layers", ["__init__.py", "__main__.py", "cli.py"]),
+    ("app", "Window layers", ["__init__.py", "__main__.py", "main.py"]),
+])
+def test_every_module_sits_in_a_layer_of_the_contract(package, contract, top_modules):
+    """Each side's folders are its layers: apart from its entry points, every module is inside a package the
+    layers contract names, so a new module cannot sit outside the rules by sitting at the top."""
+    layers = layers_of(contract)
     outside = []
-    for path in (ROOT / "engine").rglob("*.py"):
+    for path in (ROOT / package).rglob("*.py"):
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        if module in ("engine.__init__", "engine.__main__"):
+        if module in (f"{package}.__init__", f"{package}.__main__"):
             continue
         if not any(module == layer or module.startswith(layer + ".") for layer in layers):
             outside.append(module)
     assert not outside, outside
-    top = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
-    assert top == ["__init__.py", "__main__.py", "cli.py"], top
+    top = sorted(p.name for p in (ROOT / package).glob("*.py"))
+    assert top == top_modules, top
 
 
 def test_folders_found_from_a_modules_place_are_those_of_the_tree_it_runs_from():

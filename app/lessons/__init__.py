@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from app.lesson_view import Joins, LessonView, Scene, WindowLesson
 from app.lessons import (
     architectures,
     batch,
@@ -25,6 +24,7 @@ from app.lessons import (
     server_load,
     speculative,
 )
+from app.views.lesson_view import Joins, LessonView, Scene, WindowLesson
 
 LESSONS: tuple[WindowLesson, ...] = tuple(module.WINDOW for module in (
     prefill, cache, batch, continuous, chat, formats, speculative, paged, server_load, architectures, offload, depth,

@@ -9,10 +9,10 @@ from html import escape
 
 import pyqtgraph as pg
 
-from app import theme as th
-from app.chart import Chart, fit_ticks
-from app.lesson_view import LessonView, Scene, WindowLesson
-from app.store import ExperimentRecord
+from app.state.store import ExperimentRecord
+from app.views import theme as th
+from app.views.chart import Chart, fit_ticks
+from app.views.lesson_view import LessonView, Scene, WindowLesson
 from engine.facts import kvformula
 from engine.lessons import architectures
 from engine.lessons.architectures import AT_CONTEXTS, BY_NAME, CONTEXTS, ArchitecturesResult, DesignPoint

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pyqtgraph as pg
 
-from app import theme as th
-from app.lesson_view import LessonView, Scene, WindowLesson, add_labels
-from app.store import ExperimentRecord
+from app.state.store import ExperimentRecord
+from app.views import theme as th
+from app.views.lesson_view import LessonView, Scene, WindowLesson, add_labels
 from engine.lessons import batch
 from engine.lessons.batch import BatchPoint, BatchResult, latency_words
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 
-from app import theme as th
-from app.lesson_view import CONTROLS_PROMPT, LessonView, Scene, WindowLesson, token_note
-from app.store import ExperimentRecord
+from app.state.store import ExperimentRecord
+from app.views import theme as th
+from app.views.lesson_view import CONTROLS_PROMPT, LessonView, Scene, WindowLesson, token_note
 from engine.facts import costmodel
 from engine.lessons import cache
 from engine.lessons.cache import CachePoint, CacheResult

@@ -8,10 +8,10 @@ import html
 
 import pyqtgraph as pg
 
-from app import theme as th
-from app.chart import Chart
-from app.lesson_view import Scene, WindowLesson
-from app.store import ExperimentRecord
+from app.state.store import ExperimentRecord
+from app.views import theme as th
+from app.views.chart import Chart
+from app.views.lesson_view import Scene, WindowLesson
 from engine.facts import contention
 from engine.lessons import chat
 from engine.lessons.chat import ChatResult, TurnPoint

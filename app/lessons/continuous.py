@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 
-from app import theme as th
-from app.chart import Chart
-from app.lesson_view import Joins, LessonView, WindowLesson, token_note
-from app.store import ExperimentRecord
+from app.state.store import ExperimentRecord
+from app.views import theme as th
+from app.views.chart import Chart
+from app.views.lesson_view import Joins, LessonView, WindowLesson, token_note
 from engine.lessons import continuous
 from engine.lessons.continuous import POLICY_WORDS, BatchSizePoint, ContinuousResult, RequestPoint
 

@@ -8,9 +8,9 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
-from app import theme as th
-from app.lesson_view import LessonView, Scene, WindowLesson
-from app.store import ExperimentRecord
+from app.state.store import ExperimentRecord
+from app.views import theme as th
+from app.views.lesson_view import LessonView, Scene, WindowLesson
 from engine.facts import kvformula
 from engine.lessons import depth
 from engine.lessons.depth import DepthPoint, DepthResult

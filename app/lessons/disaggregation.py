@@ -7,10 +7,10 @@ from __future__ import annotations
 import pyqtgraph as pg
 from PySide6.QtWidgets import QHBoxLayout
 
-from app import theme as th
-from app.chart import Chart
-from app.lesson_view import LessonView, Scene, WindowLesson, token_note
-from app.store import ExperimentRecord
+from app.state.store import ExperimentRecord
+from app.views import theme as th
+from app.views.chart import Chart
+from app.views.lesson_view import LessonView, Scene, WindowLesson, token_note
 from engine.facts import kvformula
 from engine.lessons import disaggregation
 from engine.lessons.disaggregation import MODES, DisaggregationResult, GapPoint, ServedPoint

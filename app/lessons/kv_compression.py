@@ -9,10 +9,10 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout
 
-from app import theme as th
-from app.chart import Chart
-from app.lesson_view import CONTROLS_PROMPT, LessonView, Scene, WindowLesson
-from app.store import ExperimentRecord
+from app.state.store import ExperimentRecord
+from app.views import theme as th
+from app.views.chart import Chart
+from app.views.lesson_view import CONTROLS_PROMPT, LessonView, Scene, WindowLesson
 from engine.facts import kvformula
 from engine.lessons import kv_compression
 from engine.lessons.kv_compression import (

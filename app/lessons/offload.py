@@ -8,10 +8,10 @@ import statistics
 
 import pyqtgraph as pg
 
-from app import theme as th
-from app.chart import Chart
-from app.lesson_view import LessonView, Scene, WindowLesson
-from app.store import ExperimentRecord
+from app.state.store import ExperimentRecord
+from app.views import theme as th
+from app.views.chart import Chart
+from app.views.lesson_view import LessonView, Scene, WindowLesson
 from engine.facts import kvformula
 from engine.lessons import offload
 from engine.lessons.offload import OffloadResult, SplitPoint, split_line

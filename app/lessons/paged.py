@@ -8,9 +8,9 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QSlider
 
-from app.lesson_view import LessonView, Scene, WindowLesson, token_note
-from app.prefix_chart import PrefixChart
-from app.store import ExperimentRecord
+from app.state.store import ExperimentRecord
+from app.views.lesson_view import LessonView, Scene, WindowLesson, token_note
+from app.views.prefix_chart import PrefixChart
 from engine.facts import kvformula
 from engine.lessons import paged
 from engine.lessons.paged import PagedRequestPoint, PagedResult

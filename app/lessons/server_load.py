@@ -1,6 +1,6 @@
 """A load test on a serving engine: one lane per request (grey: sent, waiting for the first token; vermillion:
 tokens streaming, by this client's clock), below it what the server itself says on /metrics, and, when the test
-subscribed to the engine's KV events, its prefix cache as a tree of blocks (``app.prefix_chart``)."""
+subscribed to the engine's KV events, its prefix cache as a tree of blocks (``app.views.prefix_chart``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from html import escape
 import pyqtgraph as pg
 from PySide6.QtGui import QFontMetrics
 
-from app import theme as th
-from app.chart import Chart
-from app.lesson_view import LessonView, Scene, WindowLesson
-from app.prefix_chart import PrefixChart
-from app.store import ExperimentRecord
+from app.state.store import ExperimentRecord
+from app.views import theme as th
+from app.views.chart import Chart
+from app.views.lesson_view import LessonView, Scene, WindowLesson
+from app.views.prefix_chart import PrefixChart
 from engine.lessons import server_load
 from engine.lessons.server_load import MetricsPoint, ServedRequest, ServerLoadResult, SlotsPoint
 from engine.serve.block_events import KVBlocks, RequestBlocks

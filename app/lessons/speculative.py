@@ -10,8 +10,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea
 
-from app.lesson_view import CONTROLS_PROMPT, LessonView, Scene, WindowLesson, token_note
-from app.store import ExperimentRecord
+from app.state.store import ExperimentRecord
+from app.views.lesson_view import CONTROLS_PROMPT, LessonView, Scene, WindowLesson, token_note
 from engine.facts import contention
 from engine.lessons import speculative
 from engine.lessons.speculative import PROMPT_LOOKUP, SELF, DecodePoint, DraftPass, SpeculativeResult

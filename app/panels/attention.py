@@ -16,12 +16,12 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
-from app import theme as th
-from app.paint import TimedGraphics
 from app.panels.tokens import escaped
-from app.phase import held_line, run_phase
-from app.store import RunRecord, RunStore
-from app.viewstate import ViewState
+from app.state.phase import held_line, run_phase
+from app.state.store import RunRecord, RunStore
+from app.state.viewstate import ViewState
+from app.views import theme as th
+from app.views.paint import TimedGraphics
 from engine.facts.events import AttentionStep
 
 HOW_BUSY = ("tick <b>record attention</b> under Generation and run once the work in progress is done: each step then "

@@ -5,7 +5,7 @@ prefilled, the prefill time and TTFT, and why nothing was reused when that happe
 turn. *Compare reuse on vs off* runs the conversation both ways, several times with the order alternating,
 and states a difference only where the spreads of the repeats do not overlap.
 
-The conversation itself lives in ``app.viewstate.Conversation``; this panel draws it and asks for turns.
+The conversation itself lives in ``app.state.viewstate.Conversation``; this panel draws it and asks for turns.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import theme as th
-from app.chart import READABLE_DATA_PX, Chart
 from app.lessons import chat as chat_lesson
-from app.store import RunStore
-from app.viewstate import Conversation
+from app.state.store import RunStore
+from app.state.viewstate import Conversation
+from app.views import theme as th
+from app.views.chart import READABLE_DATA_PX, Chart
 
 
 class ChatPanel(QWidget):

@@ -2,7 +2,7 @@
 cache; and the run buttons (Run, Stop, Step, Pause) with a slow-motion slider so an audience can follow. The
 prompt and the run buttons come first: they are what a run needs, and what a small screen must show unscrolled.
 
-The run settings live in ``app.run_settings.RunSettings``, not here: every edit writes it, and the widgets
+The run settings live in ``app.state.run_settings.RunSettings``, not here: every edit writes it, and the widgets
 follow it (a lecture scene's keys change it too). Widgets refuse invalid values by their ranges, and the
 engine's ``GenerationParams`` checks again, so what reaches the engine is what the widgets show.
 """
@@ -29,11 +29,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import requests as rq
-from app.glossary import tip
 from app.panels.details import Details
-from app.resources import sample_prompts
-from app.run_settings import (
+from app.state import requests as rq
+from app.state.glossary import tip
+from app.state.run_settings import (
     DEFAULT_PROMPT,
     MODEL_LIMITED,
     SLOW_MAX_MS,
@@ -42,7 +41,8 @@ from app.run_settings import (
     none_choice,
     param_shape,
 )
-from app.setting_widgets import control, narrow, read, show
+from app.views.resources import sample_prompts
+from app.views.setting_widgets import control, narrow, read, show
 from engine.facts.params import GenerationParams, LoadSettings
 from engine.facts.validation import FieldShape, shape_of, shapes
 from engine.serve.client import without_credentials

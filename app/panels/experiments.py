@@ -7,10 +7,10 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QSizePolicy, QTabWidget
 
 from app import lessons
-from app import theme as th
-from app.lesson_view import LessonView
-from app.run_settings import LessonChoices
-from app.store import RunStore
+from app.state.run_settings import LessonChoices
+from app.state.store import RunStore
+from app.views import theme as th
+from app.views.lesson_view import LessonView
 
 
 class ExperimentsPanel(QTabWidget):

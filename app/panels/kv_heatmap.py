@@ -26,13 +26,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import theme as th
-from app.chart import fit_ticks
-from app.glossary import tip
-from app.paint import TimedGraphics
-from app.phase import held_line, run_phase
-from app.store import RunRecord, RunStore
-from app.viewstate import ViewState
+from app.state.glossary import tip
+from app.state.phase import held_line, run_phase
+from app.state.store import RunRecord, RunStore
+from app.state.viewstate import ViewState
+from app.views import theme as th
+from app.views.chart import fit_ticks
+from app.views.paint import TimedGraphics
 from engine.facts import kvformula
 from engine.facts.events import ServerFacts
 

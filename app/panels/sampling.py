@@ -15,14 +15,14 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from app import theme as th
-from app.chart import Chart
 from app.panels.tokens import escaped
-from app.phase import held_line, run_phase
-from app.run_settings import param_shape
-from app.setting_widgets import control, show
-from app.store import RunStore
-from app.viewstate import ViewState, WhatIfSettings
+from app.state.phase import held_line, run_phase
+from app.state.run_settings import param_shape
+from app.state.store import RunStore
+from app.state.viewstate import ViewState, WhatIfSettings
+from app.views import theme as th
+from app.views.chart import Chart
+from app.views.setting_widgets import control, show
 from engine.facts.events import TokenStep
 from engine.facts.what_if import WhatIf, refilter
 

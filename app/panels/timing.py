@@ -15,13 +15,13 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QGridLayout, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
-from app import theme as th
-from app.chart import READABLE_DATA_PX, Chart
-from app.glossary import tip
 from app.panels.details import Details
-from app.phase import PREFILL, decode_rate, figures, plural, rate, run_phase
-from app.store import RunRecord, RunStore
-from app.viewstate import MAIN, ViewState
+from app.state.glossary import tip
+from app.state.phase import PREFILL, decode_rate, figures, plural, rate, run_phase
+from app.state.store import RunRecord, RunStore
+from app.state.viewstate import MAIN, ViewState
+from app.views import theme as th
+from app.views.chart import READABLE_DATA_PX, Chart
 from engine.facts import contention
 from engine.facts.costmodel import Device, ModelCost
 from engine.facts.events import HardwarePeaks, RunSummary
@@ -320,7 +320,7 @@ class TimingPanel(QWidget):
             self.compiled_lines[1].setValue(first)
 
     def _summary_text(self, run: RunRecord, s: RunSummary, others: list[RunRecord]) -> str:
-        """The selected run in numbers, each figure only once it exists (``app.phase``), then where the run is."""
+        """The selected run in numbers, each figure only once it exists (``app.state.phase``), then where the run is."""
         phase, f = run_phase(run), figures(run)
         if run.remote:
             return remote_summary(run, s) + f" · {escape(phase.words())}"

@@ -17,10 +17,10 @@ from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QTextEdit, QVBoxLayout, QWidget
 
-from app import theme as th
-from app.phase import prefill_passes, run_line
-from app.store import RunRecord, RunStore
-from app.viewstate import ViewState
+from app.state.phase import prefill_passes, run_line
+from app.state.store import RunRecord, RunStore
+from app.state.viewstate import ViewState
+from app.views import theme as th
 
 MODES = ("phase", "latency", "probability")
 HINT = "Hover over or click a token to see its id, position, latency and candidates."

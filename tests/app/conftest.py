@@ -9,7 +9,7 @@ import pytest
 
 def load(window, model: str, device: str = "auto", dtype: str = "auto") -> None:
     """What Load model does with these choices."""
-    from app.requests import Load
+    from app.state.requests import Load
 
     window.controller.load_model(Load(model, device, dtype))
 
@@ -46,7 +46,7 @@ def window(qtbot, tiny_model_dir):
 
 def arrange_at(qtbot, window, size: tuple[int, int]) -> None:
     """Resize the window and wait until its docks are arranged for the new size."""
-    from app.dock_layout import is_compact
+    from app.shell.dock_layout import is_compact
 
     window.resize(*size)
     qtbot.waitUntil(lambda: window.dock_layout.compact is is_compact(*size) and window.dock_layout.settled,

@@ -1,7 +1,7 @@
 """The screen audit's walk: the real window on the tiny model driven through every phase of a run, a chat turn, an
 experiment, a replay and a settings change, and at each phase every registered view read at 1280x720, 1600x1000
 and 1920x1080, in the workbench and in the lecture scenes the phase shows (and blanked), and judged by
-``app.audit``'s rules.
+``app.views.audit``'s rules.
 
 The engine is held in a phase by a gate, not by a sleep: the run waits inside the engine (at the prefill, after
 the prefill's pass, or at a decode step) until the walk has read the screen, however busy the machine is.
@@ -21,9 +21,9 @@ from pathlib import Path
 from PySide6.QtCore import QRect
 from PySide6.QtWidgets import QApplication
 
-from app.audit import RULES, Finding, judge
-from app.scene_list import SCENES
-from app.scenes import RUN_SCENES
+from app.lecture.scene_list import SCENES
+from app.lecture.scenes import RUN_SCENES
+from app.views.audit import RULES, Finding, judge
 
 SIZES = ((1280, 720), (1600, 1000), (1920, 1080))
 
@@ -257,7 +257,7 @@ def walk_run(walk: Walk) -> None:
     walk.cpu_share = 1.0
 
     # what if: the shown step filtered again with other settings, no rerun
-    from app.viewstate import WhatIfSettings
+    from app.state.viewstate import WhatIfSettings
 
     w.state.set_what_if(WhatIfSettings(1.5, 3, 0.9))
     walk.look("what if on the shown step", scenes=("sampling",))
@@ -359,7 +359,7 @@ def machine_as_told(walk: Walk, monkeypatch) -> None:
 
 def walk_everything(qtbot, model_dir: Path, folder: Path, monkeypatch, lecture_trace: Path | None = None,
                     sizes: Iterable[tuple[int, int]] = SIZES) -> Walk:
-    from app import lecture
+    from app.lecture.mode import mode as lecture
     from tests.app.conftest import make_window
 
     window = make_window(qtbot)

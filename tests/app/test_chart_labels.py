@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QRect
 
-from app.chart import label_offsets
+from app.views.chart import label_offsets
 from tests.app.conftest import close_and_dispose, open_replayed
 
 

@@ -86,7 +86,7 @@ def test_a_replayed_comparison_shows_its_conversation_as_the_transcript(qtbot, w
 
 
 def test_the_comparison_draws_each_turn_as_it_is_measured_not_at_the_end(qtbot, tiny):
-    from app.chart import has_data
+    from app.views.chart import has_data
     from engine.facts.events import ExperimentPoint
     from engine.run.session import Session
     from tests.app.conftest import close_and_dispose, make_window

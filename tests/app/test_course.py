@@ -1,5 +1,6 @@
 """The course that ships: every scene of it has its data, renders on its trace's own clock, never stands still for
-a second outside its declared hold, and ends with nothing clipped; ``--course`` and ``app.course`` around it."""
+a second outside its declared hold, and ends with nothing clipped; ``--course`` and ``app.lecture.course`` around
+it."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from app.audit import AuditedView, judge, read_view
-from app.course import BUDGET_BYTES, LECTURE, SUFFIX, course_lecture, lecture_plan, recordings
-from app.lecture_file import read_lecture
-from app.render import Renderer, RenderSettings, frame_count, missing_data, schedule
-from app.scene_list import SCENES
+from app.lecture.course import BUDGET_BYTES, LECTURE, SUFFIX, course_lecture, lecture_plan, recordings
+from app.lecture.lecture_file import read_lecture
+from app.lecture.render import Renderer, RenderSettings, frame_count, missing_data, schedule
+from app.lecture.scene_list import SCENES
+from app.views.audit import AuditedView, judge, read_view
 from engine import lessons as engine_lessons
 from engine.facts.events import ExperimentFinished, ExperimentStarted, RunFinished, RunStarted
 from engine.output.trace import read_trace, read_traces, recorded
@@ -68,7 +69,7 @@ def test_every_lesson_a_scene_draws_declares_settings_for_the_course_that_its_ch
 @pytest.mark.parametrize("entry", SHIPPED, ids=[s.scene for s in SHIPPED])
 def test_each_shipped_scene_renders_from_its_data_on_its_clock_never_still_and_keeps_the_screen_rules(
         qtbot, monkeypatch, tmp_path, entry):
-    import app.render as render
+    import app.lecture.render as render
 
     assert missing_data(entry) is None                              # never "press R"
     traces = read_traces(entry.traces)
@@ -118,14 +119,14 @@ def test_course_opens_the_shipped_lecture_and_is_refused_with_traces_or_without_
     args = main.parse_args(["--course"])
     assert main.given_traces(args) == [str(course_lecture())] and main.course_refused(args) is None
     assert "without traces" in main.course_refused(main.parse_args(["--course", "run.kvscope.jsonl"]))
-    monkeypatch.setattr("app.course.course_folder", lambda: tmp_path)
+    monkeypatch.setattr("app.lecture.course.course_folder", lambda: tmp_path)
     assert "make course" in main.course_refused(args)
 
 
 def test_the_recorder_writes_the_scenes_asked_for_and_a_lecture_of_what_exists(tmp_path, tiny_model_dir):
-    out = subprocess.run([sys.executable, "-m", "app.course", "--out", str(tmp_path), "--model", str(tiny_model_dir),
-                          "--scene", "prefill", "--scene", "paged"], capture_output=True, text=True, cwd=ROOT,
-                         timeout=600)
+    out = subprocess.run([sys.executable, "-m", "app.lecture.course", "--out", str(tmp_path),
+                          "--model", str(tiny_model_dir), "--scene", "prefill", "--scene", "paged"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in tmp_path.glob(f"*{SUFFIX}")) == [f"paged{SUFFIX}", f"run{SUFFIX}"]
     plan = read_lecture(tmp_path / LECTURE)
@@ -134,7 +135,7 @@ def test_the_recorder_writes_the_scenes_asked_for_and_a_lecture_of_what_exists(t
 
 
 def test_a_scene_credits_its_recording_until_a_live_run_replaces_it(qtbot, window, tmp_path, tiny):
-    from app.lecture_file import LectureScene, write_lecture
+    from app.lecture.lecture_file import LectureScene, write_lecture
     from engine.facts.params import GenerationParams
     from engine.output.trace import write_trace
     from engine.run.session import Session

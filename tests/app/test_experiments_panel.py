@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from app import export
+from app.views import export
 from engine.facts.events import HardwarePeaks
 from engine.lessons.batch import BatchPoint
 from engine.lessons.prefill import PrefillPoint
@@ -221,7 +221,7 @@ def test_a_prefill_whose_products_ran_widened_is_compared_with_float32s_peak(qtb
 
 
 def test_every_lesson_view_before_its_first_run_shows_no_numbers_and_says_what_will_appear(qtbot, window):
-    from app.chart import Chart
+    from app.views.chart import Chart
 
     window.refresh(force=True)
     for kind, view in window.experiments.views.items():
@@ -232,7 +232,7 @@ def test_every_lesson_view_before_its_first_run_shows_no_numbers_and_says_what_w
 
 
 def test_in_a_short_dock_a_lessons_form_and_table_fold_so_its_chart_keeps_a_readable_height(qtbot, window):
-    from app.chart import READABLE_DATA_PX
+    from app.views.chart import READABLE_DATA_PX
 
     arrange_at(qtbot, window, (1280, 600))                    # a dock shorter than form, table and chart need
     window.docks["experiments"].raise_()

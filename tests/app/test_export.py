@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from app import export
+from app.views import export
 from tests.app.conftest import run_and_wait
 
 

@@ -10,8 +10,8 @@ import pytest
 from PySide6.QtCore import QSettings
 
 from app.panels.tokens import BLOCK_CHARS, BREAK, BREAK_AFTER, TOKENS_PER_REFRESH, TokensPanel
-from app.store import RunStore
-from app.viewstate import ViewState
+from app.state.store import RunStore
+from app.state.viewstate import ViewState
 from engine.facts.events import RunFailed, TokenStep
 from engine.facts.params import GenerationParams
 from engine.output.trace import read_trace

@@ -3,7 +3,7 @@ against the formula, and a remembered choice the engine cannot parse comes back 
 
 from __future__ import annotations
 
-from app.run_settings import RunSettings
+from app.state.run_settings import RunSettings
 from tests.app.conftest import run_and_wait
 
 

@@ -9,12 +9,13 @@ import pytest
 from PySide6.QtCore import QPoint, QPointF, QRect
 from PySide6.QtGui import QKeySequence
 
-from app import lecture, theme
-from app.chart import Chart
-from app.scene_list import NAMES
-from app.scenes import CAPTION_LINES, run_claim, split_caption
-from app.store import RunRecord
-from app.viewstate import ViewState
+from app.lecture.mode import mode as lecture
+from app.lecture.scene_list import NAMES
+from app.lecture.scenes import CAPTION_LINES, run_claim, split_caption
+from app.state.store import RunRecord
+from app.state.viewstate import ViewState
+from app.views import theme
+from app.views.chart import Chart
 from engine.facts.events import RunStarted
 from tests.app.conftest import close_and_dispose, open_replayed, run_and_wait, wait_idle
 
@@ -213,7 +214,7 @@ def test_a_stopping_line_goes_when_the_work_has_ended_and_a_line_said_after_it_s
 
 
 def test_the_status_bar_and_the_model_label_name_the_model_and_its_details_keep_why(qtbot, window):
-    from app.routing import describe_loaded
+    from app.link.routing import describe_loaded
 
     loaded = window.client.model
     reason = loaded.dtype_reason
@@ -270,7 +271,7 @@ def test_r_in_another_scene_stops_the_run_started_elsewhere_and_starts_this_scen
 
 def test_a_lecture_names_no_run_of_its_traces_and_an_opened_trace_names_its_run(qtbot, window, lecture_trace,
                                                                                tmp_path):
-    from app.lecture_file import LectureScene, write_lecture
+    from app.lecture.lecture_file import LectureScene, write_lecture
 
     shown: list[str] = []
     real = window.surface.show_status

@@ -12,8 +12,8 @@ from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import QComboBox
 
 from app import lessons as app_lessons
-from app.lesson_view import CONTROLS_PROMPT
-from app.scene_list import SCENES
+from app.lecture.scene_list import SCENES
+from app.views.lesson_view import CONTROLS_PROMPT
 from engine import lessons
 from engine.facts.events import ExperimentFinished
 from engine.model import kvcache

@@ -15,7 +15,7 @@ import pytest
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QFileSystemModel
 
-from app.file_actions import PlainIcons, RegularFilesOnly
+from app.shell.file_actions import PlainIcons, RegularFilesOnly
 from tests.app.conftest import close_and_dispose, load, make_window, run_and_wait, wait_idle
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ import re
 import pytest
 from PySide6.QtCore import QRect
 
-from app import lecture
-from app.phase import FAILED, FINISHED, NOTHING, PREFILL, STEPPING, STOPPED, figures, run_phase
-from app.scenes import RUN_SCENES, scene_claim
+from app.lecture.mode import mode as lecture
+from app.lecture.scenes import RUN_SCENES, scene_claim
+from app.state.phase import FAILED, FINISHED, NOTHING, PREFILL, STEPPING, STOPPED, figures, run_phase
 from engine.run.faults import parse
 from tests.app.conftest import close_and_dispose, open_replayed, run_and_wait, wait_idle
 
@@ -227,7 +227,7 @@ def test_a_replayed_run_takes_no_ceiling_from_this_machines_peaks(qtbot, window,
 
 
 def test_an_experiment_that_has_reported_no_progress_yet_says_starting_not_zero_of_zero():
-    from app.phase import RUNNING_EXPERIMENT, ExperimentPhase
+    from app.state.phase import RUNNING_EXPERIMENT, ExperimentPhase
 
     assert ExperimentPhase(RUNNING_EXPERIMENT, 0, 0, 0, "", 2500.0).words() == "running for 2.5 s: starting"
     assert (ExperimentPhase(RUNNING_EXPERIMENT, 1, 4, 1, "prompt 2", 61_000.0).words()

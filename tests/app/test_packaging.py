@@ -37,7 +37,7 @@ def test_self_test_fails_cleanly_on_a_bad_model(cache_root, tmp_path):
 
 
 def test_about_lists_versions_device_and_files(qtbot, window):
-    from app.dialogs import AboutDialog
+    from app.shell.dialogs import AboutDialog
 
     qtbot.waitUntil(lambda: window.store.peaks is not None, timeout=30_000)
     dialog = AboutDialog(window, window.client.model, window.store.peaks, window.settings.fileName(), busy=False)
@@ -45,7 +45,7 @@ def test_about_lists_versions_device_and_files(qtbot, window):
     for fragment in ("torch", "transformers", "PySide6", "tiny", "GFLOP/s", "converted models", "settings.ini"):
         assert fragment in text, fragment
     dialog.close()
-    from app.dialogs import peaks_words
+    from app.shell.dialogs import peaks_words
 
     widened = dataclasses.replace(window.store.peaks, dtype="bfloat16", flops_per_s=26e9, wide_rows=24,
                                   wide_flops_per_s=132e9)
@@ -74,7 +74,7 @@ def test_first_run_dialog_follows_conversion_progress(qtbot, window):
 def test_window_icon_and_desktop_entry(window):
     from PySide6.QtWidgets import QApplication
 
-    from app.resources import icon_path
+    from app.views.resources import icon_path
 
     assert icon_path().is_file() and (icon_path().parent / "kvscope-256.png").is_file()
     assert not QApplication.instance().windowIcon().isNull()

@@ -7,9 +7,9 @@ import pyqtgraph as pg
 import pytest
 from PySide6.QtWidgets import QTextEdit, QVBoxLayout, QWidget
 
-from app import audit
-from app.audit_paint import CROSSED, CUT, LEGEND, UNIT, painted_faults, scrolled_boxes, unitless_numbers
-from app.phase import RunPhase, figures, run_phase
+from app.state.phase import RunPhase, figures, run_phase
+from app.views import audit
+from app.views.audit_paint import CROSSED, CUT, LEGEND, UNIT, painted_faults, scrolled_boxes, unitless_numbers
 
 
 def chart(qtbot, size=(400, 300)) -> tuple[pg.PlotWidget, pg.PlotItem]:
@@ -79,7 +79,7 @@ def test_an_axis_title_longer_than_its_axis_is_found(qtbot):
 
 
 def test_a_title_set_through_the_theme_is_centred_on_its_axis(qtbot):
-    from app import theme as th
+    from app.views import theme as th
 
     widget, plot = chart(qtbot, size=(400, 110))
     axis = plot.getAxis("left")
@@ -148,7 +148,7 @@ def test_the_rules_turn_painted_faults_into_findings_only_where_they_apply():
 
 
 def test_a_title_too_long_for_its_axis_is_set_smaller_then_shortened_never_cut(qtbot):
-    from app import theme as th
+    from app.views import theme as th
 
     widget, plot = chart(qtbot, size=(400, 300))
     axis = plot.getAxis("left")
@@ -174,7 +174,7 @@ def test_a_chart_title_wider_than_its_view_is_found(qtbot):
 
 
 def test_a_chart_title_too_wide_is_set_smaller_then_shortened_its_kind_kept_and_whole_again_with_room(qtbot):
-    from app.chart import Chart
+    from app.views.chart import Chart
 
     title = "Which positions each cache holds, in most of its layers: in full, quantized (measured)"
     widget = Chart(title, legend=False)

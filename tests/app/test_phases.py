@@ -4,8 +4,8 @@ the window replays with the peaks it was judged with, the first token's phase re
 
 from __future__ import annotations
 
-from app.phase import PAUSED, PREFILLED, STEPPING, run_phase
-from app.status import run_texts
+from app.state.phase import PAUSED, PREFILLED, STEPPING, run_phase
+from app.views.status import run_texts
 from tests.app.conftest import open_replayed, run_and_wait
 from tests.app.screen_audit import Gate, held, let_go
 
@@ -90,7 +90,7 @@ def test_a_run_saved_from_the_window_replays_with_the_peaks_it_was_judged_with(q
 def test_the_prefills_words_say_when_its_first_pass_went_through_the_compiled_package():
     from types import SimpleNamespace
 
-    from app.phase import prefill_passes
+    from app.state.phase import prefill_passes
     from engine.facts.events import PrefillDone
 
     def run(**fields):

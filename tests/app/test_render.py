@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QRect
 
-from app import theme as th
-from app.lecture_file import LectureFileError, LectureScene, read_lecture, write_lecture
-from app.render import Cancelled, Renderer, RenderError, RenderSettings, frame_count, plan_scenes, schedule
-from app.video_export import VideoExport
+from app.lecture.lecture_file import LectureFileError, LectureScene, read_lecture, write_lecture
+from app.lecture.render import Cancelled, Renderer, RenderError, RenderSettings, frame_count, plan_scenes, schedule
+from app.lecture.video_export import VideoExport
+from app.views import theme as th
 from engine.facts.events import RunStarted, TokenStep
 from engine.facts.params import GenerationParams
 from engine.output.trace import read_trace, write_trace

@@ -11,9 +11,9 @@ from PySide6.QtGui import QColor, QImage, QPainter
 from PySide6.QtSvg import QSvgRenderer
 
 from app import lessons as app_lessons
-from app.export import export_widget
-from app.scene_list import BY_NAME
-from app.scene_list import NAMES as SCENES
+from app.lecture.scene_list import BY_NAME
+from app.lecture.scene_list import NAMES as SCENES
+from app.views.export import export_widget
 from tests.app.conftest import close_and_dispose, open_replayed, run_and_wait, start_lesson, wait_idle
 
 MIN_PLOT = {(1920, 1080): (700, 300), (1280, 720): (420, 180)}     # plot area (px) of a scene's main chart

@@ -1,6 +1,6 @@
 """The screen audit in the suite: the real window walked through every phase of a run, a chat turn, an experiment,
 the lessons before and after they run and a replay, at 1280x720, 1600x1000 and 1920x1080, in the workbench and
-the lecture scenes; every registered view keeps every rule of ``app.audit`` in every reading. The table (view x
+the lecture scenes; every registered view keeps every rule of ``app.views.audit`` in every reading. The table (view x
 phase) is printed (``make audit`` shows it)."""
 
 from __future__ import annotations

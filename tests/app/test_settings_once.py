@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import QSettings
 
-from app.phase import plural
-from app.run_settings import Choices, RunSettings, param_shape
+from app.state.phase import plural
+from app.state.run_settings import Choices, RunSettings, param_shape
 from engine import lessons
 from engine.cli import generate_parser
 from engine.facts.events import HardwarePeaks

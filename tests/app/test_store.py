@@ -1,6 +1,6 @@
 """The run store: bounded history that never lets an experiment's runs push your own runs out."""
 
-from app.store import RunStore
+from app.state.store import RunStore
 from engine.facts.events import ExperimentStarted, RunStarted
 from engine.facts.params import GenerationParams
 

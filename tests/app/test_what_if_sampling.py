@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtGui import QKeySequence
 
-from app.viewstate import WhatIfSettings
+from app.state.viewstate import WhatIfSettings
 from engine.facts.what_if import refilter
 from tests.app.conftest import run_and_wait
 

@@ -6,8 +6,8 @@ from PySide6.QtCore import QEvent, QPoint, QPointF, Qt
 from PySide6.QtGui import QMouseEvent
 from PySide6.QtWidgets import QApplication
 
-from app.lecture import fit_to_screen
-from app.phase import rate
+from app.lecture.mode import fit_to_screen
+from app.state.phase import rate
 from engine.facts.params import GenerationParams
 from tests.app.conftest import close_and_dispose, load, make_window, run_and_wait, wait_idle
 

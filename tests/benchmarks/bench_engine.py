@@ -84,8 +84,8 @@ def bare_compiled_once(session, ids: list[int], n: int) -> dict:
 
 def window_sink():
     """The sink the window uses: the worker's push (no thread, no GUI: the GUI's own cost is bench_gui's)."""
-    from app.run_control import RunControl
-    from app.worker import EngineWorker
+    from app.link.worker import EngineWorker
+    from app.state.run_control import RunControl
 
     worker = EngineWorker(RunControl())
     return worker, worker.push

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> dict:
     import dataclasses
 
     from app import lessons as app_lessons
-    from app.export import export_widget
+    from app.views.export import export_widget
     from engine import lessons
     from engine.output.trace import write_trace
 

@@ -22,7 +22,7 @@ from PySide6.QtGui import QKeySequence
 from PySide6.QtTest import QTest
 
 from app import lessons as app_lessons
-from app.scene_list import SCENES
+from app.lecture.scene_list import SCENES
 
 TABS = {"cache": {"new_tokens": 24}, "prefill": {"max_length": 512, "repeats": 1},
         "batch": {"sizes": (1, 2, 4, 8), "new_tokens": 16}, "continuous": {"requests": 4},

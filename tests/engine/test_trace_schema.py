@@ -189,7 +189,7 @@ def test_fuzzed_traces_are_refused_or_replay_cleanly(lines, tmp_path):
     what is accepted replays into the store and every derived figure is finite."""
     import tracemalloc
 
-    from app.store import RunStore
+    from app.state.store import RunStore
 
     rng = random.Random(7)
     tracemalloc.start()

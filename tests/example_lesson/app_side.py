@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyqtgraph as pg
 from engine.lessons.example import ExampleMark, ExamplePoint, ExampleResult
 
-from app import theme as th
-from app.lesson_view import LessonView, Scene, WindowLesson
-from app.store import ExperimentRecord
+from app.state.store import ExperimentRecord
+from app.views import theme as th
+from app.views.lesson_view import LessonView, Scene, WindowLesson
 from engine.lessons import example
 
 

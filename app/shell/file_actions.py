@@ -15,12 +15,12 @@ from PySide6.QtCore import QFileInfo, QSettings, QSortFilterProxyModel
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QFileDialog, QFileIconProvider, QInputDialog, QWidget
 
-from app import export
-from app.controller import Controller
-from app.lecture_file import is_lecture_file
-from app.routing import Surface
-from app.store import RunStore
-from app.viewstate import ViewState
+from app.lecture.lecture_file import is_lecture_file
+from app.link.controller import Controller
+from app.link.routing import Surface
+from app.state.store import RunStore
+from app.state.viewstate import ViewState
+from app.views import export
 from engine.facts.errors import TraceError
 from engine.output.perfetto import write_perfetto
 from engine.output.trace import write_checked
@@ -229,8 +229,8 @@ class FileActions:
 
     def export_video(self, scene: str | None) -> None:
         """The scene shown (else scene 1) with the run or experiment it shows, as an MP4 or GIF."""
-        from app.scenes import scene_lesson
-        from app.video_export import VideoExport
+        from app.lecture.scenes import scene_lesson
+        from app.lecture.video_export import VideoExport
 
         scene = scene or "prefill"
         kind = scene_lesson(scene)

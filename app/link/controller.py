@@ -1,4 +1,4 @@
-"""The window's actions, without a widget in sight (what the engine reports back is ``app.routing``'s).
+"""The window's actions, without a widget in sight (what the engine reports back is ``app.link.routing``'s).
 
 Every action either starts work in the engine or says why it did not (busy with what, nothing loaded yet); a
 Run pressed while the previous run winds down after Stop, or while the machine is being measured after a
@@ -13,12 +13,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
-from app import requests as rq
-from app.routing import Activity, EventRouter, Surface
-from app.run_settings import LessonChoices, ModelChoice, RunSettings
-from app.store import RunStore
-from app.viewstate import Conversation, ViewState
-from app.worker import EngineClient
+from app.link.routing import Activity, EventRouter, Surface
+from app.link.worker import EngineClient
+from app.state import requests as rq
+from app.state.run_settings import LessonChoices, ModelChoice, RunSettings
+from app.state.store import RunStore
+from app.state.viewstate import Conversation, ViewState
 from engine import lessons as engine_lessons
 from engine.facts.errors import EngineError
 from engine.serve.client import without_credentials

@@ -15,8 +15,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import field, make_dataclass, replace
 
-from app import requests as rq
-from app.viewstate import Observable
+from app.state import requests as rq
+from app.state.viewstate import Observable
 from engine.facts.errors import ParameterError
 from engine.facts.events import LessonSettings
 from engine.facts.fields import Key, Range

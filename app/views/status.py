@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
 
-from app.glossary import tip
-from app.phase import (
+from app.state.glossary import tip
+from app.state.phase import (
     FAILED,
     INCOMPLETE,
     PAUSED,
@@ -19,7 +19,7 @@ from app.phase import (
     rate,
     run_phase,
 )
-from app.store import RunRecord
+from app.state.store import RunRecord
 from engine.facts.kvformula import format_bytes
 
 SLOW_TOK_S = 10.0          # below it the strip gives the time per token too (the strip's width is the window's)
@@ -34,7 +34,7 @@ TIPS = {"ttft": tip("TTFT"), "prefill": tip("prefill", "tok/s"), "decode": tip("
 
 
 def run_texts(run: RunRecord) -> dict[str, str]:
-    """The strip's fields for ``run``: only the figures that exist now (``app.phase``), in the formats every
+    """The strip's fields for ``run``: only the figures that exist now (``app.state.phase``), in the formats every
     other view uses."""
     phase, f, m = run_phase(run), figures(run), run.model
     out = {"phase": PHASE_WORDS.get(phase.name, "")}
@@ -113,7 +113,7 @@ class StatusStrip(QStatusBar):
         self._fit()
 
     def show_run(self, run: RunRecord | None) -> None:
-        """The selected run's figures that exist now (``app.phase``): while the prompt's pass runs, its elapsed
+        """The selected run's figures that exist now (``app.state.phase``): while the prompt's pass runs, its elapsed
         time and nothing else; TTFT with the first token; a decode rate once a decode step is timed."""
         texts = dict.fromkeys(("phase", "ttft", "prefill", "decode", "tokens", "context", "kv"), "")
         if run is not None:

@@ -14,8 +14,8 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
-from app import theme as th
-from app.chart import Chart
+from app.views import theme as th
+from app.views.chart import Chart
 from engine.serve.prefix_tree import Block, PrefixTree
 
 SHARED, OWN, REMOVED, PATH = "#CC79A7", "#0072B2", "#CCCCCC", "#000000"

@@ -1,5 +1,5 @@
 """The engine's thread. ``EngineWorker`` lives in a ``QThread`` and carries out one request at a time (the typed
-requests of ``app.requests``: load a model, run a prompt, a chat turn, a lesson, replay traces, measure the
+requests of ``app.state.requests``: load a model, run a prompt, a chat turn, a lesson, replay traces, measure the
 machine); ``EngineClient`` is its face in the GUI thread.
 
 Events leave the worker through an outbox (a deque: appends and pops are thread-safe) plus one coalesced
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app import requests as rq
-from app.run_control import RunControl
+from app.state import requests as rq
+from app.state.run_control import RunControl
 from engine.facts.errors import EngineError
 from engine.facts.events import LoadProgress, ModelLoaded
 from engine.model.memory import device_memory_bytes, process_rss_bytes, release_freed_heap
@@ -34,7 +34,7 @@ DRAIN_BATCH = 2000           # events the GUI takes in per refresh tick at most 
 
 @dataclass(frozen=True)
 class Busy:
-    """The worker took a request: ``what`` it is busy with (``app.requests.BUSY``)."""
+    """The worker took a request: ``what`` it is busy with (``app.state.requests.BUSY``)."""
 
     what: str
 

@@ -32,8 +32,8 @@ from PySide6.QtCore import QRect, Qt
 from PySide6.QtGui import QColor, QFont, QImage, QPainter
 from PySide6.QtWidgets import QApplication
 
-from app import theme as th
-from app.lecture_file import LectureScene
+from app.lecture.lecture_file import LectureScene
+from app.views import theme as th
 from engine.facts.errors import EngineError
 
 MIN_SIZE, MAX_SIZE = (320, 240), (3840, 2160)
@@ -121,7 +121,7 @@ def missing_data(scene: LectureScene) -> str | None:
     None. Checked before the first frame: a scene without its data would render as an empty chart saying
     "press R"."""
     from app import lessons
-    from app.scene_list import BY_NAME
+    from app.lecture.scene_list import BY_NAME
     from engine import lessons as engine_lessons
     from engine.facts.events import ExperimentStarted, RunStarted
     from engine.output.trace import read_traces
@@ -154,8 +154,8 @@ def missing_data(scene: LectureScene) -> str | None:
 def plan_scenes(paths: Sequence[str], scene: str | None) -> list[LectureScene]:
     """What ``--render`` draws: a lecture file's scenes (only ``scene`` when given: ``--course --scene kv`` is the
     course's KV scene, not all sixteen), or ``scene`` (default the first) over every trace given."""
-    from app.lecture_file import is_lecture_file, read_lecture
-    from app.scene_list import NAMES
+    from app.lecture.lecture_file import is_lecture_file, read_lecture
+    from app.lecture.scene_list import NAMES
 
     if not paths:
         raise RenderError("--render needs the traces to draw (TRACE ...) or a lecture file")

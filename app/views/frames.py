@@ -2,7 +2,7 @@
 
 The token text and status strip follow the store at once (a long text in batches, one per tick, while
 ``behind`` says there is more; during a prefill, its clock ten times a second). While a run streams, the
-charts refresh no more often than their measured painting cost allows (``app.paint``), one chart per tick so
+charts refresh no more often than their measured painting cost allows (``app.views.paint``), one chart per tick so
 no single tick paints them all; forced, or once the shown run has finished, all at once. Every refresh goes
 through ``guard`` so a panel that raises ends in a banner instead of stopping the timer.
 """
@@ -15,9 +15,9 @@ from typing import Protocol
 
 from PySide6.QtCore import QElapsedTimer, QObject, QTimer
 
-from app.paint import METER
-from app.store import RunStore
-from app.viewstate import ViewState
+from app.state.store import RunStore
+from app.state.viewstate import ViewState
+from app.views.paint import METER
 
 REFRESH_MS = 33
 

@@ -7,7 +7,7 @@ import io
 import json
 from pathlib import Path
 
-from app.store import ExperimentRecord, RunRecord
+from app.state.store import ExperimentRecord, RunRecord
 from engine.facts.events import to_dict
 from engine.facts.validation import shapes
 from engine.facts.vocabulary import MORE
@@ -67,7 +67,7 @@ def export_widget(widget, path: str | Path) -> Path:
     from PySide6.QtSvg import QSvgGenerator
     from PySide6.QtWidgets import QWidget
 
-    from app.svgclip import cut_to_axes
+    from app.views.svgclip import cut_to_axes
 
     target = Path(path)
     suffix = target.suffix.lower()

@@ -1,6 +1,6 @@
 """What a screen paints rather than holds as widget text, read with where it lands: the marks a chart draws (bars),
 its value labels, its tick labels and axis titles, its legend's markers and labels, and where a widget sits in the
-scroll areas that hold it. The screen audit (``app.audit``) judges these readings; nothing here decides a verdict
+scroll areas that hold it. The screen audit (``app.views.audit``) judges these readings; nothing here decides a verdict
 beyond naming what collides, what is cut and what lacks a unit.
 
 Every rectangle is in one coordinate system per check: a chart's in its graphics scene, a widget's in its window.

@@ -12,9 +12,9 @@ from __future__ import annotations
 from PySide6.QtCore import QByteArray, QSettings
 
 from app.panels.controls import ControlsPanel
-from app.run_settings import RunSettings
-from app.store import RunStore
-from app.viewstate import KV_MODES, TOKEN_COLOURS, ViewState
+from app.state.run_settings import RunSettings
+from app.state.store import RunStore
+from app.state.viewstate import KV_MODES, TOKEN_COLOURS, ViewState
 
 MAX_HISTORY = 500
 

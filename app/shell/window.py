@@ -1,8 +1,8 @@
 """``MainWindow``: the workbench's layout (docks around the token stream) and the window's own actions (layout,
-about, quit). It is a view: actions and event routing live in ``app.controller``, what the window shows for
-the controller in ``app.surface``, lecture mode in ``app.lecture``, menus in ``app.menus``, file actions in
-``app.file_actions``, remembered settings in ``app.window_settings``, the refresh timer in ``app.frames``, and
-what is shown in the models of ``app.viewstate`` and ``app.run_settings``.
+about, quit). It is a view: actions and event routing live in ``app.link.controller``, what the window shows for
+the controller in ``app.shell.surface``, lecture mode in ``app.lecture.mode``, menus in ``app.shell.menus``, file
+actions in ``app.shell.file_actions``, remembered settings in ``app.shell.window_settings``, the refresh timer in
+``app.views.frames``, and what is shown in the models of ``app.state.viewstate`` and ``app.state.run_settings``.
 """
 
 from __future__ import annotations
@@ -27,16 +27,11 @@ from PySide6.QtWidgets import (
 )
 
 from app import lessons as app_lessons
-from app import theme as th
-from app import window_settings
-from app.audit import EXPERIMENT, OTHER, RUN, SETTINGS, Known, ScreenAudit
-from app.controller import Controller
-from app.dialogs import AboutDialog
-from app.dock_layout import TITLES, DockLayout
-from app.file_actions import FileActions
-from app.frames import FrameScheduler
-from app.lecture import Lecture, fit_to_screen
-from app.menus import SHORTCUTS, build_menus, set_lecture_keys
+from app.lecture.mode import Lecture, fit_to_screen
+from app.lecture.scene_list import BY_NAME, SCENES
+from app.lecture.scenes import RUN_SCENES, Context, SceneView, scene_lesson
+from app.link.controller import Controller
+from app.link.worker import EngineClient
 from app.panels.attention import AttentionPanel
 from app.panels.chat import ChatPanel
 from app.panels.controls import ControlsPanel
@@ -45,16 +40,21 @@ from app.panels.kv_heatmap import KVHeatmapPanel
 from app.panels.sampling import SamplingPanel
 from app.panels.timing import TimingPanel
 from app.panels.tokens import WORKBENCH_LINES, TokensPanel
-from app.phase import experiment_phase, figures, run_phase
-from app.run_settings import LessonChoices, ModelChoice, RunSettings
-from app.scene_list import BY_NAME, SCENES
-from app.scenes import RUN_SCENES, Context, SceneView, scene_lesson
-from app.settings import open_settings
-from app.status import StatusStrip
-from app.store import RunStore
-from app.surface import ErrorBanner, WindowSurface
-from app.viewstate import Conversation, ViewState
-from app.worker import EngineClient
+from app.shell import window_settings
+from app.shell.dialogs import AboutDialog
+from app.shell.dock_layout import TITLES, DockLayout
+from app.shell.file_actions import FileActions
+from app.shell.menus import SHORTCUTS, build_menus, set_lecture_keys
+from app.shell.settings import open_settings
+from app.shell.surface import ErrorBanner, WindowSurface
+from app.state.phase import experiment_phase, figures, run_phase
+from app.state.run_settings import LessonChoices, ModelChoice, RunSettings
+from app.state.store import RunStore
+from app.state.viewstate import Conversation, ViewState
+from app.views import theme as th
+from app.views.audit import EXPERIMENT, OTHER, RUN, SETTINGS, Known, ScreenAudit
+from app.views.frames import FrameScheduler
+from app.views.status import StatusStrip
 from engine.facts.kvformula import format_bytes
 from engine.model.gguf import remove_all_conversions
 from engine.store.paths import offloaded_models_dir, remove_tree

@@ -11,8 +11,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QFont, QFontMetricsF
 
-from app import theme as th
-from app.paint import TimedGraphics
+from app.views import theme as th
+from app.views.paint import TimedGraphics
 
 MIN_DATA_PX = 100            # the least height of a chart's data area in the workbench (its dock scrolls below it)
 READABLE_DATA_PX = 135       # the same for the one chart a short panel keeps readable

@@ -6,7 +6,7 @@ strip and the scene; every lesson's view is registered from the lesson registry)
 A reading walks the view's visible widgets: every label, button, progress bar and read-only text, and every chart
 (whether it draws data, whether its axes or colour bar print numbers, the words drawn on it); a label or a chart's
 words that do not fit their room are *clipped*. The rules (``RULES``) judge the readings against what is known
-(``Known``: the selected run's phase and figures from ``app.phase``, the experiments' phases, what the engine is
+(``Known``: the selected run's phase and figures from ``app.state.phase``, the experiments' phases, what the engine is
 busy with, whether a setting differs from the run shown):
 
 - ``before``: no TTFT, rate or KV figure of the run before it exists;
@@ -18,7 +18,7 @@ busy with, whether a setting differs from the run shown):
 - ``ended``: an ended run is never described as still running;
 - ``busy``: nothing invites "press R" while the engine is busy with something else;
 - ``clipped``: nothing is cut off;
-- ``painted`` (``app.audit_paint`` reads it): no value label across a bar or over tick labels, no tick labels over
+- ``painted`` (``app.views.audit_paint`` reads it): no value label across a bar or over tick labels, no tick labels over
   each other, no axis title longer than its axis, a legend's marker beside its label, a unit on every painted number;
 - ``scroll bar``: a lecture scene shows no scroll bar and no text box with its last line cut;
 - ``fits``: the workbench shows, unscrolled, each view's essentials (the prompt, Run, Stop, Step, Pause, five lines
@@ -50,9 +50,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import audit_paint as paint
-from app.chart import draws_data
-from app.phase import ENDED, PAUSED, STEPPING, ExperimentPhase, RunFigures, RunPhase
+from app.state.phase import ENDED, PAUSED, STEPPING, ExperimentPhase, RunFigures, RunPhase
+from app.views import audit_paint as paint
+from app.views.chart import draws_data
 
 RUN, EXPERIMENT, SETTINGS, OTHER = "run", "experiment", "settings", "other"
 SQUEEZED_PX = 60             # a chart's data area smaller than this shows nothing readable

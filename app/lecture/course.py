@@ -2,7 +2,7 @@
 one lecture file, so ``kvscope --course`` presents (and ``kvscope --render OUT --course`` renders) every scene with
 no model loaded and nothing recorded first.
 
-``python -m app.course --out resources/course`` (``make course``) records it again on this machine, on the
+``python -m app.lecture.course --out resources/course`` (``make course``) records it again on this machine, on the
 embedded model or ``--model``: the run scenes from one plain run and one that records attention, each lesson's
 scene from its lesson with the settings the lesson declares for the course (``Lesson.course``: minutes on a
 two-core laptop, not hours). The serving scene needs a server (``--server URL`` records the server lesson against
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app import lessons
-from app.lecture_file import LectureScene, write_lecture
-from app.scene_list import SCENES
+from app.lecture.lecture_file import LectureScene, write_lecture
+from app.lecture.scene_list import SCENES
 
 LECTURE = "course.kvscope-lecture.json"
 SUFFIX = ".kvscope.jsonl.gz"
@@ -127,7 +127,7 @@ def record(folder: Path, model: str = "embedded", only: Sequence[str] = (), serv
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.course", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m app.lecture.course", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None, help="the course folder (default: the shipped one)")
     p.add_argument("--model", default="embedded", help="the model to record on (default: the embedded one)")
     p.add_argument("--scene", action="append", default=[], choices=[s.name for s in SCENES],

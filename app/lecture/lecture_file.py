@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.scene_list import NAMES
+from app.lecture.scene_list import NAMES
 from engine.facts.errors import EngineError
 
 MAX_BYTES = 1 << 20

@@ -1,6 +1,6 @@
 """What the controller shows, in the window's widgets: the error banner (never a dialog: a lecture must not stop
 for a click), the status strip and its progress, the model line in Controls, the one-time conversion dialog,
-the window's title, and the Experiments tab an experiment is drawn in. It implements ``app.controller.Surface``;
+the window's title, and the Experiments tab an experiment is drawn in. It implements ``app.link.controller.Surface``;
 the window composes it, so ``MainWindow`` stays a layout."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDockWidget, QHBoxLayout, QLabel, QMainWindow, QPushButton, QWidget
 
 from app import lessons as app_lessons
-from app.dialogs import FirstRunDialog
+from app.link.routing import describe_loaded, loaded_reasons
 from app.panels.chat import ChatPanel
 from app.panels.controls import ControlsPanel
 from app.panels.experiments import ExperimentsPanel
-from app.routing import describe_loaded, loaded_reasons
-from app.status import StatusStrip
+from app.shell.dialogs import FirstRunDialog
+from app.views.status import StatusStrip
 from engine.facts.events import LoadProgress, ModelLoaded
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ stating the claim with the live number.
 
 Scenes are layouts over the panels the workbench already has, not copies: a scene borrows the widgets it shows
 and gives them back when it ends, so a run, a replay or an experiment draws in the scene exactly as in the
-workbench. Which scenes exist and in what order is ``app.scene_list``; a lesson's scene caption comes from its
+workbench. Which scenes exist and in what order is ``app.lecture.scene_list``; a lesson's scene caption comes from its
 module (``app.lessons``), the run scenes' captions from here. The footer shows the keys, the run settings a
 speaker can change from the scene (T, P, K, M), what is running and how to stop it, and why a key was refused.
 """
@@ -37,13 +37,12 @@ from PySide6.QtWidgets import (
 )
 
 from app import lessons
-from app import theme as th
-from app.lesson_view import WindowLesson, busy_badge
+from app.lecture.scene_list import BY_NAME, SCENES
 from app.panels.attention import RECENT
 from app.panels.attention import shares as attention_shares
 from app.panels.sampling import caption as sampling_caption
 from app.panels.sampling import what_if_caption
-from app.phase import (
+from app.state.phase import (
     FAILED,
     FINISHED,
     PREFILL,
@@ -56,11 +55,12 @@ from app.phase import (
     prefill_passes,
     run_phase,
 )
-from app.run_settings import PARAMETER_LETTERS, LessonChoices, RunSettings, param_shape
-from app.scene_list import BY_NAME, SCENES
-from app.setting_widgets import setting_text
-from app.store import RunRecord, RunStore
-from app.viewstate import Conversation, ViewState
+from app.state.run_settings import PARAMETER_LETTERS, LessonChoices, RunSettings, param_shape
+from app.state.store import RunRecord, RunStore
+from app.state.viewstate import Conversation, ViewState
+from app.views import theme as th
+from app.views.lesson_view import WindowLesson, busy_badge
+from app.views.setting_widgets import setting_text
 from engine import lessons as engine_lessons
 from engine.facts import kvformula, report
 from engine.facts.contention import busy
@@ -519,7 +519,7 @@ def _finished_claim(window_lesson: WindowLesson, record, context: Context) -> st
 
 
 def run_claim(name: str, run: RunRecord | None, state: ViewState, activity: str | None = None) -> str:
-    """A run scene's claim from what is known now (``app.phase``): nothing before the prefill ends, "measured"
+    """A run scene's claim from what is known now (``app.state.phase``): nothing before the prefill ends, "measured"
     only beside a measured figure, a run that is held or has ended said so, and the step the scene's chart shows.
     ``activity``: what the engine is busy with (no run to show: R waits for it)."""
     if run is None:

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app import requests as rq
-from app.phase import run_phase
-from app.run_settings import ModelChoice, RunSettings
-from app.store import RunStore
-from app.viewstate import CHAT, EXPERIMENT, Conversation, ViewState
-from app.worker import EngineClient, Failed, Idle, Memory, Note, PeaksBelowRun, ReplayFile
+from app.link.worker import EngineClient, Failed, Idle, Memory, Note, PeaksBelowRun, ReplayFile
+from app.state import requests as rq
+from app.state.phase import run_phase
+from app.state.run_settings import ModelChoice, RunSettings
+from app.state.store import RunStore
+from app.state.viewstate import CHAT, EXPERIMENT, Conversation, ViewState
 from engine.facts.events import (
     ExperimentStarted,
     LoadProgress,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.store import ExperimentRecord, RunRecord
+from app.state.store import ExperimentRecord, RunRecord
 from engine.facts.events import RunFailed, RunFinished
 
 NOTHING, PREFILL, PREFILLED, DECODING, PAUSED, STEPPING, STOPPED, FINISHED, FAILED, INCOMPLETE = (

@@ -33,12 +33,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import theme as th
-from app.chart import READABLE_DATA_PX, READABLE_WIDTH_PX, Chart
-from app.phase import elapsed, experiment_phase, plural
-from app.run_settings import LessonChoices
-from app.setting_widgets import control, int_range
-from app.store import ExperimentRecord, RunStore
+from app.state.phase import elapsed, experiment_phase, plural
+from app.state.run_settings import LessonChoices
+from app.state.store import ExperimentRecord, RunStore
+from app.views import theme as th
+from app.views.chart import READABLE_DATA_PX, READABLE_WIDTH_PX, Chart
+from app.views.setting_widgets import control, int_range
 from engine.facts import vocabulary
 from engine.facts.contention import busy, busy_note
 from engine.facts.errors import ParameterError

@@ -19,15 +19,15 @@ from PySide6.QtGui import QScreen
 from PySide6.QtWidgets import QApplication
 
 from app import lessons
-from app import theme as th
-from app.controller import STOPPING, Controller
-from app.lecture_file import LectureFileError, LectureScene, read_lecture
-from app.run_settings import RunSettings, notch, param_shape
-from app.scene_list import NAMES
-from app.scenes import SceneView, cutting_step, scene_lesson, scene_run
-from app.setting_widgets import setting_text
-from app.store import RunStore
-from app.viewstate import ViewState, WhatIfSettings
+from app.lecture.lecture_file import LectureFileError, LectureScene, read_lecture
+from app.lecture.scene_list import NAMES
+from app.lecture.scenes import SceneView, cutting_step, scene_lesson, scene_run
+from app.link.controller import STOPPING, Controller
+from app.state.run_settings import RunSettings, notch, param_shape
+from app.state.store import RunStore
+from app.state.viewstate import ViewState, WhatIfSettings
+from app.views import theme as th
+from app.views.setting_widgets import setting_text
 from engine import lessons as engine_lessons
 
 

@@ -15,12 +15,12 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMenuBar, QWidget
 
 from app import lessons
-from app.controller import Controller
-from app.file_actions import FileActions
-from app.lecture import Lecture
-from app.run_settings import PARAMETER_LETTERS as PARAMETER_KEYS
-from app.scene_list import SCENES
-from app.viewstate import KV_MODES, TOKEN_COLOURS, ViewState
+from app.lecture.mode import Lecture
+from app.lecture.scene_list import SCENES
+from app.link.controller import Controller
+from app.shell.file_actions import FileActions
+from app.state.run_settings import PARAMETER_LETTERS as PARAMETER_KEYS
+from app.state.viewstate import KV_MODES, TOKEN_COLOURS, ViewState
 
 REPLAY_SPEEDS = (("0.5x", 0.5), ("1x (as recorded)", 1.0), ("2x", 2.0), ("4x", 4.0), ("instant", 0.0))
 STOP_KEYS = {False: ["Esc", "Ctrl+."], True: ["Ctrl+."]}      # lecture mode: Esc leaves the scene instead

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from app import lessons
-from app.lesson_view import Scene
+from app.views.lesson_view import Scene
 
 NUMBER_ROW = "1234567890-="
 BASE = (

@@ -11,9 +11,9 @@ import time
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
-from app.requests import Load
-from app.window import MainWindow
-from app.worker import Failed, Idle
+from app.link.worker import Failed, Idle
+from app.shell.window import MainWindow
+from app.state.requests import Load
 from engine.facts.events import RunFailed, RunFinished
 from engine.facts.report import report
 

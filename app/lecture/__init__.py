@@ -1,0 +1,1 @@
+"""Lecture mode: the scenes, the course and lecture files, and rendering a scene to video."""
