@@ -64,7 +64,7 @@ from tests.app.screen_audit import Walk, machine_as_told, walk_experiment
 
 
 def test_the_example_has_its_tab_scene_and_keeps_the_screen_rules(qtbot, tiny_model_dir, monkeypatch):
-    from app.lecture.mode import mode as lecture
+    from app.lecture import mode as lecture
 
     assert BY_NAME["example"].key == "Y" and BY_NAME["example"].lesson == "example"
     window = make_window(qtbot, tiny_model_dir)

@@ -553,17 +553,20 @@ def run_claim(name: str, run: RunRecord | None, state: ViewState, activity: str 
             decode = ""
         return f"{prefill}{decode}{busy_words}{where}"
     if name == "kv":
-        m, seen = run.model, run.kv_tokens
-        held = sum(map(sum, run.kv_bytes_per_layer))
         if not run.started.params.kv_cache:
             return f"this run kept no KV cache: every step recomputed all positions{where}"
-        predicted = kvformula.predicted_kv_bytes(m, seen)
-        check = "= the formula ✓" if held == predicted else f"≠ the formula's {kvformula.format_bytes(predicted)} ✗"
-        allocated = run.kv_storage_bytes()
-        storage = f"; {kvformula.format_bytes(allocated)} allocated" if allocated and allocated != held else ""
+        kv, fmt = run.kv_check(), kvformula.format_bytes
+        if not kv.full:
+            check = (f"kept as {kv.method}: {kv.share:.0%} of the formula's {fmt(kv.predicted)}"
+                     if kv.share is not None else f"kept as {kv.method}")
+        else:
+            check = "= the formula ✓" if kv.equal else f"≠ the formula's {fmt(kv.predicted)} ✗"
+        storage = f"; {fmt(kv.allocated)} allocated" if kv.allocated else ""
         released = "; released when the run failed" if phase.released else ""
-        return (f"{kvformula.bytes_per_token(m):,} B per position (formula) × {seen:,} positions: the cache held "
-                f"{kvformula.format_bytes(held)} (measured) {check}{storage}{released}{where}")
+        positions = (f"{run.kv_allocated:,} positions allocated up front ({kv.positions:,} in use)"
+                     if run.kv_allocated else f"{kv.positions:,} positions")
+        return (f"{kvformula.bytes_per_token(run.model):,} B per position (formula) × {positions}: "
+                f"the cache held {fmt(kv.held)} (measured) {check}{storage}{released}{where}")
     if name == "sampling":
         index = state.shown_step(run.run_id, run.n_steps)
         if index is None:

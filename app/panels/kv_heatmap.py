@@ -388,11 +388,9 @@ class KVHeatmapPanel(QWidget):
         the full context, the heads and the devices. ``newest``: ``newest_words`` for this run."""
         m = run.model
         fmt = kvformula.format_bytes
-        kv = run.kv_bytes_per_layer
-        k_total, v_total = sum(k for k, _ in kv), sum(v for _, v in kv)
-        held = k_total + v_total
-        seen = run.kv_tokens
-        predicted = kvformula.predicted_kv_bytes(m, run.kv_allocated or seen)
+        k_total, v_total = kvformula.k_and_v_bytes(run.kv_bytes_per_layer)
+        kv = run.kv_check()
+        held, seen, predicted = kv.held, kv.positions, kv.predicted
         full = kvformula.full_context_positions(m)
         if not run.started.params.kv_cache:
             measured = "<b>Measured</b>: 0 B: the KV cache is off for this run (every step recomputes all positions)"
@@ -402,22 +400,21 @@ class KVHeatmapPanel(QWidget):
         elif run.prefill is None:
             measured = "<b>Not measured</b>: the run ended before its prompt's forward pass did"
         else:
-            method = run.started.params.kv_method
-            if method != "full":                # smaller on purpose: what it keeps, against the full cache
+            if not kv.full:                     # smaller on purpose: what it keeps, against the full cache
                 kept = max(run.kv_positions_per_layer, default=0)
-                agree = (f"— kept as {escape(method)}: {held / predicted:.0%} of the {fmt(predicted)} the formula "
-                         "gives these positions in full precision" if predicted else f"— kept as {escape(method)}")
+                agree = (f"— kept as {escape(kv.method)}: {kv.share:.0%} of the {fmt(predicted)} the formula "
+                         "gives these positions in full precision" if kv.share is not None
+                         else f"— kept as {escape(kv.method)}")
                 if kept < seen:
                     agree += f"; {kept:,} of the {seen:,} positions held (the first and the most recent)"
             else:
-                agree = ("✓ equals the formula" if held == predicted else
+                agree = ("✓ equals the formula" if kv.equal else
                          f"✗ the formula says {fmt(predicted)} for these positions")
             static = (f" — a static cache: all {run.kv_allocated:,} positions allocated up front, "
                       f"{seen:,} in use" if run.kv_allocated else "")
-            storage = run.kv_storage_bytes()
-            allocated = (f"<br><b>Allocated</b> (the tensors' storages, measured): {fmt(storage)} — more than they "
-                         "expose: a sliding layer's keys and values are views into a larger buffer"
-                         if storage and storage != held else "")
+            allocated = (f"<br><b>Allocated</b> (the tensors' storages, measured): {fmt(kv.allocated)} — more "
+                         "than they expose: a sliding layer's keys and values are views into a larger buffer"
+                         if kv.allocated else "")
             parts = ("latent", "rope key") if kvformula.latent_layers(m) else ("K", "V")
             measured = (f"<b>Measured</b> (read from the cache tensors): {fmt(held)} after {seen:,} positions"
                         f"{newest} ({parts[0]} {fmt(k_total)} + {parts[1]} {fmt(v_total)}; the bars "

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from engine.facts import vocabulary
+from engine.facts import kvformula, vocabulary
 from engine.facts.events import (
     AttentionStep,
     ExperimentFailed,
@@ -84,11 +84,7 @@ class RunRecord:
         self.layer_times: list[LayerTimes] = []      # one per step, when the model is split across devices
         self.series = {name: Series() for name in STEP_FIELDS}
         self.end: RunFinished | RunFailed | None = None
-        self.kv_bytes_per_layer: list[list[int]] = [[0, 0] for _ in range(layers)]
-        self.kv_positions_per_layer: list[int] = [0] * layers
-        self.kv_storage_per_layer: list[int] = []   # allocated bytes per layer, where they differ from the held
-        self.kv_tokens = 0            # positions the cache has been fed (sliding layers may hold fewer)
-        self.kv_allocated = 0         # a static cache: positions allocated up front (0: the cache grows)
+        self._layers = layers
         self._norms = np.zeros((2, layers, 0), dtype=np.float32)   # K, V x layers x positions
         self.norm_positions = 0       # positions whose norms have arrived (they come in batches)
         self.incomplete = False       # a replayed trace ended before this run did
@@ -133,12 +129,6 @@ class RunRecord:
         self.tally.add(event)
         if isinstance(event, PrefillDone):
             self.prefill = event
-            self.kv_allocated = event.kv_allocated
-            self.kv_bytes_per_layer = event.kv_bytes_per_layer
-            self.kv_positions_per_layer = event.kv_positions_per_layer
-            self.kv_storage_per_layer = event.kv_storage_per_layer
-            held = event.reused_tokens + event.n_tokens
-            self.kv_tokens = held if sum(map(sum, event.kv_bytes_per_layer)) else 0
         elif isinstance(event, KVNorms):
             end = event.first_position + len(event.k_norms[0])
             self._grow(end)
@@ -147,12 +137,8 @@ class RunRecord:
             self.norm_positions = max(self.norm_positions, end)
         elif isinstance(event, TokenStep):
             self.steps.append(event)
-            self.kv_bytes_per_layer = event.kv_bytes_per_layer
-            self.kv_positions_per_layer = event.kv_positions_per_layer
-            self.kv_storage_per_layer = event.kv_storage_per_layer
-            held = sum(map(sum, event.kv_bytes_per_layer))
-            self.kv_tokens = event.position if held and event.position is not None else 0   # the new token is not
-            for name, value in (("t_ms", event.t_ms), ("latency_ms", event.latency_ms),     # cached yet
+            held = kvformula.held_bytes(event.kv_bytes_per_layer)
+            for name, value in (("t_ms", event.t_ms), ("latency_ms", event.latency_ms),
                                 ("forward_ms", event.forward_ms), ("prob", event.prob),
                                 ("raw_prob", event.raw_prob), ("kv_bytes", None if self.remote else held),
                                 ("waited_ms", event.waited_ms)):
@@ -194,10 +180,33 @@ class RunRecord:
         """The prompt's pass has ended (until then no figure of the run is measured yet)."""
         return self.prefill is not None or bool(self.steps)
 
-    def kv_storage_bytes(self) -> int:
-        """Bytes the cache's tensors have allocated (distinct storages), where that differs from what they
-        expose; 0 when it does not (the usual case)."""
-        return sum(self.kv_storage_per_layer)
+    # --- the cache, as last read (the tally owns these figures; the record only reads them) ------------------
+    @property
+    def kv_bytes_per_layer(self) -> list[list[int]]:
+        return self.tally.kv_bytes_per_layer or [[0, 0] for _ in range(self._layers)]
+
+    @property
+    def kv_positions_per_layer(self) -> list[int]:
+        return self.tally.kv_positions_per_layer or [0] * self._layers
+
+    @property
+    def kv_storage_per_layer(self) -> list[int]:
+        """Bytes each layer's storages allocated, where that differs from what its tensors expose."""
+        return self.tally.kv_storage_per_layer
+
+    @property
+    def kv_tokens(self) -> int:
+        """Positions the cache has been fed (sliding layers may hold fewer; the newest token is not fed yet)."""
+        return self.tally.kv_tokens
+
+    @property
+    def kv_allocated(self) -> int:
+        """A static cache: positions allocated up front (0: the cache grows)."""
+        return self.tally.kv_static_positions
+
+    def kv_check(self) -> kvformula.KVCheck:
+        """What the cache holds, held to the formula, as every view that says it judges it."""
+        return self.tally.kv_check(self.model, self.started.params.kv_method)
 
     def norm_grid(self, which: str) -> np.ndarray:
         """Mean L2 norm of the cached key (``"k"``) or value (``"v"``) vectors, ``[layers, positions]``."""

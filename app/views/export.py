@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from app.state.store import ExperimentRecord, RunRecord
+from engine.facts import kvformula
 from engine.facts.events import to_dict
 from engine.facts.validation import shapes
 from engine.facts.vocabulary import MORE
@@ -24,7 +25,7 @@ def run_csv(run: RunRecord) -> str:
     for s in run.steps:
         writer.writerow([s.step, s.position, s.token_id, s.text, s.phase, int(s.special), f"{s.latency_ms:.4f}",
                          f"{s.forward_ms:.4f}", f"{s.t_ms:.4f}", f"{s.prob:.6g}", f"{s.raw_prob:.6g}",
-                         sum(map(sum, s.kv_bytes_per_layer))])
+                         kvformula.held_bytes(s.kv_bytes_per_layer)])
     return out.getvalue()
 
 

@@ -11,6 +11,9 @@ keys and values (Falcon-H1's combined layers) and per-position extras (DeepSeek-
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from engine.facts.events import KVLayer, ModelFacts
 
 FULL, SLIDING, LATENT, STATE, NONE = "full", "sliding", "latent", "state", "none"
@@ -84,6 +87,53 @@ def predicted_kv_bytes_per_layer(model: ModelFacts, positions: int, batch: int =
 
 def predicted_kv_bytes(model: ModelFacts, positions: int, batch: int = 1) -> int:
     return sum(predicted_kv_bytes_per_layer(model, positions, batch))
+
+
+def held_bytes(per_layer: Sequence[Sequence[int]]) -> int:
+    """What a cache's tensors hold, K and V over every layer: the one place an event's ``kv_bytes_per_layer``
+    is added up."""
+    return sum(k + v for k, v in per_layer)
+
+
+def k_and_v_bytes(per_layer: Sequence[Sequence[int]]) -> tuple[int, int]:
+    """The keys' bytes and the values' bytes over every layer (the heatmap's bars say them apart)."""
+    return sum(k for k, _ in per_layer), sum(v for _, v in per_layer)
+
+
+@dataclass(frozen=True)
+class KVCheck:
+    """A run's cache held to the formula, judged once for every view that says it (the heatmap's info, the KV
+    scene, the CLI's report): ``held`` and ``allocated`` were read from the tensors (measured), ``predicted`` is
+    the formula for the positions the cache has room for (a static cache's bytes cover all it allocated up
+    front), and a cache kept smaller on purpose (``method`` other than ``full``) is judged by its share."""
+
+    positions: int               # positions fed (the newest token is not fed back yet)
+    held: int                    # bytes the tensors hold
+    predicted: int               # the formula's bytes for those positions (a static cache: its allocation)
+    allocated: int | None        # bytes the tensors' storages allocated, where that differs from ``held``
+    method: str = "full"         # how the cache kept what it kept
+
+    @property
+    def full(self) -> bool:
+        return self.method == "full"
+
+    @property
+    def equal(self) -> bool:
+        """The tensors hold what the formula says (a cache kept smaller on purpose is never "equal")."""
+        return self.full and self.held == self.predicted
+
+    @property
+    def share(self) -> float | None:
+        """What it holds as a share of the formula's full-precision bytes."""
+        return self.held / self.predicted if self.predicted else None
+
+
+def check_kv(model: ModelFacts, held: int, positions: int, allocated: int | None = None, static_positions: int = 0,
+             method: str = "full") -> KVCheck:
+    """``held``: bytes the tensors hold (``held_bytes`` of an event); ``static_positions``: a static cache's
+    positions allocated up front (0: the cache grows)."""
+    predicted = predicted_kv_bytes(model, static_positions or positions)
+    return KVCheck(positions, held, predicted, allocated if allocated and allocated != held else None, method)
 
 
 def full_context_positions(model: ModelFacts) -> int:

@@ -31,32 +31,31 @@ def _line(label: str, ms: float, count: int, unit: str) -> str:
             f"{rate:8.2f} tokens per second)")
 
 
-def kv_line(model: ModelFacts, positions: int, bytes_held: int, allocated: int | None = None,
-            kv_method: str = "full") -> str:
+def kv_line(model: ModelFacts, check: kvformula.KVCheck) -> str:
     """Formula per token, what the cache tensors held (measured) beside the formula for those positions, what
     their storages have allocated where that is more, and the formula at full context. A cache kept quantized
-    or evicted (``kv_method``) is smaller on purpose: its share of the formula is said instead."""
-    full = kvformula.full_context_kv_bytes(model)
-    predicted = kvformula.predicted_kv_bytes(model, positions)
-    if kv_method != "full":
-        check = (f"kept as {kv_method}: {bytes_held / predicted:.0%} of the formula's "
-                 f"{kvformula.format_bytes(predicted)} in full precision" if predicted else f"kept as {kv_method}")
-    elif predicted == bytes_held:
-        check = "= the formula"
+    or evicted is smaller on purpose: its share of the formula is said instead."""
+    fmt, full = kvformula.format_bytes, kvformula.full_context_kv_bytes(model)
+    if not check.full:
+        check_words = (f"kept as {check.method}: {check.share:.0%} of the formula's {fmt(check.predicted)} in full "
+                       f"precision" if check.share is not None else f"kept as {check.method}")
+    elif check.equal:
+        check_words = "= the formula"
     else:
-        check = f"but the formula says {kvformula.format_bytes(predicted)}"
-    storage = (f"; their storages have {kvformula.format_bytes(allocated)} allocated (measured: a sliding layer's "
-               "keys and values are views into a larger buffer)" if allocated else "")
-    return (f"KV cache: {kvformula.formula_text(model)}; after {positions:,} positions the tensors hold "
-            f"{kvformula.format_bytes(bytes_held)} (measured, {check}){storage}; " + (
-                f"at full context ({kvformula.context_text(model)}) = {kvformula.format_bytes(full)} (computed)"
+        check_words = f"but the formula says {fmt(check.predicted)}"
+    storage = (f"; their storages have {fmt(check.allocated)} allocated (measured: a sliding layer's keys and values "
+               "are views into a larger buffer)" if check.allocated else "")
+    return (f"KV cache: {kvformula.formula_text(model)}; after {check.positions:,} positions the tensors hold "
+            f"{fmt(check.held)} (measured, {check_words}){storage}; " + (
+                f"at full context ({kvformula.context_text(model)}) = {fmt(full)} (computed)"
                 if model.context_declared else f"full context: {kvformula.context_text(model)}"))
 
 
 def report(model: ModelFacts, s: RunSummary, kv_on: bool = True, kv_method: str = "full") -> str:
     lines = timing_lines(s)
     lines.append(f"TTFT = {s.ttft_ms:.2f} ms (tokenize {s.tokenize_ms:.2f} ms + prefill + first sample)")
-    lines.append(kv_line(model, s.kv_tokens, s.kv_bytes, s.kv_allocated_bytes, kv_method) if kv_on else
+    check = kvformula.check_kv(model, s.kv_bytes or 0, s.kv_tokens or 0, s.kv_allocated_bytes, method=kv_method)
+    lines.append(kv_line(model, check) if kv_on else
                  f"KV cache: off (every step recomputed all {s.prompt_tokens + s.decode_runs:,} positions); "
                  f"{kvformula.formula_text(model)} if it were on")
     if s.compile_ms:

@@ -9,7 +9,8 @@ No torch here.
 
 from __future__ import annotations
 
-from engine.facts.events import PrefillDone, RunStarted, RunSummary, ServerFacts, TokenStep
+from engine.facts import kvformula
+from engine.facts.events import ModelFacts, PrefillDone, RunStarted, RunSummary, ServerFacts, TokenStep
 
 
 class RunTally:
@@ -28,6 +29,10 @@ class RunTally:
         self.kv_tokens = 0
         self.kv_bytes = 0
         self.kv_allocated: int | None = None
+        self.kv_bytes_per_layer: list[list[int]] = []       # the last event's, as read from the tensors
+        self.kv_positions_per_layer: list[int] = []
+        self.kv_storage_per_layer: list[int] = []
+        self.kv_static_positions = 0         # a static cache: positions allocated up front (0: the cache grows)
         self.generated = 0
         self.token_ids: list[int] = []
         self.texts: list[str] = []
@@ -44,7 +49,8 @@ class RunTally:
         elif isinstance(event, PrefillDone):
             self.prompt_tokens, self.reused_tokens = event.n_tokens, event.reused_tokens
             self.tokenize_ms, self.prefill_ms = event.tokenize_ms, event.forward_ms
-            self._kv(event.kv_bytes_per_layer, event.reused_tokens + event.n_tokens, event.kv_storage_per_layer)
+            self.kv_static_positions = event.kv_allocated
+            self._kv(event, event.reused_tokens + event.n_tokens)
         elif isinstance(event, RunStarted):
             self.remote = isinstance(event.model, ServerFacts)
             self.prompt_tokens = len(event.prompt_ids)
@@ -64,12 +70,20 @@ class RunTally:
             if step.compiled and not self.compiled_from_step:
                 self.compiled_from_step = step.step
         if step.position is not None:
-            self._kv(step.kv_bytes_per_layer, step.position, step.kv_storage_per_layer)
+            self._kv(step, step.position)
 
-    def _kv(self, per_layer: list[list[int]], positions: int, storage: list[int]) -> None:
-        held = sum(k + v for k, v in per_layer)
+    def _kv(self, event: PrefillDone | TokenStep, positions: int) -> None:
+        self.kv_bytes_per_layer, self.kv_storage_per_layer = event.kv_bytes_per_layer, event.kv_storage_per_layer
+        self.kv_positions_per_layer = event.kv_positions_per_layer
+        held = kvformula.held_bytes(event.kv_bytes_per_layer)
+        storage = sum(event.kv_storage_per_layer)
         self.kv_bytes, self.kv_tokens = held, positions if held else 0
-        self.kv_allocated = sum(storage) if storage and sum(storage) != held else None
+        self.kv_allocated = storage if storage and storage != held else None
+
+    def kv_check(self, model: ModelFacts, method: str = "full") -> kvformula.KVCheck:
+        """The cache as last read, held to the formula (``kvformula.check_kv``)."""
+        return kvformula.check_kv(model, self.kv_bytes, self.kv_tokens, self.kv_allocated, self.kv_static_positions,
+                                  method)
 
     def summary(self, total_ms: float | None = None, text: str | None = None, with_text: bool = True) -> RunSummary:
         """The figures so far (``total_ms`` defaults to the last event's time); ``text`` replaces the joined

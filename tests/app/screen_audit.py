@@ -359,7 +359,7 @@ def machine_as_told(walk: Walk, monkeypatch) -> None:
 
 def walk_everything(qtbot, model_dir: Path, folder: Path, monkeypatch, lecture_trace: Path | None = None,
                     sizes: Iterable[tuple[int, int]] = SIZES) -> Walk:
-    from app.lecture.mode import mode as lecture
+    from app.lecture import mode as lecture
     from tests.app.conftest import make_window
 
     window = make_window(qtbot)

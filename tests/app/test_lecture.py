@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtCore import QPoint, QPointF, QRect
 from PySide6.QtGui import QKeySequence
 
-from app.lecture.mode import mode as lecture
+from app.lecture import mode as lecture
 from app.lecture.scene_list import NAMES
 from app.lecture.scenes import CAPTION_LINES, run_claim, split_caption
 from app.state.store import RunRecord

@@ -13,7 +13,7 @@ import re
 import pytest
 from PySide6.QtCore import QRect
 
-from app.lecture.mode import mode as lecture
+from app.lecture import mode as lecture
 from app.lecture.scenes import RUN_SCENES, scene_claim
 from app.state.phase import FAILED, FINISHED, NOTHING, PREFILL, STEPPING, STOPPED, figures, run_phase
 from engine.run.faults import parse
@@ -232,3 +232,23 @@ def test_an_experiment_that_has_reported_no_progress_yet_says_starting_not_zero_
     assert ExperimentPhase(RUNNING_EXPERIMENT, 0, 0, 0, "", 2500.0).words() == "running for 2.5 s: starting"
     assert (ExperimentPhase(RUNNING_EXPERIMENT, 1, 4, 1, "prompt 2", 61_000.0).words()
             == "running for 61.0 s: 1 of 4 · prompt 2")
+
+
+def test_a_static_caches_bytes_are_judged_once_the_same_in_the_heatmap_the_kv_scene_and_the_report(qtbot, window):
+    """A static cache's tensors cover every position it allocated up front: the heatmap, the KV scene and the
+    CLI's report hold them to the formula at that allocation (the scene held them to the positions in use and
+    called the cache wrong), all through ``RunRecord.kv_check``."""
+    from app.lecture.scenes import run_claim
+    from engine.facts import kvformula
+    from engine.facts.report import kv_line
+
+    window.controls.static_box.setChecked(True)
+    window.controls.max_tokens.setValue(6)
+    run = run_and_wait(qtbot, window)
+    kv = run.kv_check()
+    assert run.kv_allocated > kv.positions > 0
+    assert kv.held == kvformula.predicted_kv_bytes(run.model, run.kv_allocated) and kv.equal
+    assert "✓ equals the formula" in window.kv.info.text() and "allocated up front" in window.kv.info.text()
+    claim = run_claim("kv", run, window.state)
+    assert "= the formula ✓" in claim and f"{run.kv_allocated:,} positions allocated up front" in claim
+    assert "= the formula" in kv_line(run.model, kv)

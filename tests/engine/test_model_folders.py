@@ -144,7 +144,8 @@ def test_a_model_that_declares_no_context_says_so_instead_of_a_silent_default(tm
     assert kvformula.context_text(f) == "not declared by the model; runs here stop at 8,192 positions"
     from engine.facts.report import kv_line
 
-    assert "full context: not declared by the model" in kv_line(f, 10, kvformula.predicted_kv_bytes(f, 10))
+    check = kvformula.check_kv(f, kvformula.predicted_kv_bytes(f, 10), 10)
+    assert "full context: not declared by the model" in kv_line(f, check) and check.equal
 
 
 def test_recurrent_state_kept_on_the_modules_is_counted(tmp_path):
