@@ -24,6 +24,7 @@ from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.facts.fields import MAX_PROMPT, Bytes, Column, Count, Items, Key, Number, Range, Setting, Text
 from engine.facts.vocabulary import LessonPoint
 from engine.run.experiment import Experiment, Lesson
+from engine.run.model_session import ModelSession
 
 METHODS = ("full", "fp8", "quanto4", "quanto2", "hqq4", "sinks:4+60", "h2o:64")
 MAX_METHODS = 12
@@ -161,7 +162,7 @@ class _Pass:
     """Forward passes through one method's cache, positions given explicitly (eviction keeps keys at their own
     positions), eviction applied after each, attention captured for the methods that score by it."""
 
-    def __init__(self, session: Any, method: Any) -> None:
+    def __init__(self, session: ModelSession, method: Any) -> None:
         from engine.model import kv_compress
 
         self.session, self.method = session, method
@@ -256,8 +257,8 @@ def run(experiment: Experiment, settings: CompressionSettings) -> CompressionRes
                              lowest_cpu_share=share)
 
 
-def _measure(experiment: Experiment, session: Any, method: Any, index: int, prompt: list[int], tokens: list[int],
-             ref_logp: list[Any], ref_bytes: int) -> MethodFigures | None:
+def _measure(experiment: Experiment, session: ModelSession, method: Any, index: int, prompt: list[int],
+             tokens: list[int], ref_logp: list[Any], ref_bytes: int) -> MethodFigures | None:
     """One method: teacher-forced over the reference's tokens, then free-running from the prompt; None if
     stopped (checked before every pass)."""
     import torch

@@ -26,6 +26,7 @@ from engine.facts.fields import MAX_LAYERS, MAX_PROMPT, Bytes, Column, Count, It
 from engine.facts.params import GenerationParams
 from engine.facts.vocabulary import LessonPoint
 from engine.run.experiment import Experiment, Lesson
+from engine.run.model_session import ModelSession
 from engine.run.workloads import sample_texts
 
 KV_CONTEXTS = (4096, 32768)
@@ -203,7 +204,7 @@ def run(experiment: Experiment, settings: OffloadSettings) -> OffloadResult:
                          kv_offload_decode_tok_s=kv[0] if kv else None, kv_offload_tokens_match=kv[1] if kv else None)
 
 
-def _offloaded_cache_run(experiment: Experiment, session: Any, prompt: str, settings: OffloadSettings,
+def _offloaded_cache_run(experiment: Experiment, session: ModelSession, prompt: str, settings: OffloadSettings,
                          baseline_ids: list[int]) -> tuple[float, bool] | None:
     """On a GPU: the same decode with each layer's KV cache moved to the CPU between uses (measured)."""
     result = session.run(prompt, GenerationParams(max_new_tokens=settings.new_tokens), experiment.emit,

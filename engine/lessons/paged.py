@@ -21,6 +21,7 @@ from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.facts.fields import Bytes, Column, Count, Key, Message, Number, Range, Setting
 from engine.facts.vocabulary import LessonPoint, of, table_lines
 from engine.run.experiment import Counter, Experiment, Lesson, Span
+from engine.run.model_session import ModelSession
 from engine.serve.block_events import BlockTable
 
 SYSTEM = ("You are the support assistant of a library. Answer in one short sentence, politely, and never invent "
@@ -81,7 +82,7 @@ class PagedResult(LessonResult):
     mean_ttft_spread: Number | None = None
 
 
-def _prompts(session: Any, settings: PagedSettings) -> list[list[int]]:
+def _prompts(session: ModelSession, settings: PagedSettings) -> list[list[int]]:
     return [_encode(session, settings.system, QUESTIONS[i % len(QUESTIONS)]) for i in range(settings.requests)]
 
 
@@ -172,13 +173,13 @@ def run(experiment: Experiment, settings: PagedSettings) -> PagedResult:
     return PagedResult(**figures)
 
 
-def _encode(session: Any, system: str, question: str) -> list[int]:
+def _encode(session: ModelSession, system: str, question: str) -> list[int]:
     if session.has_chat_template:
         return session.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": question}])
     return session.encode(f"{system}\n{question}\n", chat_template=False)
 
 
-def _block_figures(session: Any, runs: dict, peaks: dict, page: int, prompts: list) -> dict:
+def _block_figures(session: ModelSession, runs: dict, peaks: dict, page: int, prompts: list) -> dict:
     per_position = kvformula.bytes_per_token(session.facts)
     on, off = peaks[True], peaks[False]
     shared_prefix = max((kvformula.common_prefix(a, b) for a, b in zip(prompts, prompts[1:])), default=0)

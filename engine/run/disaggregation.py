@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from engine.model import kvcache
+from engine.run.model_session import ModelSession
 from engine.run.prefill_worker import HANDOVER, command
 from engine.run.scheduler import BatchedDecoder
 from engine.run.scheduler import Request as BatchRequest
@@ -145,7 +146,7 @@ def _batch_request(request: Request, served: Served) -> Any:
     return row
 
 
-def colocated(session: Any, requests: Sequence[Request], cancel: threading.Event) -> Outcome:
+def colocated(session: ModelSession, requests: Sequence[Request], cancel: threading.Event) -> Outcome:
     """One worker, both phases: prefill every request that has arrived, else one batched decode step."""
     pending = sorted(requests, key=lambda r: r.arrival_ms)
     batch = BatchedDecoder(session.model, session.device, session.facts)
@@ -393,7 +394,7 @@ class _Receiver:
             self.items.put((*message, buffer, reading, time.perf_counter()))
 
 
-def disaggregated(session: Any, worker: PrefillWorker, requests: Sequence[Request], cancel: threading.Event,
+def disaggregated(session: ModelSession, worker: PrefillWorker, requests: Sequence[Request], cancel: threading.Event,
                   silent_s: float) -> Outcome:
     """The decode worker (this process): take each hand-over as it comes, then one decode round of everything
     running. ``silent_s``: how long the prefill worker may say nothing while requests wait on it."""

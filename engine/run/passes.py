@@ -21,6 +21,7 @@ from engine.model.compiled import Graph, cache_length
 from engine.model.compiled_prefill import refused
 from engine.model.layer_clock import LayerClock
 from engine.model.sampling import Choice, choose, make_generator
+from engine.run.model_session import PassingSession
 
 Sink = Callable[[object], None]
 Waiter = Callable[[int], None]
@@ -99,7 +100,7 @@ class GraphSaid:
 class Passes:
     """The forward passes of the session's runs, one run at a time."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: PassingSession) -> None:
         # An engine.run.session.Session (its model, clock, compiled graphs, faults), which owns this object. Held
         # weakly: a strong reference back made a cycle, so a replaced session, with its model, waited for the
         # garbage collector, and the window freezes the collector's view after each load (every model ever

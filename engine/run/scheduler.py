@@ -23,6 +23,7 @@ from engine.facts import kvformula
 from engine.facts.errors import ParameterError
 from engine.facts.events import ModelFacts
 from engine.model import kvcache
+from engine.run.model_session import ModelSession
 
 POLICIES = ("continuous", "static")
 
@@ -114,8 +115,8 @@ class BatchedDecoder:
         return finished
 
 
-def serve(session: Any, requests: list[Request], policy: str, on_step: Callable[[float, int], None] | None = None,
-          cancel: threading.Event | None = None) -> bool:
+def serve(session: ModelSession, requests: list[Request], policy: str,
+          on_step: Callable[[float, int], None] | None = None, cancel: threading.Event | None = None) -> bool:
     """Run ``requests`` (arrival times in decode steps) on ``session``'s model to completion under ``policy``;
     fills their timings (ms since start) and tokens. ``on_step(t_ms, batch_size)`` after every decode step.
     False if cancelled. On a GPU each time is read after the device finished (a sync)."""

@@ -17,7 +17,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -49,6 +48,7 @@ from engine.model.models import LoadedModel
 from engine.model.sampling import choose
 from engine.model.threads import ThreadGovernor, change_words, governor
 from engine.run import faults
+from engine.run.options import RunOptions
 from engine.run.passes import GraphSaid, Passes, Prefilled, Request, Step, Waiter
 
 log = logging.getLogger(__name__)
@@ -57,26 +57,6 @@ FaultHook = Callable[[str, int], None]
 NORMS_EVERY = 8      # decode steps between KVNorms events: one batched read instead of eight small ones
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """How runs are carried out, beside what they do (``GenerationParams``): one value, given when the session is
-    made (its default for every run) or to one run, never set on a session from outside.
-    ``compile_in_background``: a compiled run decodes eagerly while its graph is built beside it and switches at
-    a step boundary (the window) instead of waiting for the graph before its first decode step (the CLI, the
-    benchmarks); ``offload_kv``: keys and values go to the CPU between uses (a GPU only); ``time_layers``: time
-    every decoder layer at every step even when the model is not split (a split model always is);
-    ``record_kv_norms``: the cached vectors' norms for the heatmap; ``prefill_chunk``: the prompt goes through in
-    passes of at most this many positions into one cache (the same logits within float error), so a stop takes
-    effect between them however long the prompt (0: one pass; its time is then the prefill's alone;
-    ``STOPPABLE``: one pass when this session's measured prefill rate says it takes at most ``PASS_S``, else
-    passes sized from that rate, and from each pass's own time, to take at most ``PASS_S`` each, so Stop works
-    within a second on any machine; the window's choice)."""
-
-    compile_in_background: bool = False
-    offload_kv: bool = False
-    time_layers: bool = False
-    record_kv_norms: bool = True
-    prefill_chunk: int = 0
 
 
 class Session:

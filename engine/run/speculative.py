@@ -28,6 +28,7 @@ from engine.facts import kvformula
 from engine.facts.errors import ParameterError
 from engine.facts.fields import MAX_DRAFT
 from engine.model import kvcache
+from engine.run.model_session import ModelSession
 
 
 class Drafter(Protocol):
@@ -119,7 +120,7 @@ class Decoded:
         return sum(p.accepted for p in self.passes)
 
 
-def decode(session: Any, ids: list[int], new_tokens: int, drafter: Drafter | None, k: int,
+def decode(session: ModelSession, ids: list[int], new_tokens: int, drafter: Drafter | None, k: int,
            cancel: threading.Event | None = None) -> Decoded:
     """Greedy decode of ``new_tokens`` after ``ids``: with a ``drafter``, ``k`` guesses verified per pass;
     without, one token per pass (plain decode through the same loop). Nothing is emitted inside the timed

@@ -3,9 +3,8 @@ Shared by several lessons, so none of them imports another. No torch here."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from engine.facts.errors import ParameterError
+from engine.run.model_session import ModelSession
 from engine.store.resources import sample_prompts
 
 FILLER = ("Every request to a language model passes through two stages. In the prefill stage the whole prompt "
@@ -19,7 +18,7 @@ CONVERSATION = (
 )
 
 
-def filler_ids(session: Any, n: int) -> list[int]:
+def filler_ids(session: ModelSession, n: int) -> list[int]:
     """``n`` real-text token ids (no template), so prefill runs on language, not on one repeated token."""
     chunk = session.encode(FILLER, chat_template=False)
     return (chunk * (n // len(chunk) + 1))[:n]
@@ -29,7 +28,7 @@ def sample_texts() -> list[str]:
     return [text for _title, text in sample_prompts()]
 
 
-def fitting(session: Any, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+def fitting(session: ModelSession, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
     """The prompts that fit the context with ``new_tokens`` more; refused before any compute if none do."""
     limit = session.facts.max_context
     fit = [ids for ids in prompts if len(ids) + new_tokens <= limit]
