@@ -170,3 +170,18 @@ def test_no_window_lesson_reads_a_point_by_a_figures_name():
     found = [f"{path.relative_to(ROOT)}:{number}" for path in (ROOT / "app" / "lessons").glob("*.py")
              for number, line in enumerate(path.read_text().splitlines(), 1) if untyped.search(line)]
     assert not found, found
+
+
+def test_no_two_classes_in_one_engine_or_app_folder_share_a_name():
+    """A name says which class it is: three classes called ``Request`` in engine/run (a run as asked, a
+    scheduler's arrival, a hand-over's) made every reader open the file to know which."""
+    from collections import defaultdict
+
+    seen: dict[tuple[Path, str], list[str]] = defaultdict(list)
+    for path in SOURCES:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                seen[(path.parent, node.name)].append(path.name)
+    shared = {f"{folder.relative_to(ROOT)}: {name}": files for (folder, name), files in seen.items()
+              if len(files) > 1}
+    assert not shared, shared

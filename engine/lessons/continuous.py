@@ -92,7 +92,7 @@ class BatchSizePoint(LessonPoint):
 
 def run(experiment: Experiment, settings: ContinuousSettings) -> ContinuousResult:
     from engine.run.batch import generate_batch  # torch: only where a lesson runs, never where it is read
-    from engine.run.scheduler import Request, serve
+    from engine.run.scheduler import ScheduledRequest, serve
 
     session = experiment.session
     usable = fitting(session, [session.encode(t) for t in settings.prompts or sample_texts()], max(settings.new_tokens))
@@ -103,7 +103,8 @@ def run(experiment: Experiment, settings: ContinuousSettings) -> ContinuousResul
     results = {}
     for p, policy in enumerate(POLICIES):
         experiment.progress(p, steps, f"{settings.requests} requests, {policy} batching")
-        batch = [Request(i, ids, n, i * settings.arrive_every) for i, (ids, n) in enumerate(zip(encoded, lengths))]
+        batch = [ScheduledRequest(i, ids, n, i * settings.arrive_every)
+                 for i, (ids, n) in enumerate(zip(encoded, lengths))]
 
         def step(t: float, size: int, pol: int = p) -> None:
             experiment.point(BatchSizePoint(policy=pol == 0, t_ms=t, batch_size=size))

@@ -188,7 +188,7 @@ def run(experiment: Experiment, settings: DisaggregationSettings) -> Disaggregat
     requests = []
     for i, is_long, arrival in schedule(settings):
         ids = long_ids if is_long else (texts[i % len(texts)] * settings.short_prompt)[: settings.short_prompt]
-        requests.append(dg.Request(i, list(ids), arrival, settings.new_tokens))
+        requests.append(dg.ArrivingRequest(i, list(ids), arrival, settings.new_tokens))
     threads = torch.get_num_threads()
     prefill_threads = max(1, threads // 2)
     decode_threads = max(1, threads - prefill_threads)

@@ -117,7 +117,7 @@ class PagedRequestPoint(LessonPoint):
 def run(experiment: Experiment, settings: PagedSettings) -> PagedResult:
     from engine.run.batch import generate_batch
     from engine.run.paged import PagedRequest, Pool, Snapshot, serve_paged
-    from engine.run.scheduler import Request, serve
+    from engine.run.scheduler import ScheduledRequest, serve
 
     session, page = experiment.session, settings.page_size
     prompts = _prompts(session, settings)
@@ -164,7 +164,8 @@ def run(experiment: Experiment, settings: PagedSettings) -> PagedResult:
     figures["mean_ttft_spread"] = statistics.pstdev(r.first_token_ms - r.arrival_ms for r in runs[True])
     if settings.compare:
         experiment.progress(2, total_steps, "the same arrivals through KVScope's own scheduler")
-        ours = [Request(i, ids, settings.new_tokens, i * settings.arrive_every) for i, ids in enumerate(prompts)]
+        ours = [ScheduledRequest(i, ids, settings.new_tokens, i * settings.arrive_every)
+                for i, ids in enumerate(prompts)]
         if not serve(session, ours, "continuous", cancel=experiment.cancel):
             return PagedResult(incomplete=True, **figures)
         figures.update(_timings("ours", ours), same_tokens_as_ours=[r.tokens for r in ours] ==

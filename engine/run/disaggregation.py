@@ -36,8 +36,7 @@ import torch
 from engine.model import kvcache
 from engine.run.model_session import ModelSession
 from engine.run.prefill_worker import HANDOVER, command
-from engine.run.scheduler import BatchedDecoder
-from engine.run.scheduler import Request as BatchRequest
+from engine.run.scheduler import BatchedDecoder, ScheduledRequest
 
 READY_TIMEOUT_S = 180.0           # loading the model in the worker (torch's import and the weights)
 POLL_S = 0.02
@@ -87,7 +86,7 @@ def _layer(entry: object) -> bool:
 
 
 @dataclass
-class Request:
+class ArrivingRequest:
     index: int
     ids: list[int]
     arrival_ms: float                    # after the schedule's start
@@ -139,14 +138,14 @@ def _decode_step(batch: BatchedDecoder, served: dict[int, Served], t0: float) ->
     batch.release_finished()
 
 
-def _batch_request(request: Request, served: Served) -> Any:
+def _batch_request(request: ArrivingRequest, served: Served) -> Any:
     """The scheduler's request for ``request``, sharing ``served``'s token list (one list, both see it)."""
-    row = BatchRequest(request.index, request.ids, request.new_tokens, 0)
+    row = ScheduledRequest(request.index, request.ids, request.new_tokens, 0)
     row.tokens = served.tokens
     return row
 
 
-def colocated(session: ModelSession, requests: Sequence[Request], cancel: threading.Event) -> Outcome:
+def colocated(session: ModelSession, requests: Sequence[ArrivingRequest], cancel: threading.Event) -> Outcome:
     """One worker, both phases: prefill every request that has arrived, else one batched decode step."""
     pending = sorted(requests, key=lambda r: r.arrival_ms)
     batch = BatchedDecoder(session.model, session.device, session.facts)
@@ -298,7 +297,7 @@ class PrefillWorker:
         tail = f": {lines[-1][:300]}" if lines else ""
         return f" (exit code {code}{tail})"
 
-    def send(self, request: Request, start_at: float) -> None:
+    def send(self, request: ArrivingRequest, start_at: float) -> None:
         say(self.channel, "prefill", request.index, list(request.ids), start_at)
 
     def close(self) -> None:
@@ -394,8 +393,8 @@ class _Receiver:
             self.items.put((*message, buffer, reading, time.perf_counter()))
 
 
-def disaggregated(session: ModelSession, worker: PrefillWorker, requests: Sequence[Request], cancel: threading.Event,
-                  silent_s: float) -> Outcome:
+def disaggregated(session: ModelSession, worker: PrefillWorker, requests: Sequence[ArrivingRequest],
+                  cancel: threading.Event, silent_s: float) -> Outcome:
     """The decode worker (this process): take each hand-over as it comes, then one decode round of everything
     running. ``silent_s``: how long the prefill worker may say nothing while requests wait on it."""
     by_index = {r.index: r for r in requests}

@@ -32,7 +32,7 @@ UNCHUNKED = 64       # ...and the longest prompt it sends in one pass before it 
 
 
 @dataclass
-class Request:
+class RunRequest:
     """One run as asked: the ids to prefill (all of them; ``reused`` come from a kept cache), where events
     go, how to stop, and the clock it started on."""
 
@@ -107,7 +107,7 @@ class Passes:
         # loaded stayed resident).
         self.session = weakref.proxy(session)
 
-    def first_pass(self, request: Request) -> int:
+    def first_pass(self, request: RunRequest) -> int:
         """How many positions the prompt's first pass takes (0: all of them, one pass). Chunks need the KV cache
         and a cache that keeps every position (eviction between passes would move them); attention is recorded
         over one pass."""
@@ -130,7 +130,7 @@ class Passes:
             return 0
         return max(16, 1 << max(int(fits).bit_length() - 1, 0))
 
-    def steps(self, request: Request) -> Iterator[Prefilled | Step | GraphSaid]:
+    def steps(self, request: RunRequest) -> Iterator[Prefilled | Step | GraphSaid]:
         """Prefill (``Prefilled`` once its pass ends, then step 0: its token), then one decode step each time the
         consumer asks for the next token: forward, sample, read the cache; what a compiled graph says comes as a
         ``GraphSaid`` before the step it concerns. Facts only: the consumer (``_Observer``) keeps the tally and the
@@ -221,7 +221,7 @@ class Passes:
                        *self.read_cache(request.cache), compiled=compiled_now)
 
     def eager_instead(self, graph: Graph, index: int, token: torch.Tensor, position: int,
-                      request: Request) -> tuple[torch.Tensor, GraphSaid]:
+                      request: RunRequest) -> tuple[torch.Tensor, GraphSaid]:
         """Decode step ``index`` again, eagerly, after the compiled ``graph`` gave scores that were not numbers:
         the position it wrote is taken back first. The graph is refused for good (``CompiledDecode.refuse``:
         this process decodes eagerly from here, a later launch does not read it); what happened, in the run's
@@ -242,7 +242,7 @@ class Passes:
         if self.session.threads is not None:
             self.session.threads.adjust()
 
-    def compiled_graph(self, request: Request) -> tuple[Graph, float | None]:
+    def compiled_graph(self, request: RunRequest) -> tuple[Graph, float | None]:
         """The compiled graph for this run's cache length: built already, built now or waited for (compile
         time, outside every step), or being built beside the decode (``RunOptions.compile_in_background``), which
         stays eager until it is ready; and how long this run waited for it (None: it did not build or wait)."""
@@ -258,7 +258,7 @@ class Passes:
             return graph, (time.perf_counter() - started) * 1000.0 + read
         return graph, read or None
 
-    def prefill_notes(self, request: Request) -> list[str]:
+    def prefill_notes(self, request: RunRequest) -> list[str]:
         """What a run that waited for its compiled graph says of the prefill package: read before its prompt
         went through, or read or built after the graph in the wait (part of the compile time), or why there is
         none."""
@@ -281,7 +281,7 @@ class Passes:
         return [f"the compiled prefill package was {how} in {package.compile_ms / 1000:,.1f} s after the decode graph "
                 "(compile time); " + (f"it {served}" if served else "later compiled runs prefill through it")]
 
-    def decode_compiled(self, graph: Graph, index: int, request: Request) -> tuple[bool, GraphSaid | None]:
+    def decode_compiled(self, graph: Graph, index: int, request: RunRequest) -> tuple[bool, GraphSaid | None]:
         """Whether decode step ``index`` goes through the compiled graph (from the first step boundary after it
         is built), and what the run is told, once: why it decoded eagerly (a failed build) or partly eagerly."""
         if not graph.ready.is_set():

@@ -29,7 +29,7 @@ POLICIES = ("continuous", "static")
 
 
 @dataclass
-class Request:
+class ScheduledRequest:
     index: int
     ids: list[int]
     new_tokens: int
@@ -50,12 +50,12 @@ class BatchedDecoder:
 
     def __init__(self, model, device: torch.device, facts: ModelFacts) -> None:
         self.model, self.device, self.facts = model, device, facts
-        self.rows: list[Request] = []
+        self.rows: list[ScheduledRequest] = []
         self.cache = None
         self.mask: torch.Tensor | None = None          # [B, L] 1 = real position, 0 = padding
         self.positions: list[int] = []                 # next position of each row
 
-    def admit(self, request: Request) -> None:
+    def admit(self, request: ScheduledRequest) -> None:
         """Prefill ``request`` alone, take its first token, and stack its cache under the batch's."""
         ids = torch.tensor([request.ids], device=self.device)
         cache = kvcache.new_cache(self.model)
@@ -63,7 +63,7 @@ class BatchedDecoder:
             out = kvcache.forward(self.model, ids, cache)
         self.join(request, cache, int(out.logits[0, -1].argmax()))
 
-    def join(self, request: Request, cache: Any, first_token: int) -> None:
+    def join(self, request: ScheduledRequest, cache: Any, first_token: int) -> None:
         """Stack ``request``'s prefilled cache under the batch's, its first token taken (prefilled here, or by
         another worker and handed over)."""
         request.tokens.append(first_token)
@@ -96,7 +96,7 @@ class BatchedDecoder:
             row.tokens.append(token)
         self.positions = [p + 1 for p in self.positions]
 
-    def release_finished(self) -> list[Request]:
+    def release_finished(self) -> list[ScheduledRequest]:
         finished = [r for r in self.rows if r.done]
         if not finished:
             return []
@@ -115,7 +115,7 @@ class BatchedDecoder:
         return finished
 
 
-def serve(session: ModelSession, requests: list[Request], policy: str,
+def serve(session: ModelSession, requests: list[ScheduledRequest], policy: str,
           on_step: Callable[[float, int], None] | None = None, cancel: threading.Event | None = None) -> bool:
     """Run ``requests`` (arrival times in decode steps) on ``session``'s model to completion under ``policy``;
     fills their timings (ms since start) and tokens. ``on_step(t_ms, batch_size)`` after every decode step.
@@ -131,7 +131,7 @@ def serve(session: ModelSession, requests: list[Request], policy: str,
         return (time.perf_counter() - t0) * 1000.0
 
     upcoming = sorted(requests, key=lambda r: (r.arrival_step, r.index))
-    waiting: list[Request] = []
+    waiting: list[ScheduledRequest] = []
     refusal = kvformula.batching_refusal(facts)
     if refusal is not None:
         raise ParameterError(f"Continuous batching is not available for {facts.name}: {refusal}")

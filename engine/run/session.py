@@ -49,7 +49,7 @@ from engine.model.sampling import choose
 from engine.model.threads import ThreadGovernor, change_words, governor
 from engine.run import faults
 from engine.run.options import RunOptions
-from engine.run.passes import GraphSaid, Passes, Prefilled, Request, Step, Waiter
+from engine.run.passes import GraphSaid, Passes, Prefilled, RunRequest, Step, Waiter
 
 log = logging.getLogger(__name__)
 Sink = Callable[[object], None]
@@ -224,7 +224,7 @@ class Session:
         ids = self.encode(prompt, params.chat_template)
         if self._kept_cache is not None:
             self.forget("a plain run since the last turn replaced the conversation's cache")
-        return self._run(Request(ids, prompt, "generate", params, sink or _ignore, _cancelled(cancel), before_step,
+        return self._run(RunRequest(ids, prompt, "generate", params, sink or _ignore, _cancelled(cancel), before_step,
                                   t0, options or self.options))
 
     def run_ids(self, prompt_ids: list[int], params: GenerationParams, sink: Sink | None = None,
@@ -235,7 +235,7 @@ class Session:
         if self._kept_cache is not None:
             self.forget("a plain run since the last turn replaced the conversation's cache")
         text = self.tokenizer.decode(prompt_ids)
-        return self._run(Request(list(prompt_ids), text, "generate", params.with_(chat_template=False),
+        return self._run(RunRequest(list(prompt_ids), text, "generate", params.with_(chat_template=False),
                                   sink or _ignore, _cancelled(cancel), None, t0, options or self.options))
 
     def chat(self, messages: list[dict], params: GenerationParams, sink: Sink | None = None,
@@ -255,7 +255,7 @@ class Session:
                         "a static cache is allocated for one run at a time" if params.static_cache else
                         f"a cache kept as {params.kv_method} is not carried to the next turn")
             reuse = False
-        request = Request(ids, messages[-1]["content"], "chat", params, sink or _ignore, _cancelled(cancel),
+        request = RunRequest(ids, messages[-1]["content"], "chat", params, sink or _ignore, _cancelled(cancel),
                            before_step, t0, options or self.options)
         if reuse:
             request.cache, request.reused, request.cache_note = self._reusable_cache(ids)
@@ -269,7 +269,7 @@ class Session:
     def kept_tokens(self) -> int:
         return len(self._kept_ids)
 
-    def _run(self, request: Request) -> RunFinished | RunFailed:
+    def _run(self, request: RunRequest) -> RunFinished | RunFailed:
         self.check_prompt(len(request.ids))
         params = request.params
         if params.top_k > self.facts.vocab_size:
@@ -383,7 +383,7 @@ class _Observer:
     only writer of either), waits where the user asked it to (pause, single step, slow motion) and decides when
     the run ends."""
 
-    def __init__(self, session: Session, request: Request) -> None:
+    def __init__(self, session: Session, request: RunRequest) -> None:
         self.session, self.request, self.tally = session, request, RunTally()
         self.run_id = uuid.uuid4().hex[:12]
         self.text = TextStream(session.tokenizer)

@@ -209,7 +209,7 @@ def test_chat_reuse_works_or_says_why_not(arch):
 
 def test_continuous_batching_gives_solo_tokens_or_declines(arch):
     from engine.run.batch import generate_batch
-    from engine.run.scheduler import Request, serve
+    from engine.run.scheduler import ScheduledRequest, serve
 
     _name, _folder, loaded = arch
     facts = loaded.facts
@@ -220,7 +220,7 @@ def test_continuous_batching_gives_solo_tokens_or_declines(arch):
     prompts = [session.encode(t, chat_template=False) for t in
                ("hello world", "The KV cache holds keys and values for every position so decode does not",
                 "Prefill reads the whole prompt")]
-    requests = [Request(i, ids, 20, i * 3) for i, ids in enumerate(prompts)]
+    requests = [ScheduledRequest(i, ids, 20, i * 3) for i, ids in enumerate(prompts)]
     if kvformula.batching_refusal(facts) is not None:
         with pytest.raises(ParameterError, match="Continuous batching is not available"):
             serve(SimpleNamespace(model=model, device=torch.device("cpu"), facts=facts), requests, "continuous")

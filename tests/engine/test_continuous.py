@@ -8,7 +8,7 @@ import torch
 
 from engine.facts.events import ExperimentPoint
 from engine.run.batch import generate_batch
-from engine.run.scheduler import Request, serve
+from engine.run.scheduler import ScheduledRequest, serve
 from engine.run.session import Session
 from tests.lessons import collect
 
@@ -22,7 +22,7 @@ def on(model, facts):
 
 
 def make_requests(session, lengths=(6, 9, 4, 7, 5), every=2):
-    return [Request(i, session.encode(p, chat_template=False), n, i * every)
+    return [ScheduledRequest(i, session.encode(p, chat_template=False), n, i * every)
             for i, (p, n) in enumerate(zip(PROMPTS, lengths))]
 
 
