@@ -154,7 +154,7 @@ def test_folders_found_from_a_modules_place_are_those_of_the_tree_it_runs_from()
     folder a prefill worker imports the engine from) is still this tree's, not a folder one level short."""
     import os
 
-    from engine.run.disaggregation import _package_root
+    from engine.run.kv_handover import _package_root
     from engine.store.resources import resources_dir
 
     assert resources_dir() == ROOT / "resources"

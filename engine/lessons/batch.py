@@ -63,7 +63,7 @@ class BatchPoint(LessonPoint):
 
 
 def run(experiment: Experiment, settings: BatchSettings) -> BatchResult:
-    from engine.run.batch import generate_batch  # torch: only where a lesson runs, never where it is read
+    from engine.run.batch_generate import generate_batch  # torch: only where a lesson runs, never where it is read
 
     session = experiment.session
     texts = settings.prompts or sample_texts()

@@ -91,7 +91,7 @@ class BatchSizePoint(LessonPoint):
 
 
 def run(experiment: Experiment, settings: ContinuousSettings) -> ContinuousResult:
-    from engine.run.batch import generate_batch  # torch: only where a lesson runs, never where it is read
+    from engine.run.batch_generate import generate_batch  # torch: only where a lesson runs, never where it is read
     from engine.run.scheduler import ScheduledRequest, serve
 
     session = experiment.session

@@ -179,7 +179,7 @@ def _figures(mode: str, outcome: object) -> ModeFigures:
 def run(experiment: Experiment, settings: DisaggregationSettings) -> DisaggregationResult:
     import torch  # only where a lesson runs, never where it is read
 
-    from engine.run import disaggregation as dg
+    from engine.run import kv_handover as dg
 
     session = experiment.session
     facts = session.facts
@@ -249,7 +249,7 @@ def run(experiment: Experiment, settings: DisaggregationSettings) -> Disaggregat
     solo = None
     if complete and settings.check_solo and not experiment.cancelled:
         experiment.progress(3, steps, "each prompt as a plain run, for its tokens")
-        from engine.run.batch import generate_batch
+        from engine.run.batch_generate import generate_batch
 
         solo = [generate_batch(session.model, [r.ids], r.new_tokens, 0, session.device).tokens[0]
                 for r in requests] == [tokens["colocated"][r.index] for r in requests]
@@ -308,7 +308,7 @@ def table(points: Sequence[ExperimentPoint], result: DisaggregationResult) -> st
 
 def run_prefill_worker(argv: Sequence[str]) -> None:
     """The prefill worker's process: SOURCE DTYPE THREADS FD (the socket's end it was given)."""
-    from engine.run.disaggregation import worker_entry  # torch: only in the worker's own process
+    from engine.run.kv_handover import worker_entry  # torch: only in the worker's own process
 
     worker_entry(argv)
 

@@ -1,6 +1,6 @@
 """Lesson: paged KV and prefix sharing, watched inside transformers' own continuous batching
-(``engine.run.paged``). Requests that share a system prompt arrive every few steps and are served from one pool of
-fixed-size blocks, block sharing on (every step's block table is emitted) and off; then the same arrivals go
+(``engine.run.paged_serving``). Requests that share a system prompt arrive every few steps and are served from
+one pool of fixed-size blocks, block sharing on (every step's block table is emitted) and off; then the same arrivals go
 through KVScope's own scheduler. The result: blocks held at the peak with and without sharing (measured from
 the block tables) beside what a contiguous cache would reserve for the same requests (computed: prompt plus
 ``reserve`` positions each, as a server reserves for a request's max_tokens), the prefix blocks shared, and
@@ -87,7 +87,7 @@ def _prompts(session: ModelSession, settings: PagedSettings) -> list[list[int]]:
 
 
 def check(target: Any, settings: PagedSettings) -> None:
-    from engine.run.paged import check_transformers, paged_refusal  # transformers: only where a lesson runs
+    from engine.run.paged_serving import check_transformers, paged_refusal  # transformers: only where a lesson runs
 
     refusal = paged_refusal(target.facts)
     if refusal:
@@ -115,8 +115,8 @@ class PagedRequestPoint(LessonPoint):
 
 
 def run(experiment: Experiment, settings: PagedSettings) -> PagedResult:
-    from engine.run.batch import generate_batch
-    from engine.run.paged import PagedRequest, Pool, Snapshot, serve_paged
+    from engine.run.batch_generate import generate_batch
+    from engine.run.paged_serving import PagedRequest, Pool, Snapshot, serve_paged
     from engine.run.scheduler import ScheduledRequest, serve
 
     session, page = experiment.session, settings.page_size

@@ -1,5 +1,5 @@
 """Lesson: speculative decoding, measured. Plain greedy decode and speculative decode of the same prompt,
-interleaved a few times and timed by the same loop (``engine.run.speculative``): medians of decode wall time,
+interleaved a few times and timed by the same loop (``engine.run.speculative_decode``): medians of decode wall time,
 every verification pass of the last speculative repeat with its guesses, the acceptance rate, tokens per
 pass, and whether the two outputs are the same tokens (greedy: they must be).
 
@@ -102,7 +102,7 @@ def check(target: Any, settings: SpeculativeSettings) -> None:
 
 def _drafter(experiment: Experiment, settings: SpeculativeSettings):
     from engine.model.models import load  # torch: only where a lesson runs, never where it is read
-    from engine.run.speculative import DraftModel, PromptLookup
+    from engine.run.speculative_decode import DraftModel, PromptLookup
 
     session = experiment.session
     if settings.drafter == PROMPT_LOOKUP:
@@ -165,7 +165,7 @@ class DraftPass(LessonEvent):
 
 
 def run(experiment: Experiment, settings: SpeculativeSettings) -> SpeculativeResult:
-    from engine.run.speculative import decode
+    from engine.run.speculative_decode import decode
 
     session = experiment.session
     ids = session.encode(settings.prompt)

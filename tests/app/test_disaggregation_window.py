@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.engine.test_disaggregation import prefill_workers
 
 SCRIPT = """
-import sys, time
+import os, sys, time
 from pathlib import Path
 from PySide6.QtCore import QEventLoop, QTimer
 from app.main import build, dispose, parse_args
@@ -24,10 +24,12 @@ def pump(seconds):
         loop = QEventLoop(); QTimer.singleShot(20, loop.quit); loop.exec()
 
 def worker_running():
+    # a prefill worker for this model: not this process, whose own command line (this script) names both too
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and sys.argv[1].encode() in (proc / "cmdline").read_bytes() \\
-                    and b"engine.run.disaggregation" in (proc / "cmdline").read_bytes():
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\\0", b" ")
+            if proc.name.isdigit() and int(proc.name) != os.getpid() and sys.argv[1].encode() in cmdline \\
+                    and b"worker prefill-worker" in cmdline:
                 return True
         except OSError:
             pass

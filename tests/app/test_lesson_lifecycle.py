@@ -17,7 +17,7 @@ from app.views.lesson_view import CONTROLS_PROMPT
 from engine import lessons
 from engine.facts.events import ExperimentFinished
 from engine.model import kvcache
-from engine.run import paged
+from engine.run import paged_serving
 from engine.run.experiment import SERVER
 from tests.app.conftest import close_and_dispose, load, make_window, wait_idle
 from tests.replay_server import ReplayServer, llamacpp_routes
@@ -47,7 +47,7 @@ def hold(monkeypatch):
     from engine.serve.remote import RemoteSession
 
     gate = Hold()
-    forward, snapshot, chat = kvcache.forward, paged._snapshot, RemoteSession.chat
+    forward, snapshot, chat = kvcache.forward, paged_serving._snapshot, RemoteSession.chat
 
     def held(function):
         def call(*args, **kwargs):
@@ -56,7 +56,7 @@ def hold(monkeypatch):
         return call
 
     monkeypatch.setattr(kvcache, "forward", held(forward))
-    monkeypatch.setattr(paged, "_snapshot", held(snapshot))
+    monkeypatch.setattr(paged_serving, "_snapshot", held(snapshot))
     monkeypatch.setattr(RemoteSession, "chat", held(chat))
     yield gate
     gate.released.set()

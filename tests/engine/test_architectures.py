@@ -208,7 +208,7 @@ def test_chat_reuse_works_or_says_why_not(arch):
 
 
 def test_continuous_batching_gives_solo_tokens_or_declines(arch):
-    from engine.run.batch import generate_batch
+    from engine.run.batch_generate import generate_batch
     from engine.run.scheduler import ScheduledRequest, serve
 
     _name, _folder, loaded = arch

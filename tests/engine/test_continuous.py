@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine.facts.events import ExperimentPoint
-from engine.run.batch import generate_batch
+from engine.run.batch_generate import generate_batch
 from engine.run.scheduler import ScheduledRequest, serve
 from engine.run.session import Session
 from tests.lessons import collect

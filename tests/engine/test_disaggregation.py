@@ -137,7 +137,7 @@ def test_the_workers_socket_carries_data_never_code_and_anything_else_is_one_lin
     import socket
     from multiprocessing.connection import Connection
 
-    from engine.run import disaggregation as dg
+    from engine.run import kv_handover as dg
 
     class Planted:
         def __reduce__(self):
@@ -164,7 +164,7 @@ def test_a_worker_stopped_while_it_loads_is_given_up_on_after_the_silent_seconds
     import signal
     import time
 
-    from engine.run import disaggregation as dg
+    from engine.run import kv_handover as dg
 
     worker = dg.PrefillWorker(tiny.facts.source, tiny.facts.dtype, 1)
     try:
@@ -193,7 +193,7 @@ def test_the_cli_exits_non_zero_when_a_worker_ended_the_lesson_early(tiny_model_
 def test_the_prefill_worker_runs_as_the_lessons_declared_worker_and_the_finder_sees_it(tiny_model_dir):
     """The worker starts through the lesson registry (``python -m engine worker prefill-worker``), and the
     process finder the tests above rely on finds it while it lives: their "none left" is not vacuous."""
-    from engine.run.disaggregation import PrefillWorker
+    from engine.run.kv_handover import PrefillWorker
 
     worker = PrefillWorker(str(tiny_model_dir), "float32", 1)
     try:

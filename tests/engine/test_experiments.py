@@ -16,7 +16,7 @@ from engine.facts.events import ExperimentFinished, ExperimentPoint, ExperimentS
 from engine.facts.params import GenerationParams
 from engine.lessons.cache import CacheResult
 from engine.lessons.prefill import doubling_lengths, fitted_exponent
-from engine.run.batch import generate_batch
+from engine.run.batch_generate import generate_batch
 from engine.run.experiment import rounding_note
 from engine.run.session import Session
 from tests.engine.test_kvcache import smol_facts

@@ -11,8 +11,8 @@ from engine.facts.events import ExperimentFinished
 from engine.lessons import paged as paged_lesson
 from engine.model.models import load
 from engine.output.trace import read_trace, write_trace
-from engine.run import paged
-from engine.run.batch import generate_batch
+from engine.run import paged_serving
+from engine.run.batch_generate import generate_batch
 from engine.run.session import Session
 from engine.serve.block_events import BlockTable
 from tests.architectures import build
@@ -22,25 +22,26 @@ from tests.traces import first_row, refused_with, rows_of
 PAGE = 16
 
 
-def requests_for(session: Session, n: int = 4, new: int = 6, every: int = 2) -> list[paged.PagedRequest]:
-    return [paged.PagedRequest(i, paged_lesson._encode(session, paged_lesson.SYSTEM, q), new, i * every)
+def requests_for(session: Session, n: int = 4, new: int = 6, every: int = 2) -> list[paged_serving.PagedRequest]:
+    return [paged_serving.PagedRequest(i, paged_lesson._encode(session, paged_lesson.SYSTEM, q), new, i * every)
             for i, q in enumerate(paged_lesson.QUESTIONS[:n])]
 
 
 def test_the_adapter_names_the_private_field_that_moved(monkeypatch):
     from transformers.generation.continuous_batching import continuous_api
 
-    paged.check_transformers()
+    paged_serving.check_transformers()
     monkeypatch.delattr(continuous_api.ContinuousBatchingManager, "_generation_loop_body")
     with pytest.raises(RuntimeError, match="ContinuousBatchingManager._generation_loop_body is gone"):
-        paged.check_transformers()
+        paged_serving.check_transformers()
 
 
 @pytest.fixture(scope="module")
 def shared_run(tiny):
     session = Session(tiny)
     batch, snaps = requests_for(session), []
-    assert paged.serve_paged(tiny.model, batch, paged.Pool(PAGE, 64, sharing=True), on_step=snaps.append)
+    pool = paged_serving.Pool(PAGE, 64, sharing=True)
+    assert paged_serving.serve_paged(tiny.model, batch, pool, on_step=snaps.append)
     return session, batch, snaps
 
 
@@ -53,7 +54,7 @@ def test_tokens_equal_each_request_alone(tiny, shared_run):
 
 def test_block_tables_add_up_and_the_shared_prefix_is_counted_by_reference(shared_run):
     _session, batch, snaps = shared_run
-    prefix_blocks = paged.kvformula.common_prefix(batch[0].ids, batch[1].ids) // PAGE
+    prefix_blocks = paged_serving.kvformula.common_prefix(batch[0].ids, batch[1].ids) // PAGE
     assert prefix_blocks >= 1
     for snap in snaps:
         for table, held in zip(snap.tables, snap.positions):
@@ -69,7 +70,7 @@ def test_block_tables_add_up_and_the_shared_prefix_is_counted_by_reference(share
 def test_without_sharing_no_block_is_shared_and_more_are_held(tiny, shared_run):
     session, shared_batch, shared_snaps = shared_run
     batch, snaps = requests_for(session), []
-    paged.serve_paged(tiny.model, batch, paged.Pool(PAGE, 64, sharing=False), on_step=snaps.append)
+    paged_serving.serve_paged(tiny.model, batch, paged_serving.Pool(PAGE, 64, sharing=False), on_step=snaps.append)
     assert all(not s.shared for s in snaps)
     peak = max(len({b for t in s.tables for b in t}) for s in snaps)
     peak_shared = max(len({b for t in s.tables for b in t}) for s in shared_snaps)
@@ -81,7 +82,7 @@ def test_the_models_attention_is_given_back(tiny):
     session = Session(tiny)
     session.attention_capture()                              # switches the model to the capturing sdpa
     before = tiny.model.config._attn_implementation
-    paged.serve_paged(tiny.model, requests_for(session, n=2, new=2), paged.Pool(PAGE, 32, sharing=True))
+    paged_serving.serve_paged(tiny.model, requests_for(session, n=2, new=2), paged_serving.Pool(PAGE, 32, sharing=True))
     assert tiny.model.config._attn_implementation == before == "kvscope_sdpa"
 
 

@@ -12,7 +12,7 @@ from engine.facts.params import GenerationParams
 from engine.lessons.speculative import DraftPass
 from engine.model.models import load
 from engine.output.trace import read_trace, write_trace
-from engine.run import speculative as sp
+from engine.run import speculative_decode as sp
 from engine.run.session import Session
 from tests.architectures import build
 from tests.lessons import collect
