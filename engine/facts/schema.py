@@ -273,15 +273,9 @@ class Checker:
         run.timed_step = event.step
         return event
 
-    def run_finished(self, data: dict, shape: Plan) -> RunFinished:
-        event: RunFinished = shape.build(data)
-        run = self._run(event)
-        _summary(event.summary, run)
-        run.ended = True
-        return event
-
-    def run_failed(self, data: dict, shape: Plan) -> RunFailed:
-        event: RunFailed = shape.build(data)
+    def run_ended(self, data: dict, shape: Plan) -> RunFinished | RunFailed:
+        """A run's last event, finished or failed alike: its summary checked against the run, the run closed."""
+        event: RunFinished | RunFailed = shape.build(data)
         run = self._run(event)
         _summary(event.summary, run)
         run.ended = True
@@ -437,7 +431,7 @@ def _advance(owners: dict, ident: str, event: object, what: str):
 _RELATIONS = {
     "RunStarted": Checker.run_started, "PrefillDone": Checker.prefill_done, "KVNorms": Checker.kv_norms,
     "TokenStep": Checker.token_step, "AttentionStep": Checker.attention_step, "LayerTimes": Checker.layer_times,
-    "RunFinished": Checker.run_finished, "RunFailed": Checker.run_failed, "HardwarePeaks": Checker.peaks,
+    "RunFinished": Checker.run_ended, "RunFailed": Checker.run_ended, "HardwarePeaks": Checker.peaks,
     "ExperimentStarted": Checker.experiment_started, "ExperimentProgress": Checker.experiment_progress,
     "ExperimentPoint": Checker.experiment_point,
     "ExperimentFinished": Checker.experiment_finished,

@@ -129,6 +129,17 @@ def table_lines(points: Sequence[LessonPoint], kind: type[LessonPoint]) -> list[
 
 
 @dataclass(frozen=True)
+class SkippedPoint(LessonPoint):
+    """Something a lesson was asked to try and cannot here: a weight format this device cannot load, a cache this
+    model cannot be kept as. ``index``: its place in the settings' list, so the table names it and the chart
+    leaves it out."""
+
+    series = "skipped"
+
+    index: int
+
+
+@dataclass(frozen=True)
 class LessonEvent:
     """An event a lesson declares for itself: it belongs to one experiment and checks itself against what that
     experiment runs on (``vocab_size``, ``max_context``, zero for a server that does not say). ``check`` raises

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
-from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.facts.fields import Column, Count, Items, Key, Number, PromptText, Range, Setting
@@ -101,8 +100,6 @@ def table(points: Sequence[ExperimentPoint], result: BatchResult) -> str:
     if result.throughput_gain is not None:
         lines += ["", f"batch {result.largest_batch}: {result.throughput_gain:.1f}x the tokens/s of batch 1, each "
                   f"token {latency_words(result.latency_growth)} per request (measured)"]
-    if busy_note(result.lowest_cpu_share):
-        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
 from engine.facts import costmodel
-from engine.facts.contention import busy, busy_note
+from engine.facts.contention import busy
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings, RunFinished
 from engine.facts.fields import MAX_PROMPT, Column, Count, Key, Number, Range, Setting, Text
@@ -120,8 +120,6 @@ def table(points: Sequence[ExperimentPoint], result: CacheResult) -> str:
                   f"{result.attention_flops_ratio:.1f}x fewer attention FLOPs (computed, the seed's model)"]
     if backwards_words(result):
         lines.append(f"note: {backwards_words(result)}")
-    if busy_note(result.lowest_cpu_share):
-        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
     return "\n".join(lines)
 
 

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
-from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.facts.fields import Column, Count, Items, Key, Positive, PromptText, Range, Setting
@@ -154,8 +153,6 @@ def table(points: Sequence[ExperimentPoint], result: ChatResult) -> str:
     if result.per_turn:
         lines += ["", f"replies identical with and without reuse: {'yes' if result.tokens_match else 'NO'}"]
         lines += [turn_line(t, result.repeats) for t in result.per_turn]
-    if busy_note(result.lowest_cpu_share):
-        lines.append(f"note: some turns were {busy_note(result.lowest_cpu_share)}")
     return "\n".join(lines)
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from engine.facts import kvformula
-from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.facts.fields import Column, Items, Number, PromptText, Range, Setting
@@ -157,8 +156,6 @@ def table(points: Sequence[ExperimentPoint], result: ContinuousResult) -> str:
                          f"{getattr(result, policy + '_mean_e2e_ms'):8.1f} ms (measured)")
         lines.insert(len(lines) - 2, "")
         lines.append(f"each request's tokens equal its solo run: {'yes' if result.tokens_match_solo else 'NO'}")
-    if busy_note(result.lowest_cpu_share):
-        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
     return "\n".join(lines)
 
 

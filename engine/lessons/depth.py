@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from engine.facts import kvformula
-from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings, RunFinished, TokenStep
 from engine.facts.fields import MAX_CONTEXT, Bytes, Column, Count, Items, Key, Number, Range, Setting
@@ -186,8 +185,6 @@ def table(points: Sequence[ExperimentPoint], result: DepthResult) -> str:
                       f"{first.depth:,} (measured); the cache {kvformula.format_bytes(last.kv_bytes)} vs "
                       f"{kvformula.format_bytes(first.kv_bytes)}; at the whole context "
                       f"{kvformula.format_bytes(result.full_context_bytes)} (computed)"]
-    if busy_note(result.lowest_cpu_share):
-        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
     return "\n".join(lines)
 
 

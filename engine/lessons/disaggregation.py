@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
 from engine.facts import kvformula
-from engine.facts.contention import LoadMeter, busy_note
+from engine.facts.contention import LoadMeter
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.facts.fields import Bytes, Column, Count, Items, Key, Message, Number, Range, Setting
@@ -301,8 +301,6 @@ def table(points: Sequence[ExperimentPoint], result: DisaggregationResult) -> st
         lines += [""] + seven_b_lines(longest)
     if result.failure:
         lines.append(f"ended early: {result.failure}")
-    if busy_note(result.lowest_cpu_share):
-        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
     return "\n".join(lines)
 
 

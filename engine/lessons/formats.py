@@ -22,13 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from engine.facts.contention import busy_note
 from engine.facts.costmodel import Device, ModelCost
 from engine.facts.errors import ModelSourceError, ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.facts.fields import Column, Items, Key, Number, Range, Setting, Text
 from engine.facts.params import GenerationParams
-from engine.facts.vocabulary import LessonPoint
+from engine.facts.vocabulary import LessonPoint, SkippedPoint
 from engine.run.experiment import Experiment, Lesson
 from engine.run.workloads import filler_ids
 
@@ -97,15 +96,6 @@ class FormatPoint(LessonPoint):
     bandwidth_gb_s: float | None = None
     peak_gflop_s: float | None = None
     more: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SkippedPoint(LessonPoint):
-    """A format this device cannot load (``index``: its place in the settings' formats)."""
-
-    series = "skipped"
-
-    index: int
 
 
 @dataclass(frozen=True)
@@ -262,8 +252,6 @@ def table(points: Sequence[ExperimentPoint], result: FormatsResult) -> str:
                   "measured matmul peak over the FLOPs per token (prefill), computed; none where the machine was "
                   "busy whenever they were measured"]
     lines += [f"skipped {s}" for s in result.skipped]
-    if busy_note(result.lowest_cpu_share):
-        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
     return "\n".join(lines)
 
 

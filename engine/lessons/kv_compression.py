@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from engine.facts import kv_methods, kvformula
-from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.facts.fields import MAX_PROMPT, Bytes, Column, Count, Items, Key, Number, Range, Setting, Text
-from engine.facts.vocabulary import LessonPoint
+from engine.facts.vocabulary import LessonPoint, SkippedPoint
 from engine.run.experiment import Experiment, Lesson
 from engine.run.model_session import ModelSession
 
@@ -114,15 +113,6 @@ class ChannelPoint(LessonPoint):
     channel: int
     absmax: float
     absmax_rotated: float | None = None
-
-
-@dataclass(frozen=True)
-class SkippedMethod(LessonPoint):
-    """A method this model cannot keep its cache as (``index``: its place in the settings' methods)."""
-
-    series = "skipped"
-
-    index: int
 
 
 @dataclass(frozen=True)
@@ -241,7 +231,7 @@ def run(experiment: Experiment, settings: CompressionSettings) -> CompressionRes
             why = kv_methods.available(method)
             if why is not None:
                 skipped.append(why)
-                experiment.point(SkippedMethod(index=i))
+                experiment.point(SkippedPoint(index=i))
                 continue
             experiment.progress(i + 1, total, f"{method.words}: {steps} steps on the reference's tokens")
             one = _measure(experiment, session, method, i, prompt, tokens, ref_logp, ref_bytes)
@@ -346,14 +336,12 @@ def table(points: Sequence[ExperimentPoint], result: CompressionResult) -> str:
     for why in result.skipped:
         lines.append(f"skipped: {why}")
     lines.append("ms/step: this CPU dequantizes a quantized cache whole at every step; a GPU kernel would not")
-    if busy_note(result.lowest_cpu_share):
-        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
     return "\n".join(lines)
 
 
 LESSON = Lesson(kind="kv-compression", title="KV cache compression", settings=CompressionSettings,
                 result=CompressionResult, run=run, table=table, check=check,
-                points=(MethodPoint, StepPoint, ChannelPoint, SkippedMethod),
+                points=(MethodPoint, StepPoint, ChannelPoint, SkippedPoint),
                 quick={"prompt": " ".join(["The cache keeps what attention read."] * 4), "new_tokens": 6,
                        "methods": ("full", "fp8", "sinks:4+16", "h2o:24")},
                 course={"new_tokens": 32})

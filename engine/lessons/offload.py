@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 from engine.facts import kvformula
-from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LayerTimes, LessonResult, LessonSettings, RunFinished
 from engine.facts.fields import MAX_LAYERS, MAX_PROMPT, Bytes, Column, Count, Items, Key, Number, Range, Setting, Text
@@ -252,8 +251,6 @@ def table(points: Sequence[ExperimentPoint], result: OffloadResult) -> str:
                      f"back): {moved}{measured}")
     lines.append("read rate: accelerate's own hooks bringing the offloaded weights in and dropping them, as a "
                  "forward pass does (the OS page cache included: a cold disk reads slower)")
-    if busy_note(result.lowest_cpu_share):
-        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
     return "\n".join(lines)
 
 

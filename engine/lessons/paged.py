@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from engine.facts import kvformula
-from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.facts.fields import Bytes, Column, Count, Key, Message, Number, Range, Setting
@@ -227,8 +226,6 @@ def table(points: Sequence[ExperimentPoint], result: PagedResult) -> str:
                          f"{r.transformers_mean_ttft_ms:.0f} ms; KVScope's scheduler {r.ours_tok_s:.1f} tok/s, "
                          f"{r.ours_mean_ttft_ms:.0f} ms (measured); tokens "
                          f"{'identical' if r.same_tokens_as_ours else 'different'}")
-    if busy_note(result.lowest_cpu_share):
-        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
     return "\n".join(lines)
 
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from engine.facts import costmodel
-from engine.facts.contention import busy_note
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.facts.fields import MAX_CONTEXT, Column, Count, Number, Range, Setting
@@ -168,8 +167,6 @@ def table(points: Sequence[ExperimentPoint], result: PrefillResult) -> str:
     if result.noisy:
         lines.append(f"note: the repeats of one length spread up to {result.largest_spread:.2f}x: the fitted "
                      "exponents are rough (a busy or noisy machine); run again on a quiet one")
-    if busy_note(result.lowest_cpu_share):
-        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from engine.facts import kvformula
-from engine.facts.contention import LoadMeter, busy_note
+from engine.facts.contention import LoadMeter
 from engine.facts.errors import ModelSourceError, ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.facts.fields import (
@@ -252,8 +252,6 @@ def table(points: Sequence[ExperimentPoint], result: SpeculativeResult) -> str:
                   f"{result.draft_share:.0%} of the speculative time)",
                   "same tokens as plain greedy decode: " + ("yes" if result.tokens_match else
                                                             f"NO, from token {result.first_difference}")]
-    if busy_note(result.lowest_cpu_share):
-        lines.append(f"note: {busy_note(result.lowest_cpu_share)}")
     return "\n".join(lines)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.facts.contention import LoadMeter
+from engine.facts.contention import LoadMeter, busy_note
 from engine.facts.costmodel import Cost, Device, ModelCost
 from engine.facts.errors import ParameterError
 from engine.facts.events import (
@@ -93,6 +93,14 @@ class Lesson:
     events: tuple[type[LessonEvent], ...] = ()
     faults: tuple[FaultPhase, ...] = ()
     workers: Mapping[str, Callable[[Sequence[str]], None]] = field(default_factory=dict)
+
+    def report(self, points: Sequence[ExperimentPoint], result: LessonResult) -> str:
+        """What the CLI prints: the lesson's own table, then what every lesson's ends with, said here once: a
+        timed lesson's busy-machine note and the thread count's note."""
+        lines = [self.table(points, result)]
+        busy = busy_note(result.lowest_cpu_share) if self.timed else ""
+        lines += [f"note: {note}" for note in (busy, result.threads_note) if note]
+        return "\n".join(lines)
 
 
 class Experiment:

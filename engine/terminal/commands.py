@@ -262,11 +262,9 @@ def _run(lesson: Lesson, target: Any, settings: Any, args: argparse.Namespace, w
     if args.json:
         print(json.dumps(experiment_json(lesson, target, points, finished), indent=1))
     else:
-        print(safe(lesson.table(points, finished.result)))
+        print(safe(lesson.report(points, finished.result)))
         if finished.result.tokens_note:
             print(f"why the tokens differ: {finished.result.tokens_note}")
-        if finished.result.threads_note:
-            print(f"note: {finished.result.threads_note}")
         if finished.reason != "done":
             print(f"({finished.reason})")
     if not close_writer(writer):

@@ -20,7 +20,7 @@ def test_a_backwards_result_on_a_busy_machine_says_so_in_the_table_and_the_scene
     assert words.startswith("backwards: decode with the cache measured 1.4x slower than without it")
     assert "the machine was busy" in words and "not the cache" in words and "run it again" in words
     assert f"note: {words}" in cache.table([], backwards)
-    assert "busy" in cache.table([], backwards).split(words)[1]          # the busy note follows it
+    assert "busy" in cache.LESSON.report([], backwards).split(words)[1]  # the lessons' busy note follows it
     assert cache_view.caption(SimpleNamespace(result=backwards)) == words
 
 

@@ -10,6 +10,7 @@ import threading
 import pytest
 import torch
 
+from engine import lessons
 from engine.facts import costmodel
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentFinished, ExperimentPoint, ExperimentStarted, RunStarted
@@ -256,3 +257,18 @@ def test_tokens_that_part_in_a_16_bit_float_are_explained_and_in_float32_are_not
 def test_a_finished_experiment_whose_tokens_match_carries_no_note(tiny):
     _events, finished = collect("cache", tiny, new_tokens=4)
     assert finished.result.tokens_match and finished.result.tokens_note == ""
+
+
+@pytest.mark.parametrize("kind", [lesson.kind for lesson in lessons.LESSONS])
+def test_a_lessons_report_ends_with_the_busy_note_once_where_it_times_anything(kind):
+    """Every lesson's CLI report ends with the same busy-machine and thread notes, said by the framework once
+    (each of twelve tables appended them itself); a lesson that measures bytes (``timed=False``) has no busy
+    note, a quiet result none."""
+    lesson = lessons.lesson(kind)
+    busy = lesson.result(lowest_cpu_share=0.3, incomplete=True, threads_note="4 threads of 8: the others were busy")
+    report = lesson.report([], busy)
+    said = report.count("measured while the machine was busy")
+    assert said == (1 if lesson.timed else 0)
+    assert report.rstrip().endswith("note: 4 threads of 8: the others were busy")
+    quiet = lesson.report([], lesson.result(lowest_cpu_share=0.95, incomplete=True))
+    assert "machine was busy" not in quiet and "note: 4 threads" not in quiet
