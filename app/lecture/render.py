@@ -100,11 +100,9 @@ def check_output(path: str | os.PathLike, inputs: Sequence[str | os.PathLike], f
     video_format(path)
     given = Path(path).expanduser()
     try:
-        target = writable_target(given, "the video", "scene.mp4")
+        target = writable_target(given, "the video", "scene.mp4", inputs)
     except WriteRefused as exc:
         raise RenderError(str(exc)) from None
-    if any(Path(p).exists() and target.resolve() == Path(p).resolve() for p in inputs):
-        raise RenderError(f"{given} is one of the traces to draw: give the video another name")
     if target.exists() and not force:
         raise RenderError(f"{given} exists: give another name, or --force to replace it (it is replaced only once "
                           "the new video is complete)")

@@ -19,7 +19,7 @@ import os
 import re
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,10 +64,11 @@ def checker() -> Checker:
 
 
 # --- writing ----------------------------------------------------------------------------------------------
-def check_writable(path: str | os.PathLike) -> Path:
-    """Refuse a path a trace cannot be written to, before any work is done for it."""
+def check_writable(path: str | os.PathLike, inputs: Sequence[str | os.PathLike | None] = ()) -> Path:
+    """Refuse a path a trace cannot be written to (or one of the command's ``inputs``), before any work is done
+    for it."""
     try:
-        return writable_target(path, "the trace", "run.kvscope.jsonl")
+        return writable_target(path, "the trace", "run.kvscope.jsonl", inputs)
     except WriteRefused as exc:
         raise TraceError(str(exc)) from None
 
@@ -144,8 +145,8 @@ def _line(data: dict) -> str:
 class TraceWriter:
     """A sink that collects a run's events and writes them when the run ends (atomically, as above)."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = check_writable(path)
+    def __init__(self, path: str | os.PathLike, inputs: Sequence[str | os.PathLike | None] = ()) -> None:
+        self.path = check_writable(path, inputs)
         self.events: list[object] = []
         self.note = ""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -29,10 +29,21 @@ class WriteRefused(OSError):
         return self.strerror
 
 
-def writable_target(path: str | os.PathLike, what: str = "the file", example: str = "out.json") -> Path:
-    """The file a write to ``path`` will replace (a symlink resolved), or ``WriteRefused`` saying why not."""
+def writable_target(path: str | os.PathLike, what: str = "the file", example: str = "out.json",
+                    inputs: Sequence[str | os.PathLike | None] = ()) -> Path:
+    """The file a write to ``path`` will replace (a symlink resolved), or ``WriteRefused`` saying why not. A
+    command's ``inputs`` are never written over, whichever name reaches them (given twice, a link, a hard link):
+    an export to one of its own traces replaced the trace and said it had written it."""
     given = Path(path).expanduser()
     target = Path(os.path.realpath(given)) if given.is_symlink() else given
+    for source in (Path(s).expanduser() for s in inputs if s):
+        try:
+            same = os.path.samefile(target, source)
+        except OSError:                                  # one of them does not exist (yet): not the same file
+            same = False
+        if same:
+            raise WriteRefused(f"{given} is {source}, one of the files this command reads: KVScope never writes "
+                               f"over its input. Give {what} another name")
     try:
         mode = os.stat(target).st_mode
     except FileNotFoundError:

@@ -15,7 +15,7 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.facts.errors import ParameterError
@@ -165,13 +165,14 @@ def add_server_arguments(p: argparse.ArgumentParser, required: bool = False) -> 
 
 
 # --- traces --------------------------------------------------------------------------------------------------------
-def trace_writer(path: str | None) -> Any:
-    """A trace writer for ``--trace PATH`` (checked now: a bad path fails before anything loads), or None."""
+def trace_writer(path: str | None, inputs: Sequence[str | None] = ()) -> Any:
+    """A trace writer for ``--trace PATH`` (checked now: a bad path, or one of the command's ``inputs``, fails
+    before anything loads), or None."""
     if not path:
         return None
     from engine.output.trace import TraceWriter
 
-    return TraceWriter(path)
+    return TraceWriter(path, inputs)
 
 
 def keep_partial(writer: Any) -> None:

@@ -217,7 +217,7 @@ def sweep_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     lesson = lessons.lesson(args.kind)
     settings = settings_from(lesson.settings, args, p)
-    writer = trace_writer(args.trace)                    # a bad path fails before the load
+    writer = trace_writer(args.trace, [args.model])      # a bad path fails before the load
     loaded = load_with_progress(args)
     from engine.model.hardware import peaks_event  # torch: only for a command that measures
     from engine.run.session import Session
@@ -232,7 +232,7 @@ def load_main(argv: list[str]) -> int:
     settings = settings_from(lesson.settings, args, p)
     from engine.serve.remote import RemoteSession, probe
 
-    writer = trace_writer(args.trace)
+    writer = trace_writer(args.trace, [settings.workload])
     facts = probe(args.server, deadline_s=args.deadline_s)
     return _run(lesson, RemoteSession(facts, deadline_s=args.deadline_s), settings, args, writer, None)
 
@@ -310,7 +310,7 @@ def otlp_main(argv: list[str]) -> int:
     from engine.output.otlp import send_spans, spans, write_spans
 
     if args.out:
-        check_writable(args.out)
+        check_writable(args.out, args.traces)
     kept = spans(e for trace in read_traces(args.traces) for e in trace)      # made once, for the file and the send
     if args.out:
         target, count = write_spans(args.out, kept)
@@ -322,7 +322,7 @@ def otlp_main(argv: list[str]) -> int:
 
 def perfetto_main(argv: list[str]) -> int:
     args = perfetto_parser().parse_args(argv)
-    check_writable(args.out)
+    check_writable(args.out, args.traces)
     events = [e for trace in read_traces(args.traces) for e in trace]
     target = write_perfetto(args.out, events)
     print(f"wrote {safe_line(target)} ({len(events):,} events from {len(args.traces)} trace(s))")

@@ -392,7 +392,7 @@ def test_an_output_that_cannot_or_must_not_be_written_and_a_scene_without_data_a
     same = tmp_path / "run.mp4"                                          # drawn from itself: never
     trace.rename(same)
     done = kvscope(str(same), "--force", "--scene", "kv", str(same))
-    assert done.returncode == 2 and "is one of the traces to draw" in done.stderr
+    assert done.returncode == 2 and "one of the files this command reads" in done.stderr
     same.rename(trace)
     done = kvscope(str(tmp_path / "x.mp4"), "--scene", "cache", str(trace))
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [

@@ -104,6 +104,36 @@ def test_perfetto_export_is_atomic_on_a_full_disk_and_escapes_a_hostile_file_nam
     assert code == 2 and "\x1b" not in err and "\u202e" not in err and "\\x1b" in err
 
 
+@pytest.mark.parametrize("command", ["perfetto", "otlp"])
+@pytest.mark.parametrize("reach", ["the same name", "a symlink", "a hard link"])
+def test_an_export_onto_one_of_its_own_traces_is_refused_and_the_trace_is_untouched(tmp_path, capsys, tiny,
+                                                                                     command, reach):
+    """Given its own input as its output (twice, or through a link), an export replaced the user's trace with its
+    output and said it had written it."""
+    from engine.run.session import Session
+
+    events: list = []
+    Session(tiny).run("hi", GenerationParams(max_new_tokens=2), events.append)
+    trace = write_trace(tmp_path / "run.kvscope.jsonl", events)
+    before = trace.read_bytes()
+    out = {"the same name": trace, "a symlink": tmp_path / "link.json", "a hard link": tmp_path / "hard.json"}[reach]
+    if reach == "a symlink":
+        out.symlink_to(trace)
+    elif reach == "a hard link":
+        os.link(trace, out)
+    code, printed, err = run_cli([command, str(trace), "--out", str(out)], capsys)
+    assert code == 2 and "one of the files this command reads: KVScope never writes over its input" in err
+    assert err.count("\n") == 1 and "wrote" not in printed and trace.read_bytes() == before
+
+
+def test_a_load_tests_trace_onto_its_own_workload_is_refused_before_any_request(tmp_path, capsys):
+    workload = tmp_path / "w.jsonl"
+    workload.write_text('{"prompt": "hi"}\n')
+    code, _out, err = run_cli(["load", "--server", "http://127.0.0.1:9", "--workload", str(workload),
+                               "--trace", str(workload)], capsys)
+    assert code == 2 and "one of the files this command reads" in err and workload.read_text() == '{"prompt": "hi"}\n'
+
+
 # --- what a server sends -------------------------------------------------------------------------------------
 def test_a_server_that_never_stops_is_cut_at_max_new_tokens_by_the_client(tmp_path):
     with ReplayServer(streaming(stream=stream_route(endless))) as server:
