@@ -361,7 +361,7 @@ def _chosen(model: nn.Module, device_name: str, measuring: Any) -> KernelChoice:
     if why == NO_OTHER and wanted in CANDIDATES and wanted != "aten":
         why = not_here
     if why is not None or wanted == "aten":
-        return KernelChoice("aten", reason=eager_through("aten", why or f"{ENV}=aten"))
+        return KernelChoice("aten", reason=_joined(eager_through("aten", why or f"{ENV}=aten"), unknown))
     linears = _linears(model)
     weight_bytes = sum(child.weight.nbytes for _p, _n, child in linears)
     offered = candidates(linears[0][2].weight.dtype)

@@ -84,6 +84,8 @@ def _request(raw: bytes, where: str) -> WorkloadRequest:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ParameterError(f"{where} is not a JSON object ({str(exc)[:80]})") from None
+    except ValueError:              # Python's own bound on the digits of a whole number (4,300 by default)
+        raise ParameterError(f"{where} holds a number with more digits than any figure of a request has") from None
     if not isinstance(data, dict):
         raise ParameterError(f"{where} is not a JSON object with a prompt or messages")
     if "messages" in data:

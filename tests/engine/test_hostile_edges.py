@@ -192,6 +192,27 @@ def test_an_endless_line_is_refused_by_its_length_not_called_a_closed_stream():
     assert isinstance(result, RunFailed) and "stream line longer than 1,048,576 bytes" in result.message
 
 
+def test_a_chunk_size_past_two_to_the_63_is_one_line_not_a_traceback():
+    import http.client
+    import io
+
+    from engine.serve.remote import sse_payloads
+
+    class Socket:                          # what http.client reads an answer from
+        def __init__(self, data: bytes) -> None:
+            self.file = io.BufferedReader(io.BytesIO(data))
+
+        def makefile(self, *_args, **_kwargs):
+            return self.file
+
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+              + b"F" * 20 + b"\r\ndata: {}\r\n\r\n")
+    response = http.client.HTTPResponse(Socket(answer))
+    response.begin()
+    with pytest.raises(RemoteError, match="chunk size needs more than 63 bits"):
+        list(sse_payloads(response))
+
+
 def test_a_page_that_is_not_a_stream_says_what_it_was():
     page = Route(body=b"<html><body>Welcome to nginx</body></html>", content_type="text/html")
     with ReplayServer(streaming(stream=page)) as server:

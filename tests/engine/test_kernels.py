@@ -298,3 +298,11 @@ def test_a_widened_models_run_gives_its_tokens_and_its_export_multiplies_by_the_
         traced = layer(x)
     assert rows == [1] * 5
     assert torch.equal(traced, torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_an_unknown_kernel_name_is_said_in_the_models_reason_whatever_is_chosen(tiny_model_dir, monkeypatch, dtype):
+    """``KVSCOPE_LINEAR=onednnn`` (a typo) was taken as auto, silently where no other kernel could be used."""
+    monkeypatch.setenv(kernels.ENV, "onednnn")
+    loaded = fresh(tiny_model_dir, dtype)
+    assert "KVSCOPE_LINEAR=onednnn is not one of aten, onednn, mkl or auto: chosen as auto" in loaded.dtype_reason

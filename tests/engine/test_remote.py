@@ -192,6 +192,8 @@ def test_a_load_test_sends_the_users_workload_its_messages_tokens_and_arrival_ti
     (['{"prompt": "hi", "arrival_s": -1}'], "arrival_s must be seconds from 0"),
     (['{"prompt": "hi", "max_tokens": 100000}'], "max_tokens must be a whole number from 1 to 4096"),
     (['{"prompt": "   "}'], "a message is empty"),
+    (['{"prompt": "hi"}', '{"prompt": "hi", "arrival_s": ' + "9" * 500_000 + "}"],
+     "line 2 holds a number with more digits than any figure of a request has"),
 ])
 def test_a_workload_that_is_not_one_is_refused_before_any_request_naming_the_line(vllm, tmp_path, lines, words):
     from engine.facts.errors import ParameterError
