@@ -124,8 +124,8 @@ class ChatPanel(QWidget):
             if run is not None:
                 s = run.summary(with_text=False)
                 if run.remote:
-                    reused = f"{s.reused_tokens:,} (the server's cache_n)" if s.reused_tokens is not None else \
-                        "not reported"
+                    reused = (f"{s.server_cached_tokens:,} (the server's cache_n)" if s.server_cached_tokens
+                              is not None else "not reported")
                     stats = (f"<br><small>turn {turn + 1} · reused {reused} · TTFT {s.ttft_ms:,.0f} ms "
                              "(client)</small>")
                 else:

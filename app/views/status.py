@@ -54,7 +54,7 @@ def run_texts(run: RunRecord) -> dict[str, str]:
         out["decode"] = f"decode {shown}{client}"
     s = run.summary(with_text=False)
     if run.remote:
-        reused = f"{s.reused_tokens:,} from its cache + " if s.reused_tokens else ""
+        reused = f"{s.server_cached_tokens:,} from its cache + " if s.server_cached_tokens else ""
         prompt = f"{reused}{s.prompt_tokens:,} + " if s.prompt_tokens is not None else ""
         out["tokens"] = f"{prompt}{s.generated_tokens:,} tokens"
         out["context"] = f"{m.engine} at {m.url}"

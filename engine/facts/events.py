@@ -288,7 +288,10 @@ class RunSummary:
     competed for the cores while it was measured (``engine.facts.contention``). ``notes``: what the producer had to
     cut or drop to keep every field within its bounds (a server's oversized chunk, impossible usage figures).
     ``kv_bytes`` is what the cache's tensors expose (what attention reads); ``kv_allocated_bytes`` is what their
-    storages hold where that is more (a sliding layer's view into a larger buffer), else None."""
+    storages hold where that is more (a sliding layer's view into a larger buffer), else None. ``reused_tokens``:
+    a local run's positions kept from an earlier turn's cache; ``server_cached_tokens``: a server's run's prompt
+    tokens the server says it served from its cache (llama-server's ``cache_n``, OpenAI's ``cached_tokens``),
+    None where it did not say: one figure, one name, from the HTTP answer to the screen."""
 
     prompt_tokens: Count | None = 0   # evaluated by the prefill (the reused ones are not)
     generated_tokens: Count = 0
@@ -311,6 +314,7 @@ class RunSummary:
     compiled_from_step: Count = 0   # the first step decoded by the compiled path (0: none was)
     kv_allocated_bytes: Bytes | None = None   # what the cache's tensors have allocated, where not kv_bytes
     compile_loaded: bool = False    # compile_ms read a graph built earlier (it built nothing)
+    server_cached_tokens: Count | None = None   # a server's run: prompt tokens served from its cache, as it says
 
     @property
     def prefill_tok_s(self) -> float | None:

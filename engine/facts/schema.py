@@ -11,6 +11,7 @@ their lesson; the checker is given their classes (it knows no lesson by name).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -279,6 +280,11 @@ class Checker:
         run = self._run(event)
         _summary(event.summary, run)
         run.ended = True
+        summary = event.summary
+        if run.remote and summary.server_cached_tokens is None and summary.reused_tokens is not None:
+            # written before the server's figure had its own name: it was the server's run's reused_tokens
+            summary = dataclasses.replace(summary, server_cached_tokens=summary.reused_tokens, reused_tokens=None)
+            event = dataclasses.replace(event, summary=summary)
         return event
 
     # --- experiments and the machine ----------------------------------------------------------------------

@@ -40,7 +40,7 @@ class RunTally:
         self.cpu_share: float | None = None
         self.server_timings: dict[str, float] = {}
         self.server_prompt_tokens: int | None = None
-        self.server_reused_tokens: int | None = None
+        self.server_cached_tokens: int | None = None
         self.notes: list[str] = []
 
     def add(self, event: object) -> None:
@@ -96,7 +96,8 @@ class RunTally:
             return RunSummary(
                 prompt_tokens=self.server_prompt_tokens, generated_tokens=self.generated, decode_runs=decode_runs,
                 tokenize_ms=None, prefill_ms=None, ttft_ms=self.ttft_ms, decode_ms=self.decode_ms, total_ms=total,
-                kv_tokens=None, kv_bytes=None, text=joined, token_ids=[], reused_tokens=self.server_reused_tokens,
+                kv_tokens=None, kv_bytes=None, text=joined, token_ids=[], reused_tokens=None,
+                server_cached_tokens=self.server_cached_tokens,
                 waited_ms=self.waited_ms, server_timings=dict(self.server_timings), notes=tuple(self.notes))
         return RunSummary(
             prompt_tokens=self.prompt_tokens, generated_tokens=self.generated, decode_runs=decode_runs,

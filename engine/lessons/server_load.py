@@ -220,7 +220,7 @@ def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResul
             predicted = tree.reused_tokens(prompt_ids, size) if prompt_ids and size else 0
         result = session.chat(messages, params, locked, stop)
         s = result.summary
-        cached = s.reused_tokens                            # the server's own answer (None: it did not say)
+        cached = s.server_cached_tokens                     # the server's own answer (None: it did not say)
         if prompt_ids is not None:
             stop.wait(0.3)                                 # the engine publishes its blocks as it stores them
             with lock:

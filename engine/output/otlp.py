@@ -113,8 +113,9 @@ def _attributes(run: RunStarted, end: RunFinished | RunFailed, remote: bool) -> 
         (s.prompt_tokens or 0) + (s.reused_tokens or 0))
     if prompt is not None:
         out["gen_ai.usage.input_tokens"] = int(prompt)
-    if s.reused_tokens is not None:
-        out["gen_ai.usage.cache_read.input_tokens"] = s.reused_tokens
+    cached = s.server_cached_tokens if remote else s.reused_tokens
+    if cached is not None:
+        out["gen_ai.usage.cache_read.input_tokens"] = cached
     if s.prefill_ms is not None and not remote:
         out["gen_ai.latency.time_in_model_prefill"] = s.prefill_ms / 1000.0
     if s.decode_runs:

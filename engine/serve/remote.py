@@ -407,9 +407,9 @@ class _Figures:
                 dropped.append(key)
         self.tally.server_timings = kept
         prompt = kept.get("timings.prompt_n", kept.get("usage.prompt_tokens"))
-        reused = kept.get("timings.cache_n", kept.get("usage.prompt_tokens_details.cached_tokens"))
+        cached = kept.get("timings.cache_n", kept.get("usage.prompt_tokens_details.cached_tokens"))
         self.tally.server_prompt_tokens = _count(prompt, "prompt tokens", dropped)
-        self.tally.server_reused_tokens = _count(reused, "reused prompt tokens", dropped)
+        self.tally.server_cached_tokens = _count(cached, "cached prompt tokens", dropped)
         if dropped:
             self.tally.notes.append(f"dropped server figures no counter can hold: {', '.join(dropped[:8])}"[:4096])
 

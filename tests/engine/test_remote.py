@@ -148,7 +148,24 @@ def test_a_recorded_llama_server_run_keeps_its_token_ids_and_its_own_timings():
     assert result.reason == "max_tokens"
     t = result.summary.server_timings
     assert t["timings.prompt_ms"] == 128.539 and t["timings.predicted_n"] == 24 and result.summary.prompt_tokens == 41
-    assert result.summary.reused_tokens == 0                       # the server's cache_n
+    assert result.summary.server_cached_tokens == 0                # the server's cache_n
+
+
+def test_the_servers_cached_tokens_keep_one_name_and_a_trace_that_called_them_reused_reads_them_so(tmp_path):
+    """A server's run's cached prompt tokens were its summary's ``reused_tokens`` (a local run's positions kept
+    from an earlier turn): they are ``server_cached_tokens`` now, and a trace written before reads the same."""
+    import dataclasses
+
+    with ReplayServer(llamacpp_routes()) as server:
+        events: list = []
+        result = RemoteSession(probe(server.url)).run("What does a KV cache keep?", GenerationParams(max_new_tokens=24),
+                                                      events.append)
+    assert result.summary.server_cached_tokens == 0 and result.summary.reused_tokens is None
+    old = dataclasses.replace(result, summary=dataclasses.replace(result.summary, reused_tokens=7,
+                                                                  server_cached_tokens=None))
+    read = read_trace(write_trace(tmp_path / "old.kvscope.jsonl", [*events[:-1], old]))[-1]
+    assert isinstance(read, RunFinished)
+    assert (read.summary.server_cached_tokens, read.summary.reused_tokens) == (7, None)
 
 
 def test_a_metrics_page_that_is_not_prometheus_is_one_line():
