@@ -194,225 +194,278 @@ def check(_target: object, settings: ServerLoadSettings) -> None:
 
 
 def run(experiment: Experiment, settings: ServerLoadSettings) -> ServerLoadResult:
-    session = experiment.session
-    lock = threading.RLock()            # points are emitted while the figures they come from are held
-    stop = threading.Event()
-    workload = read_workload(settings.workload, MAX_REQUESTS) if settings.workload else None
-    count = len(workload.requests) if workload else settings.requests
-    results: list[dict] = [{} for _ in range(count)]
+    return LoadTest(experiment, settings).run()
 
-    def locked(event: object) -> None:
-        with lock:
-            experiment.emit(event)
 
-    tree = PrefixTree()
-    events_seen = {"events": 0, "stored": 0, "block_size": 0, "recorded": 0, "unrecorded": 0}
+@dataclass
+class BlocksSeen:
+    """What the engine's KV events said so far (blocks ``recorded`` in the trace; past ``MAX_RECORDED_BLOCKS``,
+    ``unrecorded``: counted, not kept)."""
 
-    def one(index: int) -> None:
+    events: int = 0
+    stored: int = 0
+    block_size: int = 0
+    recorded: int = 0
+    unrecorded: int = 0
+
+
+@dataclass
+class SlotsSeen:
+    """llama-server's /slots polls so far: running figures only."""
+
+    ok: int = 0
+    error: str = ""
+    last: list | None = None
+    busy: int = 0
+    held: int = 0
+
+
+class LoadTest:
+    """One load test, its state in its fields: each request's answer (``served``), the server's polls, the engine's
+    blocks and the prefix tree they build. The request threads, the poller and the KV-event listener share it
+    under ``lock``: points are emitted while the figures they come from are held."""
+
+    def __init__(self, experiment: Experiment, settings: ServerLoadSettings) -> None:
+        self.experiment, self.settings, self.session = experiment, settings, experiment.session
+        self.lock = threading.RLock()
+        self.stop = threading.Event()
+        self.workload = read_workload(settings.workload, MAX_REQUESTS) if settings.workload else None
+        self.count = len(self.workload.requests) if self.workload else settings.requests
+        self.served: list[ServedRequest | None] = [None] * self.count
+        self.tree = PrefixTree()
+        self.blocks = BlocksSeen()
+        self.poll_error = ""
+        self.poll_notes: list[str] = [line for line in self.session.facts.reveals   # why it is not polled, if so
+                                      if line.startswith("/metrics answered but was not read")]
+        self.seen: dict[str, list[float]] = {}              # quantity -> every value polled
+        self.kv_by_engine: dict[str, float] = {}            # data-parallel engines: each one's peak KV use
+        self.polls_failed = 0
+        self.slots = SlotsSeen()
+        self.by_slots = self.session.facts.engine == "llama.cpp"   # it says nothing of its cache on /metrics now
+        # a bad address or a port in use: refused here, before any request
+        self.subscriber = kv_events.Subscriber(settings.kv_events) if settings.kv_events else None
+
+    def emit(self, event: object) -> None:
+        with self.lock:
+            self.experiment.emit(event)
+
+    def done(self) -> list[ServedRequest]:
+        return [r for r in self.served if r is not None]
+
+    # --- one request -----------------------------------------------------------------------------------------
+    def one(self, index: int) -> None:
+        experiment, settings, session = self.experiment, self.settings, self.session
         start, arrival = time.perf_counter(), experiment.ms()
-        asked = workload.requests[index] if workload else None
+        asked = self.workload.requests[index] if self.workload else None
         params = GenerationParams(max_new_tokens=(asked and asked.max_tokens) or settings.new_tokens,
                                   temperature=0.0, seed=index)
         messages = asked.chat() if asked else conversation(settings, index, experiment.exp_id)
-        prompt_ids = client.tokenize(session.address, session.facts.name, messages) if subscriber else None
-        with lock:                          # what the blocks stored so far could give: a prediction, not the answer
-            size = events_seen["block_size"]
-            predicted = tree.reused_tokens(prompt_ids, size) if prompt_ids and size else 0
-        result = session.chat(messages, params, locked, stop)
+        prompt_ids = client.tokenize(session.address, session.facts.name, messages) if self.subscriber else None
+        with self.lock:                     # what the blocks stored so far could give: a prediction, not the answer
+            size = self.blocks.block_size
+            predicted = self.tree.reused_tokens(prompt_ids, size) if prompt_ids and size else 0
+        result = session.chat(messages, params, self.emit, self.stop)
         s = result.summary
         cached = s.server_cached_tokens                     # the server's own answer (None: it did not say)
         if prompt_ids is not None:
-            stop.wait(0.3)                                 # the engine publishes its blocks as it stores them
-            with lock:
-                size = events_seen["block_size"] or 1
+            self.stop.wait(0.3)                            # the engine publishes its blocks as it stores them
+            with self.lock:
+                size = self.blocks.block_size or 1
                 walked = RequestBlocks(experiment.exp_id, experiment.ms(), index, len(prompt_ids), predicted, size,
-                                       tree.walk(prompt_ids, size), cached)
-                tree.add(walked)
-                locked(walked)
-        decode_s = s.decode_ms / 1000.0
-        results[index] = {
-            "index": index, "arrival_ms": arrival, "ttft_ms": s.ttft_ms, "e2e_ms": (time.perf_counter() - start) * 1000,
-            "generated": s.generated_tokens,
-            "ok": float(isinstance(result, RunFinished) and result.reason != "stopped"),
-            "decode_tok_s": s.decode_runs / decode_s if decode_s > 0 else 0.0,
-            **({"cached_tokens": cached} if cached is not None else {}),
-            **({"predicted_tokens": predicted} if prompt_ids is not None else {}),
-            **({"prompt_tokens": sent} if (sent := prompt_size(s.server_timings)) is not None else {}),
-            **{f"server_{k.split('.')[-1]}": v for k, v in s.server_timings.items()
-               if k in ("timings.prompt_ms", "timings.predicted_ms", "timings.prompt_n", "timings.cache_n")}}
-        with lock:
-            experiment.point(ServedRequest.from_values(results[index]))
-            done = sum(1 for r in results if r)
-        experiment.progress(done, count, f"{done} of {count} requests finished")
+                                       self.tree.walk(prompt_ids, size), cached)
+                self.tree.add(walked)
+                self.emit(walked)
+        decode_s, timings = s.decode_ms / 1000.0, s.server_timings
+        sent = prompt_size(timings)
+        served = ServedRequest(
+            index=index, arrival_ms=arrival, ttft_ms=s.ttft_ms, e2e_ms=(time.perf_counter() - start) * 1000,
+            generated=s.generated_tokens, ok=isinstance(result, RunFinished) and result.reason != "stopped",
+            decode_tok_s=s.decode_runs / decode_s if decode_s > 0 else 0.0,
+            cached_tokens=cached, predicted_tokens=predicted if prompt_ids is not None else None,
+            prompt_tokens=_whole(sent), server_prompt_ms=timings.get("timings.prompt_ms"),
+            server_predicted_ms=timings.get("timings.predicted_ms"),
+            server_prompt_n=_whole(timings.get("timings.prompt_n")),
+            server_cache_n=_whole(timings.get("timings.cache_n")))
+        with self.lock:
+            self.served[index] = served
+            experiment.point(served)
+            done = len(self.done())
+        experiment.progress(done, self.count, f"{done} of {self.count} requests finished")
 
-    poll_error: list[str] = []
-    poll_notes: list[str] = [line for line in session.facts.reveals     # why it is not polled at all, if so
-                             if line.startswith("/metrics answered but was not read")]
-    seen: dict[str, list[float]] = {}                   # quantity -> every value polled
-    kv_by_engine: dict[str, float] = {}                 # data-parallel engines: each one's peak KV use
-    polls = {"failed": 0}
-
-    def read_metrics() -> metrics.Reading | None:
+    # --- what the server says beside the answers ---------------------------------------------------------------
+    def read_metrics(self) -> metrics.Reading | None:
         """One poll, recorded; a slow or broken answer is counted and said, and the next poll tries again."""
+        experiment = self.experiment
         try:
-            reading = metrics.read(get_text(session.address, "/metrics", timeout=max(settings.poll_s, 2.0)))
+            reading = metrics.read(get_text(self.session.address, "/metrics",
+                                            timeout=max(self.settings.poll_s, 2.0)))
         except (RemoteError, metrics.MetricsError) as exc:
-            with lock:
-                polls["failed"] += 1
-                if not poll_error:
-                    poll_error.append(str(exc))
-            experiment.progress(sum(1 for r in results if r), count,
-                                f"a /metrics poll failed ({polls['failed']:,} so far): {exc}; polling goes on")
+            with self.lock:
+                self.polls_failed += 1
+                self.poll_error = self.poll_error or str(exc)
+            experiment.progress(len(self.done()), self.count,
+                                f"a /metrics poll failed ({self.polls_failed:,} so far): {exc}; polling goes on")
             return None
-        with lock:
+        with self.lock:
             now = experiment.ms()
             experiment.point(MetricsPoint.from_values({"t_ms": now, **reading.values}))
             for key, values in reading.engines.items():          # data-parallel engines: each apart
                 experiment.point(MetricsPoint.from_values({"t_ms": now, **values}), f"{MetricsPoint.ENGINE}{key}"[:64])
                 if "kv_usage" in values:
-                    kv_by_engine[key] = max(kv_by_engine.get(key, 0.0), values["kv_usage"])
+                    self.kv_by_engine[key] = max(self.kv_by_engine.get(key, 0.0), values["kv_usage"])
             for note in reading.notes:
-                if note not in poll_notes:
-                    poll_notes.append(note)
+                if note not in self.poll_notes:
+                    self.poll_notes.append(note)
             for quantity, value in reading.values.items():
-                seen.setdefault(quantity, []).append(value)
+                self.seen.setdefault(quantity, []).append(value)
         return reading
 
-    slot_polls: dict = {"ok": 0, "error": "", "last": None, "busy": 0, "held": 0}      # running figures only
-    by_slots = session.facts.engine == "llama.cpp"          # it says nothing of its cache on /metrics any more
-
-    def read_slots() -> None:
+    def read_slots(self) -> None:
         """llama-server's slots, polled beside /metrics: a slow answer (a long prompt in progress) or a server
         started with --no-slots is said once, and polling goes on."""
         try:
-            found, more = slots.read_slots(client.get_json(session.address, "/slots",
-                                                            timeout=max(settings.poll_s, 2.0)))
+            found, more = slots.read_slots(client.get_json(self.session.address, "/slots",
+                                                            timeout=max(self.settings.poll_s, 2.0)))
         except (RemoteError, slots.SlotsError) as exc:
-            slot_polls["error"] = slot_polls["error"] or str(exc)[:300]
+            self.slots.error = self.slots.error or str(exc)[:300]
             return
-        with lock:
-            slot_polls["ok"] += 1
-            slot_polls["last"] = found
-            slot_polls["busy"] = max(slot_polls["busy"], sum(s.processing for s in found))
-            slot_polls["held"] = max(slot_polls["held"], max(s.held for s in found))
-            experiment.point(SlotsPoint.from_values({"t_ms": experiment.ms(), **slots.slot_values(found)}))
+        with self.lock:
+            seen = self.slots
+            seen.ok += 1
+            seen.last = found
+            seen.busy = max(seen.busy, sum(s.processing for s in found))
+            seen.held = max(seen.held, max(s.held for s in found))
+            self.experiment.point(SlotsPoint.from_values({"t_ms": self.experiment.ms(), **slots.slot_values(found)}))
             if more:
-                slot_polls["error"] = f"the server has {len(found) + more} slots; the first {len(found)} are shown"
+                seen.error = f"the server has {len(found) + more} slots; the first {len(found)} are shown"
 
-    def poll() -> None:
-        while not stop.is_set():
-            if session.facts.metrics:
-                read_metrics()
-            if by_slots:
-                read_slots()
-            stop.wait(settings.poll_s)
+    def poll(self) -> None:
+        while not self.stop.is_set():
+            if self.session.facts.metrics:
+                self.read_metrics()
+            if self.by_slots:
+                self.read_slots()
+            self.stop.wait(self.settings.poll_s)
 
-    subscriber = None
-    if settings.kv_events:
-        subscriber = kv_events.Subscriber(settings.kv_events)     # a bad address or a port in use: refused here
-
-    def listen() -> None:
+    def listen(self) -> None:
         """The engine's KV events, as they come: each recorded in the order received, the tree kept for the
         requests' walks. The blocks' text is asked of the server first; the event is stamped when it is written,
         so a trace's clock never goes back."""
-        while not stop.is_set():
-            for fact in subscriber.read(0.2):
+        assert self.subscriber is not None
+        seen = self.blocks
+        while not self.stop.is_set():
+            for fact in self.subscriber.read(0.2):
                 blocks = len(getattr(fact, "keys", ()))
-                with lock:
-                    recording = events_seen["recorded"] + blocks <= MAX_RECORDED_BLOCKS or not blocks
-                texts = _texts(session, fact) if recording else []
-                with lock:
-                    event = _blocks_event(experiment, fact, texts)
-                    events_seen["events"] += 1
+                with self.lock:
+                    recording = seen.recorded + blocks <= MAX_RECORDED_BLOCKS or not blocks
+                texts = _texts(self.session, fact) if recording else []
+                with self.lock:
+                    event = _blocks_event(self.experiment, fact, texts)
+                    seen.events += 1
                     if isinstance(fact, kv_events.Stored):
-                        events_seen["stored"] += len(fact.keys)
-                        events_seen["block_size"] = fact.block_size
-                    tree.add(event)                     # bounded: it keeps MAX_NODES blocks
+                        seen.stored += len(fact.keys)
+                        seen.block_size = fact.block_size
+                    self.tree.add(event)                # bounded: it keeps MAX_NODES blocks
                     if recording:
-                        events_seen["recorded"] += blocks
-                        locked(event)
+                        seen.recorded += blocks
+                        self.emit(event)
                     else:                               # a flood: counted, not kept (memory stays bounded)
-                        events_seen["unrecorded"] += blocks
+                        seen.unrecorded += blocks
 
-    listener = threading.Thread(target=listen, name="kvscope-kv-events", daemon=True) if subscriber else None
-    if listener is not None:
-        listener.start()
-        time.sleep(0.3)                                   # a SUB socket misses what is sent before it joined
-    before = read_metrics() if session.facts.metrics else None      # the counters before the first request
-    poller = threading.Thread(target=poll, name="kvscope-metrics", daemon=True)
-    if session.facts.metrics or by_slots:
-        poller.start()
-    began = time.perf_counter()
-    plural = "s" if count != 1 else ""
-    source = f"from {Path(settings.workload).name}" if workload else f"one every {settings.every_s:g} s"
-    if count:
-        experiment.progress(0, count, f"{count} request{plural} to {session.url}, {source}")
-    else:
-        watch(experiment, settings, session.url, events_seen, lock)
-    threads = []
-    for i in range(count):
-        due = arrival_s(workload, i, settings.every_s)
-        experiment.cancel.wait(max(due - (time.perf_counter() - began), 0.0))     # when the request arrives
-        if experiment.cancelled:
-            break
-        thread = threading.Thread(target=one, args=(i,), name=f"kvscope-request-{i}", daemon=True)
-        thread.start()
-        threads.append(thread)
-    for thread in threads:
-        remaining = settings.limit_s - (time.perf_counter() - began)
-        while thread.is_alive() and remaining > 0 and not experiment.cancelled:
-            thread.join(min(remaining, 0.2))
+    # --- the test --------------------------------------------------------------------------------------------
+    def run(self) -> ServerLoadResult:
+        experiment, settings, session, count = self.experiment, self.settings, self.session, self.count
+        listener = threading.Thread(target=self.listen, name="kvscope-kv-events", daemon=True) \
+            if self.subscriber else None
+        if listener is not None:
+            listener.start()
+            time.sleep(0.3)                               # a SUB socket misses what is sent before it joined
+        before = self.read_metrics() if session.facts.metrics else None     # the counters before the first request
+        poller = threading.Thread(target=self.poll, name="kvscope-metrics", daemon=True)
+        if session.facts.metrics or self.by_slots:
+            poller.start()
+        began = time.perf_counter()
+        plural = "s" if count != 1 else ""
+        source = f"from {Path(settings.workload).name}" if self.workload else f"one every {settings.every_s:g} s"
+        if count:
+            experiment.progress(0, count, f"{count} request{plural} to {session.url}, {source}")
+        else:
+            self.watch()
+        threads = []
+        for i in range(count):
+            due = arrival_s(self.workload, i, settings.every_s)
+            experiment.cancel.wait(max(due - (time.perf_counter() - began), 0.0))     # when the request arrives
+            if experiment.cancelled:
+                break
+            thread = threading.Thread(target=self.one, args=(i,), name=f"kvscope-request-{i}", daemon=True)
+            thread.start()
+            threads.append(thread)
+        for thread in threads:
             remaining = settings.limit_s - (time.perf_counter() - began)
-        if thread.is_alive():
-            stop.set()                                  # over time or cancelled: the streams stop, runs are kept
-            thread.join(10.0)
-    stop.set()
-    if poller.is_alive():
-        poller.join(max(settings.poll_s, 2.0) + 1.0)
-    after = read_metrics() if session.facts.metrics else None        # ... and after the last one ended
-    figures: dict = counter_figures(before, after, [r for r in results if r])
-    if subscriber is not None:
-        listener.join(2.0)
-        subscriber.close()
-        predicted, prompted = tree.hit_rate()
-        figures.update(kv_events=events_seen["events"], blocks_stored=events_seen["stored"],
-                       tree_reused_tokens=predicted, tree_prompt_tokens=prompted,
-                       mispredicted_requests=len(tree.mispredicted()), blocks_unrecorded=events_seen["unrecorded"],
-                       kv_messages_lost=subscriber.lost)
-        if subscriber.notes:
-            figures["kv_events_error"] = subscriber.notes[0][:300]
-        poll_notes.extend(subscriber.notes[1:4])
-    figures["metrics_polls"] = max((len(v) for v in seen.values()), default=0)
-    if kv_by_engine:
-        names = sorted(kv_by_engine)[:64]
-        figures.update(engines=tuple(n[:64] for n in names), peak_kv_usage_by_engine=tuple(kv_by_engine[n]
-                                                                                          for n in names))
-    figures["metrics_failed"] = polls["failed"]
-    if by_slots:
-        figures.update(slots_polls=slot_polls["ok"], slots_error=slot_polls["error"])
-        if slot_polls["last"]:
-            last = slot_polls["last"]
-            figures.update(slots=len(last), slot_context=max(s.n_ctx for s in last),
-                           peak_busy_slots=slot_polls["busy"], peak_slot_held=slot_polls["held"])
-    if workload is not None:
-        figures.update(workload=Path(settings.workload).name[:300], workload_note=workload.note(MAX_REQUESTS)[:300])
-    if poll_error:
-        figures["metrics_error"] = poll_error[0][:300]
-    return summarize([r for r in results if r], count, seen, poll_notes, figures)
+            while thread.is_alive() and remaining > 0 and not experiment.cancelled:
+                thread.join(min(remaining, 0.2))
+                remaining = settings.limit_s - (time.perf_counter() - began)
+            if thread.is_alive():
+                self.stop.set()                             # over time or cancelled: the streams stop, runs are kept
+                thread.join(10.0)
+        self.stop.set()
+        if poller.is_alive():
+            poller.join(max(settings.poll_s, 2.0) + 1.0)
+        after = self.read_metrics() if session.facts.metrics else None      # ... and after the last one ended
+        figures = self.figures(before, after, listener)
+        return summarize(self.done(), count, self.seen, self.poll_notes, figures)
+
+    def watch(self) -> None:
+        """No requests of KVScope's own: every client's blocks, as the engine publishes them, until Ctrl+. or the
+        time limit, with a word each second of how many arrived."""
+        experiment, settings = self.experiment, self.settings
+        began = time.perf_counter()
+        while True:                                      # said at once, and once a second until it ends
+            with self.lock:
+                stored = self.blocks.stored
+            experiment.progress(0, 0, f"watching {self.session.url}: {stored:,} blocks stored by its clients so "
+                                      "far (Ctrl+. stops)")
+            if experiment.cancelled or time.perf_counter() - began >= settings.limit_s:
+                return
+            experiment.cancel.wait(min(1.0, max(settings.limit_s - (time.perf_counter() - began), 0.0)))
+
+    def figures(self, before: metrics.Reading | None, after: metrics.Reading | None,
+                listener: threading.Thread | None) -> dict:
+        """The result's figures beside the answers': the counters' movement, the KV events', the polls'."""
+        figures: dict = counter_figures(before, after, self.done())
+        if self.subscriber is not None and listener is not None:
+            listener.join(2.0)
+            self.subscriber.close()
+            predicted, prompted = self.tree.hit_rate()
+            seen = self.blocks
+            figures.update(kv_events=seen.events, blocks_stored=seen.stored, tree_reused_tokens=predicted,
+                           tree_prompt_tokens=prompted, mispredicted_requests=len(self.tree.mispredicted()),
+                           blocks_unrecorded=seen.unrecorded, kv_messages_lost=self.subscriber.lost)
+            if self.subscriber.notes:
+                figures["kv_events_error"] = self.subscriber.notes[0][:300]
+            self.poll_notes.extend(self.subscriber.notes[1:4])
+        figures["metrics_polls"] = max((len(v) for v in self.seen.values()), default=0)
+        if self.kv_by_engine:
+            names = sorted(self.kv_by_engine)[:64]
+            figures.update(engines=tuple(n[:64] for n in names),
+                           peak_kv_usage_by_engine=tuple(self.kv_by_engine[n] for n in names))
+        figures["metrics_failed"] = self.polls_failed
+        if self.by_slots:
+            figures.update(slots_polls=self.slots.ok, slots_error=self.slots.error)
+            if self.slots.last:
+                last = self.slots.last
+                figures.update(slots=len(last), slot_context=max(s.n_ctx for s in last),
+                               peak_busy_slots=self.slots.busy, peak_slot_held=self.slots.held)
+        if self.workload is not None:
+            figures.update(workload=Path(self.settings.workload).name[:300],
+                           workload_note=self.workload.note(MAX_REQUESTS)[:300])
+        if self.poll_error:
+            figures["metrics_error"] = self.poll_error[:300]
+        return figures
 
 
-def watch(experiment: Experiment, settings: ServerLoadSettings, url: str, seen: dict, lock: threading.RLock) -> None:
-    """No requests of KVScope's own: every client's blocks, as the engine publishes them, until Ctrl+. or the time
-    limit, with a word each second of how many arrived."""
-    began = time.perf_counter()
-    while True:                                      # said at once, and once a second until it ends
-        with lock:
-            stored = seen["stored"]
-        experiment.progress(0, 0, f"watching {url}: {stored:,} blocks stored by its clients so far "
-                                  "(Ctrl+. stops)")
-        if experiment.cancelled or time.perf_counter() - began >= settings.limit_s:
-            return
-        experiment.cancel.wait(min(1.0, max(settings.limit_s - (time.perf_counter() - began), 0.0)))
+def _whole(value: float | None) -> int | None:
+    return int(value) if value is not None else None
 
 
 def arrival_s(workload: Workload | None, index: int, every_s: float) -> float:
@@ -431,7 +484,8 @@ def prompt_size(timings: dict) -> float | None:
     return None
 
 
-def counter_figures(before, after, done: list[dict]) -> dict:
+def counter_figures(before: metrics.Reading | None, after: metrics.Reading | None,
+                    done: list[ServedRequest]) -> dict:
     """The server's counters over the test: what moved between a poll before the first request and one after the
     last ended (none when either could not be read: a figure not read is not shown), and how much of that this
     test's own requests account for (the rest came from other clients)."""
@@ -441,7 +495,7 @@ def counter_figures(before, after, done: list[dict]) -> dict:
     for quantity in ("cached_prompt_tokens", "prompt_tokens", "generated_tokens", "prefix_queries"):
         if quantity in before.values and quantity in after.values:
             out[f"{quantity}_during"] = after.values[quantity] - before.values[quantity]
-    own = [r["prompt_tokens"] for r in done if "prompt_tokens" in r]
+    own = [r.prompt_tokens for r in done if r.prompt_tokens is not None]
     if own and len(own) == len(done):
         out["own_prompt_tokens"] = sum(own)
         moved = out.get("prefix_queries_during", out.get("prompt_tokens_during"))
@@ -487,26 +541,26 @@ def _blocks_event(experiment: Experiment, fact: kv_events.Fact, texts: list[str]
     return KVBlocks(experiment.exp_id, t, "cleared", publisher=fact.publisher)
 
 
-def summarize(done: list[dict], requested: int, seen: dict[str, list[float]], poll_notes: Sequence[str] = (),
-              figures: dict | None = None) -> ServerLoadResult:
-    ok = [r for r in done if r["ok"]]
+def summarize(done: list[ServedRequest], requested: int, seen: dict[str, list[float]],
+              poll_notes: Sequence[str] = (), figures: dict | None = None) -> ServerLoadResult:
+    ok = [r for r in done if r.ok]
     out: dict = {"requested": requested, "completed": len(ok), "failed": len(done) - len(ok)}
     if ok:
-        span_s = (max(r["arrival_ms"] + r["e2e_ms"] for r in ok) - min(r["arrival_ms"] for r in ok)) / 1000.0
+        span_s = (max(r.arrival_ms + r.e2e_ms for r in ok) - min(r.arrival_ms for r in ok)) / 1000.0
         out.update(
-            mean_ttft_ms=statistics.fmean(r["ttft_ms"] for r in ok),
-            median_ttft_ms=statistics.median(r["ttft_ms"] for r in ok),
-            mean_decode_tok_s=statistics.fmean(r["decode_tok_s"] for r in ok),
-            total_tok_s=sum(r["generated"] for r in ok) / span_s if span_s > 0 else 0.0)
-        server = [r for r in ok if "server_prompt_ms" in r]
+            mean_ttft_ms=statistics.fmean(r.ttft_ms for r in ok),
+            median_ttft_ms=statistics.median(r.ttft_ms for r in ok),
+            mean_decode_tok_s=statistics.fmean(r.decode_tok_s for r in ok),
+            total_tok_s=sum(r.generated for r in ok) / span_s if span_s > 0 else 0.0)
+        server = [(r.ttft_ms, r.server_prompt_ms) for r in ok if r.server_prompt_ms is not None]
         if server:
-            out["mean_server_prompt_ms"] = statistics.fmean(r["server_prompt_ms"] for r in server)
-            out["mean_client_minus_server_ms"] = statistics.fmean(r["ttft_ms"] - r["server_prompt_ms"]
-                                                                  for r in server)
-    told = [r for r in done if "cached_tokens" in r and "prompt_tokens" in r]
+            out["mean_server_prompt_ms"] = statistics.fmean(prompt for _ttft, prompt in server)
+            out["mean_client_minus_server_ms"] = statistics.fmean(ttft - prompt for ttft, prompt in server)
+    told = [(r.cached_tokens, r.prompt_tokens) for r in done
+            if r.cached_tokens is not None and r.prompt_tokens is not None]
     if told:
-        out["server_cached_tokens"] = sum(r["cached_tokens"] for r in told)
-        out["server_prompt_tokens"] = sum(r["prompt_tokens"] for r in told)
+        out["server_cached_tokens"] = sum(cached for cached, _prompt in told)
+        out["server_prompt_tokens"] = sum(prompt for _cached, prompt in told)
         out["server_answered"] = len(told)
     for quantity in ("running", "waiting", "kv_usage"):
         if seen.get(quantity):
