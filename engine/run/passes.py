@@ -22,6 +22,7 @@ from engine.model.compiled_prefill import refused
 from engine.model.layer_clock import LayerClock
 from engine.model.sampling import Choice, choose, make_generator
 from engine.run.model_session import PassingSession
+from engine.run.options import RunOptions
 
 Sink = Callable[[object], None]
 Waiter = Callable[[int], None]
@@ -32,19 +33,10 @@ UNCHUNKED = 64       # ...and the longest prompt it sends in one pass before it 
 
 
 @dataclass
-class RunRequest:
-    """One run as asked: the ids to prefill (all of them; ``reused`` come from a kept cache), where events
-    go, how to stop, and the clock it started on."""
+class RunState:
+    """What a run's loop finds out and changes as it goes (its cache and where it came from, the prefill's passes,
+    the compiled graph's progress), in one object the loop owns; what was asked for stays frozen beside it."""
 
-    ids: list[int]
-    prompt: str
-    kind: str
-    params: GenerationParams
-    emit: Sink
-    cancelled: Callable[[], bool]
-    before_step: Waiter | None
-    t0: float
-    options: Any = None                # the run's engine.run.session.RunOptions
     layer_clock: LayerClock | None = None
     reused: int = 0
     cache: Any = None
@@ -58,6 +50,23 @@ class RunRequest:
     switched: bool = False          # decode has gone through the compiled graph
     prefill_read_ms: float | None = None    # the compiled prefill package read for this run (an earlier launch's)
     prefill_packaged: bool = False  # the prompt's first pass went through the compiled prefill package
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One run as asked: the ids to prefill (all of them; ``state.reused`` come from a kept cache), where events
+    go, how to stop, and the clock it started on. Frozen: what the run finds out as it goes is ``state``."""
+
+    ids: list[int]
+    prompt: str
+    kind: str
+    params: GenerationParams
+    emit: Sink
+    cancelled: Callable[[], bool]
+    before_step: Waiter | None
+    t0: float
+    options: RunOptions = field(default_factory=RunOptions)
+    state: RunState = field(default_factory=RunState)
 
 
 @dataclass
@@ -112,7 +121,7 @@ class Passes:
         and a cache that keeps every position (eviction between passes would move them); attention is recorded
         over one pass."""
         chunk, params = request.options.prefill_chunk, request.params
-        left = len(request.ids) - request.reused
+        left = len(request.ids) - request.state.reused
         if not chunk or not params.kv_cache or params.capture_attention or params.kv_method.startswith(
                 ("sinks", "h2o")):
             return 0
@@ -134,21 +143,22 @@ class Passes:
         """Prefill (``Prefilled`` once its pass ends, then step 0: its token), then one decode step each time the
         consumer asks for the next token: forward, sample, read the cache; what a compiled graph says comes as a
         ``GraphSaid`` before the step it concerns. Facts only: the consumer (``_Observer``) keeps the tally and the
-        CPU meter. ``request.cache`` is the live cache throughout (the observer reads norms from it)."""
-        params, clock, ids, reused = request.params, self.session.clock, request.ids, request.reused
+        CPU meter. ``request.state.cache`` is the live cache throughout (the observer reads norms from it)."""
+        params, clock, ids, reused = request.params, self.session.clock, request.ids, request.state.reused
         generator = make_generator(self.session.device, params.seed)
         sequence = torch.tensor([ids], device=self.session.device)                 # [1, n]
         self.fault("prefill", 0)
         needed = min(len(ids) + params.max_new_tokens, self.session.facts.max_context)
         if params.compiled:
             needed = cache_length(needed, self.session.facts.max_context)    # runs share a graph per length
-        request.allocated = needed if params.static_cache and params.kv_cache and request.cache is None else 0
+        state = request.state
+        state.allocated = needed if params.static_cache and params.kv_cache and state.cache is None else 0
         compressed = params.kv_method != "full"
         if compressed:                                      # quantized or evicted: its own cache from the start
-            request.cache, request.evictor = self.compressed_cache(params.kv_method)
-        chunk, first, passes, packaged = request.prefill_chunk, reused, 0, False
-        if params.compiled and self.session.compiled_prefill is not None and request.cache is None:
-            request.prefill_read_ms = self.session.compiled_prefill.read_saved()    # saved by an earlier launch
+            request.state.cache, request.state.evictor = self.compressed_cache(params.kv_method)
+        chunk, first, passes, packaged = request.state.prefill_chunk, reused, 0, False
+        if params.compiled and self.session.compiled_prefill is not None and request.state.cache is None:
+            request.state.prefill_read_ms = self.session.compiled_prefill.read_saved()    # saved by an earlier launch
         self.threads_for_load()
         start = clock.mark()
         while first < len(ids):
@@ -156,13 +166,13 @@ class Passes:
                 return                                      # stopped between two passes of a long prompt
             last = min(first + chunk, len(ids)) if chunk else len(ids)
             began = clock.mark()
-            if request.cache is None and not compressed and self.session.prefill_packaged(
-                    last - first, params, request.options.offload_kv, request.layer_clock is not None):
-                logits, request.cache = self.session.packaged_prefill(sequence[:, first:last], request.allocated)
-                packaged = request.prefill_packaged = True
+            if request.state.cache is None and not compressed and self.session.prefill_packaged(
+                    last - first, params, request.options.offload_kv, request.state.layer_clock is not None):
+                logits, state.cache = self.session.packaged_prefill(sequence[:, first:last], state.allocated)
+                packaged = request.state.prefill_packaged = True
             else:
-                logits, request.cache = self.session.prefill(sequence[:, first:last], params.kv_cache,
-                                                             request.cache, request.allocated,
+                logits, request.state.cache = self.session.prefill(sequence[:, first:last], params.kv_cache,
+                                                             request.state.cache, request.state.allocated,
                                                              request.options.offload_kv)
             took_ms = clock.elapsed_ms(began, clock.mark())
             if took_ms > 0:
@@ -170,10 +180,10 @@ class Passes:
             first, passes = last, passes + 1
             if chunk and request.options.prefill_chunk == STOPPABLE:     # the next pass from this one's time
                 chunk = self.stoppable_pass(len(ids) - first) or len(ids) - first
-        if request.evictor is not None:
-            request.evictor.after_pass(request.cache, len(ids))
+        if request.state.evictor is not None:
+            request.state.evictor.after_pass(request.state.cache, len(ids))
         forward_end = clock.mark()
-        cached = self.read_cache(request.cache)
+        cached = self.read_cache(request.state.cache)
         yield Prefilled(clock.elapsed_ms(start, forward_end), *cached, passes=passes,   # measured, whatever follows
                         compiled=packaged)
         self.fault("first", 0)
@@ -189,7 +199,7 @@ class Passes:
         index = 0
         while True:
             token = torch.tensor([choice.token_id], device=self.session.device)
-            if request.cache is None:
+            if request.state.cache is None:
                 sequence = torch.cat([sequence, token.view(1, 1)], dim=1)     # [1, position + 1]
             index += 1
             self.fault("decode", index)
@@ -198,10 +208,10 @@ class Passes:
                 yield said
             self.threads_for_load()
             start = clock.mark()
-            logits = self.session.decode_step(token, position, request.cache, sequence,
+            logits = self.session.decode_step(token, position, request.state.cache, sequence,
                                       graph if compiled_now else None)
-            if request.evictor is not None:
-                request.evictor.after_pass(request.cache, position + 1)
+            if request.state.evictor is not None:
+                request.state.evictor.after_pass(request.state.cache, position + 1)
             forward_end = clock.mark()
             refused = None
             try:
@@ -218,7 +228,7 @@ class Passes:
                 yield refused
             position += 1
             yield Step(index, position, choice, clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end),
-                       *self.read_cache(request.cache), compiled=compiled_now)
+                       *self.read_cache(request.state.cache), compiled=compiled_now)
 
     def eager_instead(self, graph: Graph, index: int, token: torch.Tensor, position: int,
                       request: RunRequest) -> tuple[torch.Tensor, GraphSaid]:
@@ -226,13 +236,13 @@ class Passes:
         the position it wrote is taken back first. The graph is refused for good (``CompiledDecode.refuse``:
         this process decodes eagerly from here, a later launch does not read it); what happened, in the run's
         notes. If eager's scores are not numbers either, the run fails as any other would, naming the dtype."""
-        kvcache.crop_to(request.cache, position)
-        logits = self.session.decode_step(token, position, request.cache, None, None)
+        kvcache.crop_to(request.state.cache, position)
+        logits = self.session.decode_step(token, position, request.state.cache, None, None)
         finite = bool(torch.isfinite(logits).all())
         why = (f"the compiled graph gave scores that were not numbers (NaN or infinity) at decode step {index:,}"
                + (", where the eager step's were numbers" if finite else ", and so did the eager step"))
         kept = self.session.compiled.refuse(graph, why) if finite else ""
-        request.graph_noted = True                      # the run says this, not "could not be built"
+        request.state.graph_noted = True                      # the run says this, not "could not be built"
         words = f"{why}: decoded eagerly from that step on" + (f" ({kept})" if kept else "")
         return logits, GraphSaid(notes=[words])
 
@@ -249,12 +259,12 @@ class Passes:
         started = time.perf_counter()
         background = request.options.compile_in_background
         then = self.session.compiled_prefill.build if self.session.compiled_prefill is not None else None
-        graph, request.graph_started = self.session.compiled.graph(request.allocated, background, then)
+        graph, request.state.graph_started = self.session.compiled.graph(request.state.allocated, background, then)
         waited = not background and not graph.ready.is_set()
         if waited:
             graph.ready.wait()
-        read = request.prefill_read_ms or 0.0           # the prefill package, read before the prompt's pass
-        if graph.ready.is_set() and (request.graph_started or waited):
+        read = request.state.prefill_read_ms or 0.0           # the prefill package, read before the prompt's pass
+        if graph.ready.is_set() and (request.state.graph_started or waited):
             return graph, (time.perf_counter() - started) * 1000.0 + read
         return graph, read or None
 
@@ -267,13 +277,13 @@ class Passes:
         if prefill is None or package is None or not package.ready.is_set():
             return []
         served = prefill.serving_words()
-        if request.prefill_read_ms is not None:
+        if request.state.prefill_read_ms is not None:
             read = (f"the compiled prefill package, saved by an earlier launch, was read in "
-                    f"{request.prefill_read_ms / 1000:,.1f} s (compile time)")
-            if request.prefill_packaged:
+                    f"{request.state.prefill_read_ms / 1000:,.1f} s (compile time)")
+            if request.state.prefill_packaged:
                 return [f"{read}; the prompt went through it"]
             return [f"{read}; this prompt prefilled eagerly" + (f": the package {served}" if served else "")]
-        if not request.graph_started or request.options.compile_in_background:
+        if not request.state.graph_started or request.options.compile_in_background:
             return []
         if package.step is None:
             return [f"prefill stays eager: no compiled prefill package ({package.error})"]
@@ -287,26 +297,27 @@ class Passes:
         if not graph.ready.is_set():
             return False, None
         if graph.error is not None:
-            if request.graph_noted:
+            if request.state.graph_noted:
                 return False, None
-            request.graph_noted = True
+            request.state.graph_noted = True
             if graph.refused:
                 return False, GraphSaid(notes=[f"the compiled graph is not used ({graph.refused}): decoded eagerly"])
             return False, GraphSaid(notes=[f"the compiled graph could not be built ({graph.error}): decoded eagerly"])
         said = None
-        if not request.switched:                        # the first compiled step: what the run says of its graph
-            said = GraphSaid(loaded=graph.loaded and request.graph_started, notes=[graph.note] if graph.note else [])
+        if not request.state.switched:                        # the first compiled step: what the run says of its graph
+            said = GraphSaid(loaded=graph.loaded and request.state.graph_started,
+                             notes=[graph.note] if graph.note else [])
             if index > 1:
                 said.notes.append(
                     f"steps 1-{index - 1:,} decoded eagerly while the compiled graph was built beside them, on the "
                     f"same cores (slower than a quiet eager run); compiled from step {index:,}")
-                if request.graph_started:
+                if request.state.graph_started:
                     said.compile_ms = graph.compile_ms
-            if request.graph_started and request.options.compile_in_background and self.prefill_builds_beside():
+            if request.state.graph_started and request.options.compile_in_background and self.prefill_builds_beside():
                 said.notes.append(f"from step {index:,} the compiled prefill package was built beside the decode "
                                   "(after its graph, in the same thread), on the same cores: steps slower than a "
                                   "quiet run's until it is done")
-        request.switched = True
+        request.state.switched = True
         return True, said
 
     def prefill_builds_beside(self) -> bool:

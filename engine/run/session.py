@@ -11,6 +11,7 @@ call goes through ``kvcache.forward``, as every other caller's does (speculative
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import threading
@@ -258,7 +259,7 @@ class Session:
         request = RunRequest(ids, messages[-1]["content"], "chat", params, sink or _ignore, _cancelled(cancel),
                            before_step, t0, options or self.options)
         if reuse:
-            request.cache, request.reused, request.cache_note = self._reusable_cache(ids)
+            request.state.cache, request.state.reused, request.state.cache_note = self._reusable_cache(ids)
         return self._run(request)
 
     def forget(self, reason: str = "a new conversation started") -> None:
@@ -276,14 +277,15 @@ class Session:
             raise ParameterError(f"top_k must be at most the vocabulary size ({self.facts.vocab_size:,}), "
                                  f"got {params.top_k:,} (0 = off)")
         if params.seed is None:
-            request.params = params = params.with_(seed=secrets.randbelow(MAX_SEED + 1))
+            params = params.with_(seed=secrets.randbelow(MAX_SEED + 1))
+            request = dataclasses.replace(request, params=params)
         if params.kv_method != "full":
             self.check_kv_method(params.kv_method)
         capture = self.attention_capture() if params.capture_attention else None
         own_clock = request.options.time_layers and not self._split     # a split model is always timed
-        request.layer_clock = LayerClock(self.model, self.device) if own_clock else self._split_clock
-        request.tokenize_ms = (time.perf_counter() - request.t0) * 1000.0
-        request.prefill_chunk = self.passes.first_pass(request)
+        request.state.layer_clock = LayerClock(self.model, self.device) if own_clock else self._split_clock
+        request.state.tokenize_ms = (time.perf_counter() - request.t0) * 1000.0
+        request.state.prefill_chunk = self.passes.first_pass(request)
         observer = _Observer(self, request)
         tally = observer.tally
         observer.started()
@@ -309,13 +311,13 @@ class Session:
         finally:
             observer.meter.stop()
             if own_clock:
-                request.layer_clock.close()
+                request.state.layer_clock.close()
             if capture is not None:
                 capture.active = False
                 capture.rows.clear()
         if failure is not None:
             # Outside the except block: the traceback no longer pins the cache tensors, so they can go.
-            cache = request.cache = None
+            cache = request.state.cache = None
             self.forget("the last turn failed")
             _release_device_memory(self.device)
             return observer.failed(*failure)
@@ -402,16 +404,16 @@ class _Observer:
     def started(self) -> None:
         r, s = self.request, self.session
         self.emit(RunStarted(
-            run_id=self.run_id, label=r.params.describe() + (", reuse" if r.kind == "chat" and r.reused else ""),
+            run_id=self.run_id, label=r.params.describe() + (", reuse" if r.kind == "chat" and r.state.reused else ""),
             model=s.facts, params=r.params, prompt=r.prompt, prompt_ids=r.ids,
             prompt_pieces=pieces(s.tokenizer, r.ids), started_at=datetime.now(timezone.utc).isoformat(
-                timespec="seconds"), t_ms=self.since(), kind=r.kind, prefill_chunk=r.prefill_chunk))
+                timespec="seconds"), t_ms=self.since(), kind=r.kind, prefill_chunk=r.state.prefill_chunk))
 
     def follow(self, steps: Iterator[Prefilled | Step]) -> tuple[str, Any]:
         """Consume the steps until a stop reason: emit each, wait if asked, check cancel before the next."""
         r, s = self.request, self.session
         if r.cancelled():
-            return "stopped", r.cache
+            return "stopped", r.state.cache
         if s.device.type == "cpu":
             self.meter.start()                           # how busy the cores were, measured over the passes
         for step in steps:
@@ -419,13 +421,14 @@ class _Observer:
                 self._graph_said(step)
                 continue
             if isinstance(step, Prefilled):
-                self.emit(PrefillDone(self.run_id, self.since(), len(r.ids) - r.reused, r.tokenize_ms,
-                                      step.forward_ms, step.kv, r.reused, step.held, r.cache_note, r.allocated,
-                                      step.storage, step.passes, step.compiled))
+                state = r.state
+                self.emit(PrefillDone(self.run_id, self.since(), len(r.ids) - state.reused, state.tokenize_ms,
+                                      step.forward_ms, step.kv, state.reused, step.held, state.cache_note,
+                                      state.allocated, step.storage, step.passes, step.compiled))
                 continue
             self.emit(self._token_step(step))          # step 0's time is the TTFT: the norms come after it
-            if r.layer_clock is not None:
-                self.emit(LayerTimes(self.run_id, self.since(), step.index, r.layer_clock.take(),
+            if r.state.layer_clock is not None:
+                self.emit(LayerTimes(self.run_id, self.since(), step.index, r.state.layer_clock.take(),
                                      list(s.facts.layer_devices)))
             if r.params.capture_attention:
                 self.emit(self._attention_step(step))
@@ -442,9 +445,9 @@ class _Observer:
             if reason is not None:
                 self.meter.stop()
                 self._norms()
-                return reason, r.cache
+                return reason, r.state.cache
         if r.cancelled():                                   # the steps ended inside a long prompt's passes
-            return "stopped", r.cache
+            return "stopped", r.state.cache
         raise AssertionError("the steps never end on their own")
 
     def _graph_said(self, said: GraphSaid) -> None:
@@ -479,7 +482,7 @@ class _Observer:
 
     def _norms(self) -> None:
         """``KVNorms`` for the positions cached since the last ones."""
-        cache = self.request.cache
+        cache = self.request.state.cache
         if cache is None or not self.request.options.record_kv_norms or self.request.params.kv_method != "full":
             return                      # a quantized or evicted layer's keys are not its positions' keys
         held = kvcache.positions_seen(cache)
