@@ -1,10 +1,12 @@
-"""Adding a lesson is its two modules and one line in each registry, proven: the tree is copied, the example lesson
-(``tests/example_lesson``: settings, result, a point and an event of its own, a tab and a scene) is added as
-``engine/lessons/example.py`` and ``app/lessons/example.py``, the two registries list it, and nothing else
+"""Adding a lesson is its own modules and one line in each registry, proven: the tree is copied, the example lesson
+(``tests/example_lesson``: settings, result, a point and an event of its own, a helper module with a worker
+process and a fault phase, a tab and a scene) is added as ``engine/lessons/example.py``,
+``engine/run/example_counter.py`` and ``app/lessons/example.py``, the two registries list it, and nothing else
 changes. In that copy the lesson is in the CLI (its sweep, its table from its point's columns), in the trace schema
-(its event and point written and read back, an undeclared figure refused), in the window (its tab with those
-columns, its scene on its own key), through the screen audit's walk of a lesson, and in the lifecycle test that
-every registered lesson passes."""
+(its event and point written and read back, an undeclared figure refused), in the worker registry (its process
+runs; its fault phase ends it mid-sweep and the lesson keeps what it measured and says why; an action its phase
+does not take is refused), in the window (its tab with those columns, its scene on its own key), through the
+screen audit's walk of a lesson, and in the lifecycle test that every registered lesson passes."""
 
 from __future__ import annotations
 
@@ -40,10 +42,11 @@ assert "median TTFT over 2 runs" in text, text
 
 # The trace schema: its own event and its point, written and read back; a figure it does not declare refused.
 from engine.facts.events import ExperimentPoint
-from engine.lessons.example import ExampleMark, ExamplePoint
+from engine.lessons.example import PROMPT, ExampleMark, ExamplePoint
 from engine.output.trace import read_trace, write_checked
 events = read_trace(folder / "example.kvscope.jsonl")
-assert len([e for e in events if isinstance(e, ExampleMark)]) == 2
+marks = [e for e in events if isinstance(e, ExampleMark)]
+assert len(marks) == 2 and {m.words for m in marks} == {len(PROMPT.split())}      # counted by its own process
 points = [e for e in events if isinstance(e, ExperimentPoint)]
 assert [ExamplePoint.read(p).repeat for p in points] == [0, 1]
 import dataclasses
@@ -51,6 +54,29 @@ bad = [dataclasses.replace(e, values={**e.values, "undeclared_ms": 1.0}) if isin
        for e in events]
 written = write_checked(folder / "bad.kvscope.jsonl", bad)
 assert "has no figure(s) undeclared_ms" in written.note, written.note
+
+# Its worker and fault phase: the registry runs its process; its own phase ends that process at run 2, and the
+# lesson keeps run 1 and says why it stopped, in one line; an action its phase does not take is refused by name.
+import os
+from engine import lessons
+assert "example-counter" in {w for lesson in lessons.LESSONS for w in lesson.workers}
+os.environ["KVSCOPE_FAULTS"] = "example:2:exit"
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    code = cli.main(["sweep", "example", "--model", model, "--repeats", "3", "--tokens", "2",
+                     "--trace", str(folder / "failed.kvscope.jsonl")])
+text = out.getvalue()
+assert code == 1 and "stopped: the word counter ended without an answer at run 2 (exit 3)" in text, text
+assert len([e for e in read_trace(folder / "failed.kvscope.jsonl") if isinstance(e, ExperimentPoint)]) == 1
+from engine.facts.errors import ParameterError
+from engine.run import faults
+os.environ["KVSCOPE_FAULTS"] = "example:1:boom"
+try:
+    faults.actions(faults.FaultPhase("example", ("exit", "sleep")))
+    raise AssertionError("an action the phase does not take was taken")
+except ParameterError as exc:
+    assert "example:N:exit or example:N:sleep=S" in str(exc), str(exc)
+del os.environ["KVSCOPE_FAULTS"]
 
 # The window: its tab, its columns, its scene on its own key, and the screen audit's walk of one lesson.
 import pytest
@@ -87,11 +113,12 @@ def test_the_example_has_its_tab_scene_and_keeps_the_screen_rules(qtbot, tiny_mo
 
 
 def add_example(tree: Path) -> list[str]:
-    """The example's two modules and a line in each registry: everything adding a lesson takes. Returns the files
-    changed, relative to the tree."""
+    """The example's three modules (its lesson, its helper with a worker and a fault phase, its window) and a line
+    in each registry: everything adding a lesson takes. Returns the files changed, relative to the tree."""
     shutil.copy(EXAMPLE / "engine_side.py", tree / "engine" / "lessons" / "example.py")
+    shutil.copy(EXAMPLE / "helper_side.py", tree / "engine" / "run" / "example_counter.py")
     shutil.copy(EXAMPLE / "app_side.py", tree / "app" / "lessons" / "example.py")
-    changed = ["engine/lessons/example.py", "app/lessons/example.py"]
+    changed = ["engine/lessons/example.py", "engine/run/example_counter.py", "app/lessons/example.py"]
     for registry, anchor in (("engine/lessons/__init__.py", "LESSONS: tuple[Lesson, ...] = ("),
                              ("app/lessons/__init__.py", "LESSONS: tuple[WindowLesson, ...] = tuple(module.WINDOW for "
                                                          "module in (")):
@@ -121,7 +148,7 @@ def sources(tree: Path) -> dict[Path, bytes]:
     return {p.relative_to(tree): p.read_bytes() for folder in ("engine", "app") for p in (tree / folder).rglob("*.py")}
 
 
-def test_adding_the_example_changes_only_its_two_modules_and_the_registries(tree):
+def test_adding_the_example_changes_only_its_three_modules_and_the_registries(tree):
     before = sources(tree)
     changed = add_example(tree)
     after = sources(tree)
