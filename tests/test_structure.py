@@ -185,3 +185,12 @@ def test_no_two_classes_in_one_engine_or_app_folder_share_a_name():
     shared = {f"{folder.relative_to(ROOT)}: {name}": files for (folder, name), files in seen.items()
               if len(files) > 1}
     assert not shared, shared
+
+
+def test_no_module_name_is_used_more_than_twice():
+    """A lesson's name is its engine module's and its window module's; any other module is named for what it is
+    (three ``disaggregation.py`` and three ``chat.py`` had readers opening each to know which)."""
+    from collections import Counter
+
+    names = Counter(p.name for p in SOURCES if p.name not in ("__init__.py", "__main__.py"))
+    assert not [name for name, count in names.items() if count > 2], names.most_common(3)

@@ -12,8 +12,8 @@ from PySide6.QtWidgets import QDockWidget, QHBoxLayout, QLabel, QMainWindow, QPu
 
 from app import lessons as app_lessons
 from app.link.routing import describe_loaded, loaded_reasons
-from app.panels.chat import ChatPanel
 from app.panels.controls import ControlsPanel
+from app.panels.conversation import ChatPanel
 from app.panels.experiments import ExperimentsPanel
 from app.shell.dialogs import FirstRunDialog
 from app.views.status import StatusStrip

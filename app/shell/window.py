@@ -33,8 +33,8 @@ from app.lecture.scenes import RUN_SCENES, Context, SceneView, scene_lesson
 from app.link.controller import Controller
 from app.link.worker import EngineClient
 from app.panels.attention import AttentionPanel
-from app.panels.chat import ChatPanel
 from app.panels.controls import ControlsPanel
+from app.panels.conversation import ChatPanel
 from app.panels.experiments import ExperimentsPanel
 from app.panels.kv_heatmap import KVHeatmapPanel
 from app.panels.sampling import SamplingPanel
