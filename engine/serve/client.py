@@ -7,11 +7,14 @@ can act on. ``engine.serve.remote`` streams runs over it; the load test polls ``
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import os
 import socket
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -129,13 +132,18 @@ def request(where: Address, method: str, path: str, body: dict | None = None, ti
     connection, base = _connect(url, timeout)
     payload = json.dumps(body).encode() if body is not None else None
     headers = _headers(where, {"Content-Type": "application/json"} if payload is not None else None)
+    heads = _HeadsDeadline(timeout)
     try:
         connection.request(method, base + path, body=payload, headers=headers)
         sock = connection.sock
-        response = connection.getresponse()
+        with heads.watching(sock):
+            response = connection.getresponse()
     except (ConnectionRefusedError, socket.gaierror, socket.timeout, TimeoutError, OSError,
             http.client.HTTPException, ValueError) as exc:
         connection.close()
+        if heads.passed:
+            raise RemoteError(f"The server at {url} took more than {timeout:g} s to send its answer's status line "
+                              "and headers") from None
         raise RemoteError(f"Cannot reach the server at {url}: {reason_of(exc)}") from None
     if response.status >= 300:
         detail = _error_detail(response)
@@ -149,6 +157,32 @@ def request(where: Address, method: str, path: str, body: dict | None = None, ti
                               f"server?{detail}")
         raise RemoteError(f"The server at {url} answered {response.status} {short(response.reason)}{detail}")
     return Exchange(connection, response, sock)
+
+
+class _HeadsDeadline:
+    """A deadline for an answer's status line and headers as a whole: the socket's timeout is per read, so a
+    server sending them a byte at a time was waited on for ever (``--deadline`` included, which starts once the
+    headers are in). When it passes, the socket is shut and the wait ends."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.passed = False
+
+    @contextlib.contextmanager
+    def watching(self, sock: socket.socket | None) -> Iterator[None]:
+        def shut() -> None:
+            self.passed = True
+            with contextlib.suppress(OSError):
+                if sock is not None:
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(self.seconds, shut)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
 
 
 def reason_of(exc: BaseException) -> str:

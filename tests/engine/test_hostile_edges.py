@@ -186,6 +186,33 @@ def test_a_model_list_dripped_a_byte_at_a_time_is_given_up_on_in_time():
             probe(server.url, timeout=1.0)
 
 
+def test_a_status_line_and_headers_dripped_a_byte_at_a_time_are_given_up_on_at_the_deadline():
+    """The socket's timeout is per read: a server sending its headers a byte every 0.2 s was waited on for ever."""
+    import socket as sockets
+    import threading
+
+    listener = sockets.create_server(("127.0.0.1", 0))
+    head = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"a" * 60 + b"\r\n\r\n"     # ~17 s at this pace
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            try:
+                for i in range(len(head)):
+                    conn.sendall(head[i:i + 1])
+                    time.sleep(0.2)
+            except OSError:
+                pass                                   # the client gave up: what this test waits for
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        with pytest.raises(RemoteError, match=r"took more than 1 s to send its answer's status line and headers"):
+            probe(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout=1.0)
+    finally:
+        listener.close()
+
+
 def test_an_endless_line_is_refused_by_its_length_not_called_a_closed_stream():
     with ReplayServer(streaming(stream=stream_route(endless_line))) as server:
         result = RemoteSession(probe(server.url)).run("hi", GenerationParams(max_new_tokens=8))
