@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.facts.events import ModelFacts, RunFailed, RunFinished
 from engine.facts.params import GenerationParams
-from engine.model import attention
-from engine.model.clock import StepClock
-from engine.model.compiled import CompiledDecode, Graph
-from engine.model.compiled_prefill import CompiledPrefill
-from engine.model.models import LoadedModel
-from engine.model.threads import ThreadGovernor
 from engine.run.options import RunOptions
+
+if TYPE_CHECKING:       # names for the annotations only: a torch-free module (workloads.py) imports this one
+    import torch
+
+    from engine.model import attention
+    from engine.model.clock import StepClock
+    from engine.model.compiled import CompiledDecode, Graph
+    from engine.model.compiled_prefill import CompiledPrefill
+    from engine.model.models import LoadedModel
+    from engine.model.threads import ThreadGovernor
 
 
 class ModelSession(Protocol):
