@@ -8,7 +8,7 @@ import math
 from html import escape
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QRectF, Qt, QTimer
 from PySide6.QtGui import QFont, QFontMetricsF
 
 from app.views import theme as th
@@ -189,10 +189,13 @@ class Chart(TimedGraphics):
             self.plot.setTitle(text, size=f"{pt:.1f}pt", color=self.theme.foreground)
             if label.item.boundingRect().width() <= room:
                 break
-        # The layout stays as wide as the longer title held it until it is given the view's width again.
+        # The layout stays as wide as the longer title held it until it is given the view's width again: given
+        # the widget's own size, never ``self.range``, which lags a resize not yet delivered (a hidden tab's) and
+        # set the layout back to an older, shorter size, its bottom axis below the view.
         for layout in (self.plot.layout, self.ci.layout):
             layout.invalidate()
-        self.ci.setGeometry(self.range)
+        self.setRange(QRectF(0, 0, self.width(), self.height()), padding=0, disableAutoPixel=False)
+        self.updateMatrix()
 
     def fit_legend(self) -> None:
         """As many legend entries in a row as fit the chart's width, the rest on rows below: a legend wider than
@@ -222,7 +225,9 @@ class Chart(TimedGraphics):
         if getattr(self, "closed", False) or not hasattr(self, "theme"):     # (also called while it is made)
             return
         box = self.plot.getViewBox()
-        laid_out = self.ci.geometry().height()          # the layout's own height (more than the view's if squeezed)
+        # the layout's own height (more than the view's if squeezed; never less than the widget's: a layout given
+        # an older, shorter size would make the frame look smaller than it is)
+        laid_out = max(self.ci.geometry().height(), self.height())
         frame = laid_out - box.height() if laid_out > 0 and box.height() > 0 else FRAME_PX + (
             self.legend.layout.preferredHeight() if self.legend is not None and not self.legend_beside else 0)
         least = 0 if self.theme.lecture else int(self.least_data_px + frame + 0.5)
