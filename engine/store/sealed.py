@@ -33,6 +33,9 @@ from engine.store.paths import config_dir
 
 SEAL = ".seal"
 MAC_PIECE = 4 << 20          # a file sealed or checked is read this much at a time
+MOST_SEALED = 8 << 30        # no file KVScope seals is larger (a compiled package: hundreds of MB)
+MOST_SEAL = 256              # a seal: 64 hex digits
+MOST_KEY = 4096              # the key: 32 bytes
 MANIFEST = "kvscope-manifest.json"
 KEY_FILE = "seal.key"
 
@@ -49,6 +52,9 @@ def _key() -> bytes:
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not path.exists():
         _publish_key(path)
+    odd = _not_plain(path, MOST_KEY)
+    if odd:
+        raise Refused(f"KVScope's key {path} {odd}: delete it (every cache is then built again)")
     problem = _exposed(path, secret=True) or _exposed(folder)
     if problem:
         raise Refused(f"KVScope's key {path} {problem}: no cache file is trusted until it is private (chmod 600 "
@@ -87,6 +93,21 @@ def _write_new(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _not_plain(path: Path, most: int) -> str:
+    """Why ``path`` is not a plain file of at most ``most`` bytes ("" when it is), found before it is opened: a
+    FIFO blocked its reader for ever, a device or a link to one (``/dev/zero``) never ended, a sparse file of GiBs
+    was read whole."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a plain file (a FIFO, a device or a link to one)"
+    if info.st_size > most:
+        return f"is {info.st_size:,} bytes, more than KVScope ever writes there ({most:,})"
+    return ""
 
 
 def _exposed(path: Path, secret: bool = False) -> str:
@@ -171,6 +192,9 @@ def check_sealed(path: Path, purpose: str) -> None:
 
 def _checked(path: Path, purpose: str, keep: bool = True) -> tuple[bytes, str]:
     """The file's bytes (b"" unless ``keep``) and "", or b"" and why they are refused."""
+    odd = _not_plain(path, MOST_SEALED) if path.is_symlink() or path.exists() else ""
+    if odd:
+        return b"", f"is refused: it {odd}"
     for place in (path.parent, path):
         exposed = _exposed(place)
         if exposed:
@@ -178,6 +202,9 @@ def _checked(path: Path, purpose: str, keep: bool = True) -> tuple[bytes, str]:
     seal_path = path.with_name(path.name + SEAL)
     if not seal_path.exists():
         return b"", "is refused: KVScope did not write it (it has no seal)"
+    odd_seal = _not_plain(seal_path, MOST_SEAL)
+    if odd_seal:
+        return b"", f"is refused: its seal {odd_seal}"
     data = path.read_bytes() if keep else b""
     expected = seal_path.read_bytes().decode("ascii", "replace").strip()
     if not hmac.compare_digest(expected, _mac(purpose, path.name, data if keep else path)):

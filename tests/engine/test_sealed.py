@@ -151,3 +151,62 @@ def test_a_converted_model_whose_record_kvscope_did_not_write_is_moved_aside_and
     gguf.discard(folder, broken, said.append)
     assert not folder.exists() and list(tmp_path.glob(f"{folder.name}.refused-*"))
     assert "is not one this user's KVScope wrote" in said[0].message and "converting it again" in said[0].message
+
+
+def finishes(call, seconds: float = 30.0) -> BaseException | None:
+    """What ``call`` raised, from a thread joined with a limit: a read that blocks on a FIFO fails the test, not the
+    suite."""
+    import threading
+
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            call()
+        except BaseException as exc:               # noqa: BLE001 (handed to the test)
+            raised.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "the read blocked"
+    return raised[0] if raised else None
+
+
+@pytest.mark.parametrize("which", ["file", "seal"])
+@pytest.mark.parametrize("odd", ["a FIFO", "a link to /dev/zero"])
+def test_a_cache_file_or_its_seal_that_is_a_fifo_or_a_device_is_refused_before_it_is_opened(tmp_path, which, odd):
+    path = tmp_path / "cache" / "entry.bin"
+    sealed.private_folder(path.parent)
+    sealed.write_sealed(path, "a test record", b"what KVScope wrote")
+    target = path if which == "file" else path.with_name(path.name + sealed.SEAL)
+    target.unlink()
+    if odd == "a FIFO":
+        os.mkfifo(target, 0o600)
+    else:
+        target.symlink_to("/dev/zero")
+    raised = finishes(lambda: sealed.read_sealed(path, "a test record", aside=False))
+    assert isinstance(raised, sealed.Refused)
+    assert f"is refused: {'it' if which == 'file' else 'its seal'} is not a plain file" in str(raised)
+
+
+def test_a_sparse_cache_file_larger_than_kvscope_writes_is_refused_unread(tmp_path, monkeypatch):
+    monkeypatch.setattr(sealed, "MOST_SEALED", 1 << 20)
+    path = tmp_path / "cache" / "entry.bin"
+    sealed.private_folder(path.parent)
+    sealed.write_sealed(path, "a test record", b"what KVScope wrote")
+    with open(path, "r+b") as f:
+        f.truncate(2 << 20)                              # sparse: 2 MiB that take no disk
+    with pytest.raises(sealed.Refused, match=r"it is 2,097,152 bytes, more than KVScope ever writes there"):
+        sealed.read_sealed(path, "a test record", aside=False)
+
+
+def test_a_seal_key_that_is_a_fifo_is_refused_not_waited_on(tmp_path, monkeypatch):
+    config = tmp_path / "config"
+    config.mkdir(mode=0o700)
+    os.mkfifo(config / sealed.KEY_FILE, 0o600)
+    monkeypatch.setenv("KVSCOPE_CONFIG_DIR", str(config))
+    path = tmp_path / "cache" / "entry.bin"
+    sealed.private_folder(path.parent)
+    raised = finishes(lambda: sealed.write_sealed(path, "a test record", b"x"))
+    assert isinstance(raised, sealed.Refused) and "is not a plain file" in str(raised) and "delete it" in str(raised)
