@@ -184,11 +184,13 @@ class Chart(TimedGraphics):
         if room <= 0 or (wanted, room) == self._title_fitted:
             return
         self._title_fitted = (wanted, room)
-        label = self.plot.titleLabel
+        label, shown = self.plot.titleLabel, self.plot.titleLabel.text
         for text, pt in th.chart_title_candidates(wanted, self.theme.base_pt + 1):
             self.plot.setTitle(text, size=f"{pt:.1f}pt", color=self.theme.foreground)
             if label.item.boundingRect().width() <= room:
                 break
+        if label.text == shown:             # the same title: the layout already has it (an axis grew, say)
+            return
         # The layout stays as wide as the longer title held it until it is given the view's width again: given
         # the widget's own size, never ``self.range``, which lags a resize not yet delivered (a hidden tab's) and
         # set the layout back to an older, shorter size, its bottom axis below the view.

@@ -393,15 +393,16 @@ class LessonView(QWidget):
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         super().resizeEvent(event)
-        self._stack_when_narrow()
-        self._fold_when_short()
+        room = self._room()
+        self._stack_when_narrow(room)
+        self._fold_when_short(room)
 
-    def _fold_when_short(self) -> None:
+    def _fold_when_short(self, room: QSize | None = None) -> None:
         """Where the dock shows less height than the form, the table and a readable chart need (a 720p
         projector's, or a desktop's dock shared with another panel), the form and the table fold behind a click
         each: unfolded there, the chart's data was 97 px tall. Judged by the dock's room, not this view's own
         height, which the folding itself changes."""
-        room = self._room()
+        room = room or self._room()
         words = self.explain.heightForWidth(room.width()) if self.explain.text() else 0
         need = self.form.sizeHint().height() + self._table_height() + words + self.chart.minimumHeight() + SHELL_PX
         short = room.height() < need
@@ -426,7 +427,7 @@ class LessonView(QWidget):
         rows = self.table.rowCount()
         self.table_fold.setText(f"Table ({plural(rows, 'row')})" if rows else "Table")
 
-    def _stack_when_narrow(self) -> None:
+    def _stack_when_narrow(self, room: QSize) -> None:
         """Charts a lesson sets side by side (``rows``: its chart layout turned left to right, or a row it
         added) go one above the other where the panel is narrower than they need, each at least readable (a 560
         px dock): side by side there, each was cut at its right edge, an axis title's end with it, or, titles
@@ -436,7 +437,7 @@ class LessonView(QWidget):
             shown = [chart for chart in charts if isinstance(chart, Chart) and not chart.isHidden()]
             need = (sum(max(chart.content_width(), READABLE_WIDTH_PX) for chart in shown)
                     + layout.spacing() * max(len(shown) - 1, 0))
-            wanted = (QBoxLayout.Direction.LeftToRight if self._room().width() >= need
+            wanted = (QBoxLayout.Direction.LeftToRight if room.width() >= need
                       else QBoxLayout.Direction.TopToBottom)
             if layout.direction() != wanted:
                 layout.setDirection(wanted)

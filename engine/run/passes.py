@@ -144,21 +144,21 @@ class Passes:
         consumer asks for the next token: forward, sample, read the cache; what a compiled graph says comes as a
         ``GraphSaid`` before the step it concerns. Facts only: the consumer (``_Observer``) keeps the tally and the
         CPU meter. ``request.state.cache`` is the live cache throughout (the observer reads norms from it)."""
-        params, clock, ids, reused = request.params, self.session.clock, request.ids, request.state.reused
+        state = request.state
+        params, clock, ids, reused = request.params, self.session.clock, request.ids, state.reused
         generator = make_generator(self.session.device, params.seed)
         sequence = torch.tensor([ids], device=self.session.device)                 # [1, n]
         self.fault("prefill", 0)
         needed = min(len(ids) + params.max_new_tokens, self.session.facts.max_context)
         if params.compiled:
             needed = cache_length(needed, self.session.facts.max_context)    # runs share a graph per length
-        state = request.state
         state.allocated = needed if params.static_cache and params.kv_cache and state.cache is None else 0
         compressed = params.kv_method != "full"
         if compressed:                                      # quantized or evicted: its own cache from the start
-            request.state.cache, request.state.evictor = self.compressed_cache(params.kv_method)
-        chunk, first, passes, packaged = request.state.prefill_chunk, reused, 0, False
-        if params.compiled and self.session.compiled_prefill is not None and request.state.cache is None:
-            request.state.prefill_read_ms = self.session.compiled_prefill.read_saved()    # saved by an earlier launch
+            state.cache, state.evictor = self.compressed_cache(params.kv_method)
+        chunk, first, passes, packaged = state.prefill_chunk, reused, 0, False
+        if params.compiled and self.session.compiled_prefill is not None and state.cache is None:
+            state.prefill_read_ms = self.session.compiled_prefill.read_saved()    # saved by an earlier launch
         self.threads_for_load()
         start = clock.mark()
         while first < len(ids):
@@ -166,13 +166,13 @@ class Passes:
                 return                                      # stopped between two passes of a long prompt
             last = min(first + chunk, len(ids)) if chunk else len(ids)
             began = clock.mark()
-            if request.state.cache is None and not compressed and self.session.prefill_packaged(
-                    last - first, params, request.options.offload_kv, request.state.layer_clock is not None):
+            if state.cache is None and not compressed and self.session.prefill_packaged(
+                    last - first, params, request.options.offload_kv, state.layer_clock is not None):
                 logits, state.cache = self.session.packaged_prefill(sequence[:, first:last], state.allocated)
-                packaged = request.state.prefill_packaged = True
+                packaged = state.prefill_packaged = True
             else:
-                logits, request.state.cache = self.session.prefill(sequence[:, first:last], params.kv_cache,
-                                                             request.state.cache, request.state.allocated,
+                logits, state.cache = self.session.prefill(sequence[:, first:last], params.kv_cache,
+                                                             state.cache, state.allocated,
                                                              request.options.offload_kv)
             took_ms = clock.elapsed_ms(began, clock.mark())
             if took_ms > 0:
@@ -180,10 +180,10 @@ class Passes:
             first, passes = last, passes + 1
             if chunk and request.options.prefill_chunk == STOPPABLE:     # the next pass from this one's time
                 chunk = self.stoppable_pass(len(ids) - first) or len(ids) - first
-        if request.state.evictor is not None:
-            request.state.evictor.after_pass(request.state.cache, len(ids))
+        if state.evictor is not None:
+            state.evictor.after_pass(state.cache, len(ids))
         forward_end = clock.mark()
-        cached = self.read_cache(request.state.cache)
+        cached = self.read_cache(state.cache)
         yield Prefilled(clock.elapsed_ms(start, forward_end), *cached, passes=passes,   # measured, whatever follows
                         compiled=packaged)
         self.fault("first", 0)
@@ -199,7 +199,7 @@ class Passes:
         index = 0
         while True:
             token = torch.tensor([choice.token_id], device=self.session.device)
-            if request.state.cache is None:
+            if state.cache is None:
                 sequence = torch.cat([sequence, token.view(1, 1)], dim=1)     # [1, position + 1]
             index += 1
             self.fault("decode", index)
@@ -208,10 +208,10 @@ class Passes:
                 yield said
             self.threads_for_load()
             start = clock.mark()
-            logits = self.session.decode_step(token, position, request.state.cache, sequence,
+            logits = self.session.decode_step(token, position, state.cache, sequence,
                                       graph if compiled_now else None)
-            if request.state.evictor is not None:
-                request.state.evictor.after_pass(request.state.cache, position + 1)
+            if state.evictor is not None:
+                state.evictor.after_pass(state.cache, position + 1)
             forward_end = clock.mark()
             refused = None
             try:
@@ -228,7 +228,7 @@ class Passes:
                 yield refused
             position += 1
             yield Step(index, position, choice, clock.elapsed_ms(start, forward_end), clock.elapsed_ms(start, end),
-                       *self.read_cache(request.state.cache), compiled=compiled_now)
+                       *self.read_cache(state.cache), compiled=compiled_now)
 
     def eager_instead(self, graph: Graph, index: int, token: torch.Tensor, position: int,
                       request: RunRequest) -> tuple[torch.Tensor, GraphSaid]:
