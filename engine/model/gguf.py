@@ -39,6 +39,7 @@ except ImportError:                 # Windows: abandoned folders are found by th
 from engine.facts.config_facts import safetensors_header
 from engine.facts.errors import ModelSourceError
 from engine.facts.events import LoadProgress
+from engine.model import gguf_header
 from engine.model.hub import hub_offline
 from engine.store import sealed
 from engine.store.paths import converted_models_dir, remove_tree
@@ -85,7 +86,7 @@ def ensure_converted(gguf_path: Path, progress: Progress | None = None,
 
 
 def _convert_into(gguf_path: Path, target: Path, report: Progress, stop: Callable[[], bool]) -> Path:
-    _check_gguf_header(gguf_path)
+    gguf_header.read(gguf_path)          # every count within bounds before transformers parses it
     sealed.private_folder(target.parent)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".converting-") as tmp, _owned(Path(tmp)):
@@ -220,13 +221,6 @@ def _cache_problem(folder: Path, exc: OSError) -> str:
         return (f"KVScope's cache cannot be written: permission denied for {where}. Make it writable, or point "
                 "KVSCOPE_CACHE_DIR at a folder you own")
     return f"KVScope's cache ({folder}) cannot be used: {exc.strerror or exc}"
-
-
-def _check_gguf_header(path: Path) -> None:
-    with path.open("rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ModelSourceError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
 
 
 class _Cancelled(Exception):

@@ -10,6 +10,7 @@ import errno
 import fcntl
 import json
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -217,7 +218,7 @@ def fake_gguf(tmp_path, tiny_model_dir, monkeypatch):
     tested on the embedded model)."""
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "model.gguf"
-    path.write_bytes(b"GGUF" + b"\0" * 64)
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))           # a valid header: version 3, nothing in it
     calls = []
 
     def convert(source, out, report, stop):

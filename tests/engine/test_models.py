@@ -39,7 +39,7 @@ def test_a_file_that_is_not_gguf(tmp_path):
 def test_truncated_gguf_gives_a_clear_error(tmp_path):
     f = tmp_path / "broken.gguf"
     f.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 10)
-    with pytest.raises(ModelSourceError, match="Could not convert broken.gguf"):
+    with pytest.raises(ModelSourceError, match="broken.gguf is not a usable GGUF file: it ends inside its header"):
         load(str(f), device="cpu")
 
 
