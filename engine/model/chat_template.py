@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 import threading
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 import jinja2
+import jinja2.compiler
 import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -33,6 +36,7 @@ from engine.facts.textstream import safe_line
 MAX_SECONDS = 5.0                 # a template that takes longer than this is not formatting a conversation
 MAX_ITERATIONS = 2_000_000        # loop iterations over ranges, in one rendering
 MAX_CHARS = 8 << 20               # characters of output (a 64 MiB prompt's worth of tokens is far fewer)
+MAX_SOURCE = 1 << 20               # characters of the template itself (real ones are kilobytes)
 MAX_BUILT = 1 << 22               # length of one string or list built by * or + inside the template
 
 
@@ -77,10 +81,66 @@ class _Range:
         return self.inner[index]
 
 
-class _BoundedEnvironment(ImmutableSandboxedEnvironment):
-    """The sandbox, with ``*`` and ``+`` on strings and lists checked before they build a huge value."""
+def _too_big(size: int) -> None:
+    if size > MAX_BUILT:
+        raise TemplateBound(f"it built a value of more than {MAX_BUILT:,} characters or items")
 
-    intercepted_binops = frozenset(["*", "+", "**"])
+
+def _size(value: object) -> int:
+    """A cheap upper estimate of the characters ``str(value)`` makes (a container's items at 16 each)."""
+    return len(value) if isinstance(value, str) else 16 * len(value) if hasattr(value, "__len__") else 32
+
+
+_NUMBERS = re.compile(r"[0-9]+")
+
+
+def _format_bound(fmt: str, values: Sequence[object]) -> None:
+    """``fmt % values`` or ``fmt.format(*values)``: a width or precision past the bound, or each placeholder
+    filled with the longest value, is refused before Python pads or repeats anything."""
+    if any(len(n) > 7 or int(n) > MAX_BUILT for n in _NUMBERS.findall(fmt)):
+        raise TemplateBound(f"it asked for a width of more than {MAX_BUILT:,} characters")
+    longest = max((_size(v) for v in values), default=0)
+    _too_big(len(fmt) + (fmt.count("%") + fmt.count("{")) * longest)
+
+
+def _width(args: tuple, kwargs: dict, name: str = "width") -> int:
+    value = args[0] if args else kwargs.get(name, 0)
+    return len(value) if isinstance(value, str) else value if isinstance(value, int) else 0
+
+
+def _bound_str_method(text: str, name: str, args: tuple, kwargs: dict) -> None:
+    """The string methods that make a result larger than their input, checked before they run."""
+    if name in ("ljust", "rjust", "center", "zfill"):
+        _too_big(_width(args, kwargs))
+    elif name == "expandtabs":
+        _too_big(len(text) * max(_width(args, kwargs, "tabsize"), 1))
+    elif name in ("format", "format_map"):
+        _format_bound(text, list(args) + list(kwargs.values()) + (list(args[0].values()) if name == "format_map"
+                                                                  and args and isinstance(args[0], dict) else []))
+    elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+        times = len(text) + 1 if not args[0] else text.count(args[0])
+        _too_big(len(text) + times * max(len(args[1]) - len(args[0]), 0))
+    elif name == "join" and args and hasattr(args[0], "__len__"):
+        _too_big(sum(_size(v) for v in args[0]) + len(text) * len(args[0]))
+
+
+class _BoundedCompiler(jinja2.compiler.CodeGenerator):
+    """``a ~ b`` through the environment's ``concat`` (Jinja joins it with a plain ``str.join``, unchecked)."""
+
+    def visit_Concat(self, node: jinja2.nodes.Concat, frame: jinja2.compiler.Frame) -> None:
+        self.write("environment.concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, with every way a template grows a value checked before the value is built: ``*``, ``+``,
+    ``%`` and ``~``; the padding, formatting, replacing and joining methods and filters."""
+
+    intercepted_binops = frozenset(["*", "+", "**", "%"])
+    code_generator_class = _BoundedCompiler
 
     def call_binop(self, context, operator, left, right):
         if operator == "*":
@@ -92,7 +152,61 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
                 raise TemplateBound(f"it built a value of more than {MAX_BUILT:,} characters or items")
         elif operator == "**" and isinstance(right, (int, float)) and abs(right) > 1024:
             raise TemplateBound("it raised a number to a power of more than 1,024")
+        elif operator == "%" and isinstance(left, str):
+            _format_bound(left, list(right) if isinstance(right, tuple) else [right])
         return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str):
+            _bound_str_method(owner, getattr(__obj, "__name__", ""), args, kwargs)
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def wrap_str_format(self, value: Any) -> Any:
+        """``str.format`` reaches a template wrapped at attribute access (Jinja's sandbox), not through ``call``."""
+        wrapped = super().wrap_str_format(value)
+        if wrapped is None:
+            return None
+        text, name = value.__self__, value.__name__
+
+        def bounded(*args: object, **kwargs: object) -> str:
+            _bound_str_method(text, name, args, kwargs)
+            return wrapped(*args, **kwargs)
+
+        return bounded
+
+    @staticmethod
+    def concat(parts: tuple) -> str:
+        texts = [str(p) for p in parts]
+        _too_big(sum(map(len, texts)))
+        return "".join(texts)
+
+
+def _bounded_filters(filters: dict) -> dict:
+    """Jinja's filters that pad, format, replace or join, each checked first as the string method is."""
+    def center(value: object, width: int = 80) -> str:
+        _too_big(_width((width,), {}))
+        return filters["center"](value, width)
+
+    def indent(value: object, width: int | str = 4, first: bool = False, blank: bool = False) -> str:
+        _too_big(len(str(value)) * (1 + _width((width,), {})))
+        return filters["indent"](value, width, first, blank)
+
+    def format_(value: str, *args: object, **kwargs: object) -> str:
+        _format_bound(str(value), list(args) + list(kwargs.values()))
+        return filters["format"](value, *args, **kwargs)
+
+    def replace(eval_ctx, value: str, old: str, new: str, count: int | None = None) -> str:
+        _bound_str_method(str(value), "replace", (str(old), str(new)), {})
+        return filters["replace"](eval_ctx, value, old, new, count)
+
+    def join(eval_ctx, value, d: str = "", attribute=None) -> str:
+        items = list(value) if hasattr(value, "__iter__") and not isinstance(value, str) else [value]
+        _bound_str_method(str(d), "join", (items,), {})
+        return filters["join"](eval_ctx, items, d, attribute)
+
+    replace.jinja_pass_arg = join.jinja_pass_arg = jinja2.utils._PassArg.eval_context
+    return {"center": center, "indent": indent, "format": format_, "replace": replace, "join": join}
 
 
 class _Generation(jinja2.ext.Extension):
@@ -112,6 +226,8 @@ def _raise_exception(message: str) -> None:
 
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
             sort_keys: bool = False) -> str:
+    if isinstance(indent, int) and indent > 64 or isinstance(indent, str) and len(indent) > 64:
+        raise TemplateBound("it asked tojson for an indent of more than 64")
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -139,7 +255,7 @@ class _Namespace(jinja2.utils.Namespace):
 def _compile(source: str) -> jinja2.Template:
     env = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True,
                               extensions=[_Generation, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
+    env.filters.update(_bounded_filters(dict(env.filters)), tojson=_tojson)
     env.globals.update(raise_exception=_raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt),
                        namespace=_Namespace, range=_Range, dict=dict)
     return env.from_string(source)
@@ -186,6 +302,8 @@ def render(tokenizer: Any, messages: list[dict], source_name: str = "") -> str:
     where = f"The chat template of {safe_line(source_name or getattr(tokenizer, 'name_or_path', '') or 'the model')}"
     if source is None:
         raise PromptError(f"{where} is missing")
+    if len(source) > MAX_SOURCE:
+        raise PromptError(f"{where} is {len(source):,} characters long; a chat template is at most {MAX_SOURCE:,}")
     special = {k: v for k, v in (getattr(tokenizer, "special_tokens_map", {}) or {}).items()
                if isinstance(v, str) or (isinstance(v, list) and all(isinstance(t, str) for t in v))}
     try:

@@ -60,6 +60,29 @@ def test_a_hostile_template_is_stopped_with_one_line_naming_it(template, words):
     assert words in refused(template)
 
 
+@pytest.mark.parametrize("template", [
+    "{{ 'x'|center(1000000000) }}", "{{ 'x'|indent(1000000000) }}", "{{ '%1000000000s'|format('a') }}",
+    "{{ '%1000000000s' % 'a' }}", "{{ 'x'.ljust(1000000000) }}", "{{ 'x'.zfill(1000000000) }}",
+    "{{ '{:>1000000000}'.format('a') }}", "{{ ('\t' * 4000000).expandtabs(1000000) }}",
+    "{{ ('x' * 4000000)|replace('x', 'yyyyyyyyyy') }}", "{{ ('x' * 4000000).replace('x', 'yy') }}",
+    "{% set a = 'x' * 4000000 %}{{ [a, a, a]|join }}", "{{ 'x' * 4000000 ~ 'y' * 4000000 }}",
+    "{{ messages|tojson(indent=1000000000) }}",
+])
+def test_a_template_that_pads_or_repeats_is_stopped_before_it_builds_the_string(template):
+    """Padding, formatting, replacing, joining and ``~`` built gigabytes before the output bound saw them
+    (``center(10**9)``: 3.8 GiB and 27 s); each is now checked against the bound before Python builds it."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        message = refused(template)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "was stopped" in message
+    assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB held before the template was stopped"
+
+
 def test_an_exception_a_template_raises_is_shown_with_its_control_characters_escaped():
     message = refused("{{ raise_exception('no\x1b[2J\x07 way\x1b]0;owned\x07') }}")
     assert "refused the conversation: no\\x1b[2J\\x07 way" in message
