@@ -63,7 +63,7 @@ ENGINES: dict[str, dict[str, tuple[str, ...]]] = {
 PREFIXES = {"llamacpp:": "llama.cpp", "vllm:": "vLLM", "tgi_": "TGI", "sglang:": "SGLang"}
 MAX_PAGE = 8 << 20                  # bytes: a metrics page larger than this is not one
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(\s+\S+)?$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 ENGINE_LABELS = ("engine", "dp_rank", "engine_id")   # how a data-parallel server tells its engines apart
 SHARES = ("kv_usage",)                               # fractions of a capacity: one engine's, never summed
 
@@ -111,10 +111,13 @@ def parse(text: str) -> Samples:
         except ValueError:
             bad += 1
             continue
+        labels = _labels(match.group(2) or "{}")
+        if labels is None:
+            bad += 1
+            continue
         lines += 1
         if not math.isfinite(value):
             continue
-        labels = dict(_LABEL.findall(match.group(2) or ""))
         key = next((labels[k] for k in ENGINE_LABELS if k in labels), "")
         seen[(match.group(1), match.group(2) or "")] = seen.get((match.group(1), match.group(2) or ""), 0) + 1
         per_engine = samples.setdefault(match.group(1), {})
@@ -124,6 +127,19 @@ def parse(text: str) -> Samples:
         first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")[:60]
         raise MetricsError(f"the metrics page is not Prometheus text (it starts {first!r})")
     return samples
+
+
+def _labels(block: str) -> dict[str, str] | None:
+    """``{name="value",...}`` read left to right, each pair where the last ended: linear in the line (a search
+    for pairs anywhere in it retried from every character, and a 70 KB line took 27 s), None if malformed."""
+    inner, at, labels = block[1:-1], 0, {}
+    while at < len(inner):
+        pair = _LABEL.match(inner, at)
+        if pair is None or pair.end() == at:
+            return None
+        labels[pair.group(1)] = pair.group(2)
+        at = pair.end()
+    return labels
 
 
 def detect(samples: Samples) -> str:

@@ -173,6 +173,20 @@ def test_a_metrics_page_that_is_not_prometheus_is_one_line():
         metrics.read(fixture("not_metrics.html").decode())
 
 
+def test_metric_labels_are_read_pair_after_pair_and_a_malformed_block_is_a_bad_line():
+    """Labels were found by a search retried from every character of the line: a 70 KB label block with an
+    unclosed quote took 27 s (found by the fuzz harness). They are read left to right now: an unclosed quote,
+    or anything between pairs that is not a comma, makes the line malformed, and such lines are counted so."""
+    page = ('vllm:num_requests_running{model_name="m, \\"quoted\\"",engine="1"} 3\n'
+            'vllm:num_requests_running{engine="0" , model_name="m"} 2\n')
+    assert metrics.parse(page)["vllm:num_requests_running"] == {"1": [3.0], "0": [2.0]}
+    unclosed = 'vllm:num_requests_waiting{model_name="' + "x" * 70_000 + '} 1\n'
+    garbage = 'vllm:num_requests_waiting{model_name="m" engine} 1\n'
+    assert "vllm:num_requests_waiting" not in metrics.parse(page + unclosed + garbage)
+    with pytest.raises(metrics.MetricsError, match="not Prometheus text"):
+        metrics.parse(unclosed + garbage + page.splitlines()[0])          # more malformed lines than good
+
+
 def test_a_load_test_times_every_request_and_polls_metrics(vllm):
     events, end = collect("server load", RemoteSession(probe(vllm.url)), requests=3, every_s=0.05, new_tokens=8,
                           poll_s=0.1, limit_s=30)
