@@ -104,7 +104,7 @@ def _finite(value: object) -> bool:
 
 def of(points: Iterable[ExperimentPoint], kind: type[P]) -> list[P]:
     """The stored points that are ``kind``, typed, in order."""
-    return [kind.read(p) for p in points if kind.matches(p.series)]
+    return [kind.read(p) for p in points if isinstance(p, ExperimentPoint) and kind.matches(p.series)]
 
 
 def columns(kind: type[LessonPoint]) -> list[tuple[str, Column]]:

@@ -65,3 +65,15 @@ def test_experiments_give_a_track_per_run_and_per_request(tiny, tmp_path):
     assert sum("request" in t for t in threads) == 6                   # 3 requests x 2 policies
     assert sum(t.endswith(": forward") for t in threads) == 2          # the cache experiment's two runs
     assert any(e["ph"] == "C" and e["name"].startswith("batch size") for e in out)
+
+
+def test_every_shipped_course_trace_exports_to_perfetto(tmp_path) -> None:
+    """The serving scene's trace holds KV-block events beside its points; the load lesson's timeline read them as
+    points and the export died (found by the fuzz harness's export target, on its seeds)."""
+    from pathlib import Path
+
+    course = Path(__file__).resolve().parents[2] / "resources" / "course"
+    for trace in sorted(course.glob("*.kvscope.jsonl.gz")):
+        out = tmp_path / f"{trace.name}.json"
+        assert cli.main(["perfetto", str(trace), "--out", str(out)]) == 0, trace.name
+        check_trace_event_format(json.loads(out.read_text()))
