@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:          # a full disk, a folder that went away: one line, the scenes written so far kept
+        print(f"error: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted: the scenes recorded so far are kept", file=sys.stderr)
         return 130

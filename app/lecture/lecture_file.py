@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.lecture.scene_list import NAMES
+from engine.facts.bounded import read_bounded
 from engine.facts.errors import EngineError
+from engine.store.files import writable_target, write_text
 
 MAX_BYTES = 1 << 20
 MAX_SCENES = 64
@@ -57,18 +59,20 @@ def is_lecture_file(path: str | os.PathLike) -> bool:
 def read_lecture(path: str | os.PathLike) -> list[LectureScene]:
     where = Path(path)
     try:
-        size = where.stat().st_size
-        if size > MAX_BYTES:
-            raise LectureFileError(f"{where}: {size:,} bytes is more than a lecture file holds ({MAX_BYTES:,})")
-        data = json.loads(where.read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(where, MAX_BYTES).decode("utf-8"))
     except OSError as exc:
         raise LectureFileError(f"Cannot read the lecture file {where}: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise LectureFileError(f"{where} is not a lecture file (not JSON: {exc})") from None
+    except ValueError:              # Python's own bound on the digits of a whole number (4,300 by default)
+        raise LectureFileError(f"{where} is not a lecture file: it holds a number with thousands of digits") from None
+    except RecursionError:
+        raise LectureFileError(f"{where} is not a lecture file: it is nested too deeply to be one") from None
     if not isinstance(data, dict) or data.get("kvscope") != "lecture":
         raise LectureFileError(f'{where} is not a lecture file (no "kvscope": "lecture")')
     if data.get("version") != 1:
-        raise LectureFileError(f"{where}: lecture file version {data.get('version')!r}; this KVScope reads 1")
+        raise LectureFileError(f"{where}: lecture file version {repr(data.get('version'))[:20]}; this KVScope "
+                               "reads 1")
     scenes = data.get("scenes")
     if not isinstance(scenes, list) or not 1 <= len(scenes) <= MAX_SCENES:
         raise LectureFileError(f'{where}: "scenes" must be a list of 1 to {MAX_SCENES} scenes')
@@ -91,11 +95,9 @@ def read_lecture(path: str | os.PathLike) -> list[LectureScene]:
 
 
 def write_lecture(path: str | os.PathLike, scenes: Sequence[LectureScene]) -> Path:
-    """Written beside its traces (their paths relative to it), atomically."""
-    where = Path(path)
+    """Written beside its traces (their paths relative to it), atomically; never over one of its traces."""
+    traces = [t for s in scenes for t in s.traces]
+    where = writable_target(path, "the lecture file", f"course{SUFFIX}", inputs=traces)
     entries = [{"scene": s.scene, "traces": [os.path.relpath(t, where.parent) for t in s.traces]} for s in scenes]
     text = json.dumps({"kvscope": "lecture", "version": 1, "scenes": entries}, indent=1) + "\n"
-    partial = where.with_name(f".{where.name}.partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, where)
-    return where
+    return write_text(where, text, "the lecture file")

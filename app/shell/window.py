@@ -69,7 +69,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.store, self.state, self.conversation, self.client = store, state, conversation, client
         self.run_settings = run_settings
-        self.settings = open_settings()
+        self.settings, self.settings_problem = open_settings()
         self.worker_stopped = True
         self.setWindowTitle("KVScope")
         self.setObjectName("KVScopeMain")
@@ -172,7 +172,9 @@ class MainWindow(QMainWindow):
                     ("Drawing the experiment charts", self.experiments), ("Drawing the chat view", self.chat)],
             guard=self.guarded, parent=self, behind=lambda: self.tokens.behind, take_in=self.client.drain_backlog)
         notes = window_settings.restore(self.settings, self, self.state, self.run_settings, self.controls, self.store)
-        if notes:
+        if self.settings_problem:
+            self.surface.show_warning(self.settings_problem + ".")
+        elif notes:
             self.surface.show_warning("Some remembered settings were out of range and were reset to their defaults: "
                                       + ", ".join(notes) + ".")
         fit_to_screen(self)

