@@ -90,12 +90,14 @@ def is_server(spec: str) -> bool:
     return spec.strip().lower().startswith(("http://", "https://"))
 
 
-def _headers(where: Address, extra: dict | None = None) -> dict:
+def _headers(where: Address, extra: dict | None = None, api_key: bool = True) -> dict:
+    """The request's headers: the address's own user and password, else the serving API key (``api_key``: never
+    to a peer that is not the model server, such as a trace collector)."""
     headers = {"Accept": "application/json", "User-Agent": "KVScope"}
     if where.user or where.password:
         token = base64.b64encode(f"{where.user}:{where.password}".encode()).decode("ascii")
         headers["Authorization"] = f"Basic {token}"
-    else:
+    elif api_key:
         key = os.environ.get(API_KEY_ENV, "").strip()
         if key:
             if any(ord(c) < 32 or ord(c) == 127 for c in key):
@@ -126,12 +128,14 @@ class Exchange:
         self.connection.close()
 
 
-def request(where: Address, method: str, path: str, body: dict | None = None, timeout: float = 10.0) -> Exchange:
-    """Send one request; raise ``RemoteError`` (one line) for anything but a 2xx answer."""
+def request(where: Address, method: str, path: str, body: dict | None = None, timeout: float = 10.0,
+            data: bytes | None = None, content_type: str = "application/json", api_key: bool = True) -> Exchange:
+    """Send one request (a JSON ``body``, or ``data`` as it is); raise ``RemoteError`` (one line) for anything but
+    a 2xx answer."""
     url = where.url
     connection, base = _connect(url, timeout)
-    payload = json.dumps(body).encode() if body is not None else None
-    headers = _headers(where, {"Content-Type": "application/json"} if payload is not None else None)
+    payload = json.dumps(body).encode() if body is not None else data
+    headers = _headers(where, {"Content-Type": content_type} if payload is not None else None, api_key)
     heads = _HeadsDeadline(timeout)
     try:
         connection.request(method, base + path, body=payload, headers=headers)
@@ -232,8 +236,14 @@ _DECODER = json.JSONDecoder(parse_int=_bounded_int)
 def get_text(where: Address | str, path: str, timeout: float = 5.0, limit: int = metrics.MAX_PAGE + 1) -> str:
     """A GET's body as text, at most ``limit`` bytes (a page larger than that is not what was asked for)."""
     where = where if isinstance(where, Address) else address(where)
-    exchange = request(where, "GET", path, timeout=timeout)
-    deadline = time.monotonic() + timeout              # for the whole answer: a server may drip it a byte at a time
+    return _body(request(where, "GET", path, timeout=timeout), where, path, timeout, limit).decode("utf-8",
+                                                                                                 "replace")
+
+
+def _body(exchange: Exchange, where: Address, path: str, timeout: float, limit: int) -> bytes:
+    """An answer's body, at most ``limit`` bytes, within ``timeout`` for the whole of it: a server may drip it a
+    byte at a time, and each read's own timeout would then never fire."""
+    deadline = time.monotonic() + timeout
     pieces: list[bytes] = []
     size = 0
     try:
@@ -249,7 +259,7 @@ def get_text(where: Address | str, path: str, timeout: float = 5.0, limit: int =
         raise RemoteError(f"The server at {where.url} broke off its answer to {path}: {reason_of(exc)}") from None
     finally:
         exchange.close()
-    return b"".join(pieces).decode("utf-8", "replace")
+    return b"".join(pieces)
 
 
 def get_json(where: Address, path: str, timeout: float = 5.0) -> Any:
@@ -259,15 +269,16 @@ def get_json(where: Address, path: str, timeout: float = 5.0) -> Any:
         raise RemoteError(f"The server at {where.url} answered {path} with something that is not JSON") from None
 
 
+def post_bytes(where: Address, path: str, data: bytes, content_type: str, timeout: float = 5.0,
+               limit: int = 1 << 16, api_key: bool = True) -> bytes:
+    """A POST of ``data``; its answer's body, bounded in size and time like every other answer."""
+    exchange = request(where, "POST", path, timeout=timeout, data=data, content_type=content_type, api_key=api_key)
+    return _body(exchange, where, path, timeout, limit)
+
+
 def post_json(where: Address, path: str, body: dict, timeout: float = 5.0) -> Any:
     """A POST's JSON answer, bounded in size and time like every other answer."""
-    exchange = request(where, "POST", path, body, timeout=timeout)
-    try:
-        data = exchange.response.read(MAX_LINE)
-    except (OSError, http.client.HTTPException) as exc:
-        raise RemoteError(f"The server at {where.url} broke off its answer to {path}: {reason_of(exc)}") from None
-    finally:
-        exchange.close()
+    data = _body(request(where, "POST", path, body, timeout=timeout), where, path, timeout, MAX_LINE)
     try:
         return loads(data.decode("utf-8", "replace"))
     except ValueError:

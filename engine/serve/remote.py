@@ -302,7 +302,7 @@ class _Stream:
         kind = (response.getheader("Content-Type") or "").split(";")[0].strip().lower()
         if kind and kind != "text/event-stream":
             head = response.read(200).decode("utf-8", "replace")
-            raise RemoteError(f"the server answered with {kind}, not a token stream (text/event-stream): "
+            raise RemoteError(f"the server answered with {short(kind, 60)}, not a token stream (text/event-stream): "
                               f"{short(head, 80)!r}")
 
     def _read(self, response: http.client.HTTPResponse) -> str:

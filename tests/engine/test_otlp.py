@@ -74,3 +74,20 @@ def test_the_cli_writes_a_file_and_sends_to_a_collector(tmp_path, capsys):
         main(["otlp", str(LOAD)])
     assert refused.value.code == 2 and "give --out FILE, --endpoint URL or both" in capsys.readouterr().err
 
+
+
+def test_spans_go_to_a_collector_without_the_serving_api_key_and_a_refusal_is_one_line(tmp_path, monkeypatch):
+    """Spans are sent by KVScope's own bounded client: the serving API key (``KVSCOPE_API_KEY``) belongs to the
+    model server, never to a collector, and a collector's refusal is one line naming it."""
+    from engine.output.otlp import OTLPError, send_spans
+
+    monkeypatch.setenv("KVSCOPE_API_KEY", "sk-server-only")
+    with ReplayServer({"POST /v1/traces": Route(body=b"", content_type="application/x-protobuf")}) as collector:
+        assert send_spans(f"{collector.url}/v1/traces", [], timeout_s=5.0) == 0
+        (_, _, _, headers), = collector.requests
+    assert "Authorization" not in headers and headers["Content-Type"] == "application/x-protobuf"
+    with ReplayServer({"POST /v1/traces": Route(status=503, body=b"busy")}) as collector:
+        with pytest.raises(OTLPError) as refused:
+            send_spans(f"{collector.url}/v1/traces", [], timeout_s=5.0)
+    assert f"the collector at {collector.url}/v1/traces did not take the spans" in str(refused.value)
+    assert "\n" not in str(refused.value)
