@@ -55,20 +55,19 @@ def spans(events: Iterable[object]) -> Sequence[Any]:
     provider = sdk_trace.TracerProvider(resource=Resource.create({"service.name": "kvscope"}))
     provider.add_span_processor(SimpleSpanProcessor(Keep()))
     tracer = provider.get_tracer("kvscope")
-    events = list(events)
-    clock, placed = OneClock(), []
-    for event in events:                 # every event on the trace's one clock (a load test's requests overlap)
-        placed.append(clock.place(event))
-    anchor = next((_epoch_ns(e.started_at) - int(t * 1e6) for e, t in zip(events, placed)
-                   if isinstance(e, RunStarted) and t is not None), 0)      # the clock's zero, in epoch ns
+    clock = OneClock()                   # every event on the trace's one clock (a load test's requests overlap)
+    anchor: int | None = None            # the clock's zero, in epoch ns: placed by the first run's start
     started: dict[str, tuple[RunStarted, float]] = {}
-    for event, at in zip(events, placed):
+    for event in events:                 # one pass: a trace streamed from its file is never held whole
+        at = clock.place(event)
         if isinstance(event, RunStarted) and at is not None:
+            if anchor is None:
+                anchor = _epoch_ns(event.started_at) - int(at * 1e6)
             started[event.run_id] = (event, at)
         elif isinstance(event, (RunFinished, RunFailed)) and event.run_id in started and at is not None:
             run, at_start = started.pop(event.run_id)
-            begin = anchor + int(at_start * 1e6)
-            end = anchor + int(max(at, at_start) * 1e6)
+            begin = (anchor or 0) + int(at_start * 1e6)
+            end = (anchor or 0) + int(max(at, at_start) * 1e6)
             remote = not isinstance(run.model, ModelFacts)
             root = tracer.start_span(f"chat {run.model.name}", kind=SpanKind.CLIENT if remote else SpanKind.INTERNAL,
                                      start_time=begin, attributes=_attributes(run, event, remote))

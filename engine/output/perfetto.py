@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from engine import lessons
@@ -33,13 +33,19 @@ from engine.facts.events import (
 )
 from engine.facts.vocabulary import LessonEvent
 from engine.run.experiment import Span
-from engine.store.files import write_text
+from engine.store.files import write_atomically
 
 TRACKS = {"forward": 1, "sampling": 2, "waits": 3}
 LAYERS = 4                 # the track of a split model's per-layer times, named when the first arrives
 
 
 def trace_events(events: Iterable[object]) -> list[dict]:
+    return list(stream_trace_events(events))
+
+
+def stream_trace_events(events: Iterable[object]) -> Iterator[dict]:
+    """The trace events of ``events`` as each is read: only what an experiment's lesson draws at its end (its
+    points and own events) and each run's track numbers are kept."""
     out: list[dict] = []
     pids: dict[str, int] = {}
     run_track: dict[str, tuple[int, int]] = {}         # run id -> (pid, first tid) of its tracks
@@ -58,6 +64,8 @@ def trace_events(events: Iterable[object]) -> list[dict]:
         out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
 
     for event in events:
+        yield from out
+        out.clear()
         if isinstance(event, ExperimentStarted):
             pid = experiments[event.exp_id] = process(f"exp:{event.exp_id}", f"experiment: {event.kind}")
             kinds[event.exp_id] = event.kind
@@ -113,6 +121,8 @@ def trace_events(events: Iterable[object]) -> list[dict]:
                 out.append(_slice(pid, base + LAYERS, f"layer {layer} ({device})", device, start, ms,
                                   {"step": event.step}))
                 start += ms
+    yield from out
+    out.clear()
     for exp_id, found in items.items():                 # what each lesson draws of its own (lanes, counters)
         lesson = lessons.BY_KIND.get(kinds[exp_id])
         pid = experiments[exp_id]
@@ -125,7 +135,7 @@ def trace_events(events: Iterable[object]) -> list[dict]:
                                   item.start_ms, item.duration_ms, dict(item.args)))
             else:
                 out.append({"ph": "C", "name": item.name, "pid": pid, "ts": _us(item.t_ms), "args": item.values})
-    return out
+    yield from out
 
 
 def _slice(pid: int, tid: int, name: str, cat: str, start_ms: float, dur_ms: float, args: dict) -> dict:
@@ -139,7 +149,12 @@ def _us(ms: float) -> float:
 
 def write_perfetto(path: str | os.PathLike, events: Iterable[object]) -> Path:
     """The JSON object form (``{"traceEvents": [...]}``), which Perfetto and chrome://tracing both open, written
-    atomically (a full disk leaves no truncated file)."""
-    text = json.dumps({"traceEvents": trace_events(events), "displayTimeUnit": "ms",
-                       "otherData": {"producer": "KVScope"}})
-    return write_text(path, text, what="the Perfetto trace")
+    as the events come (a trace streamed from its file is never held whole) and atomically (a full disk, or a
+    trace found broken part-way, leaves no file)."""
+    def write(f) -> None:
+        f.write('{"traceEvents": [')
+        for i, item in enumerate(stream_trace_events(events)):
+            f.write((", " if i else "") + json.dumps(item))
+        f.write('], "displayTimeUnit": "ms", "otherData": {"producer": "KVScope"}}')
+
+    return write_atomically(path, write, what="the Perfetto trace")

@@ -41,7 +41,8 @@ from engine.store.files import WriteRefused, writable_target, write_atomically
 
 FORMAT = "kvscope-trace"
 VERSION = 3            # 3: lessons' settings and results typed; per-layer storage; layer times
-MAX_FILE_BYTES = 4 << 30
+MAX_FILE_BYTES = 4 << 30             # unpacked, read a line at a time (an export)
+MAX_HELD_BYTES = 512 << 20           # unpacked, held whole (the window, a replay): ~3x that in Python objects
 GZIP_MAGIC = b"\x1f\x8b"
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 MAX_LINE_BYTES = 64 << 20            # one event; a KV-norms batch of a 128k-token prefill is about 61 MiB
@@ -193,49 +194,76 @@ def recorded(trace: Trace) -> str:
 
 
 def read_trace(path: str | os.PathLike) -> Trace:
-    """All events of a trace, checked. Anything that is not a complete, valid trace of a known version is a
+    """All events of a trace, checked, held in memory (the window, a replay, a render): a trace that unpacks to
+    more than ``MAX_HELD_BYTES`` is refused. Anything that is not a complete, valid trace of a known version is a
     ``TraceError`` naming the file, the line and the field; a run that never finished is kept and named in
     ``Trace.incomplete``."""
+    events = Trace()
+    with _no_cyclic_gc():
+        events.extend(_stream(path, events, MAX_FILE_BYTES, held=MAX_HELD_BYTES))
+    return events
+
+
+def iter_trace(path: str | os.PathLike) -> Iterator[object]:
+    """The events of a trace, checked as ``read_trace`` checks them, one at a time: an export holds none of them
+    for longer than it takes to write it, so a trace of any length up to ``MAX_FILE_BYTES`` unpacked is exported
+    in bounded memory (a 6 MB compressed trace of 320,000 steps took 3.1 GB held whole). The checks that need the
+    whole file (truncated, no run in it) are made at its end, as a ``TraceError`` after the last event."""
+    return _stream(path, Trace(), MAX_FILE_BYTES)
+
+
+def read_traces(paths: Iterable[str | os.PathLike]) -> list[Trace]:
+    """Several traces, each read and checked before any is used (a lecture prepared as several files)."""
+    return [read_trace(path) for path in paths]
+
+
+def _stream(path: str | os.PathLike, into: Trace, most: int, held: int | None = None) -> Iterator[object]:
+    """``held``: the bound of a trace held whole, where it is lower than ``most``, the bound of any trace."""
     p = Path(path)
+    if held is not None and held < most:
+        most, why = held, "held"
+    else:
+        why = "read"
     try:
         size = p.stat().st_size
         if not p.is_file():
             raise TraceError(f"{p} is not a file: pick a KVScope trace (.jsonl)")
-        if size > MAX_FILE_BYTES:
-            raise TraceError(f"{p.name} is {size / 2**30:,.1f} GiB; KVScope reads traces up to "
-                             f"{MAX_FILE_BYTES / 2**30:,.0f} GiB")
-        with p.open("rb") as raw, _no_cyclic_gc():
+        if size > most:
+            raise TraceError(_too_large(p.name, most, why))
+        with p.open("rb") as raw:
             if raw.read(2) == GZIP_MAGIC:                  # a compressed trace (the course ships them so)
                 raw.seek(0)
                 with gzip.GzipFile(fileobj=raw) as unpacked:
-                    return _read(_Bounded(unpacked, p.name), p.name)
+                    yield from _read(_Bounded(unpacked, p.name, most, why), p.name, into)
+                return
             raw.seek(0)
-            return _read(raw, p.name)
+            yield from _read(_Bounded(raw, p.name, most, why), p.name, into)
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise TraceError(f"{p.name} is a damaged compressed trace ({exc})") from None
     except OSError as exc:
         raise TraceError(f"Cannot open trace {p}: {exc.strerror or exc}") from None
 
 
+def _too_large(name: str, most: int, why: str) -> str:
+    if why == "held":
+        return (f"{name} holds more than {most >> 20:,} MiB of events, more than the window holds at once; "
+                "python -m engine perfetto and otlp export it (they read it a line at a time)")
+    return f"{name} unpacks to more than {most / 2**30:,.0f} GiB; KVScope reads traces up to that"
+
+
 class _Bounded:
-    """A compressed trace read line by line, refused once it has unpacked to more than a trace may hold (a small
+    """A trace read line by line, refused once it has unpacked to more than ``most`` bytes (a small compressed
     file that unpacks to terabytes is refused at the bound, not after filling memory)."""
 
-    def __init__(self, f, name: str) -> None:
-        self.f, self.name, self.read = f, name, 0
+    def __init__(self, f, name: str, most: int, why: str) -> None:
+        self.f, self.name, self.most, self.why, self.read = f, name, most, why, 0
 
     def readline(self, limit: int = -1) -> bytes:
         line = self.f.readline(limit)
         self.read += len(line)
-        if self.read > MAX_FILE_BYTES:
-            raise TraceError(f"{self.name} unpacks to more than {MAX_FILE_BYTES / 2**30:,.0f} GiB; KVScope reads "
-                             "traces up to that")
+        if self.read > self.most:
+            raise TraceError(_too_large(self.name, self.most, self.why))
         return line
-
-
-def read_traces(paths: Iterable[str | os.PathLike]) -> list[Trace]:
-    """Several traces, each read and checked before any is used (a lecture prepared as several files)."""
-    return [read_trace(path) for path in paths]
 
 
 @contextlib.contextmanager
@@ -251,11 +279,11 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _read(f, name: str) -> Trace:
+def _read(f, name: str, into: Trace) -> Iterator[object]:
     check = checker()
-    events = Trace()
-    number = 0
+    number = count = 0
     last = b""
+    started = False
     while True:
         raw = f.readline(MAX_LINE_BYTES + 1)
         if not raw:
@@ -272,22 +300,24 @@ def _read(f, name: str) -> Trace:
         if number == 1 or _is_header(data):
             _check_header(data, name, number)
             created = str(data.get("created", ""))[:10]
-            events.created = created if _DATE.fullmatch(created) else events.created
+            into.created = created if _DATE.fullmatch(created) else into.created
             continue
-        if len(events) >= MAX_EVENTS:
+        if count >= MAX_EVENTS:
             raise TraceError(f"{name} holds more than {MAX_EVENTS:,} events; KVScope reads at most that many")
         try:
-            events.append(check.event(data))
+            event = check.event(data)
         except SchemaError as exc:
             raise TraceError(f"{name} line {number} is not a valid event: {exc}") from None
+        count += 1
+        started = started or isinstance(event, (RunStarted, ExperimentStarted))
+        yield event
     if number == 0:
         raise TraceError(f"{name} is empty: there is no run in it")
     if not last.endswith(b"\n"):
         raise TraceError(f"{name} is truncated: its last line (line {number}) is incomplete")
-    if not any(isinstance(e, (RunStarted, ExperimentStarted)) for e in events):
+    if not started:
         raise TraceError(f"{name} holds no run and no experiment")
-    events.incomplete = check.unfinished_runs()
-    return events
+    into.incomplete = check.unfinished_runs()
 
 
 def _is_header(data: object) -> bool:

@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from engine.facts.fields import MAX_CONTEXT
 from engine.facts.report import quantity
 from engine.facts.textstream import safe, safe_line
 from engine.output.perfetto import write_perfetto
-from engine.output.trace import check_writable, read_traces
+from engine.output.trace import check_writable, iter_trace
 from engine.run.experiment import Lesson, run_lesson
 from engine.terminal.command_line import (
     EXIT_BAD_INPUT,
@@ -311,7 +312,7 @@ def otlp_main(argv: list[str]) -> int:
 
     if args.out:
         check_writable(args.out, args.traces)
-    kept = spans(e for trace in read_traces(args.traces) for e in trace)      # made once, for the file and the send
+    kept = spans(e for path in args.traces for e in iter_trace(path))   # made once, for the file and the send
     if args.out:
         target, count = write_spans(args.out, kept)
         print(f"wrote {safe_line(target)} ({count:,} spans, {target.stat().st_size:,} bytes)")
@@ -323,7 +324,15 @@ def otlp_main(argv: list[str]) -> int:
 def perfetto_main(argv: list[str]) -> int:
     args = perfetto_parser().parse_args(argv)
     check_writable(args.out, args.traces)
-    events = [e for trace in read_traces(args.traces) for e in trace]
-    target = write_perfetto(args.out, events)
-    print(f"wrote {safe_line(target)} ({len(events):,} events from {len(args.traces)} trace(s))")
+    read = 0
+
+    def events() -> Iterator[object]:                       # streamed: a long trace is never held whole
+        nonlocal read
+        for path in args.traces:
+            for event in iter_trace(path):
+                read += 1
+                yield event
+
+    target = write_perfetto(args.out, events())
+    print(f"wrote {safe_line(target)} ({read:,} events from {len(args.traces)} trace(s))")
     return 0

@@ -77,3 +77,57 @@ def test_every_shipped_course_trace_exports_to_perfetto(tmp_path) -> None:
         out = tmp_path / f"{trace.name}.json"
         assert cli.main(["perfetto", str(trace), "--out", str(out)]) == 0, trace.name
         check_trace_event_format(json.loads(out.read_text()))
+
+
+def long_trace(path, runs: int, steps: int) -> int:
+    """A trace of ``runs`` runs of ``steps`` decode steps each, made from the shipped run's own events; its size
+    unpacked, in bytes."""
+    import gzip
+    from pathlib import Path
+
+    course = Path(__file__).resolve().parents[2] / "resources" / "course" / "run.kvscope.jsonl.gz"
+    head, *lines = gzip.decompress(course.read_bytes()).decode().splitlines()
+    events = [json.loads(line) for line in lines]
+    first = {e["type"]: e for e in reversed(events)}
+    out = [head] + [json.dumps(e) for e in events if e["type"] == "HardwarePeaks"]
+    for r in range(runs):
+        rid = f"{r:012x}"
+        out += [json.dumps({**first["RunStarted"], "run_id": rid}), json.dumps({**first["PrefillDone"], "run_id": rid})]
+        t, gap = first["PrefillDone"]["t_ms"], first["TokenStep"]["latency_ms"] + 1.0    # steps one after another
+        for i in range(steps):
+            t += gap
+            out.append(json.dumps({**first["TokenStep"], "run_id": rid, "step": i, "t_ms": t,
+                                   "position": first["PrefillDone"]["n_tokens"] + i}))
+        summary = {**first["RunFinished"]["summary"], "generated_tokens": steps}
+        out.append(json.dumps({**first["RunFinished"], "run_id": rid, "t_ms": t + 1, "summary": summary}))
+    data = ("\n".join(out) + "\n").encode()
+    path.write_bytes(gzip.compress(data, 1))
+    return len(data)
+
+
+def test_an_export_streams_the_trace_and_a_window_refuses_one_larger_than_it_holds(tmp_path, monkeypatch):
+    """A 6 MB compressed trace of 320,000 steps took 3.1 GB to export held whole; it is now read a line at a time,
+    so the export's memory does not grow with the trace. The window, which holds a trace whole, refuses one past
+    its bound in one line that names the export that streams it."""
+    import tracemalloc
+
+    from engine.output import trace as trace_module
+
+    path = tmp_path / "long.kvscope.jsonl.gz"
+    size = long_trace(path, runs=2, steps=6000)
+    out = tmp_path / "long.json"
+    tracemalloc.start()
+    try:
+        assert cli.main(["perfetto", str(path), "--out", str(out)]) == 0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert size > 20 << 20 and peak < size / 4, f"{peak / 2**20:.1f} MiB traced exporting {size / 2**20:.1f} MiB"
+    events = check_trace_event_format(json.loads(out.read_text()))
+    assert sum(1 for e in events if e.get("cat") == "sampling") == 2 * 6000       # every step, written
+    monkeypatch.setattr(trace_module, "MAX_HELD_BYTES", 1 << 20)
+    import pytest
+
+    with pytest.raises(trace_module.TraceError, match="holds more than 1 MiB of events, more than the window holds "
+                                                      "at once; python -m engine perfetto and otlp export it"):
+        trace_module.read_trace(path)
