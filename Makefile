@@ -30,7 +30,7 @@ VLLM_STAMP := $(VLLM_ENV)/.kvscope-installed
 LLAMA_CPU_FLAGS := $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
   -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON,)
 
-.PHONY: setup run cli test test-fast test-slow audit test-integration llama-server vllm bench bench-long course record-lecture live-prefill package install-desktop \
+.PHONY: setup run cli test test-fast test-slow audit fuzz test-integration llama-server vllm bench bench-long course record-lecture live-prefill package install-desktop \
 	uninstall-desktop clean
 
 $(BIN)/python:
@@ -112,6 +112,12 @@ test-fast: setup
 # The screen audit (part of make test), with its table printed: every view x every phase, at both sizes.
 audit: setup
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m tests.app.screen_audit
+
+# Every fuzz target (tests/fuzz/) for FUZZ_BUDGET seconds each, the fault tables whole: one line per target (inputs,
+# refusals, failures, peak memory). A failing input is kept in tests/fuzz/found/; make test replays it from then on.
+FUZZ_BUDGET ?= 60
+fuzz: setup
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m tests.fuzz --budget $(FUZZ_BUDGET)
 
 # Tables on the terminal; JSON, panel PNGs and traces in $(BENCH_DIR). The full-context run is bench-long.
 # llama-cpp-python (llama.cpp side by side) is a bench-only extra, built from source the first time (minutes per
