@@ -41,11 +41,14 @@ def read(folder: str | Path) -> dict:
     """``config.json`` as a dict (the text part of a multimodal config), or a one-line refusal."""
     path = Path(folder) / "config.json"
     try:
-        data = json.loads(read_bounded(path, MAX_CONFIG_BYTES).decode("utf-8"))
+        data = json.loads(read_bounded(path, MAX_CONFIG_BYTES).decode("utf-8"), parse_constant=_not_a_number)
     except PermissionError:
         raise ModelSourceError(f"{path} cannot be read: permission denied") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ModelSourceError(f"{path} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    except _NotANumber as exc:
+        raise ModelSourceError(f"{path} holds {exc} where a number belongs (a model run with it computes scores that "
+                               "are not numbers): put the model's own value back") from None
     except ValueError as exc:
         raise ModelSourceError(f"{path} is not valid JSON ({exc})") from None
     except RecursionError:
@@ -57,6 +60,15 @@ def read(folder: str | Path) -> dict:
     layers = data.get("num_hidden_layers")
     sane = isinstance(layers, int) and not isinstance(layers, bool) and 0 < layers <= MAX_LAYERS
     return {**data, **_completed(Path(folder))} if sane else data       # (a config's class builds lists per layer)
+
+
+class _NotANumber(Exception):
+    pass
+
+
+def _not_a_number(token: str) -> float:
+    """``NaN`` and ``Infinity`` are not JSON; Python's reader takes them, transformers would run with them."""
+    raise _NotANumber(token)
 
 
 def _completed(folder: Path) -> dict:

@@ -85,3 +85,15 @@ def test_costmodel_memory_budget_counts_every_expert(tmp_path, capsys):
     assert "about 30.53B parameters" in out            # every expert: counting one would say 3.34B and "fits"
     budget_lines = [line for line in out.splitlines() if line.startswith("memory budget")]
     assert budget_lines and all(line.endswith("does not fit") for line in budget_lines)
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+def test_a_config_with_a_number_that_is_not_one_is_refused_naming_the_file(tmp_path, token):
+    """Python's JSON reader takes NaN; a model loaded with a NaN rope_theta ran and its scores were not numbers,
+    which the run then blamed on the weights or the dtype."""
+    from engine.facts import config_facts
+    from engine.facts.errors import ModelSourceError
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "rope_theta": %s}' % token)
+    with pytest.raises(ModelSourceError, match=f"config.json holds {token} where a number belongs"):
+        config_facts.read(tmp_path)
