@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import IO
 
 import numpy as np
-from PySide6.QtCore import QRect, Qt
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QRect, Qt
 from PySide6.QtGui import QColor, QFont, QImage, QPainter
 from PySide6.QtWidgets import QApplication
 
 from app.lecture.lecture_file import LectureScene
 from app.views import theme as th
 from engine.facts.errors import EngineError
+from engine.store.files import write_bytes
 
 MIN_SIZE, MAX_SIZE = (320, 240), (3840, 2160)
 FORMATS = {".mp4": "mp4", ".gif": "gif"}
@@ -329,7 +330,12 @@ class Renderer:
         self.stills_dir.mkdir(parents=True, exist_ok=True)
         self._stills += 1
         still = self.stills_dir / f"{self._stills:02d}-{scene}.png"            # the lecture's order, overwritten
-        self._grab().save(str(still))
+        data = QByteArray()
+        buffer = QBuffer(data)
+        buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+        if not self._grab().save(buffer, "PNG"):
+            raise OSError(f"the still of scene {scene} could not be made into a PNG")
+        write_bytes(still, bytes(data), "the still")        # a full disk raises: never reported as written
         return [still]
 
     def _frame(self, scene: str, encoder: _Encoder) -> None:

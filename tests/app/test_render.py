@@ -172,6 +172,29 @@ def test_a_cancelled_render_leaves_no_file(qtbot, tmp_path, run_events):
     assert counted == [1, 2, 3] and list(out.iterdir()) == []
 
 
+def test_a_still_that_cannot_be_written_fails_the_render_instead_of_being_listed(qtbot, tmp_path, run_events,
+                                                                                 monkeypatch):
+    """QImage.save's False was ignored: a stills folder on a full disk rendered to 100%, listed its stills and
+    exited 0 with none written. The still is written like any file now; a full disk raises."""
+    import errno
+
+    import app.lecture.render as render_module
+
+    def full(path, data, what="the file"):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(render_module, "write_bytes", full)
+    trace = trace_file(tmp_path, paced(run_events, prefill_ms=50, step_ms=30))
+    window = make_window(qtbot)
+    try:
+        renderer = Renderer(window, RenderSettings(640, 360, fps=5), tmp_path / "out.mp4", stills=tmp_path / "s")
+        with pytest.raises(OSError, match="No space left on device"):
+            renderer.render([LectureScene("prefill", (trace,))])
+    finally:
+        close_and_dispose(window)
+    assert not (tmp_path / "out.mp4").exists() and list((tmp_path / "s").iterdir()) == []
+
+
 @pytest.mark.parametrize(("settings", "words"), [(dict(width=641), "even width"), (dict(fps=0), "--fps"),
                                                  (dict(width=100), "from 320x240"), (dict(speed=0), "--speed")])
 def test_settings_out_of_range_are_refused_in_words(settings, words):
