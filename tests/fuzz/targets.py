@@ -203,8 +203,12 @@ def _kv_events(data: bytes, work: Path) -> object:
 def _kv_event_seeds() -> list[bytes]:
     import base64
 
+    import msgpack
+
     recorded = json.loads((FIXTURES / "vllm_kv_events.json").read_text())
-    return [base64.b64decode(p) for p in recorded["payloads"][:12]]
+    sglang = [1765000000.0, [["BlockStored", [101, 102], None, list(range(32)), 16, None, "GPU"],
+                             ["BlockRemoved", [101], "GPU"], ["AllBlocksCleared"]], 0]       # SGLang's tagged arrays
+    return [base64.b64decode(p) for p in recorded["payloads"][:12]] + [msgpack.packb(sglang)]
 
 
 class _Frames:
