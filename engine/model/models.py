@@ -313,6 +313,7 @@ def pickle_warnings(folder: Path) -> list[str]:
 
 
 def _read_config(folder: str, trust_remote_code: bool) -> Any:
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
     try:
@@ -329,6 +330,11 @@ def _read_config(folder: str, trust_remote_code: bool) -> Any:
         raise ModelSourceError(f"Cannot read {folder}/config.json: {_first_line(exc)}") from None
     except RecursionError:
         raise ModelSourceError(f"Cannot read {folder}/config.json: it is nested too deeply to be a config") from None
+    except (StrictDataclassError, TypeError, AttributeError, KeyError) as exc:
+        # transformers' typed configs check each field (huggingface_hub's strict dataclasses), and a dtype name
+        # that is none of torch's is looked up on torch itself: a value of the wrong type, one line
+        raise ModelSourceError(f"{folder}/config.json holds a value transformers refuses: {_first_line(exc)}"
+                               ) from None
     if getattr(config, "is_encoder_decoder", False):
         raise ModelSourceError(f"{Path(folder).name} is an encoder-decoder model ({type(config).__name__}): "
                                f"{SUPPORTED}")
@@ -566,6 +572,8 @@ def _count(parameters: int) -> str:
     return f"{parameters / 1e9:,.2f}B" if parameters >= 1e9 else f"{parameters / 1e6:,.1f}M"
 
 
-def _first_line(exc: BaseException) -> str:
+def _first_line(exc: BaseException, most: int = 300) -> str:
+    """An exception's first line, cut to ``most`` characters (a value quoted back from a file may be megabytes)."""
     text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    line = text[0] if text else type(exc).__name__
+    return line if len(line) <= most else line[:most] + "…"

@@ -97,3 +97,20 @@ def test_a_config_with_a_number_that_is_not_one_is_refused_naming_the_file(tmp_p
     (tmp_path / "config.json").write_text('{"model_type": "llama", "rope_theta": %s}' % token)
     with pytest.raises(ModelSourceError, match=f"config.json holds {token} where a number belongs"):
         config_facts.read(tmp_path)
+
+
+@pytest.mark.parametrize("field, value", [("rms_norm_eps", '"tiny"'), ("bos_token_id", "0.5"),
+                                          ("torch_dtype", '"bflo!t16' + "9" * 5000 + '"')])
+def test_a_value_transformers_refuses_in_a_config_is_one_short_line(tmp_path, field, value):
+    """transformers' typed configs raise huggingface_hub's validation errors (not ValueError) and look a dtype
+    name up on torch (AttributeError): each was a traceback; the value quoted back is cut short."""
+    from engine.facts.errors import ModelSourceError
+    from engine.model import models
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 2, "%s": %s}'
+                                          % (field, value))
+    with pytest.raises(ModelSourceError) as refused:
+        models._read_config(str(tmp_path), trust_remote_code=False)
+    message = str(refused.value)
+    assert "config.json holds a value transformers refuses" in message and "\n" not in message
+    assert len(message) < 600
