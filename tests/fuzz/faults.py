@@ -101,6 +101,18 @@ def _read_seal(path: Path) -> object:
     return sealed.read_sealed(data, "KVScope's record", aside=False)
 
 
+def _read_key(path: Path) -> object:
+    """The seal key, where ``KVSCOPE_CONFIG_DIR`` says it is."""
+    from engine.store import sealed
+
+    os.chmod(path.parent, 0o700)                      # private, as KVScope makes it: the odd file is what is tried
+    os.environ["KVSCOPE_CONFIG_DIR"] = str(path.parent)
+    try:
+        return len(sealed._key())
+    finally:
+        del os.environ["KVSCOPE_CONFIG_DIR"]
+
+
 def _read_settings(path: Path) -> object:
     from app.shell.settings import open_settings
 
@@ -121,6 +133,7 @@ OPENERS: dict[str, tuple[str, Callable[[Path], object]]] = {
     "sealed": ("odd.json", _read_sealed),
     "seal": ("odd.json.seal", _read_seal),
     "settings": ("odd.ini", _read_settings),
+    "key": ("odd/seal.key", _read_key),
 }
 ODD = ("fifo", "dev-zero", "sparse", "folder", "unreadable", "dangling", "other-user")
 

@@ -56,7 +56,7 @@ class Target:
     seeds: Callable[[], list[bytes]]
     feed: Callable[[bytes, Path], object]
     errors: tuple[type[BaseException], ...]
-    names: str | None = None
+    names: str | tuple[str, ...] | None = None     # text a refusal names the input by (any one of them)
     mutate: bool = True                     # False: the seeds are the whole set of cases (a fault table)
     json_lines: bool = False                # structured mutation applies: each line is JSON
     exec_from: tuple[str, ...] = ()         # modules allowed to compile and exec (a template sandbox)
@@ -242,7 +242,7 @@ def shaped_values(shapes: list[object], seed: int, count: int) -> list[bytes]:
     return out[:count]
 
 
-def clear_message(message: str, names: str | None) -> str:
+def clear_message(message: str, names: str | tuple[str, ...] | None) -> str:
     """Why a refusal's message is not clear, or ''."""
     if not message.strip():
         return "an empty message"
@@ -252,8 +252,9 @@ def clear_message(message: str, names: str | None) -> str:
         return f"a message of {len(message):,} characters"
     if "Traceback" in message:
         return "a traceback in the message"
-    if names and names not in message:
-        return f"a message that does not name the input ({names})"
+    accepted = (names,) if isinstance(names, str) else names or ()
+    if accepted and not any(n in message for n in accepted):
+        return f"a message that does not name the input ({' or '.join(accepted)})"
     return ""
 
 

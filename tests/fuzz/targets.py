@@ -70,7 +70,7 @@ def _config(data: bytes, work: Path) -> object:
     from engine.facts import config_facts
     from engine.model import models
 
-    folder = work / "model"
+    folder = work / "fuzzed-folder"                        # a refusal names the folder or its config.json
     folder.mkdir()
     _write(folder, "config.json", data)
     cfg = config_facts.read(folder)
@@ -395,7 +395,7 @@ def _targets() -> dict[str, Target]:
                                                      b'"prefill", "traces": ["run.kvscope.jsonl.gz"]}]}'],
                _lecture, clear, "l.kvscope-lecture.json", json_lines=True),
         Target("config", "a model folder's config.json", _config_seeds, _config, clear,
-               "config.json", json_lines=True, warm=_warm_torch),
+               ("config.json", "fuzzed-folder"), json_lines=True, warm=_warm_torch),
         Target("chat-template", "a model's chat template", lambda: template_seeds, _template, (PromptError,),
                "fuzzed-model", exec_from=("jinja2",), imports=("jinja2",)),
         Target("settings", "the settings file (INI)", lambda: [
