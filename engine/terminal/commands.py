@@ -24,6 +24,7 @@ from engine.facts.contention import busy_note
 from engine.facts.errors import EngineError
 from engine.facts.events import ExperimentFinished, ExperimentPoint, ExperimentProgress, ModelFacts, plain
 from engine.facts.fields import MAX_CONTEXT
+from engine.facts.kvformula import format_bytes
 from engine.facts.report import quantity
 from engine.facts.textstream import safe, safe_line
 from engine.output.perfetto import write_perfetto
@@ -46,6 +47,46 @@ from engine.terminal.command_line import (
 
 
 # --- where ---------------------------------------------------------------------------------------------------------
+def models_parser() -> argparse.ArgumentParser:
+    p = Parser(prog=program("models"), description=(
+        "List the models already on this computer, found without network: the Hugging Face cache (HF_HOME, "
+        "HF_HUB_CACHE), Ollama's store (OLLAMA_MODELS), LM Studio's models folders and llama.cpp's cache "
+        "(LLAMA_CACHE). Each from its own config or GGUF header, nothing loaded: format, size, parameters, "
+        "context, KV bytes per position and weights at --format (computed), and whether KVScope runs it here."))
+    p.add_argument("--format", default="bfloat16", choices=sorted(("float32", "bfloat16", "float16", "int8", "int4")),
+                   help="the weight format the memory column is computed for (default bfloat16)")
+    p.add_argument("--add", action="append", default=[], metavar="FOLDER",
+                   help="a folder of models to look in as well (repeatable)")
+    p.add_argument("--json", action="store_true", help="one JSON object: the models and notes")
+    return p
+
+
+def models_main(argv: list[str]) -> int:
+    args = models_parser().parse_args(argv)
+    from engine.model.found import find_models
+
+    found, notes = find_models(args.format, args.add)
+    if args.json:
+        print(json.dumps({"format": args.format, "models": [m.as_dict() for m in found], "notes": notes}, indent=1))
+        return 0
+    if not found:
+        print("no models found in the Hugging Face cache, Ollama's store, LM Studio's folders or llama.cpp's cache "
+              "(--add FOLDER looks in another)")
+    for m in found:
+        facts = " · ".join(p for p in (
+            f"{m.parameters / 1e9:,.2f}B parameters" if m.parameters else "",
+            f"{m.context:,} positions" if m.context else "",
+            f"KV {format_bytes(m.kv_bytes_per_token)}/position" if m.kv_bytes_per_token else "",
+            f"{format_bytes(m.memory_bytes)} of weights in {args.format}" if m.memory_bytes else "") if p)
+        print(f"{safe_line(m.name)}  [{m.where}, {m.format}, {format_bytes(m.size_bytes)} on disk]")
+        print(f"    {facts or 'sizes unknown'}")
+        print(f"    {'runs here' if m.runs_here else 'cannot run here: ' + safe_line(m.why_not)}: "
+              f"--model {safe_line(m.load)}")
+    for note in notes:
+        print(f"note: {safe_line(note)}", file=sys.stderr)
+    return 0
+
+
 def where_parser() -> argparse.ArgumentParser:
     p = Parser(prog=program("where"), description=(
         "Print the folder another serving engine (vLLM, SGLang) loads for this model: a Hugging Face folder as it "
