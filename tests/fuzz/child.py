@@ -23,6 +23,9 @@ from tests.fuzz.harness import Target
 ALWAYS_COMPILES = ("typing",)
 
 
+MARK = "\x1efuzz "          # a record's prefix: a reader's own prints on stdout are not records
+
+
 class Overtime(BaseException):
     """The input ran past its time cap (a BaseException: no reader's ``except Exception`` swallows it)."""
 
@@ -156,7 +159,7 @@ def main(job: dict) -> None:
     canary.armed = False
     base_rss = _rss_peak()
     resource.setrlimit(resource.RLIMIT_AS, (_address_space() + harness.MEMORY_CAP, hard))
-    print(json.dumps({"ready": True, "base_rss": base_rss}), flush=True)
+    print(MARK + json.dumps({"ready": True, "base_rss": base_rss}), flush=True)
     if job.get("only") is not None:
         source = [("found", Path(p).read_bytes()) for p in job["only"]]
     else:
@@ -184,8 +187,9 @@ def main(job: dict) -> None:
         if verdict == "failed":
             (root / f"failed-{index}.bin").write_bytes(data)
         shutil.rmtree(work, ignore_errors=True)
-        print(json.dumps({"i": index, "kind": kind, "verdict": verdict, "why": why, "digest": harness.digest(data),
-                          "s": round(time.monotonic() - started, 3), "peak": _rss_peak() - base_rss}), flush=True)
+        record = {"i": index, "kind": kind, "verdict": verdict, "why": why, "digest": harness.digest(data),
+                  "s": round(time.monotonic() - started, 3), "peak": _rss_peak() - base_rss}
+        print(MARK + json.dumps(record), flush=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from pathlib import Path
 from tests.fuzz import harness
 from tests.fuzz.harness import Outcome, Tally
 
+MARK = b"\x1efuzz "
+
 ROOT = Path(__file__).resolve().parents[2]
 WARM_S = 180.0                   # a child's imports and warm-up (a tokenizer, Qt) before its first input
 
@@ -86,7 +88,9 @@ def _one_child(job: dict, time_cap_s: float, tally: Tally) -> tuple[int | None, 
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
-                record = json.loads(line)
+                if not line.startswith(MARK):
+                    continue
+                record = json.loads(line[len(MARK):])
                 if "ready" in record:
                     ready = True
                     continue

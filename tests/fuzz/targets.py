@@ -7,6 +7,7 @@ the shipped workload and lecture files. The fault tables (odd files, slow peers,
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -154,6 +155,15 @@ def _gguf(data: bytes, work: Path) -> object:
     return len(gguf_header.read(path).metadata)
 
 
+@functools.cache
+def _gguf_header_bytes() -> bytes:
+    from engine.model import embedded, gguf_header
+
+    source = embedded.embedded_gguf()
+    with source.open("rb") as f:
+        return f.read(gguf_header.read(source).data_offset)
+
+
 def _gguf_seeds() -> list[bytes]:
     from engine.model import embedded, gguf_header
 
@@ -161,6 +171,19 @@ def _gguf_seeds() -> list[bytes]:
     with source.open("rb") as f:
         head = f.read(gguf_header.read(source).data_offset)
     return [head, head[:4096], head[:24]]
+
+
+def _ollama_manifest(data: bytes, work: Path) -> object:
+    """An Ollama manifest, fuzzed, beside a blob of the embedded GGUF's header: listed, skipped or described."""
+    from engine.model import found
+
+    root = work / "ollama"
+    manifest = root / "manifests" / "registry.ollama.ai" / "library" / "m" / "latest"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_bytes(data)
+    (root / "blobs").mkdir()
+    (root / "blobs" / f"sha256-{'a' * 64}").write_bytes(_gguf_header_bytes())
+    return [m.as_dict() for m in found._ollama(root, "bfloat16")]
 
 
 # ---- what servers and collectors answer ------------------------------------------------------------------------
@@ -329,6 +352,9 @@ ENVIRONMENT = {
     "KVSCOPE_API_KEY": lambda: __import__("engine.serve.client", fromlist=["x"])._headers(
         __import__("engine.serve.client", fromlist=["x"]).address("http://127.0.0.1:9")),
     "KVSCOPE_PREFILL_PACKAGE": lambda: None,
+    "OLLAMA_MODELS": lambda: __import__("engine.model.found", fromlist=["x"]).find_models()[1],
+    "LLAMA_CACHE": lambda: __import__("engine.model.found", fromlist=["x"]).find_models()[1],
+    "HF_HUB_CACHE": lambda: __import__("engine.model.found", fromlist=["x"]).find_models()[1],
 }
 
 
@@ -339,7 +365,8 @@ def _environment(data: bytes, work: Path) -> object:
     key = name.decode("utf-8", "replace")
     key = key if key in ENVIRONMENT else names[len(name) % len(names)]
     text = value.replace(b"\x00", b"").decode("utf-8", "surrogateescape")
-    if key in ("KVSCOPE_CACHE_DIR", "KVSCOPE_CONFIG_DIR") and not os.path.isabs(text):
+    if key in ("KVSCOPE_CACHE_DIR", "KVSCOPE_CONFIG_DIR", "OLLAMA_MODELS", "LLAMA_CACHE", "HF_HUB_CACHE") and \
+            not os.path.isabs(text):
         text = str(work / text)                    # a relative folder is made where the test is
     saved = os.environ.get(key)
     os.environ[key] = text
@@ -356,7 +383,8 @@ def _environment_seeds() -> list[bytes]:
     values = {"KVSCOPE_THREADS": b"fixed", "KVSCOPE_LINEAR": b"aten", "KVSCOPE_CACHE_DIR": b"cache",
               "KVSCOPE_CONFIG_DIR": b"config", "KVSCOPE_FAULTS": b"decode:3:fail,prefill:1:sleep=0.01",
               "KVSCOPE_EMBEDDED_GGUF": b"/nonexistent/model.gguf", "KVSCOPE_PACKAGE_AUTOTUNE": b"0",
-              "KVSCOPE_API_KEY": b"sk-123", "KVSCOPE_PREFILL_PACKAGE": b"always"}
+              "KVSCOPE_API_KEY": b"sk-123", "KVSCOPE_PREFILL_PACKAGE": b"always", "OLLAMA_MODELS": b"ollama",
+              "LLAMA_CACHE": b"llama", "HF_HUB_CACHE": b"hub"}
     return [k.encode() + b"=" + v for k, v in values.items()]
 
 
@@ -369,8 +397,10 @@ def _warm_torch() -> None:
 def _warm_environment() -> None:
     _warm_torch()
     for module in ("engine.model.threads", "engine.model.kernels", "engine.store.paths", "engine.run.faults",
-                   "engine.model.packaged", "engine.serve.client"):
+                   "engine.model.packaged", "engine.serve.client", "engine.model.found", "huggingface_hub.errors",
+                   "transformers.integrations.ggml"):
         __import__(module)
+    from huggingface_hub import constants, scan_cache_dir  # noqa: F401 - imported on first use
 
 
 def _targets() -> dict[str, Target]:
@@ -406,6 +436,9 @@ def _targets() -> dict[str, Target]:
         Target("key", "the user's cache key", lambda: [os.urandom(32), b"", b"short"], _key, clear, "key"),
         Target("gguf", "a GGUF file's header and metadata", _gguf_seeds, _gguf, clear, "m.gguf",
                warm=_warm_torch),
+        Target("ollama-manifest", "an Ollama manifest naming a model's GGUF blob", lambda: [json.dumps({"layers": [
+            {"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:" + "a" * 64}]}).encode()],
+               _ollama_manifest, clear, json_lines=True, refuses=False, warm=_warm_environment),
         Target("metrics", "a /metrics page (Prometheus text)", lambda: [(FIXTURES / n).read_bytes() for n in (
             "vllm_metrics.txt", "llamacpp_metrics.txt", "tgi_metrics.txt", "vllm_pd_decode_metrics.txt")],
                _metrics, clear),
@@ -485,6 +518,7 @@ READERS = {
     "engine/model/models.py": ("config", "gguf", "environment", "odd-files"),
     "engine/model/gguf.py": ("gguf", "odd-files"),
     "engine/model/gguf_header.py": ("gguf", "odd-files"),
+    "engine/model/found.py": ("ollama-manifest", "gguf", "environment"),
     "engine/model/chat_template.py": ("chat-template",),
     "app/shell/settings.py": ("settings", "environment"),
     "engine/store/sealed.py": ("sealed", "key", "odd-files"),
