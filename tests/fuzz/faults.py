@@ -26,7 +26,7 @@ from tests.fuzz.harness import Said, Target
 
 ROOT = Path(__file__).resolve().parents[2]
 COURSE = ROOT / "resources" / "course"
-DEADLINE_S = 1.0
+DEADLINE_S = 0.5
 SLACK_S = 2.0
 SPARSE = 8 << 30
 
