@@ -16,7 +16,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import math
 import random
 import re
 from collections.abc import Callable, Iterator
@@ -256,7 +255,3 @@ def clear_message(message: str, names: str | tuple[str, ...] | None) -> str:
     if accepted and not any(n in message for n in accepted):
         return f"a message that does not name the input ({' or '.join(accepted)})"
     return ""
-
-
-def finite(value: float) -> bool:
-    return isinstance(value, float) and math.isfinite(value)
