@@ -142,6 +142,8 @@ def request(where: Address, method: str, path: str, body: dict | None = None, ti
         sock = connection.sock
         with heads.watching(sock):
             response = connection.getresponse()
+        if heads.passed:        # the socket was shut mid-headers: http.client took the cut as their end
+            raise TimeoutError("the headers' deadline passed")
     except (ConnectionRefusedError, socket.gaierror, socket.timeout, TimeoutError, OSError,
             http.client.HTTPException, ValueError) as exc:
         connection.close()

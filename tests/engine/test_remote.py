@@ -302,3 +302,16 @@ def test_a_servers_run_exports_to_perfetto_as_client_timed_slices(vllm):
     tokens = [e for e in events if isinstance(e, TokenStep)]
     assert len(slices) == len(tokens) and slices[0]["name"] == "waiting for the first token (client)"
     assert slices[1]["dur"] == pytest.approx(tokens[1].latency_ms * 1000.0, abs=0.01)
+
+
+def test_headers_cut_by_their_deadline_are_an_error_not_an_empty_answer():
+    """The headers' deadline shuts the socket mid-headers, and http.client took the cut as the headers' end: a
+    server dripping its headers got an empty 200 that looked like an answer (found by the fuzz harness's
+    slow-peers table through the server finder, which then asked six more endpoints)."""
+    from engine.serve import client
+    from tests.fuzz import faults, peers
+
+    peer = peers.Peer()
+    peer.answer = faults.PEERS["drip-headers"]
+    with pytest.raises(client.RemoteError, match="took more than 0.5 s to send its answer's status line and headers"):
+        client.get_text(client.address(peer.url), "/v1/models", 0.5)
