@@ -47,11 +47,11 @@ from engine.terminal.command_line import (
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "costmodel": commands.costmodel_main, "sweep": commands.sweep_main, "load": commands.load_main,
     "perfetto": commands.perfetto_main, "otlp": commands.otlp_main, "where": commands.where_main,
-    "models": commands.models_main}
+    "models": commands.models_main, "servers": commands.servers_main}
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "costmodel": commands.costmodel_parser, "sweep": commands.sweep_parser, "load": commands.load_parser,
     "perfetto": commands.perfetto_parser, "otlp": commands.otlp_parser, "where": commands.where_parser,
-    "models": commands.models_parser}
+    "models": commands.models_parser, "servers": commands.servers_parser}
 
 
 BROKEN_MODEL = ("non_finite_logits",)       # a run that failed because of the model itself: fix it, status 2

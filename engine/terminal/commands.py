@@ -21,7 +21,7 @@ from typing import Any
 from engine import lessons
 from engine.facts import config_facts, costmodel, kvformula
 from engine.facts.contention import busy_note
-from engine.facts.errors import EngineError
+from engine.facts.errors import EngineError, ParameterError
 from engine.facts.events import ExperimentFinished, ExperimentPoint, ExperimentProgress, ModelFacts, plain
 from engine.facts.fields import MAX_CONTEXT
 from engine.facts.kvformula import format_bytes
@@ -84,6 +84,38 @@ def models_main(argv: list[str]) -> int:
               f"--model {safe_line(m.load)}")
     for note in notes:
         print(f"note: {safe_line(note)}", file=sys.stderr)
+    return 0
+
+
+def servers_parser() -> argparse.ArgumentParser:
+    p = Parser(prog=program("servers"), description=(
+        "List the serving engines running on this computer: 127.0.0.1 only, asked briefly and all at once at the "
+        "default ports of llama-server (8080), Ollama (11434), vLLM (8000), SGLang (30000), LM Studio (1234) and "
+        "TGI (3000), each engine told by its own endpoints, never by its port."))
+    p.add_argument("--ports", type=lambda text: [int(p) for p in text.split(",") if p.strip()], default=None,
+                   metavar="P,P,...", help="the ports to ask instead (e.g. 8081,8082)")
+    p.add_argument("--json", action="store_true", help="one JSON object: the servers found")
+    return p
+
+
+def servers_main(argv: list[str]) -> int:
+    args = servers_parser().parse_args(argv)
+    from engine.serve import discover
+
+    ports = args.ports if args.ports is not None else discover.PORTS
+    if any(not 0 < p < 65536 for p in ports):
+        raise ParameterError("--ports: each port is a number from 1 to 65535")
+    found = discover.find_servers(ports)
+    if args.json:
+        print(json.dumps({"ports": list(ports), "servers": [s.as_dict() for s in found]}, indent=1))
+        return 0
+    if not found:
+        print(f"no server answers on 127.0.0.1 at ports {', '.join(map(str, ports))}")
+    for s in found:
+        version = f" {s.version}" if s.version else ""
+        models = ", ".join(s.models) or "no model loaded"
+        how = f"attach: --server {s.url}" if s.attachable else "not attached: " + "; ".join(s.notes or ("",))
+        print(f"{s.port}: {s.engine}{safe_line(version)} · {safe_line(models)} · {how}")
     return 0
 
 

@@ -210,8 +210,16 @@ def _collector(url: str) -> object:
     return otlp.send_spans(url + "/v1/traces", [], timeout_s=DEADLINE_S)
 
 
+def _discover(url: str) -> object:
+    from engine.serve import discover
+
+    found = discover.identify(url, int(url.rsplit(":", 1)[1]), deadline_s=DEADLINE_S)
+    return found.engine if found else None
+
+
 CLIENTS: dict[str, Callable[[str], object]] = {"probe": _probe, "metrics": _metrics_poll, "slots": _slots_poll,
-                                               "tokenize": _tokenize, "stream": _stream, "collector": _collector}
+                                               "tokenize": _tokenize, "stream": _stream, "collector": _collector,
+                                               "discover": _discover}
 _OK = b'{"data": [{"id": "m"}]}'
 PEERS = {
     "drip-status": peers.Answer((b"HTTP/1.1 200 OK\r\n", b"Content-Length: 2\r\n\r\n{}"), (True, False), 0.2),
@@ -344,6 +352,7 @@ def warm_sdk() -> None:
 
     import app.lecture.lecture_file  # noqa: F401
     import engine.cli  # noqa: F401
+    import engine.serve.discover  # noqa: F401
     from engine.output import otlp
     from engine.output.trace import read_trace
 

@@ -293,6 +293,15 @@ def _probe(data: bytes, work: Path) -> object:
     return remote.probe(_Answers.url(peers.body(data)), timeout=2.0, deadline_s=2.0).engine
 
 
+def _discover(data: bytes, work: Path) -> object:
+    """Every endpoint of a server answering with the fuzzed bytes: told apart, or said to be no known engine."""
+    from engine.serve import discover
+
+    url = _Answers.url(peers.body(data))
+    found = discover.identify(url, int(url.rsplit(":", 1)[1]), deadline_s=2.0)
+    return found.as_dict() if found else None
+
+
 def _facts():
     from engine.serve.remote import ServerFacts
 
@@ -451,6 +460,10 @@ def _targets() -> dict[str, Target]:
         Target("probe", "a server's /v1/models, /props and /metrics answers",
                lambda: [(FIXTURES / n).read_bytes() for n in ("llamacpp_models.json", "llamacpp_props.json")],
                _probe, clear, json_lines=True),
+        Target("discover", "what a port answers when KVScope looks for engines", lambda: [
+            b'{"version": "0.5.7"}', b'{"models": [{"name": "llama3.2:latest"}]}', b'{"model_id": "m", "router": "r"}',
+            (FIXTURES / "llamacpp_props.json").read_bytes(), (FIXTURES / "llamacpp_models.json").read_bytes()],
+               _discover, clear, json_lines=True, refuses=False),
         Target("stream", "a server's streamed answer (SSE)", lambda: [(FIXTURES / n).read_bytes() for n in (
             "vllm_stream.txt", "llamacpp_stream.txt", "vllm_stream_recorded.txt")], _stream, clear),
         Target("http", "HTTP framing: status line, headers, chunk sizes", lambda: _http_seeds("llamacpp_models.json"),
@@ -529,6 +542,7 @@ READERS = {
     "engine/serve/kv_events.py": ("kv-events", "kv-frames"),
     "engine/serve/client.py": ("probe", "stream", "http", "slow-peers", "environment"),
     "engine/serve/remote.py": ("probe", "stream", "http", "slow-peers"),
+    "engine/serve/discover.py": ("discover", "slow-peers"),
     "engine/model/threads.py": ("environment",),
     "engine/model/kernels.py": ("environment",),
     "engine/model/packaged.py": ("environment",),
