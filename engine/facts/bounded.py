@@ -7,8 +7,9 @@ import os
 import stat
 
 
-class UnfitFile(OSError):
-    """A file that is not what a reader may read: ``strerror`` is the sentence (not a regular file, too large)."""
+class FileRefused(OSError):
+    """A file KVScope will not read or write, as an ``OSError`` (every caller already says an ``OSError``'s
+    ``strerror``) whose ``strerror`` is the whole sentence a user reads."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -16,6 +17,10 @@ class UnfitFile(OSError):
 
     def __str__(self) -> str:
         return self.strerror
+
+
+class UnfitFile(FileRefused):
+    """A file that is not what a reader may read (not a regular file, too large)."""
 
 
 def read_bounded(path: str | os.PathLike, most: int) -> bytes:

@@ -196,16 +196,17 @@ def _bounded_filters(filters: dict) -> dict:
         _format_bound(str(value), list(args) + list(kwargs.values()))
         return filters["format"](value, *args, **kwargs)
 
+    @jinja2.pass_eval_context
     def replace(eval_ctx, value: str, old: str, new: str, count: int | None = None) -> str:
         _bound_str_method(str(value), "replace", (str(old), str(new)), {})
         return filters["replace"](eval_ctx, value, old, new, count)
 
+    @jinja2.pass_eval_context
     def join(eval_ctx, value, d: str = "", attribute=None) -> str:
         items = list(value) if hasattr(value, "__iter__") and not isinstance(value, str) else [value]
         _bound_str_method(str(d), "join", (items,), {})
         return filters["join"](eval_ctx, items, d, attribute)
 
-    replace.jinja_pass_arg = join.jinja_pass_arg = jinja2.utils._PassArg.eval_context
     return {"center": center, "indent": indent, "format": format_, "replace": replace, "join": join}
 
 

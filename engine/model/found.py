@@ -11,6 +11,7 @@ KVScope can run it here is said in one line when it cannot.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -25,7 +26,6 @@ from engine.model import gguf_header
 
 MAX_FOUND = 2000                       # models listed at most (a cache with more is cut, and said)
 MAX_MANIFEST = 1 << 20                 # bytes of one Ollama manifest
-FORMAT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
 # GGUF's general.file_type (llama.cpp's LLAMA_FTYPE): the quantization a file was made with.
 FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
               12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
@@ -148,7 +148,7 @@ def gguf_model(path: Path, name: str, where: str, fmt: str) -> FoundModel:
     context = _whole(header.arch_value("context_length"))
     width_bytes = 4 if fmt == "float32" else 2
     kv = 2 * layers * kv_heads * head_dim * width_bytes if layers and kv_heads and head_dim else None
-    memory = int(header.parameters * FORMAT_BYTES.get(fmt, 2.0)) if header.parameters else None
+    memory = int(header.parameters * config_facts.FORMATS[fmt]) if header.parameters else None
     why = "" if arch in _gguf_architectures() else \
         f"transformers cannot convert a GGUF of architecture {arch or 'unnamed'} (it reads {_gguf_list()})"
     return FoundModel(name, where, str(path), f"GGUF {quant}".strip(), size, header.parameters or None, context, kv,
@@ -223,6 +223,7 @@ def _whole(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 40 else None
 
 
+@functools.cache
 def _gguf_architectures() -> frozenset[str]:
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 

@@ -33,6 +33,14 @@ class RemoteError(EngineError):
     """The server could not be used; one line a user can act on."""
 
 
+class Unreachable(RemoteError):
+    """Nothing answered: the connection was refused, the host unknown, or no connection was made in time."""
+
+
+class TooSlow(RemoteError):
+    """The server took a connection but did not answer (its headers, or its whole answer) within the deadline."""
+
+
 class StreamDropped(RemoteError):
     """The stream ended before the server said it was done."""
 
@@ -148,9 +156,9 @@ def request(where: Address, method: str, path: str, body: dict | None = None, ti
             http.client.HTTPException, ValueError) as exc:
         connection.close()
         if heads.passed:
-            raise RemoteError(f"The server at {url} took more than {timeout:g} s to send its answer's status line "
+            raise TooSlow(f"The server at {url} took more than {timeout:g} s to send its answer's status line "
                               "and headers") from None
-        raise RemoteError(f"Cannot reach the server at {url}: {reason_of(exc)}") from None
+        raise Unreachable(f"Cannot reach the server at {url}: {reason_of(exc)}") from None
     if response.status >= 300:
         detail = _error_detail(response)
         connection.close()
@@ -251,7 +259,7 @@ def _body(exchange: Exchange, where: Address, path: str, timeout: float, limit: 
     try:
         while size < limit:
             if time.monotonic() > deadline:
-                raise RemoteError(f"The server at {where.url} took more than {timeout:g} s to answer {path}")
+                raise TooSlow(f"The server at {where.url} took more than {timeout:g} s to answer {path}")
             piece = exchange.response.read1(min(1 << 16, limit - size))
             if not piece:
                 break

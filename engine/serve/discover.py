@@ -60,12 +60,12 @@ def identify(url: str, port: int, deadline_s: float = DEADLINE_S) -> FoundServer
 
     try:                                            # the first answer says whether anything is there at all
         first = client.get_text(where, "/v1/models", deadline_s, client.MAX_LINE)
-    except client.RemoteError as exc:
-        if "Cannot reach" in str(exc):
-            return None
-        if "took more than" in str(exc):
-            return FoundServer(port, where.url, "not a known engine",
-                               notes=(f"it took a connection but did not answer within {deadline_s:g} s",))
+    except client.Unreachable:
+        return None
+    except client.TooSlow:
+        return FoundServer(port, where.url, "not a known engine",
+                           notes=(f"it took a connection but did not answer within {deadline_s:g} s",))
+    except client.RemoteError:                      # an error status, a broken answer: someone is there
         first = ""
     try:
         listed = client.loads(first) if first else None

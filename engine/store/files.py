@@ -17,16 +17,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
+from engine.facts.bounded import FileRefused
 
-class WriteRefused(OSError):
+
+class WriteRefused(FileRefused):
     """The target cannot be written; ``strerror`` is the sentence a user reads."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.strerror = message
-
-    def __str__(self) -> str:
-        return self.strerror
 
 
 def writable_target(path: str | os.PathLike, what: str = "the file", example: str = "out.json",

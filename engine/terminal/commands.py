@@ -46,14 +46,14 @@ from engine.terminal.command_line import (
 )
 
 
-# --- where ---------------------------------------------------------------------------------------------------------
+# --- models and servers already here -------------------------------------------------------------------------------
 def models_parser() -> argparse.ArgumentParser:
     p = Parser(prog=program("models"), description=(
         "List the models already on this computer, found without network: the Hugging Face cache (HF_HOME, "
         "HF_HUB_CACHE), Ollama's store (OLLAMA_MODELS), LM Studio's models folders and llama.cpp's cache "
         "(LLAMA_CACHE). Each from its own config or GGUF header, nothing loaded: format, size, parameters, "
         "context, KV bytes per position and weights at --format (computed), and whether KVScope runs it here."))
-    p.add_argument("--format", default="bfloat16", choices=sorted(("float32", "bfloat16", "float16", "int8", "int4")),
+    p.add_argument("--format", default="bfloat16", choices=sorted(config_facts.FORMATS),
                    help="the weight format the memory column is computed for (default bfloat16)")
     p.add_argument("--add", action="append", default=[], metavar="FOLDER",
                    help="a folder of models to look in as well (repeatable)")
@@ -119,6 +119,7 @@ def servers_main(argv: list[str]) -> int:
     return 0
 
 
+# --- where ---------------------------------------------------------------------------------------------------------
 def where_parser() -> argparse.ArgumentParser:
     p = Parser(prog=program("where"), description=(
         "Print the folder another serving engine (vLLM, SGLang) loads for this model: a Hugging Face folder as it "
