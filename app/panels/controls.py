@@ -57,6 +57,7 @@ class ControlsPanel(QWidget):
     step_requested = Signal()
     pause_toggled = Signal(bool)
     load_requested = Signal()
+    found_requested = Signal()              # "On this computer…": the models and servers already here
     changed = Signal()                      # any setting the user changed (the window saves them soon after)
 
     def __init__(self, run_settings: RunSettings, model_choice: ModelChoice) -> None:
@@ -70,8 +71,11 @@ class ControlsPanel(QWidget):
         self.model_box.setToolTip(said(load["model"]))
         self.folder_button = QPushButton("Folder…")
         self.gguf_button = QPushButton(".gguf…")
+        self.found_button = QPushButton("On this computer…")
+        self.found_button.setToolTip(FOUND_TIP)
         self.folder_button.clicked.connect(self._pick_folder)
         self.gguf_button.clicked.connect(self._pick_gguf)
+        self.found_button.clicked.connect(self.found_requested.emit)
         self.device_box, self.dtype_box = (offered(load[name], list(load[name].text.choices)) for name in
                                            ("device", "dtype"))
         self.dtype_box.setToolTip(said(load["dtype"]) + "\n" + tip("quantization", "GGUF"))
@@ -104,6 +108,7 @@ class ControlsPanel(QWidget):
         row.addWidget(self.folder_button)
         row.addWidget(self.gguf_button)
         form.addRow("", row)
+        form.addRow("", self.found_button)
         for name, widget in (("device", self.device_box), ("dtype", self.dtype_box), ("memory_budget", self.budget),
                              ("deadline_s", self.deadline)):
             form.addRow(load[name].setting.label, widget)
@@ -379,12 +384,12 @@ class ControlsPanel(QWidget):
     def _pick_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Hugging Face model folder (with config.json)")
         if folder:
-            self._set_model(folder)
+            self.set_model(folder)
 
     def _pick_gguf(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "GGUF model file", "", "GGUF models (*.gguf)")
         if path:
-            self._set_model(path)
+            self.set_model(path)
 
     def forget_missing_model(self) -> str | None:
         """The remembered model, if it is a local path that is no longer there (a folder deleted, a disk not
@@ -393,10 +398,16 @@ class ControlsPanel(QWidget):
         path = Path(remembered).expanduser()
         if not remembered.startswith(("/", "~", ".")) or path.exists():
             return None
-        self._set_model(shape_of(LoadSettings, "model").default)
+        self.set_model(shape_of(LoadSettings, "model").default)
         return remembered
 
-    def _set_model(self, text: str) -> None:
+    def show_found(self, counts: str) -> None:
+        """What the background search found so far ("3 models, 1 server"), said by the button's tooltip: its
+        text stays short, so the dock never widens with a count."""
+        self.found_button.setToolTip(FOUND_TIP + (f"\nFound so far: {counts}." if counts else ""))
+
+    def set_model(self, text: str) -> None:
+        """Name ``text`` in the Model box (offered again from its list); Load model loads it."""
         if self.model_box.findText(text) < 0:
             self.model_box.addItem(text)
         self.model_box.setCurrentText(text)
@@ -409,6 +420,10 @@ class ControlsPanel(QWidget):
 
     def _slow_changed(self, ms: int) -> None:
         self.slow_label.setText(f"{ms} ms/token" if ms else "off")
+
+
+FOUND_TIP = ("The models already on disk (the Hugging Face cache, Ollama, LM Studio, llama.cpp's cache) and the "
+             "servers running here (Ctrl+Shift+O)")
 
 
 def offered(shape: FieldShape, only: list[str] | None = None) -> QComboBox:

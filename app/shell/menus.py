@@ -38,6 +38,7 @@ class WindowActions(Protocol):
     def show_shortcuts(self) -> None: ...
     def ask_history(self) -> None: ...
     def send_chat(self) -> None: ...
+    def show_found(self, kind: str) -> None: ...
 
 
 def _action(window: WindowActions, menu, text: str, slot: Callable[[], object],
@@ -62,6 +63,8 @@ def build_menus(window: WindowActions, controller: Controller, lecture: Lecture,
     _action(window, file, "Open trace…", files.open_trace_dialog, QKeySequence.StandardKey.Open)
     _action(window, file, "Save run as trace…", files.save_trace_dialog, QKeySequence.StandardKey.Save)
     _action(window, file, "Save experiment as trace…", lambda: files.save_experiment_trace_dialog(files.experiment()))
+    _action(window, file, "Attach to a server running here…", partial(window.show_found, "servers"),
+            "Ctrl+Shift+A")
     speed = file.addMenu("Replay speed")
     for label, value in REPLAY_SPEEDS:
         act = _action(window, speed, label, partial(set_replay_speed, controller, actions, value), checkable=True)
@@ -89,6 +92,8 @@ def build_menus(window: WindowActions, controller: Controller, lecture: Lecture,
     _action(window, run, "Step one token", controller.step, "F10")
     _action(window, run, "Pause / resume", controller.toggle_pause, "F9")
     _action(window, run, "Load model", controller.load_model, "Ctrl+L")
+    _action(window, run, "Models and servers on this computer…", partial(window.show_found, "models"),
+            "Ctrl+Shift+O")
     _action(window, run, "Send chat message", window.send_chat, "Ctrl+Shift+Return")
     experiments = run.addMenu("Run experiment")
     for kind, lesson in lessons.BY_KIND.items():
@@ -166,6 +171,7 @@ Esc, Ctrl+.  stop a run, an experiment or a replay (in a lecture scene Ctrl+.; E
 F10  step one token (starts paused after the prefill)
 F9  pause / resume
 Ctrl+L  load the model
+Ctrl+Shift+O  the models and servers already on this computer; Ctrl+Shift+A  attach to a server running here
 Ctrl+Shift+Enter  send the chat message
 F11  lecture mode: scenes on the number row, PageUp/PageDown, R run the scene, C continuous batching (scene 5),
      B blank / unblank, T P K M raise temperature, top-p, top-k, max tokens and run (Shift lowers),

@@ -58,17 +58,26 @@ def find_models(fmt: str = "bfloat16", added: Iterable[str | os.PathLike] = ()) 
     """Every model found, and notes on the places that could not be read (one line each)."""
     found: list[FoundModel] = []
     notes: list[str] = []
+    for item in iter_models(fmt, added):
+        (found if isinstance(item, FoundModel) else notes).append(item)
+    return found, notes
+
+
+def iter_models(fmt: str = "bfloat16", added: Iterable[str | os.PathLike] = ()) -> Iterator[FoundModel | str]:
+    """Each model as it is found, and a note (a string, one line) for each place that could not be read: a list
+    on screen fills as the disk is read, and a store of hundreds of models never holds the window."""
+    count = 0
     for where, places in _places(added):
         for place in places:
             try:
                 for model in place(fmt):
-                    found.append(model)
-                    if len(found) >= MAX_FOUND:
-                        notes.append(f"more than {MAX_FOUND:,} models: the rest are not listed")
-                        return found, notes
+                    if count >= MAX_FOUND:
+                        yield f"more than {MAX_FOUND:,} models: the rest are not listed"
+                        return
+                    yield model
+                    count += 1
             except (OSError, ValueError, EngineError) as exc:
-                notes.append(f"{where}: {getattr(exc, 'strerror', None) or exc}"[:300])
-    return found, notes
+                yield f"{where}: {getattr(exc, 'strerror', None) or exc}"[:300]
 
 
 def _places(added: Iterable[str | os.PathLike]) -> list[tuple[str, list]]:

@@ -23,7 +23,7 @@ from engine.facts import config_facts, kvformula
 from engine.facts.errors import ModelSourceError
 from engine.facts.events import LoadProgress, ModelFacts, ModelLoaded
 from engine.facts.params import DEVICES, DTYPES, FLOATS
-from engine.model import embedded, gguf, kvcache
+from engine.model import embedded, gguf, gguf_header, kvcache
 from engine.model.hub import hub_offline
 from engine.model.memory import release_freed_heap
 from engine.store.paths import offloaded_models_dir
@@ -59,13 +59,21 @@ def resolve_source(spec: str) -> ModelSource:
             raise ModelSourceError(f"{path} has no config.json: pick a Hugging Face model folder or a .gguf file")
         return ModelSource("folder", str(path))
     if path.is_file():
-        if path.suffix.lower() == ".gguf":
+        if path.suffix.lower() == ".gguf" or _starts_as_gguf(path):     # Ollama's blobs are named by their hash
             return ModelSource("gguf", str(path))
         raise ModelSourceError(f"{path} is a file but not a .gguf: pick the folder that holds config.json")
     looks_like_path = spec.startswith((".", "/", "~")) or "\\" in spec or spec.lower().endswith(".gguf")
     if HUB_ID.match(spec) and not looks_like_path:
         return ModelSource("hub", spec)
     raise ModelSourceError(f"No such file or folder: {spec}")
+
+
+def _starts_as_gguf(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(len(gguf_header.MAGIC)) == gguf_header.MAGIC
+    except OSError:
+        return False
 
 
 @dataclass

@@ -216,7 +216,7 @@ def test_a_remembered_model_folder_that_is_gone_gives_way_to_the_built_in_one_an
     _app, window = build(parse_args(["--no-load"]))
     window.show()
     try:
-        window.controls._set_model(source)                          # as the settings file restored it
+        window.controls.set_model(source)                          # as the settings file restored it
         asked = []
         monkeypatch.setattr(window.controller, "load_model", lambda request=None: asked.append(request))
         start(window, parse_args([]))

@@ -75,3 +75,27 @@ def test_the_cli_lists_them_and_says_in_one_line_what_cannot_run(machine, capsys
     assert cli.main(["models"]) == 0
     out = capsys.readouterr().out
     assert "smollm2:135m  [Ollama, GGUF Q4_1, " in out and "runs here: --model " in out
+
+
+def test_an_ollama_blob_loads_like_a_gguf_and_decodes_what_the_embedded_file_decodes(tmp_path, smol):
+    """Ollama names its blobs by their hash, with no .gguf: the source is told by the GGUF magic instead. The
+    blob here is a link to the embedded file, so its converted copy is the one this run made already."""
+    from engine.facts.params import GenerationParams
+    from engine.model.models import load, resolve_source
+    from engine.run.session import Session
+
+    blob = tmp_path / "blobs" / ("sha256-" + "b" * 64)
+    blob.parent.mkdir()
+    blob.symlink_to(embedded.embedded_gguf())
+    not_gguf = tmp_path / "blobs" / ("sha256-" + "c" * 64)
+    not_gguf.write_bytes(b"{\"license\": \"text\"}")                       # a license layer: not a model
+    assert resolve_source(str(blob)).kind == "gguf"
+    with pytest.raises(Exception, match="is a file but not a .gguf"):
+        resolve_source(str(not_gguf))
+    params = GenerationParams(max_new_tokens=6, temperature=0.0)
+    tokens = []
+    for model in (smol, load(str(blob), device="cpu", dtype="float32")):
+        events: list = []
+        Session(model).run("The capital of France is", params, events.append)
+        tokens.append([e.token_id for e in events if type(e).__name__ == "TokenStep"])
+    assert len(tokens[0]) == 6 and tokens[0] == tokens[1]
