@@ -47,11 +47,11 @@ from engine.terminal.command_line import (
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "costmodel": commands.costmodel_main, "sweep": commands.sweep_main, "load": commands.load_main,
     "perfetto": commands.perfetto_main, "otlp": commands.otlp_main, "where": commands.where_main,
-    "models": commands.models_main, "servers": commands.servers_main}
+    "models": commands.models_main, "servers": commands.servers_main, "history": commands.history_main}
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "costmodel": commands.costmodel_parser, "sweep": commands.sweep_parser, "load": commands.load_parser,
     "perfetto": commands.perfetto_parser, "otlp": commands.otlp_parser, "where": commands.where_parser,
-    "models": commands.models_parser, "servers": commands.servers_parser}
+    "models": commands.models_parser, "servers": commands.servers_parser, "history": commands.history_parser}
 
 
 BROKEN_MODEL = ("non_finite_logits",)       # a run that failed because of the model itself: fix it, status 2
@@ -67,6 +67,8 @@ def generate_parser() -> argparse.ArgumentParser:
     add_settings_flags(p, GenerationParams)            # the run settings, declared once in engine.facts.params
     p.add_argument("--trace", metavar="FILE", help="save the run's events as JSON lines")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary instead of text")
+    p.add_argument("--no-history", action="store_true",
+                   help="do not add this run to the run history (python -m engine history lists it)")
     return p
 
 
@@ -150,8 +152,9 @@ def run_generate(args: argparse.Namespace, params: GenerationParams) -> int:
     if not prompt.strip():
         raise EngineError("The prompt is empty: pass some text with --prompt")
     writer = trace_writer(args.trace)
+    remember = commands.history_recorder(args.no_history)
     if args.server:
-        return run_remote(args, params, prompt, writer)
+        return run_remote(args, params, prompt, writer, remember)
     loaded = load_with_progress(args)
     if params.top_k > loaded.facts.vocab_size:
         raise ParameterError(f"--top-k {params.top_k:,} is more than {loaded.facts.name}'s vocabulary of "
@@ -165,6 +168,8 @@ def run_generate(args: argparse.Namespace, params: GenerationParams) -> int:
     def sink(event: object) -> None:
         if writer is not None:
             writer(event)
+        if remember is not None:
+            remember(event)
         if isinstance(event, RunStarted):
             started.append(event)
         elif isinstance(event, AttentionStep):
@@ -204,6 +209,7 @@ def run_generate(args: argparse.Namespace, params: GenerationParams) -> int:
         if attention_ms:
             print(f"attention recorded on {len(attention_ms)} passes: {_spread(attention_ms)} per pass to record "
                   "(measured by the wall clock; inside the total time above)")
+    commands.say_history_problem(remember)
     if not close_writer(writer):
         return EXIT_BAD_INPUT
     if isinstance(result, RunFailed):
@@ -212,7 +218,7 @@ def run_generate(args: argparse.Namespace, params: GenerationParams) -> int:
     return 0
 
 
-def run_remote(args: argparse.Namespace, params: GenerationParams, prompt: str, writer) -> int:
+def run_remote(args: argparse.Namespace, params: GenerationParams, prompt: str, writer, remember=None) -> int:
     """One run through a server: the text as it streams, then what this client measured beside what the server
     reported about itself. Everything the server sends is shown with control characters escaped."""
     if params.kv_cache is False or params.static_cache or params.compiled or params.capture_attention:
@@ -225,6 +231,8 @@ def run_remote(args: argparse.Namespace, params: GenerationParams, prompt: str, 
     def sink(event: object) -> None:
         if writer is not None:
             writer(event)
+        if remember is not None:
+            remember(event)
         if not args.json and isinstance(event, TokenStep):
             sys.stdout.write(safe(event.text))
             sys.stdout.flush()
@@ -245,6 +253,7 @@ def run_remote(args: argparse.Namespace, params: GenerationParams, prompt: str, 
     else:
         print("\n")
         print(safe(remote_report(s)))
+    commands.say_history_problem(remember)
     if not close_writer(writer):
         return EXIT_BAD_INPUT
     if isinstance(result, RunFailed):

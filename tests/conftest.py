@@ -94,7 +94,8 @@ def _isolated_cache(cache_root, tmp_path_factory):
     """Set for the whole session, not per test: a module- or session-scoped fixture (a lesson run once for a
     file's tests) runs before any per-test setting and would otherwise write into the user's real cache (or seal
     it with the user's real key)."""
-    wanted = {"KVSCOPE_CACHE_DIR": str(cache_root), "KVSCOPE_CONFIG_DIR": str(tmp_path_factory.mktemp("config"))}
+    wanted = {"KVSCOPE_CACHE_DIR": str(cache_root), "KVSCOPE_CONFIG_DIR": str(tmp_path_factory.mktemp("config")),
+              "KVSCOPE_DATA_DIR": str(tmp_path_factory.mktemp("data"))}
     before = {name: os.environ.get(name) for name in wanted}
     os.environ.update(wanted)
     yield

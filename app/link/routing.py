@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.link.worker import EngineClient, Failed, Idle, Memory, Note, PeaksBelowRun, ReplayFile
+from app.link.worker import EngineClient, Failed, HistoryProblem, Idle, Memory, Note, PeaksBelowRun, ReplayFile
 from app.state import requests as rq
 from app.state.phase import run_phase
 from app.state.run_settings import ModelChoice, RunSettings
@@ -180,6 +180,8 @@ class EventRouter:
                 self.activity.loading = None
         elif isinstance(note, Memory):
             self.surface.show_memory(note.rss, note.gpu)
+        elif isinstance(note, HistoryProblem):
+            self.surface.show_warning(note.message + ".")
         elif isinstance(note, PeaksBelowRun):
             self.surface.show_warning(
                 f"A run achieved {note.achieved_flops_per_s / 1e9:,.0f} GFLOP/s, more than this machine's measured "

@@ -52,6 +52,13 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class HistoryProblem:
+    """The run history could not be used as it was (damaged, in use, not writable): one line, said once."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class Memory:
     """The process's resident memory and, on a GPU, (allocated, reserved) bytes."""
 
@@ -77,7 +84,7 @@ class ReplayFile:
     recorded: str = ""          # where and when it was recorded (``engine.output.trace.recorded``)
 
 
-Note = Busy | Idle | Failed | Memory | PeaksBelowRun | ReplayFile
+Note = Busy | Idle | Failed | HistoryProblem | Memory | PeaksBelowRun | ReplayFile
 
 
 class EngineWorker(QObject):
@@ -92,6 +99,8 @@ class EngineWorker(QObject):
         self._signalled = threading.Event()
         self._last_memory = 0.0
         self._said_peaks_low = False
+        self._history = None                 # the run history's recorder, opened in this thread at the first run
+        self._history_said = ""
         self._actions: dict[type, tuple[str, Callable]] = {
             rq.Load: ("Loading failed", self._load), rq.Run: ("The run failed", self._run),
             rq.Chat: ("The turn failed", self._chat), rq.Lesson: ("The experiment failed", self._lesson),
@@ -173,22 +182,36 @@ class EngineWorker(QObject):
         self.session, self.peaks = RemoteSession(facts, deadline_s=request.deadline_s), None
         self.push(ModelLoaded(model=facts, load_ms=(time.perf_counter() - started) * 1000.0))
 
+    def _remembered(self, event: object) -> None:
+        """A run's, a turn's or an experiment's events: shown, and added to the run history when it ends (in
+        this thread: the window never waits for the database)."""
+        self.push(event)
+        if self._history is None:
+            from engine.output.history import History, HistoryRecorder
+
+            self._history = HistoryRecorder(History())
+        self._history(event)
+        if self._history.problem and self._history.problem != self._history_said:
+            self._history_said = self._history.problem
+            self.push(HistoryProblem(self._history.problem))
+
     def _run(self, request: rq.Run) -> None:
-        result = self._session().run(request.prompt, request.params, self.push, self.control.cancel,
+        result = self._session().run(request.prompt, request.params, self._remembered, self.control.cancel,
                                      self.control.before_step)
         self._check_peaks(result)
 
     def _chat(self, request: rq.Chat) -> None:
         messages = [{"role": role, "content": content} for role, content in request.messages]
-        self._session().chat(messages, request.params, self.push, self.control.cancel, self.control.before_step,
+        self._session().chat(messages, request.params, self._remembered, self.control.cancel,
+                             self.control.before_step,
                              reuse=request.reuse)
 
     def _lesson(self, request: rq.Lesson) -> None:
         from engine import lessons
         from engine.run.experiment import run_lesson
 
-        run_lesson(lessons.lesson(request.kind), self._session(), request.settings, self.push, self.control.cancel,
-                   self.peaks)
+        run_lesson(lessons.lesson(request.kind), self._session(), request.settings, self._remembered,
+                   self.control.cancel, self.peaks)
 
     def _replay(self, request: rq.Replay) -> None:
         """Replay traces, one after the other (a lecture prepared as several files): no model, no torch; paced

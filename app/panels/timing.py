@@ -205,6 +205,12 @@ class TimingPanel(QWidget):
         self.cumulative.style(theme, "time since run start", "s", "tokens generated", "tokens")
         self._invalidate()
 
+    def show_at_least(self, runs: int) -> None:
+        """Overlay at least ``runs`` runs (runs opened together from the history are drawn together)."""
+        self.overlay.setChecked(True)
+        if self.overlay_count.value() < runs - 1:
+            self.overlay_count.setValue(min(runs - 1, self.overlay_count.maximum()))
+
     def selected(self) -> RunRecord | None:
         return self.store.find(self.state.selected) if self.state.selected else None
 

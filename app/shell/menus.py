@@ -39,6 +39,7 @@ class WindowActions(Protocol):
     def ask_history(self) -> None: ...
     def send_chat(self) -> None: ...
     def show_found(self, kind: str) -> None: ...
+    def show_run_history(self) -> None: ...
 
 
 def _action(window: WindowActions, menu, text: str, slot: Callable[[], object],
@@ -102,6 +103,7 @@ def build_menus(window: WindowActions, controller: Controller, lecture: Lecture,
     run.addSeparator()
     _action(window, run, "Clear runs", controller.clear_runs)
     _action(window, run, "Keep the last N runs…", window.ask_history)
+    _action(window, run, "Run history (every run remembered)…", window.show_run_history, "Ctrl+H")
 
     view = bar.addMenu("&View")
     actions["lecture"] = _action(window, view, "Lecture mode (scenes)", lecture.toggle, "F11", checkable=True)
@@ -171,6 +173,7 @@ Esc, Ctrl+.  stop a run, an experiment or a replay (in a lecture scene Ctrl+.; E
 F10  step one token (starts paused after the prefill)
 F9  pause / resume
 Ctrl+L  load the model
+Ctrl+H  the run history: every run remembered across launches, up to four side by side
 Ctrl+Shift+O  the models and servers already on this computer; Ctrl+Shift+A  attach to a server running here
 Ctrl+Shift+Enter  send the chat message
 F11  lecture mode: scenes on the number row, PageUp/PageDown, R run the scene, C continuous batching (scene 5),

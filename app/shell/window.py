@@ -46,6 +46,7 @@ from app.shell.dialogs import AboutDialog
 from app.shell.dock_layout import TITLES, DockLayout
 from app.shell.file_actions import FileActions
 from app.shell.found_dialog import FoundDialog
+from app.shell.history_dialog import MOST_COMPARED, HistoryDialog
 from app.shell.menus import SHORTCUTS, build_menus, set_lecture_keys
 from app.shell.settings import open_settings
 from app.shell.surface import ErrorBanner, WindowSurface
@@ -83,6 +84,7 @@ class MainWindow(QMainWindow):
         self.found_here = FoundHere()              # the models and servers already on this computer
         self.finder = Finder(self.found_here, self)
         self.found_dialog: FoundDialog | None = None
+        self.history_dialog: HistoryDialog | None = None
         self.found_here.subscribe(lambda _names: self.controls.show_found(self.found_here.counts()))
         self.tokens = TokensPanel(store, state)
         self.kv = KVHeatmapPanel(store, state)
@@ -320,6 +322,20 @@ class MainWindow(QMainWindow):
 
     def send_chat(self) -> None:
         self.chat.send()
+
+    def show_run_history(self) -> None:
+        """Every run remembered across launches (Ctrl+H); the runs picked there open here as a replay."""
+        if self.history_dialog is None:
+            self.history_dialog = HistoryDialog(self, self._open_remembered)
+        self.history_dialog.show()
+        self.history_dialog.refresh()
+        self.history_dialog.raise_()
+        self.history_dialog.activateWindow()
+
+    def _open_remembered(self, paths: list[str]) -> None:
+        """Runs from the history replayed in every panel, side by side: the timing overlay shows them all."""
+        if self.controller.open_traces(paths):
+            self.timing.show_at_least(MOST_COMPARED)
 
     # --- what is already on this computer --------------------------------------------------------------------
     def search_here(self, kind: str) -> None:

@@ -122,7 +122,7 @@ def write_checked(path: str | os.PathLike, events: Iterable[object]) -> Written:
                 note = (f"the trace stops before event {written + 1} ({type(event).__name__}), which its reader "
                         f"would refuse: {exc}")
                 return
-            f.write(_line(data) + "\n")
+            f.write(event_line(data) + "\n")
             written += 1
 
     try:
@@ -132,7 +132,7 @@ def write_checked(path: str | os.PathLike, events: Iterable[object]) -> Written:
     return Written(target, written, note)
 
 
-def _line(data: dict) -> str:
+def event_line(data: dict) -> str:
     """One checked event as a JSON line: UTF-8 where it can be, escaped where it cannot (a lone surrogate from a
     trace someone else wrote reads back as the replacement character)."""
     text = json.dumps(data, ensure_ascii=False, allow_nan=False)

@@ -11,7 +11,9 @@ keep what was measured: the trace is written, its experiment unfinished.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sqlite3
 import sys
 import threading
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from typing import Any
 
 from engine import lessons
 from engine.facts import config_facts, costmodel, kvformula
-from engine.facts.contention import busy_note
+from engine.facts.contention import busy, busy_note
 from engine.facts.errors import EngineError, ParameterError
 from engine.facts.events import ExperimentFinished, ExperimentPoint, ExperimentProgress, ModelFacts, plain
 from engine.facts.fields import MAX_CONTEXT
@@ -117,6 +119,91 @@ def servers_main(argv: list[str]) -> int:
         how = f"attach: --server {s.url}" if s.attachable else "not attached: " + "; ".join(s.notes or ("",))
         print(f"{s.port}: {s.engine}{safe_line(version)} · {safe_line(models)} · {how}")
     return 0
+
+
+# --- the run history --------------------------------------------------------------------------------------------
+def history_recorder(off: bool):
+    """The sink that adds a run to the run history, or None with ``--no-history``; a history that cannot be
+    opened as it was says so once on stderr and the run goes on."""
+    if off:
+        return None
+    from engine.output.history import History, HistoryRecorder
+
+    try:
+        return HistoryRecorder(History())
+    except (OSError, sqlite3.Error) as exc:
+        print(f"note: the run history cannot be used ({exc}): this run is not remembered", file=sys.stderr)
+        return None
+
+
+def say_history_problem(recorder) -> None:
+    if recorder is not None and recorder.problem:
+        print(f"note: {safe_line(recorder.problem)}", file=sys.stderr)
+
+
+def history_parser() -> argparse.ArgumentParser:
+    p = Parser(prog=program("history"), description=(
+        "List the runs and experiments remembered in the run history (every run of the window and of "
+        "python -m engine, newest first), with the figures each measured; --steps ID prints one run's steps "
+        "(context depth, step latency, KV bytes); --trace ID FILE writes its events as a trace to replay."))
+    p.add_argument("--find", default="", metavar="WORDS", help="only runs whose model, engine, kind or title "
+                   "holds every word")
+    p.add_argument("--since", default="", metavar="DATE", help="only runs at or after this ISO date (2026-12-01)")
+    p.add_argument("--limit", type=int, default=50, help="the newest N (default 50)")
+    p.add_argument("--steps", type=int, metavar="ID", help="print run ID's steps instead")
+    p.add_argument("--trace", nargs=2, metavar=("ID", "FILE"), help="write run ID's events as a trace file")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    return p
+
+
+def history_main(argv: list[str]) -> int:
+    args = history_parser().parse_args(argv)
+    from engine.output.history import History
+
+    if args.limit < 1:
+        raise ParameterError("--limit: at least 1")
+    history = History()
+    try:
+        if history.problem:
+            print(f"note: {safe_line(history.problem)}", file=sys.stderr)
+        if args.trace:
+            try:
+                run = int(args.trace[0])
+            except ValueError:
+                raise ParameterError("--trace ID FILE: ID is a run's number (the first column)") from None
+            print(history.write_trace(run, args.trace[1]))
+            return 0
+        if args.steps is not None:
+            steps = history.steps(args.steps)
+            if args.json:
+                print(json.dumps({"run": args.steps, "steps": [dataclasses.asdict(s) for s in steps]}, indent=1))
+            else:
+                print("step  context  latency (ms)  KV bytes")
+                for s in steps:
+                    print(f"{s.step:>4}  {s.context if s.context is not None else '-':>7}  {s.latency_ms:>12.2f}  "
+                          f"{s.kv_bytes if s.kv_bytes is not None else '-'}")
+            return 0
+        runs = history.runs(args.find, args.since, args.limit)
+        if args.json:
+            print(json.dumps({"history": str(history.path), "runs": [r.as_dict() for r in runs]}, indent=1))
+            return 0
+        if not runs:
+            print(f"no runs remembered yet in {history.path}" + (" that match" if args.find or args.since else ""))
+        for r in runs:
+            figures = " · ".join(p for p in (
+                f"TTFT {r.ttft_ms:,.1f} ms" if r.ttft_ms is not None else "",
+                f"decode {r.decode_tok_s:,.2f} tok/s (achieved)" if r.decode_tok_s is not None else "",
+                f"{r.generated_tokens:,} new tokens" if r.generated_tokens is not None else "",
+                "busy machine" if busy(r.cpu_share) else "") if p)
+            print(f"{r.id:>5}  {r.at}  {safe_line(r.model)} [{safe_line(r.engine)}{', ' + r.format if r.format else ''}"
+                  f", {safe_line(r.device)}]  {safe_line(r.kind)}: {safe_line(r.ended)}")
+            if figures:
+                print(f"       {figures}")
+        for line in history.said:
+            print(f"note: {safe_line(line)}", file=sys.stderr)
+        return 0
+    finally:
+        history.close()
 
 
 # --- where ---------------------------------------------------------------------------------------------------------
@@ -285,6 +372,7 @@ def load_parser() -> argparse.ArgumentParser:
 def _add_output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", metavar="FILE", help="save the experiment's events as JSON lines")
     p.add_argument("--json", action="store_true", help="print the points and the result as JSON")
+    p.add_argument("--no-history", action="store_true", help="do not add the experiment to the run history")
 
 
 def sweep_main(argv: list[str]) -> int:
@@ -315,11 +403,14 @@ def load_main(argv: list[str]) -> int:
 def _run(lesson: Lesson, target: Any, settings: Any, args: argparse.Namespace, writer: Any, peaks: Any) -> int:
     """Run the lesson with progress on stderr, print its table (or JSON), write its trace."""
     events: list[object] = []
+    remember = history_recorder(args.no_history)
 
     def sink(event: object) -> None:
         events.append(event)
         if writer is not None:
             writer(event)
+        if remember is not None:
+            remember(event)
         if isinstance(event, ExperimentProgress) and not args.json:
             print(f"[{event.done}/{event.total}] {safe_line(event.message)}", file=sys.stderr, flush=True)
 
@@ -342,6 +433,7 @@ def _run(lesson: Lesson, target: Any, settings: Any, args: argparse.Namespace, w
             print(f"why the tokens differ: {finished.result.tokens_note}")
         if finished.reason != "done":
             print(f"({finished.reason})")
+    say_history_problem(remember)
     if not close_writer(writer):
         return EXIT_BAD_INPUT
     # Stopped, or ended early (a worker that died, requests that failed): what was measured is printed and kept,
