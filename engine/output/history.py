@@ -124,18 +124,25 @@ class History:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             return self._connect(self.path)
         except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
-                beside = self.path.with_name(f"history.{os.getpid()}.sqlite")
-                self.problem = (f"The run history {self.path} is in use by another program: this session's runs "
-                                f"are remembered in {beside} instead")
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                return self._in_memory(exc)          # it could not be opened at all: nothing there to set aside
+            beside = self.path.with_name(f"history.{os.getpid()}.sqlite")
+            self.problem = (f"The run history {self.path} is in use by another program: this session's runs "
+                            f"are remembered in {beside} instead")
+            try:
                 return self._connect(beside)
+            except sqlite3.Error as again:
+                return self._in_memory(again)
+        except sqlite3.DatabaseError as exc:         # it opened, and what is there is not a database
             return self._aside(exc)
-        except sqlite3.DatabaseError as exc:
-            return self._aside(exc)
-        except OSError as exc:
-            self.problem = (f"The run history cannot be kept at {self.path} ({exc.strerror or exc}): runs are "
-                            "remembered until the window closes only")
-            return self._connect(":memory:")
+        except (OSError, ValueError) as exc:         # not a folder, not writable, a name no file can have
+            return self._in_memory(exc)
+
+    def _in_memory(self, exc: Exception) -> sqlite3.Connection:
+        why = getattr(exc, "strerror", None) or exc
+        self.problem = (f"The run history cannot be kept at {self.path} ({why}): runs are remembered until the "
+                        "window closes only")
+        return self._connect(":memory:")
 
     def _aside(self, exc: Exception) -> sqlite3.Connection:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")

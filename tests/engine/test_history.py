@@ -129,3 +129,13 @@ def test_a_cli_run_is_remembered_unless_told_not_to(tiny_model_dir, tmp_path, mo
     assert cli.main(base) == 0 and cli.main([*base, "--no-history"]) == 0
     [run] = History().runs()
     assert (run.kind, run.generated_tokens, run.ended) == ("generate", 3, "max_tokens")
+
+
+def test_a_history_that_cannot_be_opened_at_all_keeps_runs_in_memory_and_moves_nothing(tiny, tmp_path):
+    path = tmp_path / "history.sqlite"
+    path.mkdir()                                                     # a folder where the file would be
+    history = History(path)
+    assert history.problem.startswith(f"The run history cannot be kept at {path}")
+    assert "until the window closes only" in history.problem
+    _run(tiny, HistoryRecorder(history))
+    assert len(history.runs()) == 1 and path.is_dir() and [p.name for p in tmp_path.iterdir()] == ["history.sqlite"]

@@ -64,7 +64,8 @@ def _one_child(job: dict, time_cap_s: float, tally: Tally) -> tuple[int | None, 
     """Run a child to its end; ``(last index reported, why it died or None)``."""
     env = {**os.environ, "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1", "QT_QPA_PLATFORM": "offscreen",
            "KVSCOPE_CACHE_DIR": str(Path(job["work"]) / "cache"),
-           "KVSCOPE_CONFIG_DIR": str(Path(job["work"]) / "config"), "HOME": str(Path(job["work"]) / "home"),
+           "KVSCOPE_CONFIG_DIR": str(Path(job["work"]) / "config"), "KVSCOPE_DATA_DIR": str(Path(job["work"]) / "data"),
+           "HOME": str(Path(job["work"]) / "home"),
            "XDG_CONFIG_HOME": str(Path(job["work"]) / "home" / ".config"), "PYTHONDONTWRITEBYTECODE": "1",
            "TMPDIR": job["work"],
            "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}

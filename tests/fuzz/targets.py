@@ -355,6 +355,7 @@ ENVIRONMENT = {
     "KVSCOPE_LINEAR": lambda: __import__("engine.model.kernels", fromlist=["x"]).offered(__import__("torch").float32),
     "KVSCOPE_CACHE_DIR": lambda: __import__("engine.store.paths", fromlist=["x"]).cache_dir(),
     "KVSCOPE_CONFIG_DIR": lambda: __import__("engine.store.paths", fromlist=["x"]).config_dir(),
+    "KVSCOPE_DATA_DIR": lambda: _history_at_env(),
     "KVSCOPE_FAULTS": lambda: __import__("engine.run.faults", fromlist=["x"]).from_env(),
     "KVSCOPE_EMBEDDED_GGUF": lambda: __import__("engine.model.models", fromlist=["x"]).resolve_source("embedded"),
     "KVSCOPE_PACKAGE_AUTOTUNE": lambda: __import__("engine.model.packaged", fromlist=["x"]).options(),
@@ -367,16 +368,36 @@ ENVIRONMENT = {
 }
 
 
+MAX_ARG_STRLEN = 128 * 1024
+FOLDERS = ("KVSCOPE_CACHE_DIR", "KVSCOPE_CONFIG_DIR", "KVSCOPE_DATA_DIR", "OLLAMA_MODELS", "LLAMA_CACHE",
+           "HF_HUB_CACHE")
+
+
+def _history_at_env() -> str:
+    """The run history where the variable says: opened, one run's worth of nothing read back, closed."""
+    from engine.output.history import History
+
+    history = History()
+    try:
+        return f"{len(history.runs())} runs; {history.problem}"
+    finally:
+        history.close()
+
+
 def _environment(data: bytes, work: Path) -> object:
-    """One variable KVScope reads, set to the fuzzed value (a NUL cannot be in an environment: dropped)."""
+    """One variable KVScope reads, set to the fuzzed value as a program can receive it: a NUL cannot be in an
+    environment (dropped), and no value longer than Linux's ``MAX_ARG_STRLEN`` (128 KiB) reaches a program it
+    starts (cut there: a 70 MiB value set in-process left 70 MiB of the child's address space mapped each time)."""
     names = sorted(ENVIRONMENT)
     name, _, value = data.partition(b"=")
+    value = value[:MAX_ARG_STRLEN - 1]
     key = name.decode("utf-8", "replace")
     key = key if key in ENVIRONMENT else names[len(name) % len(names)]
     text = value.replace(b"\x00", b"").decode("utf-8", "surrogateescape")
-    if key in ("KVSCOPE_CACHE_DIR", "KVSCOPE_CONFIG_DIR", "OLLAMA_MODELS", "LLAMA_CACHE", "HF_HUB_CACHE") and \
-            not os.path.isabs(text):
+    if key in FOLDERS and not os.path.isabs(text):
         text = str(work / text)                    # a relative folder is made where the test is
+    elif key == "KVSCOPE_DATA_DIR":                # opening the history makes its folder: under the test's, too
+        text = str(work / text.lstrip("/"))
     saved = os.environ.get(key)
     os.environ[key] = text
     try:
@@ -390,7 +411,8 @@ def _environment(data: bytes, work: Path) -> object:
 
 def _environment_seeds() -> list[bytes]:
     values = {"KVSCOPE_THREADS": b"fixed", "KVSCOPE_LINEAR": b"aten", "KVSCOPE_CACHE_DIR": b"cache",
-              "KVSCOPE_CONFIG_DIR": b"config", "KVSCOPE_FAULTS": b"decode:3:fail,prefill:1:sleep=0.01",
+              "KVSCOPE_CONFIG_DIR": b"config", "KVSCOPE_DATA_DIR": b"data",
+              "KVSCOPE_FAULTS": b"decode:3:fail,prefill:1:sleep=0.01",
               "KVSCOPE_EMBEDDED_GGUF": b"/nonexistent/model.gguf", "KVSCOPE_PACKAGE_AUTOTUNE": b"0",
               "KVSCOPE_API_KEY": b"sk-123", "KVSCOPE_PREFILL_PACKAGE": b"always", "OLLAMA_MODELS": b"ollama",
               "LLAMA_CACHE": b"llama", "HF_HUB_CACHE": b"hub"}
@@ -406,8 +428,8 @@ def _warm_torch() -> None:
 def _warm_environment() -> None:
     _warm_torch()
     for module in ("engine.model.threads", "engine.model.kernels", "engine.store.paths", "engine.run.faults",
-                   "engine.model.packaged", "engine.serve.client", "engine.model.found", "huggingface_hub.errors",
-                   "transformers.integrations.ggml"):
+                   "engine.model.packaged", "engine.serve.client", "engine.model.found",
+                   "engine.output.history", "sqlite3", "huggingface_hub.errors", "transformers.integrations.ggml"):
         __import__(module)
     from huggingface_hub import constants, scan_cache_dir  # noqa: F401 - imported on first use
 
