@@ -25,6 +25,7 @@ from app.views.chart import READABLE_DATA_PX, Chart
 from engine.facts import contention
 from engine.facts.costmodel import Device, ModelCost
 from engine.facts.events import HardwarePeaks, RunSummary
+from engine.serve.remote import server_phases
 
 WAIT_GAP_MS = 1.0           # waits shorter than this are not drawn apart
 WAIT_SAID_MS = 50.0         # waits shorter than this are not worth a word in the header ("0.0 s waiting")
@@ -381,11 +382,9 @@ def remote_summary(run: RunRecord, s) -> str:
     text = (f"<b>#{run.number}</b> {escape(run.label)} · TTFT <b>{s.ttft_ms:,.1f} ms</b> (client: request sent to "
             f"first token; grey bar) · decode {s.decode_runs} tokens, <b>{s.decode_tok_s:,.1f} tok/s</b> (client)")
     t = s.server_timings
-    if "timings.prompt_ms" in t:
-        text += (f"<br>Server reported: prompt {t.get('timings.prompt_n', '?')} tokens in "
-                 f"{t['timings.prompt_ms']:,.1f} ms"
-                 f", {t.get('timings.predicted_n', '?')} tokens in {t.get('timings.predicted_ms', 0.0):,.1f} ms, "
-                 f"{t.get('timings.cache_n', 0)} prompt tokens from its cache")
+    phases = server_phases(t)
+    if phases is not None:
+        text += f"<br>Server reported: {escape(phases.line())}"
     elif t:
         text += "<br>Server reported: " + escape(", ".join(f"{k} {v:,}" for k, v in sorted(t.items())))
     elif run.finished:

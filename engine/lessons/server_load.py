@@ -37,6 +37,7 @@ from engine.serve import client, kv_events, metrics, slots
 from engine.serve.block_events import KVBlocks, RequestBlocks
 from engine.serve.client import RemoteError, get_text
 from engine.serve.prefix_tree import PrefixTree
+from engine.serve.remote import server_phases
 from engine.serve.workload import Workload, read_workload
 
 MAX_REQUESTS = 64
@@ -277,15 +278,16 @@ class LoadTest:
                 self.emit(walked)
         decode_s, timings = s.decode_ms / 1000.0, s.server_timings
         sent = prompt_size(timings)
+        phases = server_phases(timings)               # the server's own split, whatever its engine calls it
         served = ServedRequest(
             index=index, arrival_ms=arrival, ttft_ms=s.ttft_ms, e2e_ms=(time.perf_counter() - start) * 1000,
             generated=s.generated_tokens, ok=isinstance(result, RunFinished) and result.reason != "stopped",
             decode_tok_s=s.decode_runs / decode_s if decode_s > 0 else 0.0,
             cached_tokens=cached, predicted_tokens=predicted if prompt_ids is not None else None,
-            prompt_tokens=_whole(sent), server_prompt_ms=timings.get("timings.prompt_ms"),
-            server_predicted_ms=timings.get("timings.predicted_ms"),
-            server_prompt_n=_whole(timings.get("timings.prompt_n")),
-            server_cache_n=_whole(timings.get("timings.cache_n")))
+            prompt_tokens=_whole(sent), server_prompt_ms=phases.prompt_ms if phases else None,
+            server_predicted_ms=phases.generated_ms if phases else None,
+            server_prompt_n=_whole(phases.prompt_tokens) if phases else None,
+            server_cache_n=_whole(phases.cached_tokens) if phases else None)
         with self.lock:
             self.served[index] = served
             experiment.point(served)

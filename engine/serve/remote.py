@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -47,7 +48,7 @@ from engine.facts.fields import MAX_CANDIDATES, MAX_CONTEXT, MAX_NUMBER, MAX_TEX
 from engine.facts.params import DEADLINE_S, GenerationParams
 from engine.facts.tally import RunTally
 from engine.facts.textstream import clean_text
-from engine.serve import metrics
+from engine.serve import metrics, ollama
 from engine.serve.client import (
     MAX_LINE,
     RemoteError,
@@ -87,8 +88,13 @@ def probe(url: str, timeout: float = 5.0, deadline_s: float = DEADLINE_S) -> Ser
     context = _context(first.get("max_model_len")) or _context(meta.get("n_ctx"))
     engine = {"llamacpp": "llama.cpp", "vllm": "vLLM", "sglang": "SGLang"}.get(owner, "")
     reveals = ["a token stream timed by this client"]
+    own = _ollama_facts(where, name, timeout)
+    if own is not None:
+        engine, context = "Ollama", context or own
+        reveals.append("its own prefill and decode split per answer (prompt_eval_count and prompt_eval_duration, "
+                       "eval_count and eval_duration, load_duration)")
     try:
-        props = get_json(where, "/props", timeout)
+        props = get_json(where, "/props", timeout) if engine != "Ollama" else None
         settings = props.get("default_generation_settings", {}) if isinstance(props, dict) else {}
         settings = settings if isinstance(settings, dict) else {}
         if isinstance(props, dict):
@@ -111,6 +117,26 @@ def probe(url: str, timeout: float = 5.0, deadline_s: float = DEADLINE_S) -> Ser
         reveals.append("its own prompt and decode timings per response (timings: prompt_ms, predicted_ms, cache_n)")
     return ServerFacts(name=name or "model", url=where.url, engine=engine or "OpenAI-compatible server",
                        context=context, metrics=has_metrics, reveals=reveals)
+
+
+def _ollama_facts(where, name: str, timeout: float) -> int | None | bool:
+    """None when the server is not Ollama (it answers ``/api/version`` with its version); else the context the
+    model runs with when ``/api/ps`` says (it loads models on demand), or False."""
+    try:
+        version = get_json(where, "/api/version", timeout)
+    except RemoteError:
+        return None
+    if not isinstance(version, dict) or not isinstance(version.get("version"), str):
+        return None
+    try:
+        loaded = get_json(where, "/api/ps", timeout)
+    except RemoteError:
+        return False
+    models = loaded.get("models") if isinstance(loaded, dict) else None
+    for model in models if isinstance(models, list) else []:
+        if isinstance(model, dict) and model.get("name") == name:
+            return _context(model.get("context_length")) or False
+    return False
 
 
 def _context(value: object) -> int | None:
@@ -258,6 +284,7 @@ class _Stream:
         # No answer is longer than the server's context: a stream that goes on past it (or past 262,144 tokens
         # from a server that states none) is ended here, so memory stays bounded whatever the server does.
         self.limit = min(params.max_new_tokens, session.facts.context or UNSTATED_CONTEXT)
+        self.native = session.facts.engine == "Ollama"      # its own API: its own prefill and decode figures
 
     def since(self) -> float:
         return (time.perf_counter() - self.t0) * 1000.0
@@ -272,10 +299,13 @@ class _Stream:
                              model=s.facts, params=params, prompt=self.prompt, prompt_ids=[], prompt_pieces=[],
                              started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), t_ms=0.0,
                              kind=self.kind))
-        path = "/v1/chat/completions" if self.messages is not None else "/v1/completions"
+        if self.native:
+            path, body = ollama.request(s.facts.name, self.messages, self.prompt, params)
+        else:
+            path = "/v1/chat/completions" if self.messages is not None else "/v1/completions"
+            body = s.body(self.messages, self.prompt, params, self.cache_prompt)
         try:
-            exchange = request(s.address, "POST", path, s.body(self.messages, self.prompt, params, self.cache_prompt),
-                               timeout=min(s.timeout, s.deadline_s))
+            exchange = request(s.address, "POST", path, body, timeout=min(s.timeout, s.deadline_s))
         except RemoteError as exc:
             return self._failed("unreachable", str(exc))
         watchdog = _Watchdog(exchange.sock, self.cancel, max(s.deadline_s - self.since() / 1000.0, 0.0))
@@ -300,16 +330,17 @@ class _Stream:
 
     def _check_stream(self, response: http.client.HTTPResponse) -> None:
         kind = (response.getheader("Content-Type") or "").split(";")[0].strip().lower()
-        if kind and kind != "text/event-stream":
+        wanted = ollama.STREAM_TYPES if self.native else ("text/event-stream",)
+        if kind and kind not in wanted:
             head = response.read(200).decode("utf-8", "replace")
-            raise RemoteError(f"the server answered with {short(kind, 60)}, not a token stream (text/event-stream): "
+            raise RemoteError(f"the server answered with {short(kind, 60)}, not a token stream ({wanted[0]}): "
                               f"{short(head, 80)!r}")
 
     def _read(self, response: http.client.HTTPResponse) -> str:
         """Tokens until the server says it is done, the run has its ``max_new_tokens``, or Stop."""
         reason = None
         self.last = self.since()
-        for payload in sse_payloads(response):
+        for payload in (ollama.payloads if self.native else sse_payloads)(response):
             if self.cancel.is_set():
                 return "stopped"
             try:
@@ -323,12 +354,12 @@ class _Stream:
                     else chunk["error"]
                 raise RemoteError(f"the server reported an error mid-stream: {short(message)}")
             self.figures.absorb(chunk)
-            for text, token_id, prob, candidates, cut in _pieces(chunk):
+            for text, token_id, prob, candidates, cut in (_native_pieces if self.native else _pieces)(chunk):
                 if self.tally.generated >= self.limit:                  # more than it can or was asked to send
                     self.figures.note_cut_stream(self.limit, self._limit_words())
                     return "max_tokens" if self.limit == self.params.max_new_tokens else "context_full"
                 self._token(text, token_id, prob, candidates, cut)
-            finish = _finishreason_of(chunk)
+            finish = (ollama.finish_of if self.native else _finishreason_of)(chunk)
             if finish is not None:
                 reason = finish
         if reason is None:
@@ -375,6 +406,7 @@ class _Figures:
         self.tally = tally
         self.usage: dict = {}
         self.timings: dict = {}
+        self.own: dict = {}                     # figures under the server's own API's names (Ollama's)
         self.split = 0
         self.cut_candidates = 0
 
@@ -383,6 +415,7 @@ class _Figures:
             self.usage = chunk["usage"]
         if isinstance(chunk.get("timings"), dict):
             self.timings = chunk["timings"]
+        self.own.update(ollama.figures_of(chunk))
 
     def note_cut_stream(self, limit: int, why: str) -> None:
         self.tally.notes.append(f"the stream was ended by this client at {why} ({limit:,} tokens): the server "
@@ -392,6 +425,7 @@ class _Figures:
         """Move the server's figures into the tally: numbers within bounds, counts as counts, the rest noted."""
         reported = {f"timings.{k}": v for k, v in self.timings.items()}
         reported.update({f"usage.{k}": v for k, v in self.usage.items() if not isinstance(v, dict)})
+        reported.update(self.own)
         details = self.usage.get("prompt_tokens_details")
         if isinstance(details, dict) and "cached_tokens" in details:
             reported["usage.prompt_tokens_details.cached_tokens"] = details["cached_tokens"]
@@ -406,7 +440,7 @@ class _Figures:
             elif value is not None and not isinstance(value, (str, bool, list)):
                 dropped.append(key)
         self.tally.server_timings = kept
-        prompt = kept.get("timings.prompt_n", kept.get("usage.prompt_tokens"))
+        prompt = kept.get("timings.prompt_n", kept.get("usage.prompt_tokens", kept.get("ollama.prompt_eval_count")))
         cached = kept.get("timings.cache_n", kept.get("usage.prompt_tokens_details.cached_tokens"))
         self.tally.server_prompt_tokens = _count(prompt, "prompt tokens", dropped)
         self.tally.server_cached_tokens = _count(cached, "cached prompt tokens", dropped)
@@ -469,6 +503,12 @@ def _pieces(chunk: dict) -> list[Piece]:
     return []
 
 
+def _native_pieces(chunk: dict) -> list[Piece]:
+    """The text of one chunk of Ollama's own stream, as pieces (it sends no probabilities there)."""
+    text = ollama.text_of(chunk)
+    return [(piece, None, None, [], 0) for piece in _split(clean_text(text)[0])] if text else []
+
+
 def _split(text: str) -> list[str]:
     """Text in pieces a token's text may be (``MAX_TEXT`` characters); most are one piece."""
     return [text[i:i + MAX_TEXT] for i in range(0, len(text), MAX_TEXT)] or [""]
@@ -485,6 +525,60 @@ def _prob(logprob: object) -> float | None:
     return min(1.0, math.exp(logprob))
 
 
+@dataclass(frozen=True)
+class ServerPhases:
+    """A server's own prefill/decode split of one answer, in one shape whatever the engine called it: llama.cpp's
+    ``timings`` (``prompt_n`` in ``prompt_ms``, ``predicted_n`` in ``predicted_ms``, ``cache_n``) or Ollama's
+    (``prompt_eval_count`` in ``prompt_eval_duration``, ``eval_count`` in ``eval_duration``, nanoseconds)."""
+
+    engine_words: str                   # whose names these were ("llama.cpp's timings", "Ollama's own figures")
+    prompt_tokens: float | None
+    prompt_ms: float
+    generated_tokens: float | None
+    generated_ms: float | None
+    cached_tokens: float | None = None
+    load_ms: float | None = None
+    total_ms: float | None = None
+
+    def line(self) -> str:
+        """One line, labelled as the server's ("as reported by the server")."""
+        def rate(n: float | None, ms: float | None) -> str:
+            return f" ({n / (ms / 1000.0):,.2f} tok/s)" if n and ms else ""
+
+        parts = [f"prompt {_whole_words(self.prompt_tokens)} tokens in {self.prompt_ms:,.1f} ms"
+                 f"{rate(self.prompt_tokens, self.prompt_ms)}"]
+        if self.generated_ms is not None:
+            parts.append(f"{_whole_words(self.generated_tokens)} tokens generated in {self.generated_ms:,.1f} ms"
+                         f"{rate(self.generated_tokens, self.generated_ms)}")
+        if self.cached_tokens is not None:
+            parts.append(f"{_whole_words(self.cached_tokens)} prompt tokens from its cache")
+        if self.load_ms is not None:
+            parts.append(f"model load {self.load_ms:,.1f} ms")
+        if self.total_ms is not None:
+            parts.append(f"total {self.total_ms:,.1f} ms")
+        return ", ".join(parts) + f" ({self.engine_words}, as reported by the server)"
+
+
+def server_phases(t: dict[str, float]) -> ServerPhases | None:
+    """The server's own split from ``RunSummary.server_timings``, or None when it reported none."""
+    if "timings.prompt_ms" in t:
+        return ServerPhases("llama.cpp's timings", t.get("timings.prompt_n"), t["timings.prompt_ms"],
+                            t.get("timings.predicted_n"), t.get("timings.predicted_ms"), t.get("timings.cache_n", 0))
+    if "ollama.prompt_eval_duration" in t:
+        def ms(name: str) -> float | None:
+            value = t.get(f"ollama.{name}")
+            return value / ollama.NS_PER_MS if value is not None else None
+
+        return ServerPhases("Ollama's own figures", t.get("ollama.prompt_eval_count"), ms("prompt_eval_duration"),
+                            t.get("ollama.eval_count"), ms("eval_duration"), None, ms("load_duration"),
+                            ms("total_duration"))
+    return None
+
+
+def _whole_words(value: float | None) -> str:
+    return "?" if value is None else f"{value:,.0f}"
+
+
 def remote_report(s: RunSummary) -> str:
     """Client-side figures (measured here) and the server's own (as reported), never mixed."""
     rate = f"{s.decode_runs / (s.decode_ms / 1000.0):,.2f} tokens per second" if s.decode_ms > 0 else "n/a"
@@ -492,11 +586,9 @@ def remote_report(s: RunSummary) -> str:
              f"decode {s.decode_ms:,.1f} ms for {s.decode_runs} tokens after the first ({rate}); "
              f"total {s.total_ms:,.1f} ms (measured by this client's clock)"]
     t = s.server_timings
-    if "timings.prompt_ms" in t:
-        lines.append(f"server: prompt {t.get('timings.prompt_n', '?')} tokens in {t['timings.prompt_ms']:,.1f} ms, "
-                     f"{t.get('timings.predicted_n', '?')} tokens predicted in "
-                     f"{t.get('timings.predicted_ms', 0):,.1f} ms, "
-                     f"{t.get('timings.cache_n', 0)} prompt tokens from its cache (as reported by the server)")
+    phases = server_phases(t)
+    if phases is not None:
+        lines.append("server: " + phases.line())
     elif t:
         lines.append("server: " + ", ".join(f"{k} {v:,}" for k, v in sorted(t.items())) + " (as reported)")
     else:
