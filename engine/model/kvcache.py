@@ -296,20 +296,26 @@ def positions_seen(cache: Any) -> int:
 def norms(cache: Any, first: int, end: int) -> tuple[list[list[float]], list[list[float]]]:
     """Mean over KV heads of the L2 norm of each cached key and value, positions ``first:end``, one reduction
     per layer and one copy to the host. Keys and values may differ in width (a latent layer's compressed vector
-    and rope key): each is reduced over its own last dimension. A sliding layer holding fewer positions is
-    left-padded with 0, and a layer with no keys (a state-space layer) is all 0."""
+    and rope key): each is reduced over its own last dimension. A layer whose tensor is at least ``end`` long holds
+    position p at index p (a dynamic cache's exactly, a static cache's buffer with its unwritten end after it); a
+    sliding layer holding fewer keeps the last ones, and is left-padded with 0; a layer with no keys (a state-space
+    layer) is all 0. Layers on different devices (an offloaded cache) are each reduced where they are."""
     span = end - first
     tensors = [t for layer in cache.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
-    if all(t is not None and t.numel() and t.shape[2] >= span for t in tensors) and \
-            len({t.shape[1:2] + t.shape[3:] for t in tensors}) == 1:               # one shape: one reduction
-        values = torch.stack([t[0, :, -span:] for t in tensors]).float().norm(dim=-1).mean(dim=1).tolist()
+    if all(t is not None and t.numel() and t.shape[2] >= end for t in tensors) and \
+            len({t.shape[1:2] + t.shape[3:] for t in tensors}) == 1 and len({t.device for t in tensors}) == 1:
+        values = torch.stack([t[0, :, first:end] for t in tensors]).float().norm(dim=-1).mean(dim=1).tolist()
         return values[0::2], values[1::2]
     rows: list[torch.Tensor | None] = []
     for layer in cache.layers:
         for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):  # [1, kv_heads, held, dim]
-            held = t.shape[2] if t is not None and t.numel() else 0              # a sliding layer keeps the last
-            take = max(min(held, span), 0)                                       # `held` positions only
-            rows.append(t[0, :, held - take:].float().norm(dim=-1).mean(dim=0) if take else None)   # [take]
+            held = t.shape[2] if t is not None and t.numel() else 0
+            if held >= end:                                                      # position p at index p
+                window = t[0, :, first:end]
+            else:                                                                # a sliding layer: the last
+                take = max(min(held, span), 0)                                   # `held` positions only
+                window = t[0, :, held - take:] if take else None
+            rows.append(window.float().norm(dim=-1).mean(dim=0).cpu() if window is not None else None)   # [n]
     present = [r for r in rows if r is not None]
     flat = torch.cat(present).tolist() if present else []
     values, at = [], 0

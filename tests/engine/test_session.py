@@ -95,6 +95,24 @@ def test_kv_norms_cover_every_cached_position_once(tiny):
     assert len(norms) < result.summary.generated_tokens             # batched, not one per step
 
 
+def test_a_static_caches_norms_are_its_positions_not_its_buffers_unwritten_end(tiny):
+    """A static cache's buffer is as long as the cache may grow: position p sits at index p, zeros after the last
+    written one. Its heatmap once read the buffer's end (shifted, zeros at the right)."""
+    def grid(static: bool) -> list[list[float]]:
+        events, _ = run_collect(Session(tiny), max_new_tokens=8, static_cache=static)
+        rows: list[list[float]] = [[] for _ in range(events[0].model.num_layers)]
+        for e in (e for e in events if isinstance(e, KVNorms)):
+            for row, values in zip(rows, e.k_norms):
+                row += values
+        return rows
+
+    dynamic, static = grid(False), grid(True)
+    assert [len(r) for r in static] == [len(r) for r in dynamic]
+    assert all(v > 0 for row in static for v in row)
+    for a, b in zip(dynamic, static):
+        assert b == pytest.approx(a, rel=1e-4)
+
+
 def test_kv_norms_match_the_cache_tensors(tiny):
     from transformers import DynamicCache
 
