@@ -1,6 +1,7 @@
 """Runs as OpenTelemetry spans, for the tracing a team already runs: every run in a trace (a local run, each
 request of a load test) one span following OpenTelemetry's GenAI semantic conventions (``chat {model}``, with
-``gen_ai.request.*``, ``gen_ai.usage.*`` and ``gen_ai.response.finish_reasons``), its latencies under the names
+``gen_ai.request.*``, ``gen_ai.usage.*``, ``gen_ai.response.finish_reasons`` and ``time_to_first_chunk``, every
+name taken from the installed ``opentelemetry-semantic-conventions``), its latencies also under the names
 vLLM and SGLang give theirs (``gen_ai.latency.time_to_first_token``, ``..._in_model_prefill``, ``..._decode``,
 ``e2e``, in seconds), and two child spans: until the first token (the prefill; a client sees only the wait) and
 decode. Where a figure was measured is said (``kvscope.measured_by``: the engine here or a client of a server).
@@ -24,6 +25,9 @@ from engine.facts.events import ModelFacts, RunFailed, RunFinished, RunStarted
 from engine.output.trace import OneClock
 from engine.store.files import write_text
 
+# vLLM's and SGLang's own span attributes for a request's phases, in seconds: no convention names them yet.
+VLLM_LATENCY = "gen_ai.latency."
+
 
 class OTLPError(EngineError):
     """Spans that cannot be made or sent, in one line."""
@@ -32,9 +36,10 @@ class OTLPError(EngineError):
 def _sdk() -> Any:
     try:
         from opentelemetry.sdk import trace as sdk_trace
+        from opentelemetry.semconv._incubating.attributes import gen_ai_attributes  # noqa: F401 (the names)
     except ImportError:
-        raise OTLPError("OpenTelemetry export needs the SDK: pip install 'kvscope[otel]' (opentelemetry-sdk and "
-                        "opentelemetry-exporter-otlp-proto-http)") from None
+        raise OTLPError("OpenTelemetry export needs the SDK: pip install 'kvscope[otel]' (opentelemetry-sdk, "
+                        "opentelemetry-exporter-otlp-proto-http and opentelemetry-semantic-conventions)") from None
     return sdk_trace
 
 
@@ -90,33 +95,38 @@ def spans(events: Iterable[object]) -> Sequence[Any]:
 
 
 def _attributes(run: RunStarted, end: RunFinished | RunFailed, remote: bool) -> dict[str, Any]:
+    """The span's attributes: the GenAI conventions' names from the installed package (never typed here), vLLM's
+    ``gen_ai.latency.*`` beside them (what its and SGLang's own spans carry), and KVScope's own under ``kvscope.``."""
+    from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+
     s, p = end.summary, run.params
     out: dict[str, Any] = {
-        "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": getattr(run.model, "engine", "") or "kvscope",
-        "gen_ai.request.model": run.model.name,
-        "gen_ai.request.max_tokens": p.max_new_tokens, "gen_ai.request.temperature": p.temperature,
-        "gen_ai.request.top_p": p.top_p, "gen_ai.request.top_k": p.top_k,
-        "gen_ai.usage.output_tokens": s.generated_tokens,
-        "gen_ai.latency.time_to_first_token": s.ttft_ms / 1000.0,
-        "gen_ai.latency.e2e": s.total_ms / 1000.0,
-        "gen_ai.latency.time_in_model_decode": s.decode_ms / 1000.0,
+        gen_ai.GEN_AI_OPERATION_NAME: gen_ai.GenAiOperationNameValues.CHAT.value,
+        gen_ai.GEN_AI_PROVIDER_NAME: getattr(run.model, "engine", "") or "kvscope",
+        gen_ai.GEN_AI_REQUEST_MODEL: run.model.name,
+        gen_ai.GEN_AI_REQUEST_MAX_TOKENS: p.max_new_tokens, gen_ai.GEN_AI_REQUEST_TEMPERATURE: p.temperature,
+        gen_ai.GEN_AI_REQUEST_TOP_P: p.top_p, gen_ai.GEN_AI_REQUEST_TOP_K: p.top_k,
+        gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: s.generated_tokens,
+        gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: s.ttft_ms / 1000.0,
+        VLLM_LATENCY + "time_to_first_token": s.ttft_ms / 1000.0,
+        VLLM_LATENCY + "e2e": s.total_ms / 1000.0,
+        VLLM_LATENCY + "time_in_model_decode": s.decode_ms / 1000.0,
         "kvscope.measured_by": "client of the server" if remote else "KVScope's engine",
         "kvscope.run_id": run.run_id,
     }
     if p.seed is not None:
-        out["gen_ai.request.seed"] = p.seed
+        out[gen_ai.GEN_AI_REQUEST_SEED] = p.seed
     if isinstance(end, RunFinished):
-        out["gen_ai.response.finish_reasons"] = [end.reason]
+        out[gen_ai.GEN_AI_RESPONSE_FINISH_REASONS] = [end.reason]
     prompt = s.server_timings.get("usage.prompt_tokens") if remote else (
         (s.prompt_tokens or 0) + (s.reused_tokens or 0))
     if prompt is not None:
-        out["gen_ai.usage.input_tokens"] = int(prompt)
+        out[gen_ai.GEN_AI_USAGE_INPUT_TOKENS] = int(prompt)
     cached = s.server_cached_tokens if remote else s.reused_tokens
     if cached is not None:
-        out["gen_ai.usage.cache_read.input_tokens"] = cached
+        out[gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = cached
     if s.prefill_ms is not None and not remote:
-        out["gen_ai.latency.time_in_model_prefill"] = s.prefill_ms / 1000.0
+        out[VLLM_LATENCY + "time_in_model_prefill"] = s.prefill_ms / 1000.0
     if s.decode_runs:
         out["kvscope.time_per_output_token_ms"] = s.decode_ms / s.decode_runs
     for name, value in s.server_timings.items():       # the server's own figures, under its own names

@@ -33,6 +33,7 @@ def test_a_load_tests_requests_are_genai_spans_with_kvscopes_figures_read_back_b
         assert a["gen_ai.request.model"] == "smollm2"
         assert a["gen_ai.usage.output_tokens"] == run.summary.generated_tokens
         assert a["gen_ai.latency.time_to_first_token"] == pytest.approx(run.summary.ttft_ms / 1000)
+        assert a["gen_ai.response.time_to_first_chunk"] == a["gen_ai.latency.time_to_first_token"]   # the conventions'
         assert a.get("gen_ai.usage.cache_read.input_tokens") == run.summary.reused_tokens     # absent: unsaid
         assert a["gen_ai.response.finish_reasons"] == [run.reason]
         assert a["kvscope.measured_by"] == "client of the server"
