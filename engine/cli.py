@@ -21,6 +21,7 @@ from engine.facts.contention import busy
 from engine.facts.errors import EngineError, ParameterError
 from engine.facts.events import AttentionStep, RunFailed, RunStarted, TokenStep, plain
 from engine.facts.params import GenerationParams
+from engine.facts.provenance import run_sources
 from engine.facts.report import report
 from engine.facts.textstream import safe, safe_line
 from engine.model import threads
@@ -201,7 +202,8 @@ def run_generate(args: argparse.Namespace, params: GenerationParams) -> int:
                    "kv_positions_full_context": kvformula.full_context_positions(facts),
                    "state_bytes": kvformula.state_bytes(facts),
                    "kv_layers": [dataclasses.asdict(layer) for layer in facts.kv_layers],
-                   "busy": busy(summary.cpu_share), "threads": threads.policy()}
+                   "busy": busy(summary.cpu_share), "threads": threads.policy(),
+                   "sources": [row.as_dict() for row in run_sources(facts, summary, kv_on=params.kv_cache)]}
         print(json.dumps(payload, indent=2))
     else:
         print("\n", file=out)
@@ -248,8 +250,8 @@ def run_remote(args: argparse.Namespace, params: GenerationParams, prompt: str, 
     s = result.summary
     if args.json:
         print(json.dumps({"server": plain(facts), "params": dataclasses.asdict(params),
-                          "result": "failed" if isinstance(result, RunFailed) else result.reason, **plain(s)},
-                         indent=2))
+                          "result": "failed" if isinstance(result, RunFailed) else result.reason, **plain(s),
+                          "sources": [row.as_dict() for row in run_sources(facts, s)]}, indent=2))
     else:
         print("\n")
         print(safe(remote_report(s)))

@@ -9,11 +9,22 @@ from html import escape
 from importlib import metadata
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QProgressBar, QPushButton, QVBoxLayout
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QHeaderView,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+)
 
 from engine import __version__
 from engine.facts.events import HardwarePeaks, ModelLoaded, ServerFacts
 from engine.facts.kvformula import format_bytes
+from engine.facts.provenance import run_sources
 from engine.store.paths import cache_dir, converted_models_dir, folder_bytes, offloaded_models_dir
 
 PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "PySide6", "pyqtgraph", "numpy")
@@ -122,3 +133,39 @@ def peaks_words(peaks: HardwarePeaks) -> str:
             "widened)" if peaks.wide_flops_per_s else "")
     return (f"{peaks.device}: {peaks.flops_per_s / 1e9:,.0f} GFLOP/s in {peaks.dtype}{wide}, "
             f"{peaks.bytes_per_s / 1e9:,.1f} GB/s (measured)")
+
+
+class SourcesDialog(QDialog):
+    """Where the shown run's figures come from: each measured here, reported by a server, computed, achieved or
+    estimated, and from what (``engine.facts.provenance``, the table ``python -m engine --json`` prints too)."""
+
+    def __init__(self, parent, run) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Where these figures come from")
+        self.resize(1000, 460)
+        layout = QVBoxLayout(self)
+        if run is None:
+            layout.addWidget(QLabel("No run is shown yet: run a prompt (or open a trace) and ask again."))
+            rows = []
+        else:
+            rows = run_sources(run.model, run.summary(with_text=False), run.peaks,
+                               kv_on=bool(run.started.params.kv_cache))
+            replayed = f" (replayed from {run.source})" if run.source else ""
+            layout.addWidget(QLabel(f"Run #{run.number}{replayed}: {len(rows)} figures"))
+        self.table = QTableWidget(len(rows), 4)
+        self.table.setHorizontalHeaderLabels(["Figure", "Value", "Kind", "From what"])
+        self.table.verticalHeader().setVisible(False)
+        self.table.setWordWrap(True)
+        for r, row in enumerate(rows):
+            kind = row.kind + (" (busy machine)" if row.busy else "")
+            for c, text in enumerate((row.figure, row.value, kind, row.source)):
+                self.table.setItem(r, c, QTableWidgetItem(text))
+        header = self.table.horizontalHeader()
+        for c in range(3):
+            header.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
+        self.table.resizeRowsToContents()
+        layout.addWidget(self.table, 1)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)

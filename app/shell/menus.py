@@ -40,6 +40,7 @@ class WindowActions(Protocol):
     def send_chat(self) -> None: ...
     def show_found(self, kind: str) -> None: ...
     def show_run_history(self) -> None: ...
+    def show_sources(self) -> None: ...
 
 
 def _action(window: WindowActions, menu, text: str, slot: Callable[[], object],
@@ -144,6 +145,7 @@ def build_menus(window: WindowActions, controller: Controller, lecture: Lecture,
 
     help_menu = bar.addMenu("&Help")
     _action(window, help_menu, "Keyboard shortcuts", window.show_shortcuts, QKeySequence.StandardKey.HelpContents)
+    _action(window, help_menu, "Where these figures come from (the shown run)…", window.show_sources, "Ctrl+I")
     _action(window, help_menu, "About KVScope", window.show_about)
     return actions
 
@@ -173,6 +175,7 @@ Esc, Ctrl+.  stop a run, an experiment or a replay (in a lecture scene Ctrl+.; E
 F10  step one token (starts paused after the prefill)
 F9  pause / resume
 Ctrl+L  load the model
+Ctrl+I  where the shown run's figures come from: measured, reported by a server, computed or achieved
 Ctrl+H  the run history: every run remembered across launches, up to four side by side
 Ctrl+Shift+O  the models and servers already on this computer; Ctrl+Shift+A  attach to a server running here
 Ctrl+Shift+Enter  send the chat message

@@ -42,7 +42,7 @@ from app.panels.sampling import SamplingPanel
 from app.panels.timing import TimingPanel
 from app.panels.tokens import WORKBENCH_LINES, TokensPanel
 from app.shell import window_settings
-from app.shell.dialogs import AboutDialog
+from app.shell.dialogs import AboutDialog, SourcesDialog
 from app.shell.dock_layout import TITLES, DockLayout
 from app.shell.file_actions import FileActions
 from app.shell.found_dialog import FoundDialog
@@ -322,6 +322,12 @@ class MainWindow(QMainWindow):
 
     def send_chat(self) -> None:
         self.chat.send()
+
+    def show_sources(self) -> None:
+        """Where the shown run's figures come from (Ctrl+I)."""
+        self.sources_dialog = SourcesDialog(self, self.selected_run() or (self.store.runs[-1] if self.store.runs
+                                                                          else None))
+        self.sources_dialog.show()
 
     def show_run_history(self) -> None:
         """Every run remembered across launches (Ctrl+H); the runs picked there open here as a replay."""
