@@ -103,3 +103,11 @@ def test_the_window_runs_and_load_tests_through_the_server(qtbot, llama_server, 
         assert record.result.completed == 2 and "tok/s</b> in all" in view.explain.text()
     finally:
         close_and_dispose(window)
+
+
+def test_discovery_tells_llama_server_by_its_own_endpoints(llama_server):
+    from engine.serve.discover import find_servers
+
+    [found] = find_servers([int(llama_server.rsplit(":", 1)[1])])
+    assert (found.engine, found.url, found.attachable) == ("llama.cpp", llama_server, True)
+    assert found.version and found.models                          # its build, and the model it serves

@@ -197,3 +197,12 @@ def test_the_window_draws_the_tree_through_vllm(qtbot, vllm_server, tmp_path, mo
         assert sorted(cached) == sorted(f"{v['cached_tokens']:,.0f}" for v in points)
     finally:
         close_and_dispose(window)
+
+
+def test_discovery_tells_vllm_by_its_own_endpoints(vllm_server):
+    from engine.serve.discover import find_servers
+
+    url, _events = vllm_server
+    [found] = find_servers([int(url.rsplit(":", 1)[1])])
+    assert (found.engine, found.url, found.attachable, found.models) == ("vLLM", url, True, ("smollm2",))
+    assert found.version                                           # from its /version
