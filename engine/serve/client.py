@@ -146,6 +146,11 @@ def request(where: Address, method: str, path: str, body: dict | None = None, ti
     headers = _headers(where, {"Content-Type": content_type} if payload is not None else None, api_key)
     heads = _HeadsDeadline(timeout)
     try:
+        connection.connect()
+    except (OSError, http.client.HTTPException, ValueError) as exc:      # refused, no such host, no answer to SYN
+        connection.close()
+        raise Unreachable(f"Cannot reach the server at {url}: {reason_of(exc)}") from None
+    try:
         connection.request(method, base + path, body=payload, headers=headers)
         sock = connection.sock
         with heads.watching(sock):
@@ -155,7 +160,9 @@ def request(where: Address, method: str, path: str, body: dict | None = None, ti
     except (ConnectionRefusedError, socket.gaierror, socket.timeout, TimeoutError, OSError,
             http.client.HTTPException, ValueError) as exc:
         connection.close()
-        if heads.passed:
+        # It took the connection: a wait past the deadline is the server's slowness, whichever clock saw it first
+        # (the socket's own timeout and the headers' deadline end together, and a busy machine picks either).
+        if heads.passed or isinstance(exc, (socket.timeout, TimeoutError)):
             raise TooSlow(f"The server at {url} took more than {timeout:g} s to send its answer's status line "
                               "and headers") from None
         raise Unreachable(f"Cannot reach the server at {url}: {reason_of(exc)}") from None
