@@ -93,8 +93,13 @@ def probe(url: str, timeout: float = 5.0, deadline_s: float = DEADLINE_S) -> Ser
         engine, context = "Ollama", context or own
         reveals.append("its own prefill and decode split per answer (prompt_eval_count and prompt_eval_duration, "
                        "eval_count and eval_duration, load_duration)")
+    studio = _lm_studio_facts(where, name, timeout) if own is None else None
+    if studio is not None:
+        engine, context = "LM Studio", context or studio
+        reveals.append("its own stats per answer where its REST API sends them (stats: time_to_first_token, "
+                       "generation_time, tokens_per_second)")
     try:
-        props = get_json(where, "/props", timeout) if engine != "Ollama" else None
+        props = get_json(where, "/props", timeout) if engine not in ("Ollama", "LM Studio") else None
         settings = props.get("default_generation_settings", {}) if isinstance(props, dict) else {}
         settings = settings if isinstance(settings, dict) else {}
         if isinstance(props, dict):
@@ -136,6 +141,22 @@ def _ollama_facts(where, name: str, timeout: float) -> int | None | bool:
     for model in models if isinstance(models, list) else []:
         if isinstance(model, dict) and model.get("name") == name:
             return _context(model.get("context_length")) or False
+    return False
+
+
+def _lm_studio_facts(where, name: str, timeout: float) -> int | None | bool:
+    """None when the server is not LM Studio (its REST API lists models with their ``state``); else the model's
+    ``max_context_length`` when it says, or False."""
+    try:
+        listed = get_json(where, "/api/v0/models", timeout)
+    except RemoteError:
+        return None
+    entries = listed.get("data") if isinstance(listed, dict) else None
+    if not isinstance(entries, list) or not any(isinstance(m, dict) and "state" in m for m in entries):
+        return None
+    for model in entries:
+        if isinstance(model, dict) and model.get("id") == name:
+            return _context(model.get("max_context_length")) or False
     return False
 
 
@@ -303,6 +324,8 @@ class _Stream:
             path, body = ollama.request(s.facts.name, self.messages, self.prompt, params)
         else:
             path = "/v1/chat/completions" if self.messages is not None else "/v1/completions"
+            if s.facts.engine == "LM Studio":              # its REST API: the same stream, with its own stats
+                path = "/api/v0" + path[3:]
             body = s.body(self.messages, self.prompt, params, self.cache_prompt)
         try:
             exchange = request(s.address, "POST", path, body, timeout=min(s.timeout, s.deadline_s))
@@ -416,6 +439,9 @@ class _Figures:
         if isinstance(chunk.get("timings"), dict):
             self.timings = chunk["timings"]
         self.own.update(ollama.figures_of(chunk))
+        for part in ("stats", "model_info"):                # LM Studio's REST API: its own stats per answer
+            if isinstance(chunk.get(part), dict):
+                self.own.update({f"lmstudio.{part}.{k}": v for k, v in chunk[part].items() if _number(v)})
 
     def note_cut_stream(self, limit: int, why: str) -> None:
         self.tally.notes.append(f"the stream was ended by this client at {why} ({limit:,} tokens): the server "
@@ -532,10 +558,11 @@ class ServerPhases:
     (``prompt_eval_count`` in ``prompt_eval_duration``, ``eval_count`` in ``eval_duration``, nanoseconds)."""
 
     engine_words: str                   # whose names these were ("llama.cpp's timings", "Ollama's own figures")
-    prompt_tokens: float | None
-    prompt_ms: float
-    generated_tokens: float | None
-    generated_ms: float | None
+    to_first_token: bool = False        # prompt_ms runs to the first token (LM Studio's), not to the prompt's end
+    prompt_tokens: float | None = None
+    prompt_ms: float = 0.0
+    generated_tokens: float | None = None
+    generated_ms: float | None = None
     cached_tokens: float | None = None
     load_ms: float | None = None
     total_ms: float | None = None
@@ -545,8 +572,9 @@ class ServerPhases:
         def rate(n: float | None, ms: float | None) -> str:
             return f" ({n / (ms / 1000.0):,.2f} tok/s)" if n and ms else ""
 
-        parts = [f"prompt {_whole_words(self.prompt_tokens)} tokens in {self.prompt_ms:,.1f} ms"
-                 f"{rate(self.prompt_tokens, self.prompt_ms)}"]
+        parts = [f"prompt {_whole_words(self.prompt_tokens)} tokens, first token after {self.prompt_ms:,.1f} ms"
+                 if self.to_first_token else f"prompt {_whole_words(self.prompt_tokens)} tokens in "
+                 f"{self.prompt_ms:,.1f} ms{rate(self.prompt_tokens, self.prompt_ms)}"]
         if self.generated_ms is not None:
             parts.append(f"{_whole_words(self.generated_tokens)} tokens generated in {self.generated_ms:,.1f} ms"
                          f"{rate(self.generated_tokens, self.generated_ms)}")
@@ -562,16 +590,21 @@ class ServerPhases:
 def server_phases(t: dict[str, float]) -> ServerPhases | None:
     """The server's own split from ``RunSummary.server_timings``, or None when it reported none."""
     if "timings.prompt_ms" in t:
-        return ServerPhases("llama.cpp's timings", t.get("timings.prompt_n"), t["timings.prompt_ms"],
+        return ServerPhases("llama.cpp's timings", False, t.get("timings.prompt_n"), t["timings.prompt_ms"],
                             t.get("timings.predicted_n"), t.get("timings.predicted_ms"), t.get("timings.cache_n", 0))
     if "ollama.prompt_eval_duration" in t:
         def ms(name: str) -> float | None:
             value = t.get(f"ollama.{name}")
             return value / ollama.NS_PER_MS if value is not None else None
 
-        return ServerPhases("Ollama's own figures", t.get("ollama.prompt_eval_count"), ms("prompt_eval_duration"),
-                            t.get("ollama.eval_count"), ms("eval_duration"), None, ms("load_duration"),
-                            ms("total_duration"))
+        return ServerPhases("Ollama's own figures", False, t.get("ollama.prompt_eval_count"),
+                            ms("prompt_eval_duration"), t.get("ollama.eval_count"), ms("eval_duration"), None,
+                            ms("load_duration"), ms("total_duration"))
+    if "lmstudio.stats.time_to_first_token" in t:        # seconds
+        generation = t.get("lmstudio.stats.generation_time")
+        return ServerPhases("LM Studio's stats", True, t.get("usage.prompt_tokens"),
+                            t["lmstudio.stats.time_to_first_token"] * 1000.0, t.get("usage.completion_tokens"),
+                            generation * 1000.0 if generation is not None else None)
     return None
 
 
