@@ -147,7 +147,7 @@ def start(window: MainWindow, args: argparse.Namespace) -> None:
         window.lecture.enter(args.scene)
     if args.run:
         window.controller.run_when_loaded()
-    QTimer.singleShot(0, window.search_here_at_start)
+    QTimer.singleShot(0, window.lookups.search_at_start)
     traces = given_traces(args)
     if traces:
         set_replay_speed(window.controller, window.actions_by_name, max(args.speed, 0.0))

@@ -19,6 +19,7 @@ from app.lecture.mode import Lecture
 from app.lecture.scene_list import SCENES
 from app.link.controller import Controller
 from app.shell.file_actions import FileActions
+from app.shell.lookups import Lookups
 from app.state.run_settings import PARAMETER_LETTERS as PARAMETER_KEYS
 from app.state.viewstate import KV_MODES, TOKEN_COLOURS, ViewState
 
@@ -38,9 +39,6 @@ class WindowActions(Protocol):
     def show_shortcuts(self) -> None: ...
     def ask_history(self) -> None: ...
     def send_chat(self) -> None: ...
-    def show_found(self, kind: str) -> None: ...
-    def show_run_history(self) -> None: ...
-    def show_sources(self) -> None: ...
 
 
 def _action(window: WindowActions, menu, text: str, slot: Callable[[], object],
@@ -58,14 +56,15 @@ def _action(window: WindowActions, menu, text: str, slot: Callable[[], object],
 
 
 def build_menus(window: WindowActions, controller: Controller, lecture: Lecture, files: FileActions,
-                state: ViewState, exports: dict[str, Callable[[], QWidget]], docks: list) -> dict[str, QAction]:
+                state: ViewState, exports: dict[str, Callable[[], QWidget]], docks: list, lookups: Lookups,
+                shown_run: Callable[[], object]) -> dict[str, QAction]:
     actions: dict[str, QAction] = {}
     bar = window.menuBar()
     file = bar.addMenu("&File")
     _action(window, file, "Open trace…", files.open_trace_dialog, QKeySequence.StandardKey.Open)
     _action(window, file, "Save run as trace…", files.save_trace_dialog, QKeySequence.StandardKey.Save)
     _action(window, file, "Save experiment as trace…", lambda: files.save_experiment_trace_dialog(files.experiment()))
-    _action(window, file, "Attach to a server running here…", partial(window.show_found, "servers"),
+    _action(window, file, "Attach to a server running here…", partial(lookups.show_found, "servers"),
             "Ctrl+Shift+A")
     speed = file.addMenu("Replay speed")
     for label, value in REPLAY_SPEEDS:
@@ -94,7 +93,7 @@ def build_menus(window: WindowActions, controller: Controller, lecture: Lecture,
     _action(window, run, "Step one token", controller.step, "F10")
     _action(window, run, "Pause / resume", controller.toggle_pause, "F9")
     _action(window, run, "Load model", controller.load_model, "Ctrl+L")
-    _action(window, run, "Models and servers on this computer…", partial(window.show_found, "models"),
+    _action(window, run, "Models and servers on this computer…", partial(lookups.show_found, "models"),
             "Ctrl+Shift+O")
     _action(window, run, "Send chat message", window.send_chat, "Ctrl+Shift+Return")
     experiments = run.addMenu("Run experiment")
@@ -104,7 +103,7 @@ def build_menus(window: WindowActions, controller: Controller, lecture: Lecture,
     run.addSeparator()
     _action(window, run, "Clear runs", controller.clear_runs)
     _action(window, run, "Keep the last N runs…", window.ask_history)
-    _action(window, run, "Run history (every run remembered)…", window.show_run_history, "Ctrl+H")
+    _action(window, run, "Run history (every run remembered)…", lookups.show_run_history, "Ctrl+H")
 
     view = bar.addMenu("&View")
     actions["lecture"] = _action(window, view, "Lecture mode (scenes)", lecture.toggle, "F11", checkable=True)
@@ -145,7 +144,8 @@ def build_menus(window: WindowActions, controller: Controller, lecture: Lecture,
 
     help_menu = bar.addMenu("&Help")
     _action(window, help_menu, "Keyboard shortcuts", window.show_shortcuts, QKeySequence.StandardKey.HelpContents)
-    _action(window, help_menu, "Where these figures come from (the shown run)…", window.show_sources, "Ctrl+I")
+    _action(window, help_menu, "Where these figures come from (the shown run)…",
+            lambda: lookups.show_sources(shown_run()), "Ctrl+I")
     _action(window, help_menu, "About KVScope", window.show_about)
     return actions
 

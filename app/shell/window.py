@@ -31,7 +31,6 @@ from app.lecture.mode import Lecture, fit_to_screen
 from app.lecture.scene_list import BY_NAME, SCENES
 from app.lecture.scenes import RUN_SCENES, Context, SceneView, scene_lesson
 from app.link.controller import Controller
-from app.link.finder import Finder
 from app.link.worker import EngineClient
 from app.panels.attention import AttentionPanel
 from app.panels.controls import ControlsPanel
@@ -42,15 +41,13 @@ from app.panels.sampling import SamplingPanel
 from app.panels.timing import TimingPanel
 from app.panels.tokens import WORKBENCH_LINES, TokensPanel
 from app.shell import window_settings
-from app.shell.dialogs import AboutDialog, SourcesDialog
+from app.shell.dialogs import AboutDialog
 from app.shell.dock_layout import TITLES, DockLayout
 from app.shell.file_actions import FileActions
-from app.shell.found_dialog import FoundDialog
-from app.shell.history_dialog import MOST_COMPARED, HistoryDialog
+from app.shell.lookups import Lookups
 from app.shell.menus import SHORTCUTS, build_menus, set_lecture_keys
 from app.shell.settings import open_settings
 from app.shell.surface import ErrorBanner, WindowSurface
-from app.state.found_here import MODELS, SERVERS, FoundHere
 from app.state.phase import experiment_phase, figures, run_phase
 from app.state.run_settings import LessonChoices, ModelChoice, RunSettings
 from app.state.store import RunStore
@@ -59,13 +56,11 @@ from app.views import theme as th
 from app.views.audit import EXPERIMENT, OTHER, RUN, SETTINGS, Known, ScreenAudit
 from app.views.frames import FrameScheduler
 from app.views.status import StatusStrip
-from engine.facts.config_facts import FORMATS
 from engine.facts.kvformula import format_bytes
 from engine.model.gguf import remove_all_conversions
 from engine.store.paths import offloaded_models_dir, remove_tree
 
 log = logging.getLogger(__name__)
-MAX_ADDED_FOLDERS = 20     # folders of models the user added to the search
 SAVE_DELAY_MS = 800        # settings are written this long after the last change (and at exit)
 
 
@@ -81,11 +76,6 @@ class MainWindow(QMainWindow):
         self.setObjectName("KVScopeMain")
         self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowNestedDocks)
         self.controls = ControlsPanel(run_settings, model_choice)
-        self.found_here = FoundHere()              # the models and servers already on this computer
-        self.finder = Finder(self.found_here, self)
-        self.found_dialog: FoundDialog | None = None
-        self.history_dialog: HistoryDialog | None = None
-        self.found_here.subscribe(lambda _names: self.controls.show_found(self.found_here.counts()))
         self.tokens = TokensPanel(store, state)
         self.kv = KVHeatmapPanel(store, state)
         self.timing = TimingPanel(store, state)
@@ -155,15 +145,17 @@ class MainWindow(QMainWindow):
             "Timing panel": lambda: self.timing, "KV heatmap panel": lambda: self.kv,
             "Sampling panel": lambda: self.sampling, "Experiment panel": lambda: self.experiments.current,
             "Chat panel": lambda: self.chat, "Lecture scene": lambda: self.scene_view}
+        self.lookups = Lookups(self, self.controls, controller, self.timing, self.settings)
         self.actions_by_name = build_menus(self, controller, self.lecture, self.files, self.state, exports,
-                                           list(self.docks.values()))
+                                           list(self.docks.values()), self.lookups,
+                                           lambda: self.selected_run() or (self.store.runs[-1] if self.store.runs
+                                                                           else None))
         c = self.controls
         c.run_requested.connect(controller.run)
         c.stop_requested.connect(controller.stop)
         c.step_requested.connect(controller.step)
         c.pause_toggled.connect(lambda paused: controller.set_paused(paused) or c.show_steering(""))
         c.load_requested.connect(controller.load_model)
-        c.found_requested.connect(lambda: self.show_found(MODELS))
         c.slow.valueChanged.connect(controller.set_slow_motion)
         c.changed.connect(self.settings_changed)
         self.run_settings.subscribe(lambda _names: self.settings_changed())
@@ -322,71 +314,6 @@ class MainWindow(QMainWindow):
 
     def send_chat(self) -> None:
         self.chat.send()
-
-    def show_sources(self) -> None:
-        """Where the shown run's figures come from (Ctrl+I)."""
-        self.sources_dialog = SourcesDialog(self, self.selected_run() or (self.store.runs[-1] if self.store.runs
-                                                                          else None))
-        self.sources_dialog.show()
-
-    def show_run_history(self) -> None:
-        """Every run remembered across launches (Ctrl+H); the runs picked there open here as a replay."""
-        if self.history_dialog is None:
-            self.history_dialog = HistoryDialog(self, self._open_remembered)
-        self.history_dialog.show()
-        self.history_dialog.refresh()
-        self.history_dialog.raise_()
-        self.history_dialog.activateWindow()
-
-    def _open_remembered(self, paths: list[str]) -> None:
-        """Runs from the history replayed in every panel, side by side: the timing overlay shows them all."""
-        if self.controller.open_traces(paths):
-            self.timing.show_at_least(MOST_COMPARED)
-
-    # --- what is already on this computer --------------------------------------------------------------------
-    def search_here(self, kind: str) -> None:
-        """Search again for the models on disk (``MODELS``) or the servers answering here (``SERVERS``), in the
-        background; rows arrive as they are found."""
-        if kind == MODELS:
-            self.finder.find_models(self._found_format(), self.added_model_folders())
-        else:
-            self.finder.find_servers()
-
-    def search_here_at_start(self) -> None:
-        """At launch: the servers (a port that hangs costs its deadline, in the background) and the models."""
-        self.search_here(SERVERS)
-        self.search_here(MODELS)
-
-    def show_found(self, kind: str) -> None:
-        """The list of models (Ctrl+Shift+O) or of servers (File > Attach, Ctrl+Shift+A): servers come and go,
-        so they are asked again each time; the models are searched the first time."""
-        if self.found_dialog is None:
-            self.found_dialog = FoundDialog(self, self.found_here, self._found_format, self._choose_found,
-                                            self.search_here, self._add_model_folder)
-        if kind not in self.found_here.searching and (kind == SERVERS or kind not in self.found_here.searched):
-            self.search_here(kind)
-        self.found_dialog.show_tab(kind)
-        self.found_dialog.show()
-        self.found_dialog.raise_()
-        self.found_dialog.activateWindow()
-
-    def added_model_folders(self) -> list[str]:
-        folders = self.settings.value("found/folders", [], list) or []
-        return [f for f in folders if isinstance(f, str) and f][:MAX_ADDED_FOLDERS]
-
-    def _add_model_folder(self, folder: str) -> None:
-        folders = [folder] + [f for f in self.added_model_folders() if f != folder]
-        self.settings.setValue("found/folders", folders[:MAX_ADDED_FOLDERS])
-        self.search_here(MODELS)
-
-    def _found_format(self) -> str:
-        dtype = self.controls.dtype_box.currentText()
-        return dtype if dtype in FORMATS else "bfloat16"
-
-    def _choose_found(self, source: str) -> None:
-        """A model or a server chosen from the list: named in the Model box and loaded, as Load model would."""
-        self.controls.set_model(source)
-        self.controller.load_model()
 
     def ask_history(self) -> None:
         value, ok = QInputDialog.getInt(self, "Run history", "Keep this many runs (older ones are dropped, with "

@@ -14,6 +14,7 @@ fresh file beside it. Either is one line in ``History.problem``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import io
@@ -23,12 +24,13 @@ import os
 import platform
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from engine import lessons
+from engine.facts.errors import EngineError
 from engine.facts.events import (
     TRACE_EVENTS,
     ExperimentFailed,
@@ -109,6 +111,10 @@ class StepRow:
     context: int | None              # positions in the cache when the step ran
     latency_ms: float
     kv_bytes: int | None
+
+
+class HistoryError(EngineError):
+    """The history could not be read as it is (a page damaged after it opened), in one line naming its file."""
 
 
 class History:
@@ -247,20 +253,33 @@ class History:
         for word in text.lower().split():
             query += " AND instr(lower(model || ' ' || engine || ' ' || kind || ' ' || title), ?) > 0"
             args.append(word)
-        rows = self.db.execute(query + " ORDER BY id DESC LIMIT ?", (*args, max(1, limit))).fetchall()
-        return [HistoryRun(*r[:9], _settings(r[9]), *r[10:17], bool(r[17]), bool(r[18])) for r in rows]
+        with self._reading():
+            rows = self.db.execute(query + " ORDER BY id DESC LIMIT ?", (*args, max(1, limit))).fetchall()
+            return [HistoryRun(*r[:9], _settings(r[9]), *r[10:17], bool(r[17]), bool(r[18])) for r in rows]
 
     def steps(self, run: int) -> list[StepRow]:
-        rows = self.db.execute("SELECT step, context, latency_ms, kv_bytes FROM steps WHERE run = ? ORDER BY step",
-                               (run,)).fetchall()
-        return [StepRow(*r) for r in rows]
+        with self._reading():
+            rows = self.db.execute("SELECT step, context, latency_ms, kv_bytes FROM steps WHERE run = ? "
+                                   "ORDER BY step", (run,)).fetchall()
+            return [StepRow(*r) for r in rows]
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """What a damaged page, a value of the wrong type or a locked file does to a read: one line."""
+        try:
+            yield
+        except (sqlite3.Error, TypeError, ValueError, OverflowError) as exc:
+            raise HistoryError(f"The run history {self.path} could not be read: {exc}"[:400]) from None
 
     def write_trace(self, runs: int | list[int], path: str | os.PathLike) -> Path:
         """The runs' events as one trace file at ``path`` (read back through the trace reader's own checks), in
         the order given: one recording, so a replay draws them side by side."""
         events: list[object] = []
         for run in [runs] if isinstance(runs, int) else runs:
-            row = self.db.execute("SELECT trace FROM runs WHERE id = ?", (run,)).fetchone()
+            with self._reading():
+                row = self.db.execute("SELECT trace FROM runs WHERE id = ?", (run,)).fetchone()
+            if row is not None and not isinstance(row[0], (bytes, type(None))):
+                raise TraceError(f"run {run}'s events in the history are not a stored trace")
             if row is None:
                 raise TraceError(f"there is no run {run} in the history")
             if row[0] is None:
@@ -269,6 +288,9 @@ class History:
             packed = _unpacked(row[0], path)
             try:
                 events += read_trace(packed)
+            except TraceError as exc:
+                raise TraceError(f"run {run}'s events in the run history could not be read back: "
+                                 f"{str(exc).replace(packed.name, 'they')}"[:400]) from None
             finally:
                 packed.unlink(missing_ok=True)
         return write_trace(path, events)

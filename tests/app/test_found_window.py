@@ -61,9 +61,9 @@ def test_the_list_fills_in_the_background_and_a_double_click_loads_the_model(qtb
 
     window = make_window(qtbot)
     try:
-        window.show_found(MODELS)
-        dialog = window.found_dialog
-        qtbot.waitUntil(lambda: MODELS in window.found_here.searched)
+        window.lookups.show_found(MODELS)
+        dialog = window.lookups.found_dialog
+        qtbot.waitUntil(lambda: MODELS in window.lookups.found_here.searched)
         assert dialog.models.rowCount() == 1 and dialog.tabs.tabText(0) == "Models (1)"
         cells = [dialog.models.item(0, c).text() for c in range(dialog.models.columnCount())]
         assert cells[:3] == ["kvscope/tiny-llama", "Hugging Face cache", "safetensors"] and cells[-1] == "yes"
@@ -96,10 +96,10 @@ def test_servers_are_listed_and_only_a_known_engine_is_attachable(qtbot, monkeyp
     window = make_window(qtbot)
     try:
         chosen: list[str] = []
-        window.show_found(SERVERS)
-        dialog = window.found_dialog
+        window.lookups.show_found(SERVERS)
+        dialog = window.lookups.found_dialog
         dialog._choose = chosen.append
-        qtbot.waitUntil(lambda: SERVERS in window.found_here.searched)
+        qtbot.waitUntil(lambda: SERVERS in window.lookups.found_here.searched)
         assert dialog.tabs.currentIndex() == 1 and dialog.tabs.tabText(1) == "Servers (1)"
         assert [dialog.servers.item(r, 1).text() for r in range(2)] == ["llama.cpp", "not a known engine"]
         dialog.servers.selectRow(1)

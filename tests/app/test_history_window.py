@@ -23,8 +23,8 @@ def test_runs_outlive_the_window_and_four_picked_are_compared_and_replayed_toget
 
     second = make_window(qtbot)                                     # the next launch: no model, no runs
     try:
-        second.show_run_history()
-        dialog = second.history_dialog
+        second.lookups.show_run_history()
+        dialog = second.lookups.history_dialog
         assert dialog.table.rowCount() == 5
         assert [dialog.table.item(r, 10).text() for r in range(5)] == ["8", "7", "6", "5", "4"]     # newest first
         dialog.table.selectAll()                                     # five picked: the first four compared

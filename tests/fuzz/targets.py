@@ -186,6 +186,69 @@ def _ollama_manifest(data: bytes, work: Path) -> object:
     return [m.as_dict() for m in found._ollama(root, "bfloat16")]
 
 
+def _history_error() -> type[Exception]:
+    from engine.output.history import HistoryError
+
+    return HistoryError
+
+
+def _one_recorded_run() -> list[object]:
+    """The first run of the recorded vLLM load test, after its experiment's start: a real run's events, as the
+    history stores them."""
+    from engine.facts.events import ExperimentStarted, RunFinished, RunStarted
+    from engine.output.trace import read_trace
+
+    events = list(read_trace(FIXTURES / "vllm_load.kvscope.jsonl"))
+    first = next(e for e in events if isinstance(e, RunStarted))
+    mine = [e for e in events if getattr(e, "run_id", None) == first.run_id]
+    assert isinstance(mine[-1], RunFinished)
+    return [next(e for e in events if isinstance(e, ExperimentStarted)), *mine]
+
+
+def _history_seeds() -> list[bytes]:
+    """A real run history holding one run with its steps and its events (written through History itself)."""
+    import sqlite3
+    import tempfile
+
+    from engine.output import history
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "history.sqlite"
+        db = history.History(path).db
+        db.execute("INSERT INTO runs (at, kind, title, engine, model, format, device, machine, settings, ended, "
+                   "prompt_tokens, generated_tokens, ttft_ms, decode_tok_s, kv_bytes, cpu_share, trace) VALUES "
+                   "('2026-12-07T10:00:00+00:00', 'generate', 'greedy', 'KVScope', 'tiny', 'float32', 'cpu', 'vm', "
+                   "'{\"max_new_tokens\": 4}', 'max_tokens', 5, 4, 12.5, 80.0, 4096, 1.0, ?)",
+                   (history._packed(_one_recorded_run()),))
+        db.executemany("INSERT INTO steps (run, step, context, latency_ms, kv_bytes) VALUES (1, ?, ?, ?, ?)",
+                       [(i, 5 + i, 12.5, 1024 * (5 + i)) for i in range(4)])
+        db.execute("PRAGMA journal_mode = DELETE")            # one file: what a copy of it holds
+        db.close()
+        assert isinstance(db, sqlite3.Connection)
+        return [path.read_bytes()]
+
+
+def _history(data: bytes, work: Path) -> object:
+    """A run history file, fuzzed: listed, its first run's steps and events read, or set aside with one line."""
+    from engine.facts.errors import TraceError
+    from engine.output.history import History
+
+    path = work / "history.sqlite"
+    path.write_bytes(data)
+    history = History(path)
+    try:
+        runs = history.runs()
+        steps = history.steps(runs[0].id) if runs else []
+        if runs and runs[0].has_trace:
+            try:
+                history.write_trace(runs[0].id, work / "run.jsonl")
+            except TraceError as exc:
+                return f"{len(runs)} runs, {len(steps)} steps; its trace refused: {exc}"
+        return f"{len(runs)} runs, {len(steps)} steps; {history.problem}"
+    finally:
+        history.close()
+
+
 # ---- what servers and collectors answer ------------------------------------------------------------------------
 
 def _metrics(data: bytes, work: Path) -> object:
@@ -419,6 +482,13 @@ def _environment_seeds() -> list[bytes]:
     return [k.encode() + b"=" + v for k, v in values.items()]
 
 
+def _warm_history() -> None:
+    import sqlite3  # noqa: F401
+
+    import engine.output.history  # noqa: F401
+    import engine.output.trace  # noqa: F401
+
+
 def _warm_torch() -> None:
     import torch  # noqa: F401
 
@@ -470,6 +540,8 @@ def _targets() -> dict[str, Target]:
         Target("ollama-manifest", "an Ollama manifest naming a model's GGUF blob", lambda: [json.dumps({"layers": [
             {"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:" + "a" * 64}]}).encode()],
                _ollama_manifest, clear, json_lines=True, refuses=False, warm=_warm_environment),
+        Target("history", "the run history (a SQLite file)", _history_seeds, _history, (_history_error(),),
+               "history.sqlite", refuses=False, warm=_warm_history),
         Target("metrics", "a /metrics page (Prometheus text)", lambda: [(FIXTURES / n).read_bytes() for n in (
             "vllm_metrics.txt", "llamacpp_metrics.txt", "tgi_metrics.txt", "vllm_pd_decode_metrics.txt")],
                _metrics, clear),
@@ -570,6 +642,7 @@ READERS = {
     "engine/model/packaged.py": ("environment",),
     "engine/model/embedded.py": ("environment",),
     "engine/run/faults.py": ("environment",),
+    "engine/output/history.py": ("history", "environment"),
     "app/views/export.py": ("outputs",),
     "app/shell/file_actions.py": ("outputs",),
     "app/lecture/render.py": ("outputs",),
