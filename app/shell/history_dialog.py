@@ -31,7 +31,7 @@ from app.views import theme as th
 from app.views.chart import Chart
 from engine.facts.contention import busy
 from engine.facts.errors import TraceError
-from engine.output.history import History, HistoryRun
+from engine.output.history import History, HistoryError, HistoryRun
 from engine.store.paths import cache_dir
 
 COLUMNS = ("#", "When (UTC)", "Model", "Engine", "Format", "Device", "What", "Ended", "TTFT (ms)",
@@ -50,6 +50,7 @@ class HistoryDialog(QDialog):
         self._open_traces = open_traces
         self.history: History | None = None
         self.shown: list[HistoryRun] = []
+        self.problem = ""                 # a read that failed, in one line
         self.setWindowTitle("Run history: every run remembered")
         self.resize(1200, 720)
         self.find = QLineEdit()
@@ -120,7 +121,11 @@ class HistoryDialog(QDialog):
         if self.history is None:
             self.history = History()
         picked = {r.id for r in self.picked()}
-        self.shown = self.history.runs(self.find.text(), self.since.text().strip())
+        self.problem = ""
+        try:
+            self.shown = self.history.runs(self.find.text(), self.since.text().strip())
+        except HistoryError as exc:
+            self.shown, self.problem = [], str(exc)
         self.table.setRowCount(len(self.shown))
         for row, r in enumerate(self.shown):
             decode = _number(r.decode_tok_s, 2) + (" (busy)" if busy(r.cpu_share) else "")
@@ -161,14 +166,19 @@ class HistoryDialog(QDialog):
             words += f". Kept in {self.history.path}"
             if self.history.problem:
                 words += f". {self.history.problem}"
+        if self.problem:
+            words += f". {self.problem}"
         self.status.setText(words + ".")
 
     def _draw(self, picked: list[HistoryRun]) -> None:
         self.chart.clear_data()
         drawn = 0
         for colour, run in zip(COMPARED, picked):
-            steps = [s for s in self.history.steps(run.id) if s.step > 0 and s.latency_ms > 0
-                     and s.context is not None] if self.history is not None else []
+            try:
+                steps = [s for s in self.history.steps(run.id) if s.step > 0 and s.latency_ms > 0
+                         and s.context is not None] if self.history is not None else []
+            except HistoryError as exc:
+                steps, self.problem = [], str(exc)
             if not steps:
                 continue
             x = [s.context for s in steps]
@@ -201,7 +211,7 @@ class HistoryDialog(QDialog):
             for group in groups:
                 name = "runs-" + "-".join(map(str, group)) + ".jsonl"
                 paths.append(str(self.history.write_trace(group, os.path.join(folder, name))))
-        except (TraceError, OSError) as exc:
+        except (TraceError, HistoryError, OSError) as exc:
             self.status.setText(f"Not opened: {exc}")
             return
         if not one_machine:

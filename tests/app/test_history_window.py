@@ -42,3 +42,18 @@ def test_runs_outlive_the_window_and_four_picked_are_compared_and_replayed_toget
         assert len(second.timing.visible_runs()) == 4
     finally:
         close_and_dispose(second)
+
+
+def test_a_history_that_is_not_a_database_is_one_line_in_the_view_and_kept(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSCOPE_DATA_DIR", str(tmp_path))
+    (tmp_path / "history.sqlite").write_bytes(b"someone else's notes, not a database\n" * 50)
+    window = make_window(qtbot)
+    try:
+        window.lookups.show_run_history()
+        dialog = window.lookups.history_dialog
+        assert dialog.table.rowCount() == 0 and "could not be read" in dialog.status.text()
+        [aside] = tmp_path.glob("history.damaged-*.sqlite")
+        assert aside.read_bytes().startswith(b"someone else's notes")
+        assert not dialog.open_button.isEnabled()
+    finally:
+        close_and_dispose(window)
