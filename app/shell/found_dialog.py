@@ -52,7 +52,7 @@ class FoundDialog(QDialog):
         self.filter = QLineEdit()
         self.filter.setPlaceholderText("Filter by name, where or format")
         self.filter.setClearButtonEnabled(True)
-        self.filter.textChanged.connect(self._apply_filter)
+        self.filter.textChanged.connect(lambda _text: self._apply_filter())
         models_tab = QWidget()
         mv = QVBoxLayout(models_tab)
         mv.addWidget(self.filter)
@@ -109,10 +109,16 @@ class FoundDialog(QDialog):
             if len(self.found.models) < self._shown_models:          # a new search: its rows replace these
                 self._shown_models = 0
                 self.models.setRowCount(0)
-            for model in self.found.models[self._shown_models:]:
+            first = self._shown_models
+            self.models.setUpdatesEnabled(False)
+            for model in self.found.models[first:]:
                 self._add_model_row(model)
             self._shown_models = len(self.found.models)
-            self._apply_filter()
+            self._apply_filter(first)
+            self.models.setUpdatesEnabled(True)
+        if "searching" in names or SERVERS in names:
+            for table in (self.models, self.servers):           # once a search has said, not at every row
+                table.resizeColumnsToContents()
         if SERVERS in names:
             self._fill_servers()
         self.tabs.setTabText(0, f"Models ({len(self.found.models):,})")
@@ -148,6 +154,7 @@ class FoundDialog(QDialog):
             cells = (s.url, s.engine, s.version or "not said", ", ".join(s.models) or "none loaded", attach)
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
+                item.setToolTip("\n".join(s.loaded))           # what the engine says of each model it holds
                 item.setData(Qt.ItemDataRole.UserRole, s.url if s.attachable else "")
                 if not s.attachable:
                     item.setForeground(QBrush(UNRUNNABLE))
@@ -164,9 +171,10 @@ class FoundDialog(QDialog):
         notes = "\n".join(f.notes[-5:])
         self.status.setText(words + "." + (f"\n{notes}" if notes else ""))
 
-    def _apply_filter(self) -> None:
+    def _apply_filter(self, first: int = 0) -> None:
+        """Rows from ``first`` on shown or hidden by the filter's words (new rows only, as they arrive)."""
         words = self.filter.text().strip().lower().split()
-        for row in range(self.models.rowCount()):
+        for row in range(first, self.models.rowCount()):
             text = " ".join(self.models.item(row, c).text().lower() for c in range(3))
             self.models.setRowHidden(row, not all(w in text for w in words))
 
@@ -203,7 +211,7 @@ def _table(columns: tuple[str, ...]) -> QTableWidget:
     table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
     table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
     table.verticalHeader().setVisible(False)
-    header = table.horizontalHeader()
-    header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-    header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+    header = table.horizontalHeader()          # sized once a search has said (sizing at every row is quadratic)
+    header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+    header.setStretchLastSection(True)
     return table

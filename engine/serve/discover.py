@@ -34,6 +34,7 @@ class FoundServer:
     models: tuple[str, ...] = ()      # loaded, as the server names them
     attachable: bool = False          # KVScope can attach to it (its OpenAI-compatible API answered)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    loaded: tuple[str, ...] = ()      # what the engine says of each model it holds (Ollama's /api/ps), one line each
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -80,8 +81,10 @@ def identify(url: str, port: int, deadline_s: float = DEADLINE_S) -> FoundServer
     if isinstance(version, dict) and isinstance(version.get("version"), str):
         ps = get("/api/ps")
         loaded = ps.get("models") if isinstance(ps, dict) else None
-        models = tuple(_name(m.get("name")) for m in (loaded or [])[:MAX_MODELS] if isinstance(m, dict))
-        return FoundServer(port, where.url, "Ollama", _name(version["version"]), models, openai)
+        held = [m for m in (loaded or [])[:MAX_MODELS] if isinstance(m, dict)] if isinstance(loaded, list) else []
+        models = tuple(_name(m.get("name")) for m in held)
+        return FoundServer(port, where.url, "Ollama", _name(version["version"]), models, openai,
+                           loaded=tuple(_ollama_line(m) for m in held))
     studio = get("/api/v0/models")
     if isinstance(studio, dict) and isinstance(studio.get("data"), list) and any(
             isinstance(m, dict) and "state" in m for m in studio["data"]):
@@ -106,6 +109,26 @@ def identify(url: str, port: int, deadline_s: float = DEADLINE_S) -> FoundServer
                            ("the engine does not say which it is",))
     return FoundServer(port, where.url, "not a known engine",
                        notes=("it answers HTTP, but not as any serving engine KVScope knows",))
+
+
+def _ollama_line(model: dict) -> str:
+    """One model Ollama holds, in its own words (/api/ps): its size in memory, the share of it in GPU memory, and
+    the context it was loaded with."""
+    from engine.facts.kvformula import format_bytes
+
+    size, vram, context = (model.get(k) for k in ("size", "size_vram", "context_length"))
+    parts = [_name(model.get("name"))]
+    if _count(size):
+        parts.append(f"{format_bytes(size)} in memory")
+        if _count(vram) is not None and vram <= size:
+            parts.append(f"{vram / size:.0%} of it in GPU memory")
+    if _count(context):
+        parts.append(f"loaded with a {context:,}-position context")
+    return ", ".join(parts) + " (as Ollama reports)"
+
+
+def _count(value: object) -> int | None:
+    return value if type(value) is int and 0 <= value < 1 << 60 else None
 
 
 def _name(value: object) -> str:

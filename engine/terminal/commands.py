@@ -118,6 +118,8 @@ def servers_main(argv: list[str]) -> int:
         models = ", ".join(s.models) or "no model loaded"
         how = f"attach: --server {s.url}" if s.attachable else "not attached: " + "; ".join(s.notes or ("",))
         print(f"{s.port}: {s.engine}{safe_line(version)} · {safe_line(models)} · {how}")
+        for line in s.loaded:
+            print(f"    {safe_line(line)}")
     return 0
 
 

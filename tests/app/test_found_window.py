@@ -111,3 +111,44 @@ def test_servers_are_listed_and_only_a_known_engine_is_attachable(qtbot, monkeyp
         assert chosen == ["http://127.0.0.1:8080"]
     finally:
         close_and_dispose(window)
+
+
+def test_a_store_of_500_models_is_read_off_the_windows_thread_and_listed_whole(qtbot, tmp_path, monkeypatch):
+    import hashlib
+    import threading
+
+    from engine.model import embedded, found, gguf_header
+
+    source = embedded.embedded_gguf()
+    with source.open("rb") as f:
+        head = f.read(gguf_header.read(source).data_offset)           # the header alone: nothing reads tensors
+    store = tmp_path / "ollama"
+    digest = hashlib.sha256(head).hexdigest()
+    (store / "blobs").mkdir(parents=True)
+    (store / "blobs" / f"sha256-{digest}").write_bytes(head)
+    layer = json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}"}]})
+    for i in range(500):
+        manifest = store / "manifests" / "registry.ollama.ai" / "library" / f"model{i:03d}" / "latest"
+        manifest.parent.mkdir(parents=True)
+        manifest.write_text(layer)
+    monkeypatch.setenv("OLLAMA_MODELS", str(store))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hub"))
+    readers: set[int] = set()
+    described = found.gguf_model
+
+    def watched(*args, **kwargs):
+        readers.add(threading.get_ident())
+        return described(*args, **kwargs)
+
+    monkeypatch.setattr(found, "gguf_model", watched)
+    window = make_window(qtbot)
+    try:
+        window.lookups.show_found(MODELS)
+        qtbot.waitUntil(lambda: MODELS in window.lookups.found_here.searched)
+        dialog = window.lookups.found_dialog
+        assert dialog.models.rowCount() == 500 and dialog.tabs.tabText(0) == "Models (500)"
+        assert readers and threading.get_ident() not in readers           # never on the window's thread
+        assert dialog.models.item(499, 0).text() == "model499:latest"
+    finally:
+        close_and_dispose(window)

@@ -63,6 +63,8 @@ def test_each_engine_is_told_by_its_own_endpoints_and_only_openai_ones_are_attac
     assert {ports[p]: f.engine for p, f in found.items()} == {name: name for name in ENGINES}
     by = {f.engine: f for f in found.values()}
     assert (by["Ollama"].version, by["Ollama"].models) == ("0.5.7", ("llama3.2:latest",))
+    assert by["Ollama"].loaded == ("llama3.2:latest, 4.78 GiB in memory, 100% of it in GPU memory, loaded with a "
+                                   "4,096-position context (as Ollama reports)",)
     assert by["LM Studio"].models == ("meta-llama-3.1-8b-instruct",)
     assert (by["TGI"].version, by["TGI"].models) == ("3.0.1", ("HuggingFaceTB/SmolLM2-135M-Instruct",))
     assert by["vLLM"].version == "0.32.0" and by["SGLang"].models == ("smollm2",)
