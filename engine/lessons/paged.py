@@ -12,16 +12,19 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
-from engine.facts import kvformula
+from engine.facts import kvformula, prefix_misses
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
-from engine.facts.fields import Bytes, Column, Count, Key, Message, Number, Range, Setting
+from engine.facts.fields import MAX_REQUESTS, MAX_TEXT, Bytes, Column, Count, Key, Message, Number, Range, Setting, Text
+from engine.facts.textstream import clean_text
 from engine.facts.vocabulary import LessonPoint, of, table_lines
 from engine.run.experiment import Counter, Experiment, Lesson, Span
 from engine.run.model_session import ModelSession
-from engine.serve.block_events import BlockTable
+from engine.serve.block_events import BlockTable, PrefixMiss
+from engine.serve.workload import read_workload
 
 SYSTEM = ("You are the support assistant of a library. Answer in one short sentence, politely, and never invent "
           "opening hours: the library opens at nine and closes at six on weekdays, and is closed on Sundays.")
@@ -42,6 +45,13 @@ class PagedSettings(LessonSettings):
         "--tokens", "New tokens per request", "new tokens per request", "tokens"), Key("M", factor=2.0)] = 16
     page_size: Annotated[int, Range(4, 1024), Setting(
         "--page-size", "Block size", "positions per block", "positions")] = 16
+    workload: Annotated[str, Text(4096), Setting(
+        "--workload", "Workload file", "your own prompts, a JSON-lines file (prompt or messages, max_tokens: the "
+        "same file as load --workload), served instead of the system-prompt questions, one arriving every "
+        f"--arrive-every steps (arrival_s is not used here), at most {MAX_REQUESTS}; empty: KVScope's own")] = ""
+    pool_blocks: Annotated[int, Range(0, 1 << 16), Setting(
+        "--blocks", "Blocks in the pool", "blocks in the paged cache's pool; a small pool evicts cached blocks "
+        "(0: room for every request at once)", "blocks", special="room for all")] = 0
     reserve: Annotated[int, Range(1, 1 << 20)] = 256
     compare: bool = True
     system: Message = SYSTEM
@@ -81,8 +91,20 @@ class PagedResult(LessonResult):
     mean_ttft_spread: Number | None = None
 
 
-def _prompts(session: ModelSession, settings: PagedSettings) -> list[list[int]]:
-    return [_encode(session, settings.system, QUESTIONS[i % len(QUESTIONS)]) for i in range(settings.requests)]
+def _requests(session: ModelSession, settings: PagedSettings) -> list[tuple[list[int], int, str]]:
+    """Each request's prompt ids, new tokens and what names it in a message (a workload's file and line)."""
+    if not settings.workload:
+        return [(_encode(session, settings.system, QUESTIONS[i % len(QUESTIONS)]), settings.new_tokens,
+                 f"request {i}") for i in range(settings.requests)]
+    workload = read_workload(settings.workload, MAX_REQUESTS)
+    out = []
+    for i, request in enumerate(workload.requests):
+        messages = request.chat()
+        ids = session.encode_chat(messages) if session.has_chat_template else \
+            session.encode("\n".join(m["content"] for m in messages), chat_template=False)
+        out.append((ids, request.max_tokens or settings.new_tokens,
+                    f"{Path(settings.workload).name} request {i + 1}"))
+    return out
 
 
 def check(target: Any, settings: PagedSettings) -> None:
@@ -92,10 +114,16 @@ def check(target: Any, settings: PagedSettings) -> None:
     if refusal:
         raise ParameterError(f"The paged cache lesson is not available for {target.facts.name}: {refusal}")
     check_transformers()
-    longest = max(len(p) for p in _prompts(target, settings)) + settings.new_tokens
-    if longest > target.facts.max_context:
-        raise ParameterError(f"A request of {longest:,} positions does not fit the context of "
-                             f"{target.facts.max_context:,}")
+    for ids, new_tokens, named in _requests(target, settings):
+        if not ids:
+            raise ParameterError(f"{named} has an empty prompt")
+        if len(ids) + new_tokens > target.facts.max_context:
+            raise ParameterError(f"{named}: {len(ids):,} prompt tokens + {new_tokens:,} new ones do not fit the "
+                                 f"context of {target.facts.max_context:,}")
+        need = -(-(len(ids) + new_tokens) // settings.page_size)
+        if settings.pool_blocks and need > settings.pool_blocks:
+            raise ParameterError(f"{named} needs {need:,} blocks of {settings.page_size} positions; the pool holds "
+                                 f"{settings.pool_blocks:,} (--blocks)")
 
 
 @dataclass(frozen=True)
@@ -111,6 +139,8 @@ class PagedRequestPoint(LessonPoint):
     queue_ms: Annotated[float, Column("waited ms", "{:,.1f}")]
     ttft_ms: Annotated[float, Column("TTFT ms", "{:,.1f}")]
     e2e_ms: Annotated[float, Column("end-to-end ms", "{:,.1f}")]
+    cached_tokens: Annotated[int | None, Column("cached", "{:,d}")] = None     # recorded before this: absent
+    computed_tokens: Annotated[int | None, Column("computed", "{:,d}")] = None
 
 
 def run(experiment: Experiment, settings: PagedSettings) -> PagedResult:
@@ -119,16 +149,17 @@ def run(experiment: Experiment, settings: PagedSettings) -> PagedResult:
     from engine.run.scheduler import ScheduledRequest, serve
 
     session, page = experiment.session, settings.page_size
-    prompts = _prompts(session, settings)
-    per_request = -(-(max(len(p) for p in prompts) + settings.new_tokens) // page)
-    num_blocks = settings.requests * per_request + 4                 # room for every request without sharing
+    requests = _requests(session, settings)
+    prompts = [ids for ids, _, _ in requests]
+    per_request = -(-max(len(ids) + new for ids, new, _ in requests) // page)
+    num_blocks = settings.pool_blocks or len(requests) * per_request + 4   # room for every request without sharing
     total_steps = 3 if settings.compare else 2
     peaks: dict[bool, dict] = {}
     runs: dict[bool, list] = {}
     for done, sharing in enumerate((True, False)):
         experiment.progress(done, total_steps,
                             f"transformers' continuous batching, block sharing {'on' if sharing else 'off'}")
-        batch = [PagedRequest(i, ids, settings.new_tokens, i * settings.arrive_every) for i, ids in enumerate(prompts)]
+        batch = [PagedRequest(i, ids, new, i * settings.arrive_every) for i, (ids, new, _) in enumerate(requests)]
         peak = {"blocks": 0, "reserved": 0, "used": 0}
 
         def step(snap: Snapshot, sharing: bool = sharing, peak: dict = peak, batch: list = batch) -> None:
@@ -146,15 +177,20 @@ def run(experiment: Experiment, settings: PagedSettings) -> PagedResult:
                            cancel=experiment.cancel):
             return PagedResult(incomplete=True)
         peaks[sharing], runs[sharing] = peak, batch
+        if sharing:
+            for r in batch:
+                experiment.emit(_miss(experiment, session, r, batch, page))
         for r in batch:
             experiment.point(PagedRequestPoint(
                 sharing=sharing, index=r.index, prompt_tokens=len(r.ids), new_tokens=len(r.tokens),
+                cached_tokens=r.cached_tokens if sharing else 0,
+                computed_tokens=len(r.ids) - (r.cached_tokens if sharing else 0),
                 queue_ms=r.admitted_ms - r.arrival_ms, ttft_ms=r.first_token_ms - r.arrival_ms,
                 e2e_ms=r.done_ms - r.arrival_ms))
     figures = {**_block_figures(session, runs, peaks, page, prompts), "reserve": settings.reserve}
     solo = []
-    for ids in prompts:                                  # each alone, for the token check; stopped between passes
-        alone = generate_batch(session.model, [ids], settings.new_tokens, 0, session.device, experiment.cancel)
+    for ids, new, _ in requests:                         # each alone, for the token check; stopped between passes
+        alone = generate_batch(session.model, [ids], new, 0, session.device, experiment.cancel)
         if alone.stopped:
             return PagedResult(incomplete=True)
         solo.append(alone.tokens[0])
@@ -163,14 +199,28 @@ def run(experiment: Experiment, settings: PagedSettings) -> PagedResult:
     figures["mean_ttft_spread"] = statistics.pstdev(r.first_token_ms - r.arrival_ms for r in runs[True])
     if settings.compare:
         experiment.progress(2, total_steps, "the same arrivals through KVScope's own scheduler")
-        ours = [ScheduledRequest(i, ids, settings.new_tokens, i * settings.arrive_every)
-                for i, ids in enumerate(prompts)]
+        ours = [ScheduledRequest(i, ids, new, i * settings.arrive_every) for i, (ids, new, _) in enumerate(requests)]
         if not serve(session, ours, "continuous", cancel=experiment.cancel):
             return PagedResult(incomplete=True, **figures)
         figures.update(_timings("ours", ours), same_tokens_as_ours=[r.tokens for r in ours] ==
                        [r.tokens for r in runs[True]])
     experiment.progress(total_steps, total_steps, "done")
     return PagedResult(**figures)
+
+
+def _miss(experiment: Experiment, session: ModelSession, r: Any, batch: list, page: int) -> PrefixMiss:
+    """Why ``r``'s computed prompt tokens were not read from the cache, from what the allocator did at its admission
+    (``engine.facts.prefix_misses``); earlier: the requests admitted before it."""
+    earlier = [(o.index, o.ids) for o in batch if 0 <= o.admitted_step < r.admitted_step
+               or (o.admitted_step == r.admitted_step and o.index < r.index)]
+    miss = prefix_misses.explain(r.ids, page, r.cached_tokens, earlier, r.block_states, r.evicted_words)
+    def text(token: int | None) -> str:
+        return clean_text(session.loaded.tokenizer.decode([token]))[0][:MAX_TEXT] if token is not None else ""
+
+    return PrefixMiss(experiment.exp_id, experiment.ms(), r.index, len(r.ids), miss.cached_tokens,
+                      miss.computed_tokens, miss.reason, miss.words[:4096], miss.divergent_position,
+                      miss.nearest_request, miss.request_token, miss.cached_token,
+                      text(miss.request_token), text(miss.cached_token))
 
 
 def _encode(session: ModelSession, system: str, question: str) -> list[int]:
@@ -230,6 +280,6 @@ def table(points: Sequence[ExperimentPoint], result: PagedResult) -> str:
 
 
 LESSON = Lesson(kind="paged", title="Paged KV", settings=PagedSettings, result=PagedResult, run=run, table=table,
-                check=check, points=(PagedRequestPoint,), events=(BlockTable,), timeline=timeline,
+                check=check, points=(PagedRequestPoint,), events=(BlockTable, PrefixMiss), timeline=timeline,
                 quick={"requests": 3, "new_tokens": 4},
                 course={"new_tokens": 12})

@@ -36,6 +36,10 @@ class PagedRequest:
     new_tokens: int
     arrival_step: int
     tokens: list[int] = field(default_factory=list)
+    cached_tokens: int = 0          # prompt tokens the prefix cache served at admission (the allocator's match)
+    block_states: list[str] = field(default_factory=list)     # each readable block's key at admission
+    evicted_words: str = ""         # when the first of its blocks that had been cached went, and by what
+    admitted_step: int = -1
     arrival_ms: float = -1.0
     admitted_ms: float = -1.0
     first_token_ms: float = -1.0
@@ -70,6 +74,7 @@ def paged_refusal(facts: Any) -> str | None:
 
 def check_transformers() -> None:
     """Fail loudly, naming what moved, if transformers no longer has what this adapter reads."""
+    from transformers.generation.continuous_batching import cache as cache_module
     from transformers.generation.continuous_batching import continuous_api, scheduler
     from transformers.generation.continuous_batching.cache_allocators import cache_allocator
 
@@ -77,7 +82,12 @@ def check_transformers() -> None:
                                                           "add_request", "get_result")),
               (cache_allocator.CacheAllocator, ("_before_cache_tensor_init",)),
               (cache_allocator.BlockLedger, ("acquire", "release")),
+              (cache_allocator.CacheAllocator, ("match_prefix_blocks",)),
+              (cache_module.PagedAttentionCache, ("search_prefix_match",)),
               (scheduler.FIFOScheduler, ("reset",))]
+    if not hasattr(cache_allocator, "compute_block_hash"):
+        raise RuntimeError(f"transformers changed: compute_block_hash is gone (this view was written against "
+                           f"transformers {TESTED_WITH})")
     for owner, names in needed:
         for name in names:
             if not hasattr(owner, name):
@@ -134,6 +144,17 @@ def _drive(manager: Any, requests: list[PagedRequest], on_step: Callable[[Snapsh
     allocator = cache.cache_allocators[next(iter(cache.cache_allocators))]
     by_id = {f"r{r.index}": r for r in requests}
     pending = sorted(requests, key=lambda r: (r.arrival_step, r.index))
+    keys = _KeyWatch(allocator)
+    search = cache.search_prefix_match
+
+    def admitted(request_id: str, prompt_ids: list[int]) -> int:
+        """The allocator's own prefix match, and what each block's key was as it matched (read, never changed)."""
+        r = by_id[request_id]
+        r.block_states, r.evicted_words = keys.states(prompt_ids)
+        r.cached_tokens, r.admitted_step = search(request_id, prompt_ids), step
+        return r.cached_tokens
+
+    cache.search_prefix_match = admitted
     t0 = time.perf_counter()
     step = 0
     while step < max_steps:
@@ -144,6 +165,8 @@ def _drive(manager: Any, requests: list[PagedRequest], on_step: Callable[[Snapsh
             r.arrival_ms = (time.perf_counter() - t0) * 1000.0
             manager.add_request(r.ids, request_id=f"r{r.index}", max_new_tokens=r.new_tokens, record_timestamps=True)
         manager._generation_loop_body(processor, bootstrapping=False)
+        keys.after(step, [by_id[rid].index for rid in processor.scheduler.active_requests
+                          if by_id[rid].admitted_step == step])
         step += 1
         now = (time.perf_counter() - t0) * 1000.0
         active = processor.scheduler.active_requests
@@ -178,6 +201,42 @@ def _snapshot(step: int, now: float, allocator: Any, cache: Any, active: dict, w
         waiting=[by_id[rid].index for rid in waiting if rid in by_id],
         shared={int(b): int(n) for b, n in ledger.shared_ref_counts.items()},
         cached=[int(b) for b in ledger.cached_blocks], free=_free_blocks(allocator), total=int(allocator.num_blocks))
+
+
+class _KeyWatch:
+    """The keys (content hashes) of the allocator's full blocks, step by step: which were ever registered, and the
+    step each went (evicted when the pool needed free blocks), so an admitted prompt's blocks can be told apart:
+    cached now, cached once and evicted, or never written."""
+
+    def __init__(self, allocator: Any) -> None:
+        from transformers.generation.continuous_batching.cache_allocators.cache_allocator import compute_block_hash
+
+        self.allocator, self.hash = allocator, compute_block_hash
+        self.seen: set[int] = set()
+        self.gone: dict[int, str] = {}
+        self.held: set[int] = set()
+
+    def states(self, prompt: list[int]) -> tuple[list[str], str]:
+        from engine.facts.prefix_misses import GONE, NEVER, PRESENT
+
+        page, now = int(self.allocator.tokens_per_page), self.allocator.ledger.hash_to_block
+        out, words, parent = [], "", None
+        for b in range((len(prompt) - 1) // page):
+            parent = self.hash(parent, prompt[b * page:(b + 1) * page])
+            state = PRESENT if parent in now else GONE if parent in self.seen else NEVER
+            if state == GONE and not words:
+                words = self.gone.get(parent, "")
+            out.append(state)
+        return out, words
+
+    def after(self, step: int, admitted: list[int]) -> None:
+        now = set(self.allocator.ledger.hash_to_block)
+        why = f"gone at step {step}, as the pool found free blocks" + (
+            f" for request {', '.join(map(str, admitted))} admitted then" if admitted else " for running requests")
+        for key in self.held - now:
+            self.gone[key] = why
+        self.seen |= now
+        self.held = now
 
 
 def _free_blocks(allocator: Any) -> int:

@@ -1,6 +1,6 @@
 """The events a prefix cache's blocks are drawn from, declared by the lessons that report them (the paged-KV
-lesson's ``BlockTable``, the load test's ``KVBlocks`` and ``RequestBlocks``) and kept here, beside the tree
-(``engine.serve.prefix_tree``) that reads all three. Each checks itself against its experiment
+lesson's ``BlockTable`` and ``PrefixMiss``, the load test's ``KVBlocks`` and ``RequestBlocks``) and kept here,
+beside the tree (``engine.serve.prefix_tree``) that reads the block events. Each checks itself against its experiment
 (``engine.facts.vocabulary.LessonEvent``), so the trace schema knows them only through the lessons."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from engine.facts.fields import MAX_BLOCKS, MAX_REQUESTS, Count, Ident, Items, Range, Text, TokenId
+from engine.facts.fields import MAX_BLOCKS, MAX_REQUESTS, Count, Ident, Items, Message, Range, Text, TokenId, TokenText
+from engine.facts.prefix_misses import REASONS
 from engine.facts.validation import FieldError
 from engine.facts.vocabulary import LessonEvent
 
@@ -110,3 +111,32 @@ class RequestBlocks(LessonEvent):
             raise FieldError(f"server_cached_tokens must be at most the {self.prompt_tokens:,} prompt tokens")
         if len(self.keys) * self.block_size > self.prompt_tokens + self.block_size:
             raise FieldError("keys must be at most the blocks the prompt fills")
+
+
+@dataclass(frozen=True)
+class PrefixMiss(LessonEvent):
+    """One request's prompt at admission: tokens the prefix cache served and tokens computed, and why the first
+    computed block was not read (``engine.facts.prefix_misses``): its reason, a sentence, and for a divergence the
+    position, the nearest earlier request and both tokens there (as ids and as text)."""
+
+    request: Annotated[int, Range(0, MAX_REQUESTS - 1)]
+    prompt_tokens: Count
+    cached_tokens: Count
+    computed_tokens: Count
+    reason: Annotated[str, Text(32, REASONS)]
+    words: Message
+    divergent_position: Count | None = None
+    nearest_request: Annotated[int, Range(0, MAX_REQUESTS - 1)] | None = None
+    request_token: TokenId | None = None
+    cached_token: TokenId | None = None
+    request_text: TokenText = ""
+    cached_text: TokenText = ""
+
+    def check(self, vocab_size: int, max_context: int) -> None:
+        if self.cached_tokens + self.computed_tokens != self.prompt_tokens:
+            raise FieldError("cached_tokens and computed_tokens must add up to prompt_tokens")
+        if self.divergent_position is not None and self.divergent_position >= self.prompt_tokens:
+            raise FieldError("divergent_position must be inside the prompt")
+        for token in (self.request_token, self.cached_token):
+            if token is not None and vocab_size and token >= vocab_size:
+                raise FieldError(f"token ids must be below the vocabulary's {vocab_size:,}")

@@ -32,6 +32,7 @@ from engine.facts.textstream import safe, safe_line
 from engine.output.perfetto import write_perfetto
 from engine.output.trace import check_writable, iter_trace
 from engine.run.experiment import Lesson, run_lesson
+from engine.serve.block_events import PrefixMiss
 from engine.terminal.command_line import (
     EXIT_BAD_INPUT,
     Parser,
@@ -427,10 +428,17 @@ def _run(lesson: Lesson, target: Any, settings: Any, args: argparse.Namespace, w
         keep_partial(writer)                            # the experiment's failure is in the trace too
         raise
     points = [e for e in events if isinstance(e, ExperimentPoint)]
+    misses = [e for e in events if isinstance(e, PrefixMiss)]
     if args.json:
-        print(json.dumps(experiment_json(lesson, target, points, finished), indent=1))
+        out = experiment_json(lesson, target, points, finished)
+        if misses:
+            out["requests"] = [miss_record(m) for m in misses]
+        print(json.dumps(out, indent=1))
     else:
         print(safe(lesson.report(points, finished.result)))
+        for m in misses:
+            print(f"request {m.request}: {m.cached_tokens:,} of {m.prompt_tokens:,} prompt tokens cached, "
+                  f"{m.computed_tokens:,} computed: {m.reason}: {safe_line(m.words)}")
         if finished.result.tokens_note:
             print(f"why the tokens differ: {finished.result.tokens_note}")
         if finished.reason != "done":
@@ -441,6 +449,18 @@ def _run(lesson: Lesson, target: Any, settings: Any, args: argparse.Namespace, w
     # Stopped, or ended early (a worker that died, requests that failed): what was measured is printed and kept,
     # and the status says it is not the whole experiment.
     return 0 if finished.reason == "done" and not finished.result.incomplete else 1
+
+
+def miss_record(m: PrefixMiss) -> dict:
+    """One request's prompt as the prefix cache served it: cached and computed tokens and why (the allocator's)."""
+    record = {"request": m.request, "prompt_tokens": m.prompt_tokens, "cached_tokens": m.cached_tokens,
+              "computed_tokens": m.computed_tokens, "miss_reason": m.reason, "miss_words": m.words,
+              "counted_by": "the local allocator (transformers' paged cache)"}
+    if m.divergent_position is not None:
+        record.update(first_divergent_position=m.divergent_position, nearest_request=m.nearest_request,
+                      request_token={"id": m.request_token, "text": m.request_text},
+                      cached_token={"id": m.cached_token, "text": m.cached_text})
+    return record
 
 
 def experiment_json(lesson: Lesson, target: Any, points: list[ExperimentPoint], finished: ExperimentFinished) -> dict:
