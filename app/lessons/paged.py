@@ -4,20 +4,24 @@ slider scrubs through the steps, opening on the step that held the most."""
 
 from __future__ import annotations
 
+from html import escape
+
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QSlider
+from PySide6.QtWidgets import QComboBox, QSlider, QTextBrowser
 
 from app.state.store import ExperimentRecord
-from app.views.lesson_view import LessonView, Scene, WindowLesson, token_note
+from app.views.lesson_view import LessonView, Scene, WindowLesson, fold_button, token_note
 from app.views.prefix_chart import PrefixChart
 from engine.facts import kvformula
 from engine.lessons import paged
 from engine.lessons.paged import PagedRequestPoint, PagedResult
-from engine.serve.block_events import BlockTable
+from engine.serve.block_events import BlockTable, PrefixMiss
 from engine.serve.prefix_tree import tree_of
 
 SHARED, PRIVATE, CACHED, FREE = "#CC79A7", "#0072B2", "#56B4E9", "#DDDDDD"
+DIVERGED = "#D55E00"        # the token where a prompt left the nearest earlier one
+MISS_PX = 150               # the list of requests and the chosen one's prompt and reason
 
 
 class PagedView(LessonView):
@@ -37,6 +41,22 @@ class PagedView(LessonView):
         self.charts_layout.addWidget(self.tree_chart, 2)
         self.share_labels: list[pg.TextItem] = []
         self.plot.getViewBox().sigResized.connect(lambda *_: self._fit_share_labels())
+        # Why each request's computed prompt tokens were not read from the cache: pick one, see its prompt
+        self.miss_box = QComboBox()
+        self.miss_box.setToolTip("A request: its prompt with the span read from the cache, where it left the nearest "
+                                 "earlier prompt, and why the rest was computed")
+        self.miss_box.currentIndexChanged.connect(lambda _i: self._show_miss())
+        self.miss_text = QTextBrowser()
+        self.miss_text.setMaximumHeight(MISS_PX - 30)
+        self.misses: list[PrefixMiss] = []
+        # Below the explanation, above the table; on a short dock it folds behind a click, as the table does
+        layout = self.layout()
+        for widget in (self.miss_box, self.miss_text):
+            layout.insertWidget(layout.indexOf(self.table), widget)
+            widget.hide()                       # until a run says why its requests missed
+        self.miss_fold = fold_button("Why each request missed")
+        self.miss_fold.toggled.connect(lambda _on: self._fold())
+        self.folds.layout().addWidget(self.miss_fold)
 
     def _fit_share_labels(self) -> None:
         """A shared block's "×N" (how many requests hold it) is drawn inside its cell where the cell is large
@@ -56,6 +76,21 @@ class PagedView(LessonView):
         tab."""
         super().set_compact(compact)
         self.tree_chart.setVisible(not compact)
+
+    def _fold(self) -> None:
+        super()._fold()
+        if not hasattr(self, "miss_fold"):
+            return                              # (the base class folds once before this view is built)
+        folded = self._short and not self._scene
+        shown = bool(self.misses) and not self._scene and (not folded or self.miss_fold.isChecked())
+        self.miss_fold.setVisible(folded and bool(self.misses))
+        self.miss_box.setVisible(shown)
+        self.miss_text.setVisible(shown)
+
+    def _table_height(self) -> int:
+        """The table and, once there are requests to explain, the list that says why each missed (both fold
+        together on a short dock)."""
+        return super()._table_height() + (MISS_PX if getattr(self, "misses", None) else 0)
 
     def _step_chosen(self, index: int) -> None:
         self.chosen_step = index
@@ -114,6 +149,27 @@ class PagedView(LessonView):
         self.step_words = step_words(table, index, len(tables), peak)
         sharing = [t for t in tables[:index + 1] if t.exp_id == table.exp_id]
         self.tree_chart.show(tree_of([sharing[-1]]) if sharing else tree_of([]))
+        self._list_misses(record.of(PrefixMiss))
+
+    def _list_misses(self, misses: list[PrefixMiss]) -> None:
+        if [m.request for m in misses] == [m.request for m in self.misses] and misses == self.misses:
+            return
+        chosen = self.miss_box.currentIndex()
+        self.misses = misses
+        self.miss_box.blockSignals(True)
+        self.miss_box.clear()
+        for m in misses:
+            self.miss_box.addItem(f"Request {m.request}: {m.cached_tokens:,} of {m.prompt_tokens:,} prompt tokens "
+                                  f"from the cache, {m.computed_tokens:,} computed ({m.reason})")
+        self.miss_box.setCurrentIndex(min(max(chosen, 0), len(misses) - 1) if misses else -1)
+        self.miss_box.blockSignals(False)
+        self._fold_when_short()
+        self._fold()
+        self._show_miss()
+
+    def _show_miss(self) -> None:
+        i = self.miss_box.currentIndex()
+        self.miss_text.setHtml(miss_html(self.misses[i]) if 0 <= i < len(self.misses) else "")
 
     def explanation(self, record: ExperimentRecord) -> str:
         r: PagedResult = record.result
@@ -133,6 +189,26 @@ class PagedView(LessonView):
                 f"{r.reserve} positions per request would hold {r.contiguous_bytes_at_peak / mib:,.1f} MiB (computed) "
                 f"for {r.used_bytes_at_peak / mib:,.1f} MiB of written positions. The shared system prompt is "
                 f"{r.shared_prefix_tokens} tokens ({r.shared_prefix_blocks} full blocks); {solo}.{ours}")
+
+
+def miss_html(m: PrefixMiss) -> str:
+    """The prompt token by token: the span read from the cache on its colour, the token where it left the nearest
+    earlier prompt marked, then why (the allocator's observations in words)."""
+    out = []
+    for position, piece in enumerate(m.prompt_pieces):
+        text = escape(piece).replace("\n", "↵")
+        if position == m.divergent_position:
+            out.append(f'<b style="color:{DIVERGED}; text-decoration: underline">{text}</b>')
+        elif position < m.cached_tokens:
+            out.append(f'<span style="background:{CACHED}">{text}</span>')
+        else:
+            out.append(text)
+    where = ""
+    if m.divergent_position is not None:
+        where = (f" At position {m.divergent_position:,} it has {escape(repr(m.request_text))} where request "
+                 f"{m.nearest_request} had {escape(repr(m.cached_text))}.")
+    return (f"<p>{''.join(out)}</p><p><b>{m.cached_tokens:,} cached</b> (blue), {m.computed_tokens:,} computed "
+            f"(measured by the allocator): <b>{escape(m.reason)}</b>: {escape(m.words)}.{where}</p>")
 
 
 def step_words(table, index: int, count: int, peak: int) -> str:

@@ -238,7 +238,8 @@ TABLE_PX = 170          # the table's most height: a few rows, then it scrolls
 SHELL_PX = 90           # the progress bar, the status line and the spaces between
 
 
-def _fold_button(text: str) -> QToolButton:
+def fold_button(text: str) -> QToolButton:
+    """A toggle that shows what a short dock folds away (a form, a table, a lesson's own details)."""
     button = QToolButton()
     button.setText(text)
     button.setCheckable(True)
@@ -296,8 +297,8 @@ class LessonView(QWidget):
         self.progress.setFormat("%p%  %v of %m")
         # Folded where the dock is short (see ``_fold_when_short``): the form and the table behind a click each,
         # the values the form holds said in one line, so the chart keeps a readable height.
-        self.settings_fold = _fold_button("Settings")
-        self.table_fold = _fold_button("Table")
+        self.settings_fold = fold_button("Settings")
+        self.table_fold = fold_button("Table")
         self.form_summary = QLabel()
         self.form_summary.setTextFormat(Qt.TextFormat.PlainText)
         self.form_summary.setWordWrap(True)

@@ -19,7 +19,7 @@ from engine.facts import kvformula, prefix_misses
 from engine.facts.errors import ParameterError
 from engine.facts.events import ExperimentPoint, LessonResult, LessonSettings
 from engine.facts.fields import MAX_REQUESTS, MAX_TEXT, Bytes, Column, Count, Key, Message, Number, Range, Setting, Text
-from engine.facts.textstream import clean_text
+from engine.facts.textstream import clean_text, pieces
 from engine.facts.vocabulary import LessonPoint, of, table_lines
 from engine.run.experiment import Counter, Experiment, Lesson, Span
 from engine.run.model_session import ModelSession
@@ -220,7 +220,8 @@ def _miss(experiment: Experiment, session: ModelSession, r: Any, batch: list, pa
     return PrefixMiss(experiment.exp_id, experiment.ms(), r.index, len(r.ids), miss.cached_tokens,
                       miss.computed_tokens, miss.reason, miss.words[:4096], miss.divergent_position,
                       miss.nearest_request, miss.request_token, miss.cached_token,
-                      text(miss.request_token), text(miss.cached_token))
+                      text(miss.request_token), text(miss.cached_token),
+                      [clean_text(piece)[0][:MAX_TEXT] for piece in pieces(session.loaded.tokenizer, r.ids)])
 
 
 def _encode(session: ModelSession, system: str, question: str) -> list[int]:

@@ -8,7 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from engine.facts.fields import MAX_BLOCKS, MAX_REQUESTS, Count, Ident, Items, Message, Range, Text, TokenId, TokenText
+from engine.facts.fields import (
+    MAX_BLOCKS,
+    MAX_CONTEXT,
+    MAX_REQUESTS,
+    Count,
+    Ident,
+    Items,
+    Message,
+    Range,
+    Text,
+    TokenId,
+    TokenText,
+)
 from engine.facts.prefix_misses import REASONS
 from engine.facts.validation import FieldError
 from engine.facts.vocabulary import LessonEvent
@@ -131,10 +143,13 @@ class PrefixMiss(LessonEvent):
     cached_token: TokenId | None = None
     request_text: TokenText = ""
     cached_text: TokenText = ""
+    prompt_pieces: Annotated[list[TokenText], Items(MAX_CONTEXT)] = field(default_factory=list)    # each token, shown
 
     def check(self, vocab_size: int, max_context: int) -> None:
         if self.cached_tokens + self.computed_tokens != self.prompt_tokens:
             raise FieldError("cached_tokens and computed_tokens must add up to prompt_tokens")
+        if self.prompt_pieces and len(self.prompt_pieces) != self.prompt_tokens:
+            raise FieldError("prompt_pieces must give one piece for each prompt token")
         if self.divergent_position is not None and self.divergent_position >= self.prompt_tokens:
             raise FieldError("divergent_position must be inside the prompt")
         for token in (self.request_token, self.cached_token):
