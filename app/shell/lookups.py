@@ -7,6 +7,7 @@ from __future__ import annotations
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QWidget
 
+from app.lecture.mode import fit_to_screen
 from app.link.controller import Controller
 from app.link.finder import Finder
 from app.panels.controls import ControlsPanel
@@ -94,10 +95,12 @@ class Lookups:
     def show_sources(self, run) -> None:
         """Where ``run``'s figures come from (Ctrl+I); None: no run is shown, and it says so."""
         self.sources_dialog = SourcesDialog(self.window, run)
-        self.sources_dialog.show()
+        _raise(self.sources_dialog)
 
 
 def _raise(dialog: QWidget) -> None:
+    """Shown, in front, and within the screen it is on (the history's 1200x720 on a 1280x720 projector)."""
     dialog.show()
+    fit_to_screen(dialog)
     dialog.raise_()
     dialog.activateWindow()
