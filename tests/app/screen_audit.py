@@ -57,6 +57,21 @@ class Cell:
     findings: list[Finding] = field(default_factory=list)
 
 
+SETTLE_ROUNDS = 50
+
+
+def _shape(window) -> tuple:
+    """What a reading depends on: every visible widget's geometry, every label's words, every chart's title."""
+    from PySide6.QtWidgets import QLabel, QWidget
+
+    out = []
+    for widget in window.findChildren(QWidget):
+        if widget.isVisible():
+            out.append((widget.geometry().getRect(), widget.text() if isinstance(widget, QLabel) else None,
+                        getattr(widget, "_title_fitted", None)))
+    return tuple(out)
+
+
 class Walk:
     """Reads and judges the window at every phase it is brought to; ``cells`` keeps every reading's verdict."""
 
@@ -70,11 +85,21 @@ class Walk:
         return QRect(0, 0, *self.size)
 
     def settle(self) -> None:
-        for _ in range(3):
+        """Until the window stops changing: every posted layout request, zero-delay timer, chart redraw and title
+        fit has run. A fixed three rounds were enough on a quiet machine and not beside another test process (a
+        wrapped label read before its layout grew it, a chart title before it was fitted): the rounds now follow
+        the window, so the verdict does not follow the machine's load."""
+        last = None
+        for _ in range(SETTLE_ROUNDS):
+            for _ in range(3):
+                QApplication.processEvents()
+            self.window.refresh(force=True)
             QApplication.processEvents()
-        self.window.refresh(force=True)
-        QApplication.processEvents()
-        self.window.refresh(force=True)
+            shape = _shape(self.window)
+            if shape == last:
+                return
+            last = shape
+            self.qtbot.wait(10)                 # let a timer that is due fire (a dock arrangement, a chart's fit)
 
     def look(self, phase: str, scenes: Iterable[str] = RUN_SCENES, dock: str | None = None,
              tabs: bool = False) -> None:
