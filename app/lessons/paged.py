@@ -187,7 +187,7 @@ class PagedView(LessonView):
                 f"and {r.peak_bytes_unshared / mib:,.1f} MiB without (measured block counts × "
                 f"{r.bytes_per_block / 1024:,.0f} KiB per block, computed); a contiguous cache reserving prompt + "
                 f"{r.reserve} positions per request would hold {r.contiguous_bytes_at_peak / mib:,.1f} MiB (computed) "
-                f"for {r.used_bytes_at_peak / mib:,.1f} MiB of written positions. The shared system prompt is "
+                f"for {r.used_bytes_at_peak / mib:,.1f} MiB of written positions. {r.prefix_words().capitalize()} is "
                 f"{r.shared_prefix_tokens} tokens ({r.shared_prefix_blocks} full blocks); {solo}.{ours}")
 
 
@@ -228,7 +228,8 @@ def caption(record: ExperimentRecord | None, context: object = None) -> str:
     if r is None or not r.peak_blocks_shared:
         return "press R: requests sharing a system prompt arrive and are served from one pool of blocks"
     size = kvformula.format_bytes
-    return (f"{r.shared_prefix_blocks} system-prompt blocks held once for every request: "
+    shared = "shared-prefix" if r.workload else "system-prompt"
+    return (f"{r.shared_prefix_blocks} {shared} blocks held once for every request: "
             f"{size(r.peak_bytes_shared)} at the peak instead of {size(r.peak_bytes_unshared)} unshared "
             f"(measured); a contiguous cache would reserve {size(r.contiguous_bytes_at_peak)} (computed)")
 

@@ -89,6 +89,13 @@ class PagedResult(LessonResult):
     ours_mean_e2e_ms: Number | None = None
     same_tokens_as_ours: bool | None = None
     mean_ttft_spread: Number | None = None
+    workload: Annotated[str, Text(300)] = ""    # the file's name, when the prompts were the user's
+
+    def prefix_words(self) -> str:
+        """What ``shared_prefix_tokens`` measures: the system prompt KVScope's requests share, or, for a workload,
+        the longest prefix two consecutive requests share."""
+        return ("the longest prefix two consecutive requests share" if self.workload
+                else "the shared system prompt")
 
 
 def _requests(session: ModelSession, settings: PagedSettings) -> list[tuple[list[int], int, str]]:
@@ -187,7 +194,8 @@ def run(experiment: Experiment, settings: PagedSettings) -> PagedResult:
                 computed_tokens=len(r.ids) - (r.cached_tokens if sharing else 0),
                 queue_ms=r.admitted_ms - r.arrival_ms, ttft_ms=r.first_token_ms - r.arrival_ms,
                 e2e_ms=r.done_ms - r.arrival_ms))
-    figures = {**_block_figures(session, runs, peaks, page, prompts), "reserve": settings.reserve}
+    figures = {**_block_figures(session, runs, peaks, page, prompts), "reserve": settings.reserve,
+               "workload": Path(settings.workload).name[:300] if settings.workload else ""}
     solo = []
     for ids, new, _ in requests:                         # each alone, for the token check; stopped between passes
         alone = generate_batch(session.model, [ids], new, 0, session.device, experiment.cancel)
@@ -270,7 +278,7 @@ def table(points: Sequence[ExperimentPoint], result: PagedResult) -> str:
                   f"a contiguous cache reserving prompt + {r.reserve} positions per request: "
                   f"{r.contiguous_bytes_at_peak / mib:.2f} MiB (computed) for {r.used_bytes_at_peak / mib:.2f} MiB "
                   "written",
-                  f"shared system prompt: {r.shared_prefix_tokens} tokens = {r.shared_prefix_blocks} full blocks; "
+                  f"{r.prefix_words()}: {r.shared_prefix_tokens} tokens = {r.shared_prefix_blocks} full blocks; "
                   f"tokens equal solo runs: {'yes' if r.tokens_match_solo else 'NO'}"]
         if r.ours_tok_s is not None:
             lines.append(f"same arrivals: transformers' paged batching {r.transformers_tok_s:.1f} tok/s, mean TTFT "

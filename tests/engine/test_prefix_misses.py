@@ -95,7 +95,13 @@ def test_the_cli_json_carries_each_requests_cached_computed_and_reason_and_refus
     base = ["sweep", "paged", "--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32",
             "--workload", str(path), "--page-size", "4", "--tokens", "2", "--no-history"]
     assert cli.main([*base, "--json"]) == 0
-    requests = json.loads(capsys.readouterr().out)["requests"]
+    out = json.loads(capsys.readouterr().out)
+    requests = out["requests"]
+    assert out["result"]["workload"] == "prompts.jsonl"                  # its prefix is not a system prompt
+    from engine.lessons.paged import PagedResult
+
+    assert PagedResult(workload="prompts.jsonl").prefix_words() == "the longest prefix two consecutive requests share"
+    assert PagedResult().prefix_words() == "the shared system prompt"
     assert [r["request"] for r in requests] == [0, 1] and requests[0]["miss_reason"] == pm.COLD
     second = requests[1]
     assert second["cached_tokens"] + second["computed_tokens"] == second["prompt_tokens"]
