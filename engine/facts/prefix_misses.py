@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.facts.kvformula import common_prefix
+
 NONE, DIVERGED, PARTIAL, EVICTED, NOT_YET, COLD, UNKNOWN = (
     "none", "first divergent token", "partial block", "evicted", "not yet cached", "nothing earlier", "unknown")
 REASONS = (NONE, DIVERGED, PARTIAL, EVICTED, NOT_YET, COLD, UNKNOWN)
@@ -32,15 +34,6 @@ class Miss:
     nearest_request: int | None = None  # the earlier request sharing the longest prefix
     request_token: int | None = None   # the token at the divergent position in this prompt ...
     cached_token: int | None = None    # ... and in the nearest earlier one
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def explain(prompt: Sequence[int], block: int, matched: int, earlier: Sequence[tuple[int, Sequence[int]]],

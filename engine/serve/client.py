@@ -341,3 +341,16 @@ def address_of(url: str) -> Address:
     return _CREDENTIALS.get(url) or Address(url)
 
 
+def stream_line(response: Any) -> str | None:
+    """The next line of a streamed answer (server-sent events, newline-delimited JSON), at most ``MAX_LINE`` bytes;
+    None at the end, and for a last line the connection cut before its newline (incomplete: dropped)."""
+    try:
+        line = response.readline(MAX_LINE + 1)
+    except OverflowError:           # http.client took a chunk size past 2^63 as given, and could not hold it
+        raise RemoteError("the server sent a chunk of the stream larger than any answer (its chunk size "
+                          "needs more than 63 bits): not a token stream") from None
+    if len(line) > MAX_LINE:
+        raise RemoteError(f"the server sent a stream line longer than {MAX_LINE:,} bytes: not a token stream")
+    if not line or not line.endswith(b"\n"):
+        return None
+    return line.decode("utf-8", "replace")

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from engine.facts.params import GenerationParams
-from engine.serve.client import MAX_LINE, RemoteError
+from engine.serve.client import stream_line
 
 STREAM_TYPES = ("application/x-ndjson", "application/json")
 FIGURES = ("prompt_eval_count", "prompt_eval_duration", "eval_count", "eval_duration", "load_duration",
@@ -38,19 +38,9 @@ def request(model: str, messages: list[dict] | None, prompt: str, params: Genera
 def payloads(response: Any) -> Iterator[str]:
     """Each line of a newline-delimited JSON stream, bounded like a server-sent event; a last line the connection
     cut before its newline is dropped (the caller sees the stream end without ``done`` and says so)."""
-    while True:
-        try:
-            line = response.readline(MAX_LINE + 1)
-        except OverflowError:
-            raise RemoteError("the server sent a chunk of the stream larger than any answer (its chunk size "
-                              "needs more than 63 bits): not a token stream") from None
-        if len(line) > MAX_LINE:
-            raise RemoteError(f"the server sent a stream line longer than {MAX_LINE:,} bytes: not a token stream")
-        if not line or not line.endswith(b"\n"):
-            return
-        text = line.decode("utf-8", "replace").strip()
-        if text:
-            yield text
+    while (line := stream_line(response)) is not None:
+        if line.strip():
+            yield line.strip()
 
 
 def text_of(chunk: dict) -> str | None:

@@ -62,6 +62,7 @@ from engine.serve.client import (
     remember_credentials,
     request,
     short,
+    stream_line,
 )
 
 TOP_LOGPROBS = 5
@@ -171,16 +172,10 @@ def sse_payloads(response: Any) -> Iterator[str]:
     without a finish and says the stream was dropped)."""
     data: list[str] = []
     while True:
-        try:
-            line = response.readline(MAX_LINE + 1)
-        except OverflowError:           # http.client took a chunk size past 2^63 as given, and could not hold it
-            raise RemoteError("the server sent a chunk of the stream larger than any answer (its chunk size "
-                              "needs more than 63 bits): not a token stream") from None
-        if len(line) > MAX_LINE:
-            raise RemoteError(f"the server sent a stream line longer than {MAX_LINE:,} bytes: not a token stream")
-        if not line or not line.endswith(b"\n"):
+        line = stream_line(response)
+        if line is None:
             return
-        text = line.decode("utf-8", "replace").rstrip("\r\n")
+        text = line.rstrip("\r\n")
         if not text:
             if data:
                 payload = "\n".join(data)

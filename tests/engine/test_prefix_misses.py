@@ -10,7 +10,8 @@ import pytest
 
 from engine import lessons
 from engine.facts import prefix_misses as pm
-from engine.facts.prefix_misses import common_prefix, explain
+from engine.facts.kvformula import common_prefix
+from engine.facts.prefix_misses import explain
 from engine.run.experiment import run_lesson
 from engine.serve.block_events import PrefixMiss
 
